@@ -1,0 +1,12 @@
+"""fusegraph: a graph engine for deep-learning inference on PyTorch kernels.
+
+    import fusegraph as fg
+    model = fg.compile("model.onnx", config=fg.Config(streams=2))
+    outputs = model.run({"input": x})
+"""
+from .config import Config
+from .compiler import CompiledModel, TensorSpec, compile
+from . import errors
+
+__version__ = "0.1.0"
+__all__ = ["Config", "CompiledModel", "TensorSpec", "compile", "errors", "__version__"]

@@ -1,0 +1,76 @@
+"""``fg.Config``: every knob of a compilation, as one frozen dataclass.
+
+Options are passed in explicitly; nothing deep inside an algorithm reads a global flag.
+Validation happens here, at construction, so a bad value fails before any work starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+LEVELS = ("O0", "O1", "O2")
+PRECISIONS = ("fp32", "fp16", "bf16")
+MEMORY_MODES = ("off", "balanced", "tight")
+DEVICES = ("cpu", "cuda", "auto")
+
+
+@dataclass(frozen=True)
+class Config:
+    """How to compile a model.
+
+    level: pass pipeline, ``O0`` (nothing) .. ``O2`` (everything, the default).
+    disabled_passes: pass names to skip.
+    precision: ``fp32`` | ``fp16`` | ``bf16``.
+    streams: number of execution streams, or ``"auto"``.
+    memory: ``off`` (every tensor its own buffer) | ``balanced`` | ``tight``.
+    device: ``cpu`` | ``cuda`` | ``auto``.
+    threads: intra-op threads (None: leave torch's setting alone).
+    fold_size_limit: largest tensor, in bytes, that constant folding may materialise.
+    verify_each: verify the graph after every pass (tests turn it on).
+    """
+
+    level: str = "O2"
+    disabled_passes: tuple[str, ...] = ()
+    precision: str = "fp32"
+    streams: int | str = 1
+    memory: str = "balanced"
+    device: str = "cpu"
+    threads: int | None = None
+    fold_size_limit: int = 64 * 1024 * 1024
+    verify_each: bool = False
+    aggressive_fusion: bool = False
+    tensor_lifetimes: tuple[tuple[str, int, int], ...] = ()
+    reuse_groups: tuple[tuple[str, ...], ...] = ()
+    exclusive_tensors: tuple[str, ...] = ()
+    external_tensors: tuple[str, ...] = ()
+    op_precision: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ConfigError(f"Config.level must be one of {LEVELS}, got {self.level!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"Config.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.memory not in MEMORY_MODES:
+            raise ConfigError(f"Config.memory must be one of {MEMORY_MODES}, got {self.memory!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"Config.device must be one of {DEVICES}, got {self.device!r}")
+        if not (self.streams == "auto" or (isinstance(self.streams, int) and 1 <= self.streams <= 64)):
+            raise ConfigError(f"Config.streams must be an integer 1..64 or 'auto', got {self.streams!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigError(f"Config.threads must be a positive integer or None, got {self.threads!r}")
+        if not isinstance(self.fold_size_limit, int) or self.fold_size_limit < 0:
+            raise ConfigError(f"Config.fold_size_limit must be a non-negative integer, got {self.fold_size_limit!r}")
+        for name in ("disabled_passes", "exclusive_tensors", "external_tensors"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"Config.{name} must be a tuple of names, got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+
+    def replace(self, **changes) -> "Config":
+        """A copy with some fields changed (the dataclass is frozen)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown Config field(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)

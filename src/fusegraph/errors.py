@@ -1,0 +1,51 @@
+"""Typed errors of fusegraph.
+
+Every error names what it is about (model, node, op, input) and what was expected, so a user
+can act on it without reading a traceback. Nothing here knows any framework or kernel.
+"""
+from __future__ import annotations
+
+
+class FusegraphError(Exception):
+    """Base class of every error fusegraph raises on purpose."""
+
+
+class ModelLoadError(FusegraphError):
+    """A model file or object could not be read: missing, truncated, malformed or hostile."""
+
+
+class UnsupportedOpError(FusegraphError):
+    """A node whose op (or op version, or attribute combination) has no kernel."""
+
+    def __init__(self, message: str, *, node: str | None = None, op_type: str | None = None):
+        super().__init__(message)
+        self.node = node
+        self.op_type = op_type
+
+
+class InputError(FusegraphError):
+    """Feeds given to ``run`` do not match the model's inputs (name, rank, shape or dtype)."""
+
+
+class ShapeInferenceError(FusegraphError):
+    """Shapes or dtypes of a node's inputs are inconsistent with what the op accepts."""
+
+
+class VerifyError(FusegraphError):
+    """``Graph.verify()`` found a broken invariant (definition, order, shape, dtype)."""
+
+
+class KernelError(FusegraphError):
+    """A kernel failed at run time; the message names the node and op."""
+
+
+class ConfigError(FusegraphError):
+    """An invalid ``fg.Config`` value or config-file key."""
+
+
+class ArtifactError(FusegraphError):
+    """A ``.fgm`` artifact is corrupt, tampered with, from the future or for another machine."""
+
+
+class PassError(FusegraphError):
+    """A pass broke the graph or a fixed-point group did not converge."""

@@ -1,0 +1,123 @@
+"""Reading ONNX tensors into torch, including external data confined to the model's folder.
+
+Hostile files are the concern here: external-data paths that are absolute, climb out with
+``..`` or follow a symlink out of the model's folder are refused, and so is any tensor whose
+declared size disagrees with the bytes behind it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from ..errors import ModelLoadError
+from ..ir import DType
+
+_MAX_ELEMENTS = 1 << 40
+
+
+def _declared_numel(t: onnx.TensorProto, where: str) -> int:
+    n = 1
+    for d in t.dims:
+        if d < 0:
+            raise ModelLoadError(f"{where}: tensor {t.name!r} declares a negative dim {d}")
+        n *= d
+    if n > _MAX_ELEMENTS:
+        raise ModelLoadError(f"{where}: tensor {t.name!r} declares {n} elements (dims {list(t.dims)}), "
+                             f"more than any real model holds")
+    return n
+
+
+def _confined_path(base_dir: Path | None, location: str, where: str, tensor: str) -> Path:
+    if base_dir is None:
+        raise ModelLoadError(f"{where}: tensor {tensor!r} uses external data ({location!r}) but the "
+                             f"model was not loaded from a file; load it by path")
+    if not location or os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
+        raise ModelLoadError(f"{where}: tensor {tensor!r} has external data at {location!r}: absolute "
+                             f"paths are refused; it must be relative to the model's folder")
+    parts = Path(location.replace("\\", "/")).parts
+    if ".." in parts:
+        raise ModelLoadError(f"{where}: tensor {tensor!r} has external data at {location!r}: '..' "
+                             f"is refused; the file must lie inside the model's folder")
+    root = base_dir.resolve()
+    path = (root / location).resolve()
+    if root != path and root not in path.parents:
+        raise ModelLoadError(f"{where}: tensor {tensor!r} has external data at {location!r}, which "
+                             f"resolves (through a symlink) outside the model's folder {root}")
+    if not path.is_file():
+        raise ModelLoadError(f"{where}: external data file {location!r} for tensor {tensor!r} is missing")
+    return path
+
+
+def _read_external(t: onnx.TensorProto, base_dir: Path | None, where: str) -> np.ndarray:
+    info = {e.key: e.value for e in t.external_data}
+    path = _confined_path(base_dir, info.get("location", ""), where, t.name)
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise ModelLoadError(f"{where}: tensor {t.name!r} has a malformed external-data offset/length") from None
+    dtype = DType(t.data_type)
+    np_dtype = dtype.to_numpy()
+    numel = _declared_numel(t, where)
+    need = numel * np_dtype.itemsize
+    size = path.stat().st_size
+    if length is None:
+        length = size - offset
+    if offset < 0 or length != need or offset + length > size:
+        raise ModelLoadError(f"{where}: tensor {t.name!r} declares {need} bytes (dims {list(t.dims)}, "
+                             f"{dtype.name}) but its external data holds {length} bytes at offset "
+                             f"{offset} of a {size}-byte file")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        raw = f.read(length)
+    return np.frombuffer(raw, dtype=np_dtype).reshape(tuple(t.dims)).copy()
+
+
+def tensor_to_torch(t: onnx.TensorProto, base_dir: Path | None, where: str) -> torch.Tensor:
+    """Convert a TensorProto to a torch tensor, checking declared size against the data."""
+    try:
+        dtype = DType(t.data_type)
+    except ValueError:
+        raise ModelLoadError(f"{where}: tensor {t.name!r} has unknown data type {t.data_type}") from None
+    if dtype == DType.STRING:
+        raise ModelLoadError(f"{where}: tensor {t.name!r} holds strings, which fusegraph cannot run")
+    numel = _declared_numel(t, where)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        arr = _read_external(t, base_dir, where)
+    else:
+        if t.raw_data:
+            itemsize = dtype.to_numpy().itemsize if dtype in _NUMPY_OK else None
+            if itemsize is not None and len(t.raw_data) != numel * itemsize:
+                raise ModelLoadError(f"{where}: tensor {t.name!r} declares dims {list(t.dims)} "
+                                     f"({numel * itemsize} bytes of {dtype.name}) but holds "
+                                     f"{len(t.raw_data)} bytes")
+        try:
+            arr = numpy_helper.to_array(t)
+        except Exception as exc:  # malformed payloads: wrong counts, bad types
+            raise ModelLoadError(f"{where}: tensor {t.name!r} could not be read: {exc}") from None
+    return numpy_to_torch(arr, where, t.name)
+
+
+_NUMPY_OK = frozenset({DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.INT8, DType.INT16, DType.INT32,
+                       DType.INT64, DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64, DType.BOOL,
+                       DType.COMPLEX64, DType.COMPLEX128})
+
+
+def numpy_to_torch(arr: np.ndarray, where: str = "model", name: str = "") -> torch.Tensor:
+    """NumPy (including ml_dtypes' bfloat16 / float8) to torch, without sharing read-only memory."""
+    dtype = DType.from_numpy(arr.dtype)
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr).copy()
+    if dtype in _NUMPY_OK:
+        return torch.from_numpy(arr)
+    try:
+        tdt = dtype.to_torch()
+    except TypeError:
+        raise ModelLoadError(f"{where}: tensor {name!r} has type {dtype.name}, which torch cannot hold") from None
+    raw = torch.from_numpy(arr.view(np.uint8 if arr.dtype.itemsize == 1 else np.int16))
+    return raw.view(tdt)

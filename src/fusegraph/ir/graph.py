@@ -1,0 +1,179 @@
+"""``Graph``: an ordered list of nodes over values, with inputs, outputs and constants.
+
+The node list is kept in a valid topological order; passes insert new nodes next to the
+nodes they replace (``before=``) and remove nodes through ``remove``, which keeps use-def
+links straight. Names are unique within a graph; ``fresh_name`` makes new ones.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Iterator
+
+from .dtype import DType
+from .nodes import Node, Value
+from .shape import Shape
+
+
+class Graph:
+    def __init__(self, name: str = "main", opset: dict[str, int] | None = None):
+        self.name = name
+        self.opset: dict[str, int] = dict(opset or {"": 17})
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self.constants: dict[str, Value] = {}
+        self.meta: dict[str, Any] = {}
+        self._names: set[str] = set()
+        self._node_names: set[str] = set()
+        self._counter = itertools.count()
+
+    # ----- names -------------------------------------------------------------------------
+    def fresh_name(self, prefix: str = "t") -> str:
+        prefix = prefix or "t"
+        if prefix not in self._names:
+            self._names.add(prefix)
+            return prefix
+        while True:
+            name = f"{prefix}_{next(self._counter)}"
+            if name not in self._names:
+                self._names.add(name)
+                return name
+
+    def _claim(self, name: str) -> str:
+        if name in self._names:
+            return self.fresh_name(name)
+        self._names.add(name)
+        return name
+
+    def _claim_node_name(self, name: str) -> str:
+        candidate, k = name, 0
+        while candidate in self._node_names:
+            k += 1
+            candidate = f"{name}_{k}"
+        self._node_names.add(candidate)
+        return candidate
+
+    # ----- values --------------------------------------------------------------------------
+    def add_input(self, name: str, dtype: DType, shape: Shape) -> Value:
+        v = Value(self._claim(name), dtype, shape)
+        v.graph = self
+        self.inputs.append(v)
+        return v
+
+    def add_constant(self, name: str, tensor) -> Value:
+        """Register a constant (initializer); ``tensor`` is a torch tensor."""
+        v = Value(self._claim(name), DType.from_torch(tensor.dtype), tuple(tensor.shape), const=tensor)
+        v.graph = self
+        self.constants[v.name] = v
+        return v
+
+    def new_value(self, name: str = "t", dtype: DType = DType.UNDEFINED, shape: Shape = None) -> Value:
+        v = Value(self.fresh_name(name), dtype, shape)
+        v.graph = self
+        return v
+
+    def replace_output(self, old: Value, new: Value) -> None:
+        for i, o in enumerate(self.outputs):
+            if o is old:
+                self.outputs[i] = new
+
+    # ----- nodes ---------------------------------------------------------------------------
+    def add_node(self, op_type: str, inputs: Iterable[Value | None], *, outputs: int | list[str] = 1,
+                 attrs: dict[str, Any] | None = None, domain: str = "", version: int | None = None,
+                 name: str | None = None, before: Node | None = None, after: Node | None = None) -> Node:
+        """Create a node, wire it to its inputs, and place it (at the end, or before/after a node).
+
+        ``outputs`` is a count (names are made up) or a list of names. Output values start
+        with unknown dtype and shape; run shape inference to fill them.
+        """
+        base = name or op_type.lower()
+        out_names = [f"{base}_out{i}" if isinstance(outputs, int) and outputs > 1 else base
+                     for i in range(outputs)] if isinstance(outputs, int) else list(outputs)
+        out_values = [self.new_value(n) for n in out_names]
+        node = Node(op_type, inputs, out_values, attrs, domain=domain,
+                    version=self.opset.get(domain, 1) if version is None else version,
+                    name=self._claim_node_name(base))
+        node.graph = self
+        if before is not None:
+            self.nodes.insert(self._index(before), node)
+        elif after is not None:
+            self.nodes.insert(self._index(after) + 1, node)
+        else:
+            self.nodes.append(node)
+        return node
+
+    def _index(self, node: Node) -> int:
+        for i, n in enumerate(self.nodes):
+            if n is node:
+                return i
+        raise ValueError(f"node {node.name} is not in graph {self.name}")
+
+    def remove(self, node: Node, safe: bool = True) -> None:
+        """Take a node out. With ``safe``, refuse when any of its outputs is still used."""
+        if safe:
+            for out in node.outputs:
+                if out.uses or out.is_graph_output:
+                    users = ", ".join(n.name for n in out.users) or "graph output"
+                    raise ValueError(f"cannot remove {node.name} ({node.op_type}): output %{out.name} "
+                                     f"is still used by {users}")
+        node.detach()
+        self.nodes.pop(self._index(node))
+        node.graph = None
+
+    def remove_unused_constants(self) -> int:
+        dead = [k for k, v in self.constants.items() if not v.uses and not v.is_graph_output]
+        for k in dead:
+            del self.constants[k]
+        return len(dead)
+
+    def toposort(self) -> None:
+        """Re-sort ``nodes`` topologically, stable with respect to the current order."""
+        position = {id(n): i for i, n in enumerate(self.nodes)}
+        indegree = {id(n): 0 for n in self.nodes}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is not None and v.producer is not None and id(v.producer) in indegree:
+                    indegree[id(n)] += 1
+        import heapq
+        ready = [(position[id(n)], n) for n in self.nodes if indegree[id(n)] == 0]
+        heapq.heapify(ready)
+        order: list[Node] = []
+        while ready:
+            _, n = heapq.heappop(ready)
+            order.append(n)
+            for out in n.outputs:
+                for user, _ in out.uses:
+                    if id(user) in indegree:
+                        indegree[id(user)] -= 1
+                        if indegree[id(user)] == 0:
+                            heapq.heappush(ready, (position[id(user)], user))
+        if len(order) != len(self.nodes):
+            stuck = [n.name for n in self.nodes if indegree[id(n)] > 0][:5]
+            raise ValueError(f"graph {self.name} has a cycle through {stuck}")
+        self.nodes = order
+
+    # ----- queries -------------------------------------------------------------------------
+    def values(self) -> Iterator[Value]:
+        """Every value: inputs, constants, then node outputs in order."""
+        yield from self.inputs
+        yield from self.constants.values()
+        for n in self.nodes:
+            yield from n.outputs
+
+    def op_histogram(self) -> dict[str, int]:
+        hist: dict[str, int] = {}
+        for n in self.nodes:
+            hist[n.op_type] = hist.get(n.op_type, 0) + 1
+        return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+        return format_graph(self)
+
+    def verify(self, infer=None) -> None:
+        """Check invariants; ``infer(node)`` (from the op registry) also checks types."""
+        from .verify import verify_graph
+        verify_graph(self, infer)

@@ -1,0 +1,11 @@
+"""The op registry and every registered op family.
+
+Importing this package registers all kernels. Per-op facts (schema, inference, purity,
+fusion kind, layout sensitivity, kernel) live in the family modules, never in passes.
+"""
+from .registry import FusionKind, NodeContext, OpDef, lookup, opdef_for, register, registered_ops
+from .infer import infer_graph, infer_node
+from . import families  # noqa: F401  (registers every op family)
+
+__all__ = ["FusionKind", "NodeContext", "OpDef", "lookup", "opdef_for", "register", "registered_ops",
+           "infer_graph", "infer_node"]

@@ -1,0 +1,47 @@
+"""Helpers shared by op families: inference shorthands and attribute/constant readers.
+
+Inference functions take a ``NodeContext`` and return one ``(dtype, shape)`` per output;
+``None`` for either means "unknown" and leaves the frontend's hint in place.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import DType
+from ..ir.shape import broadcast_shapes
+from .registry import NodeContext
+
+
+def same_as_input(i: int = 0):
+    """Output 0 has input ``i``'s dtype and shape (unary elementwise ops)."""
+    def infer(ctx: NodeContext):
+        return [(ctx.dtype(i) or None, ctx.shape(i))]
+    return infer
+
+
+def broadcast_of_inputs(dtype: DType | None = None, dtype_from: int = 0):
+    """Output 0 is the broadcast of all inputs; dtype fixed or taken from input ``dtype_from``."""
+    def infer(ctx: NodeContext):
+        shapes = [ctx.shape(i) for i in range(ctx.n_inputs) if ctx.has_input(i)]
+        return [(dtype or ctx.dtype(dtype_from) or None, broadcast_shapes(*shapes))]
+    return infer
+
+
+def const_ints(ctx: NodeContext, i: int) -> list[int] | None:
+    """A constant integer input as a Python list (None when absent or not constant)."""
+    t = ctx.const(i)
+    return None if t is None else [int(x) for x in t.reshape(-1).tolist()]
+
+
+def tensor_ints(t: torch.Tensor | None) -> list[int] | None:
+    return None if t is None else [int(x) for x in t.reshape(-1).tolist()]
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def onnx_to_torch_dtype(code: int) -> torch.dtype:
+    return DType(code).to_torch()

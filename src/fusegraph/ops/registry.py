@@ -1,0 +1,149 @@
+"""The op registry: per (domain, op_type, opset range) the facts every stage needs.
+
+An ``OpDef`` holds the kernel builder, shape/dtype inference, purity, fusion kind and layout
+sensitivity. Kernel builders run once per node at compile time: they read attributes and
+constant inputs through a ``NodeContext`` and return a plain callable over torch tensors,
+so the run loop pays one call per node. The same torch calls run on CPU and CUDA.
+
+Kernel convention: ``kernel(*inputs)`` receives one torch tensor per node input (``None``
+for a missing optional input) and returns a tensor for a one-output node, else a tuple with
+one tensor per node output.
+
+This file holds no op and no pass logic; op families register themselves from their own
+modules (``ops/elementwise.py`` and siblings).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import UnsupportedOpError
+from ..ir import DType, Node
+from ..ir.shape import Shape
+
+
+class FusionKind(str, enum.Enum):
+    ELEMENTWISE = "elementwise"   # out[i] = f(in[i]), same shape
+    BROADCAST = "broadcast"       # elementwise with numpy broadcasting
+    INJECTIVE = "injective"       # each output element reads one input element (reshape, transpose)
+    REDUCE = "reduce"
+    OUT_FUSABLE = "out-fusable"   # conv / matmul: elementwise consumers can fuse into it
+    OPAQUE = "opaque"
+
+
+_MISSING = object()
+
+
+class NodeContext:
+    """What a kernel builder or an inference function may see of a node."""
+
+    __slots__ = ("node", "version")
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.version = node.version
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.node.inputs)
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.node.outputs)
+
+    def attr(self, name: str, default: Any = _MISSING) -> Any:
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        if default is _MISSING:
+            raise UnsupportedOpError(f"node {self.node.name!r} ({self.node.op_type}) lacks required "
+                                     f"attribute {name!r}", node=self.node.name, op_type=self.node.op_type)
+        return default
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.inputs) and self.node.inputs[i] is not None
+
+    def const(self, i: int):
+        """The constant torch tensor feeding input ``i``, or None when it is not constant."""
+        return self.node.const_input(i)
+
+    def dtype(self, i: int) -> DType:
+        v = self.node.input(i)
+        return DType.UNDEFINED if v is None else v.dtype
+
+    def shape(self, i: int) -> Shape:
+        v = self.node.input(i)
+        return None if v is None else v.shape
+
+    def unsupported(self, reason: str) -> UnsupportedOpError:
+        n = self.node
+        return UnsupportedOpError(f"node {n.name!r}: {n.op_type} (opset {n.version}) is not supported: "
+                                  f"{reason}", node=n.name, op_type=n.op_type)
+
+
+Builder = Callable[[NodeContext], Callable]
+Infer = Callable[[NodeContext], "list[tuple[DType | None, Shape]]"]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    op_type: str
+    domain: str
+    since: int
+    build: Builder
+    infer: Infer | None = None
+    pure: bool = True
+    fusion: FusionKind = FusionKind.OPAQUE
+    layout_sensitive: bool = False
+    foldable: bool = True
+    inplace: tuple[tuple[int, int], ...] = field(default=())  # (input, output) pairs a kernel may alias
+
+
+_REGISTRY: dict[tuple[str, str], list[OpDef]] = {}
+
+
+def register(op_type: str, *, since: int = 1, domain: str = "", infer: Infer | None = None,
+             pure: bool = True, fusion: FusionKind = FusionKind.OPAQUE, layout_sensitive: bool = False,
+             foldable: bool = True, inplace: tuple = ()) -> Callable[[Builder], Builder]:
+    """Decorator: register ``build`` as the kernel builder of ``op_type`` from opset ``since``.
+
+    A later registration of the same op with a higher ``since`` takes over from that opset on.
+    """
+    def deco(build: Builder) -> Builder:
+        defs = _REGISTRY.setdefault((domain, op_type), [])
+        defs[:] = [d for d in defs if d.since != since]
+        defs.append(OpDef(op_type, domain, since, build, infer, pure, fusion, layout_sensitive,
+                          foldable, tuple(inplace)))
+        defs.sort(key=lambda d: d.since)
+        return build
+    return deco
+
+
+def lookup(domain: str, op_type: str, version: int) -> OpDef | None:
+    """The definition in force at ``version`` (the newest ``since`` not above it)."""
+    if domain == "ai.onnx":
+        domain = ""
+    best = None
+    for d in _REGISTRY.get((domain, op_type), ()):
+        if d.since <= version:
+            best = d
+    return best
+
+
+def opdef_for(node: Node) -> OpDef:
+    d = lookup(node.domain, node.op_type, node.version)
+    if d is None:
+        dom = f"{node.domain}::" if node.domain else ""
+        known = _REGISTRY.get((node.domain, node.op_type))
+        why = (f"only opset >= {known[0].since} is implemented" if known else "no kernel for this op")
+        raise UnsupportedOpError(f"node {node.name!r}: op {dom}{node.op_type} (opset {node.version}) "
+                                 f"is not supported: {why}", node=node.name, op_type=node.op_type)
+    return d
+
+
+def registered_ops() -> list[tuple[str, str, int]]:
+    return sorted((d.domain, d.op_type, d.since) for defs in _REGISTRY.values() for d in defs)

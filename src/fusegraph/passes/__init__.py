@@ -1,0 +1,1 @@
+"""Graph optimisation passes (see passes/manager.py and passes/pipeline.py)."""

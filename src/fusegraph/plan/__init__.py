@@ -1,0 +1,1 @@
+"""Planning: execution order, lifetimes, memory offsets, streams. Never mutates the graph."""

@@ -1,0 +1,1 @@
+"""Runtime: binds kernels once, generates a straight-line run function, validates feeds."""

@@ -1,0 +1,84 @@
+"""Checking and converting user feeds (numpy arrays or torch tensors) before a run.
+
+Every mismatch raises ``InputError`` naming the input, what was expected and what was given.
+Symbolic dims must agree across inputs (two inputs with dim ``batch`` get the same size).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..frontends.onnx_data import numpy_to_torch
+from ..ir import DType, Value
+from ..ir.shape import format_shape
+
+
+def _describe(shape) -> str:
+    return format_shape(tuple(shape))
+
+
+def convert_feeds(model_name: str, inputs: list[Value], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
+    if not isinstance(feeds, Mapping):
+        raise InputError(f"{model_name}: run() takes a dict of input name -> array, got "
+                         f"{type(feeds).__name__}")
+    expected = {v.name for v in inputs}
+    unknown = [k for k in feeds if k not in expected]
+    if unknown:
+        raise InputError(f"{model_name}: unknown input name(s) {unknown}; the model's inputs are "
+                         f"{sorted(expected)}")
+    missing = [v.name for v in inputs if v.name not in feeds]
+    if missing:
+        raise InputError(f"{model_name}: missing input(s) {missing}; expected "
+                         + ", ".join(f"{v.name}: {v.type_str()}" for v in inputs))
+    symbols: dict[str, tuple[int, str]] = {}
+    tensors = []
+    for v in inputs:
+        tensors.append(_check_one(model_name, v, feeds[v.name], symbols))
+    return tensors
+
+
+def _check_one(model_name: str, v: Value, given: Any, symbols: dict) -> torch.Tensor:
+    if isinstance(given, torch.Tensor):
+        try:
+            dtype = DType.from_torch(given.dtype)
+        except TypeError:
+            raise InputError(f"{model_name}: input {v.name!r} expects {v.dtype.name}, got torch {given.dtype}") from None
+        tensor = given
+    else:
+        if not isinstance(given, np.ndarray):
+            if isinstance(given, (list, tuple, int, float, bool, np.generic)):
+                given = np.asarray(given)
+            else:
+                raise InputError(f"{model_name}: input {v.name!r} must be a numpy array or torch tensor, "
+                                 f"got {type(given).__name__}")
+        try:
+            dtype = DType.from_numpy(given.dtype)
+        except TypeError:
+            raise InputError(f"{model_name}: input {v.name!r} expects {v.dtype.name}, got numpy "
+                             f"{given.dtype}") from None
+        tensor = None
+    if v.dtype != DType.UNDEFINED and dtype != v.dtype:
+        raise InputError(f"{model_name}: input {v.name!r} expects dtype {v.dtype.name} "
+                         f"({v.type_str()}), got {dtype.name}")
+    shape = tuple(given.shape)
+    if v.shape is not None:
+        if len(shape) != len(v.shape):
+            raise InputError(f"{model_name}: input {v.name!r} expects rank {len(v.shape)} "
+                             f"(shape {format_shape(v.shape)}), got rank {len(shape)} (shape {_describe(shape)})")
+        for axis, (want, got) in enumerate(zip(v.shape, shape)):
+            if isinstance(want, int) and want != got:
+                raise InputError(f"{model_name}: input {v.name!r} expects shape {format_shape(v.shape)}, "
+                                 f"got {_describe(shape)} (dim {axis} must be {want})")
+            if isinstance(want, str):
+                seen = symbols.get(want)
+                if seen is not None and seen[0] != got:
+                    raise InputError(f"{model_name}: input {v.name!r} dim {axis} ({want!r}) is {got}, but "
+                                     f"input {seen[1]!r} set {want!r} = {seen[0]}")
+                symbols[want] = (got, v.name)
+    if tensor is None:
+        tensor = numpy_to_torch(given, model_name, v.name) if given.flags.writeable else \
+            numpy_to_torch(np.array(given), model_name, v.name)
+    return tensor

@@ -1,0 +1,1 @@
+"""Test harnesses shipped with the package (the ONNX backend node suite runner)."""
