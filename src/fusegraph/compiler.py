@@ -17,6 +17,7 @@ from .errors import ModelLoadError
 from .ir import DType, Graph
 from .ir.shape import Shape
 from .ops import infer_graph, opdef_for
+from .passes import optimize
 from .report import CompileReport
 from .runtime.executor import Executor
 
@@ -78,6 +79,7 @@ def compile(model: Any, config: Config | None = None) -> CompiledModel:  # noqa:
     for node in graph.nodes:  # every node must have a kernel: fail at compile time, not run time
         opdef_for(node)
     infer_graph(graph)
+    optimize(graph, config, report)
     t2 = time.perf_counter()
     report.nodes_final = len(graph.nodes)
     report.op_histogram = graph.op_histogram()
