@@ -6,7 +6,9 @@
 """
 from .config import Config
 from .compiler import CompiledModel, TensorSpec, compile
+from .artifact import load
+from .config_file import load_config
 from . import errors
 
 __version__ = "0.1.0"
-__all__ = ["Config", "CompiledModel", "TensorSpec", "compile", "errors", "__version__"]
+__all__ = ["Config", "CompiledModel", "TensorSpec", "compile", "errors", "load", "load_config", "__version__"]

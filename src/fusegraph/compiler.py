@@ -21,6 +21,9 @@ from .passes import optimize
 from .report import CompileReport
 from .runtime.executor import Executor
 
+# How often compile() ran each stage; artifact.load reads it to show that loading ran none.
+STAGE_RUNS = {"passes": 0, "plan": 0}
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -48,6 +51,16 @@ class CompiledModel:
         self.name = str(graph.meta.get("source", graph.name))
         self._executor = Executor(graph, self.name)
         report.kernel_count = len(graph.nodes)
+
+    @classmethod
+    def from_optimized(cls, graph: Graph, config: Config, report: CompileReport) -> "CompiledModel":
+        """Bind an already optimised (and planned) graph: runs no pass and no planning."""
+        return cls(graph, config, report)
+
+    def save(self, path: str | Path) -> None:
+        """Write the offline ``.fgm`` artifact (see ``fusegraph.artifact``)."""
+        from .artifact import save
+        save(self, path)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -79,6 +92,7 @@ def compile(model: Any, config: Config | None = None) -> CompiledModel:  # noqa:
     for node in graph.nodes:  # every node must have a kernel: fail at compile time, not run time
         opdef_for(node)
     infer_graph(graph)
+    STAGE_RUNS["passes"] += 1
     optimize(graph, config, report)
     t2 = time.perf_counter()
     report.nodes_final = len(graph.nodes)

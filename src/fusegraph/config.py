@@ -6,6 +6,7 @@ Validation happens here, at construction, so a bad value fails before any work s
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -74,3 +75,28 @@ class Config:
         if unknown:
             raise ConfigError(f"unknown Config field(s): {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Every field as plain JSON/TOML-able data (tuples become lists)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Config":
+        """The inverse of ``to_dict``; an unknown key is a ConfigError naming it."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a mapping of field -> value, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown config key {key!r}{hint}; known keys: {', '.join(sorted(known))}")
+        return cls(**{k: _tuples(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, (tuple, list)) else value

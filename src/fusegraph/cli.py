@@ -1,0 +1,139 @@
+"""The ``fusegraph`` command: a thin face over the public API (no logic the API lacks).
+
+    fusegraph run MODEL [--input NAME=FILE.npy ...] [-o DIR]
+    fusegraph inspect MODEL [--code]
+    fusegraph demo
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import FusegraphError, InputError
+
+
+def _random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in model.inputs:
+        if spec.shape is None:
+            raise InputError(f"input {spec.name!r} has unknown rank: pass it with --input {spec.name}=FILE.npy")
+        shape = [d if isinstance(d, int) else 1 for d in spec.shape]
+        np_dtype = spec.dtype.to_numpy()
+        if np.issubdtype(np_dtype, np.floating):
+            feeds[spec.name] = rng.standard_normal(shape).astype(np_dtype)
+        elif np_dtype == np.bool_:
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            feeds[spec.name] = rng.integers(0, 10, shape).astype(np_dtype)
+    return feeds
+
+
+def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise InputError(f"--input expects NAME=FILE.npy, got {item!r}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--input {name}: cannot read {path!r} as a .npy file: {exc}") from None
+    return feeds
+
+
+def _load(path: str, args):
+    import fusegraph as fg
+    return fg.compile(path, config=_config(args))
+
+
+def _config(args):
+    import fusegraph as fg
+    kwargs = {}
+    if getattr(args, "level", None):
+        kwargs["level"] = args.level
+    if getattr(args, "threads", None):
+        kwargs["threads"] = args.threads
+    return fg.Config(**kwargs)
+
+
+def cmd_run(args) -> int:
+    model = _load(args.model, args)
+    feeds = _parse_inputs(args.input)
+    if not feeds:
+        feeds = _random_feeds(model)
+    t0 = time.perf_counter()
+    outputs = model.run(feeds)
+    elapsed = time.perf_counter() - t0
+    out_dir = Path(args.output) if args.output else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for name, value in outputs.items():
+        checksum = float(np.asarray(value, dtype=np.float64).sum()) if value.dtype != object else 0.0
+        print(f"{name}: shape={list(value.shape)} dtype={value.dtype} sum={checksum:.6g}")
+        if out_dir:
+            np.save(out_dir / f"{name.replace('/', '_')}.npy", value)
+    print(f"time: {elapsed * 1000:.2f} ms")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    model = _load(args.model, args)
+    if args.code:
+        print(model.source)
+        return 0
+    print(model.graph)
+    print()
+    print(f"nodes: {model.report.nodes_imported} imported, {model.report.nodes_final} after passes; "
+          f"kernels per run: {model.report.kernel_count}")
+    print("op histogram:")
+    for op, count in model.report.op_histogram.items():
+        print(f"  {op:<28} {count}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+    return run_demo()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fusegraph", description="graph engine for deep-learning inference")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def common(p):
+        p.add_argument("model", help="an .onnx model")
+        p.add_argument("--level", choices=["O0", "O1", "O2"], help="pass pipeline (default O2)")
+        p.add_argument("--threads", type=int, help="intra-op threads")
+
+    p = sub.add_parser("run", help="run a model once on given or random inputs")
+    common(p)
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input (repeatable)")
+    p.add_argument("-o", "--output", metavar="DIR", help="save outputs as .npy files here")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("inspect", help="print the compiled IR and an op histogram")
+    common(p)
+    p.add_argument("--code", action="store_true", help="print the generated run function")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("demo", help="the main job on a bundled model, with a before/after table")
+    p.set_defaults(func=cmd_demo)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FusegraphError as exc:
+        print(f"fusegraph: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

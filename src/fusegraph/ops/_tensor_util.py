@@ -1,0 +1,124 @@
+"""Private helpers of the tensor-manipulation family (shape, indexing, generators, resize).
+
+Build-time readers of attributes / constant inputs, symbolic-shape arithmetic for ``infer=``
+functions, a per-device cache for index tensors computed once at build time, and seeded
+random generators. No op is registered here.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import DType
+from .common import const_ints, normalize_axis
+from .registry import NodeContext
+
+INT64_MAX = (1 << 63) - 1
+
+
+def ints_input_or_attr(ctx: NodeContext, i: int, attr: str, since: int):
+    """(known, values) for an int list given as attribute before opset ``since``, as input after.
+
+    ``known`` is False when the input exists but is not constant (read it at run time);
+    ``values`` is None when neither attribute nor input is given.
+    """
+    if ctx.version < since:
+        v = ctx.attr(attr, None)
+        return True, None if v is None else [int(a) for a in v]
+    if not ctx.has_input(i):
+        return True, None
+    vals = const_ints(ctx, i)
+    return vals is not None, vals
+
+
+def runtime_ints(t: torch.Tensor | None) -> list[int] | None:
+    return None if t is None else [int(v) for v in t.reshape(-1).tolist()]
+
+
+def rank_of(ctx: NodeContext, i: int = 0) -> int | None:
+    s = ctx.shape(i)
+    return None if s is None else len(s)
+
+
+def static_dims(ctx: NodeContext, i: int = 0) -> tuple | None:
+    """Input ``i``'s shape when every dim is a known int, else None."""
+    s = ctx.shape(i)
+    if s is None or not all(isinstance(d, int) for d in s):
+        return None
+    return tuple(s)
+
+
+def mul_dims(dims) -> object:
+    """Product of dims: an int when all static, a symbol for one symbol times 1, else None."""
+    prod, sym = 1, None
+    for d in dims:
+        if isinstance(d, int):
+            prod *= d
+        elif d is None or sym is not None:
+            return None
+        else:
+            sym = d
+    if sym is None:
+        return prod
+    if prod == 0:
+        return 0
+    return sym if prod == 1 else None
+
+
+def dtype_or_none(ctx: NodeContext, i: int = 0):
+    d = ctx.dtype(i)
+    return d if d != DType.UNDEFINED else None
+
+
+def norm_axes(axes, rank: int) -> list[int]:
+    return [normalize_axis(int(a), rank) for a in axes]
+
+
+class DeviceCache:
+    """Tensors computed once at build time (on CPU), copied once to each device used."""
+
+    __slots__ = ("_cpu", "_by_dev")
+
+    def __init__(self, *tensors: torch.Tensor | None):
+        self._cpu = tensors
+        self._by_dev: dict = {}
+
+    def get(self, device: torch.device) -> tuple:
+        got = self._by_dev.get(device)
+        if got is None:
+            if device.type == "meta":
+                return tuple(None if t is None else t.to("meta") for t in self._cpu)
+            got = tuple(None if t is None else t.to(device) for t in self._cpu)
+            self._by_dev[device] = got
+        return got
+
+
+class SeededGenerators:
+    """One torch.Generator per device, seeded from the ONNX ``seed`` attribute (None: global RNG)."""
+
+    __slots__ = ("seed", "_gens")
+
+    def __init__(self, seed):
+        self.seed = None if seed is None else int(float(seed) * 1000003) & 0x7FFFFFFFFFFFFFFF
+        self._gens: dict = {}
+
+    def get(self, device: torch.device):
+        if self.seed is None or device.type == "meta":
+            return None
+        g = self._gens.get(device)
+        if g is None:
+            g = torch.Generator(device=device)
+            g.manual_seed(self.seed)
+            self._gens[device] = g
+        return g
+
+
+def onnx_dtype_attr(ctx: NodeContext, name: str = "dtype", default: DType | None = None) -> DType | None:
+    code = ctx.attr(name, None)
+    if code is None:
+        return default
+    try:
+        dt = DType(int(code))
+        dt.to_torch()
+    except (ValueError, TypeError):
+        raise ctx.unsupported(f"{name}={code} is not a dtype torch can hold") from None
+    return dt

@@ -1,0 +1,175 @@
+"""Activation functions and Clip: Relu, LeakyRelu, PRelu, Elu, Selu, Celu, ThresholdedRelu,
+HardSigmoid, HardSwish, Softplus, Softsign, Sigmoid, Tanh, Mish, Gelu, Swish, Shrink, Clip.
+
+Attributes (alpha, beta, gamma, lambd, bias, approximate, Clip-6's min/max) and constant Clip
+bounds are read once at build time; the kernels are plain torch calls.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .common import same_as_input
+from .elementwise import UNSIGNED, ordered, torch_dtype, u64_scalar_key
+from .registry import FusionKind, NodeContext, register
+
+_SAME = same_as_input(0)
+_EW = FusionKind.ELEMENTWISE
+_FLT_MAX = 3.4028234663852886e38
+
+
+def _simple(op_type: str, since: int, fn):
+    register(op_type, since=since, fusion=_EW, infer=_SAME)(lambda ctx, _fn=fn: _fn)
+
+
+_simple("Sigmoid", 1, torch.sigmoid)
+_simple("Tanh", 1, torch.tanh)
+_simple("Softsign", 1, F.softsign)
+_simple("Mish", 18, F.mish)
+_simple("HardSwish", 14, F.hardswish)
+
+
+@register("Relu", since=1, fusion=_EW, infer=_SAME)
+def _relu(ctx: NodeContext):
+    if torch_dtype(ctx, 0) in UNSIGNED:
+        return lambda x: x.clone()
+    return torch.relu
+
+
+@register("Softplus", since=1, fusion=_EW, infer=_SAME)
+def _softplus(ctx: NodeContext):
+    # log(exp(x) + 1) without overflow for large x
+    return lambda x: torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+@register("LeakyRelu", since=1, fusion=_EW, infer=_SAME)
+def _leaky_relu(ctx: NodeContext):
+    alpha = float(ctx.attr("alpha", 0.01))
+    return lambda x: F.leaky_relu(x, alpha)
+
+
+@register("PRelu", since=1, fusion=FusionKind.BROADCAST, infer=_SAME)
+def _prelu(ctx: NodeContext):
+    if torch_dtype(ctx, 0) in UNSIGNED:       # never negative
+        return lambda x, slope: x.clone()
+    return lambda x, slope: torch.where(x < 0, x * slope, x)
+
+
+@register("Elu", since=1, fusion=_EW, infer=_SAME)
+def _elu(ctx: NodeContext):
+    alpha = float(ctx.attr("alpha", 1.0))
+    return lambda x: torch.where(x > 0, x, torch.expm1(x) * alpha)
+
+
+@register("Selu", since=1, fusion=_EW, infer=_SAME)
+def _selu(ctx: NodeContext):
+    alpha = float(ctx.attr("alpha", 1.67326319217681884765625))
+    gamma = float(ctx.attr("gamma", 1.05070102214813232421875))
+    return lambda x: torch.where(x > 0, x * gamma, torch.expm1(x) * (alpha * gamma))
+
+
+@register("Celu", since=12, fusion=_EW, infer=_SAME)
+def _celu(ctx: NodeContext):
+    alpha = float(ctx.attr("alpha", 1.0))
+    if alpha == 0:
+        raise ctx.unsupported("alpha must be non-zero")
+    return lambda x: torch.where(x > 0, x, torch.expm1(x / alpha) * alpha)
+
+
+@register("ThresholdedRelu", since=10, fusion=_EW, infer=_SAME)
+def _thresholded_relu(ctx: NodeContext):
+    alpha = float(ctx.attr("alpha", 1.0))
+    return lambda x: torch.where(x > alpha, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+@register("HardSigmoid", since=1, fusion=_EW, infer=_SAME)
+def _hard_sigmoid(ctx: NodeContext):
+    alpha = float(ctx.attr("alpha", 0.2))
+    beta = float(ctx.attr("beta", 0.5))
+    return lambda x: torch.clamp(x * alpha + beta, 0.0, 1.0)
+
+
+@register("Gelu", since=20, fusion=_EW, infer=_SAME)
+def _gelu(ctx: NodeContext):
+    approximate = ctx.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ctx.unsupported(f"approximate={approximate!r} (expected 'none' or 'tanh')")
+    return lambda x: F.gelu(x, approximate=approximate)
+
+
+@register("Swish", since=24, fusion=_EW, infer=_SAME)
+def _swish(ctx: NodeContext):
+    alpha = float(ctx.attr("alpha", 1.0))
+    if alpha == 1.0:
+        return F.silu
+    return lambda x: x * torch.sigmoid(x * alpha)
+
+
+@register("Shrink", since=9, fusion=_EW, infer=_SAME)
+def _shrink(ctx: NodeContext):
+    bias = float(ctx.attr("bias", 0.0))
+    lambd = float(ctx.attr("lambd", 0.5))
+    tdt = torch_dtype(ctx, 0)
+
+    def shrink(x):
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        return torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, zero))
+    if tdt is not None and not tdt.is_floating_point:
+        # integer input: computed in double, then truncated back, as the reference does
+        return lambda x: shrink(x.double()).to(x.dtype)
+    return shrink
+
+
+# --- Clip --------------------------------------------------------------------------------
+
+@register("Clip", since=1, fusion=_EW, infer=_SAME)
+def _clip6(ctx: NodeContext):
+    lo = float(ctx.attr("min", -_FLT_MAX))
+    hi = float(ctx.attr("max", _FLT_MAX))
+    return lambda x: torch.clamp(x, lo, hi)
+
+
+_RUNTIME = object()
+
+
+def _clip_bound(ctx: NodeContext, i: int):
+    """None (absent), a Python scalar (constant) or _RUNTIME."""
+    if not ctx.has_input(i):
+        return None
+    c = ctx.const(i)
+    if c is None:
+        return _RUNTIME
+    if c.numel() != 1:
+        raise ctx.unsupported(f"input {i} ({'min' if i == 1 else 'max'}) must be a scalar, "
+                              f"got shape {list(c.shape)}")
+    v = c.reshape(()).item()
+    return u64_scalar_key(v) if c.dtype == torch.uint64 else v
+
+
+def _clamp(x, lo, hi):
+    """min(max(x, lo), hi); each bound a scalar, a tensor or None."""
+    if lo is not None:
+        x = torch.clamp_min(x, lo)
+    if hi is not None:
+        x = torch.clamp_max(x, hi)
+    return x
+
+
+@register("Clip", since=11, fusion=_EW, infer=_SAME)
+def _clip11(ctx: NodeContext):
+    tdt = torch_dtype(ctx, 0)
+    lo, hi = _clip_bound(ctx, 1), _clip_bound(ctx, 2)
+    if lo is not _RUNTIME and hi is not _RUNTIME:
+        if lo is None and hi is None:
+            return lambda x, *_: x.clone()
+        if lo is not None and hi is not None:
+            fn = ordered(lambda x: torch.clamp(x, lo, hi), tdt)
+        else:
+            fn = ordered(lambda x: _clamp(x, lo, hi), tdt)
+        return lambda x, *_: fn(x)
+
+    def k(x, t_lo=None, t_hi=None):
+        a = (None if t_lo is None else t_lo.reshape(())) if lo is _RUNTIME else lo
+        b = (None if t_hi is None else t_hi.reshape(())) if hi is _RUNTIME else hi
+        return _clamp(x, a, b)
+    return ordered(k, tdt)

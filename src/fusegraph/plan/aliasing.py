@@ -1,0 +1,71 @@
+"""Per-op aliasing facts the planner needs: which ops are views, which may write in place.
+
+A *view* op's output shares its source input's memory (same bytes, another shape), so the
+planner gives it no buffer and extends the source's life instead. An *in-place candidate* is
+an input whose buffer output 0 may overwrite: the op is elementwise (``FusionKind.ELEMENTWISE``
+or ``BROADCAST``, or declares ``OpDef.inplace`` pairs) and that input has exactly output 0's
+shape and dtype. Whether the input actually dies at that node is decided in ``lifetime.py``.
+
+The view table is here only for now: it is a per-op fact and belongs in the op registry
+(an ``alias=((input, output),)`` field on ``OpDef`` beside ``inplace``). Unknown ops are
+treated conservatively: no view, no in-place.
+"""
+from __future__ import annotations
+
+from ..ir import Node
+from ..ir.shape import is_static
+
+# op_type -> index of the input whose memory the output views (default ONNX domain only).
+VIEW_OPS: dict[str, int] = {
+    "Reshape": 0,
+    "Flatten": 0,
+    "Squeeze": 0,
+    "Unsqueeze": 0,
+    "Identity": 0,
+}
+
+
+def view_source(node: Node) -> int | None:
+    """Input index that output 0 of ``node`` is a view of, or None when it is not a view."""
+    if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    idx = VIEW_OPS.get(node.op_type)
+    if idx is None or node.input(idx) is None:
+        return None
+    src, out = node.inputs[idx], node.outputs[0]
+    if src.dtype != out.dtype:
+        return None
+    return idx
+
+
+def _opdef(node: Node):
+    try:
+        from ..ops.registry import lookup
+    except ImportError:  # pragma: no cover - the registry is part of the package
+        return None
+    return lookup(node.domain, node.op_type, node.version)
+
+
+def inplace_candidates(node: Node) -> list[int]:
+    """Input indices whose buffer output 0 may take over (same shape and dtype), best first."""
+    if not node.outputs:
+        return []
+    opdef = _opdef(node)
+    if opdef is None:
+        return []
+    out = node.outputs[0]
+    if opdef.inplace:
+        allowed = [i for i, o in opdef.inplace if o == 0]
+    elif opdef.fusion.value in ("elementwise", "broadcast") and len(node.outputs) == 1:
+        allowed = list(range(len(node.inputs)))
+    else:
+        return []
+    if not is_static(out.shape):
+        return []
+    found = []
+    for i in allowed:
+        v = node.input(i)
+        if v is None or v.is_const or v.dtype != out.dtype or v.shape != out.shape:
+            continue
+        found.append(i)
+    return found

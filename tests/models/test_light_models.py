@@ -1,0 +1,31 @@
+"""The nine onnx light models compile, run and match onnxruntime (ORT_DISABLE_ALL), with the
+shipped weights (all 0.02) and with random weights (He-scaled, calibrated BN), logits included."""
+import onnx
+import pytest
+
+import fusegraph as fg
+from fusegraph import zoo
+from oracle import assert_outputs_close, ort_run
+
+
+@pytest.fixture(scope="module", params=zoo.LIGHT_MODELS)
+def light(request):
+    return request.param, onnx.load(zoo.light_model_path(request.param))
+
+
+def test_shipped_weights_match_onnxruntime(light):
+    name, proto = light
+    feeds = zoo.random_feeds(proto, seed=1)
+    got = fg.compile(proto).run(feeds)
+    assert_outputs_close(got, ort_run(proto, feeds))
+
+
+def test_random_weights_match_onnxruntime_logits_too(light):
+    name, proto = light
+    proto = zoo.expose_logits(zoo.randomize_weights(proto, seed=0))
+    feeds = zoo.random_feeds(proto, seed=1)
+    want = ort_run(proto, feeds)
+    got = fg.compile(proto).run(feeds)
+    assert_outputs_close(got, want)
+    logits = want["logits"]
+    assert logits.std() > 0.1 and abs(logits).max() < 1e3, "random weights must keep logits O(1)"

@@ -1,0 +1,34 @@
+"""Independent oracles for tests: onnxruntime with all optimisations off, and onnx.reference.
+
+Never the optimiser itself. onnxruntime is a test dependency only.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+
+def ort_run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray], level: str = "disable_all",
+            threads: int = 2) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = {
+        "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    data = model if isinstance(model, str) else model.SerializeToString()
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def assert_outputs_close(got: dict, want: dict, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    assert list(got) == list(want), f"output names differ: {list(got)} vs {list(want)}"
+    for name in want:
+        assert got[name].dtype == want[name].dtype, f"{name}: dtype {got[name].dtype} vs {want[name].dtype}"
+        assert got[name].shape == want[name].shape, f"{name}: shape {got[name].shape} vs {want[name].shape}"
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=f"output {name}")
