@@ -26,9 +26,17 @@ def ort_run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray], level: s
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def assert_outputs_close(got: dict, want: dict, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+def assert_outputs_close(got: dict, want: dict, rtol: float = 1e-4, atol: float = 1e-5,
+                         scale_atol: bool = True) -> None:
+    """rtol / atol as given; with ``scale_atol`` the atol is taken relative to the output's
+    largest magnitude (when above 1). Deep fp32 networks differ from onnxruntime by float
+    reassociation noise proportional to the output scale: onnxruntime's own ORT_ENABLE_ALL vs
+    ORT_DISABLE_ALL outputs differ by 1e-4 on resnet50 logits of magnitude 6."""
     assert list(got) == list(want), f"output names differ: {list(got)} vs {list(want)}"
     for name in want:
         assert got[name].dtype == want[name].dtype, f"{name}: dtype {got[name].dtype} vs {want[name].dtype}"
         assert got[name].shape == want[name].shape, f"{name}: shape {got[name].shape} vs {want[name].shape}"
-        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=f"output {name}")
+        scale = float(np.abs(want[name]).max()) if scale_atol and want[name].size and \
+            np.issubdtype(want[name].dtype, np.floating) else 1.0
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol * max(1.0, scale),
+                                   err_msg=f"output {name}")

@@ -18,6 +18,7 @@ This module reads and writes text only; the values themselves are validated by `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -59,7 +60,7 @@ def config_from_mapping(data: Any, where: str = "<config>") -> Config:
     """A ``Config`` from plain data (TOML, JSON), every value type-checked against the field."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: a config must be a table of field = value, got {type(data).__name__}")
-    hints = typing.get_type_hints(Config)
+    hints = _hints()
     fields = {f.name for f in dataclasses.fields(Config)}
     values = {}
     for key, value in data.items():
@@ -73,6 +74,11 @@ def config_from_mapping(data: Any, where: str = "<config>") -> Config:
         return Config(**values)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _hints() -> dict:
+    return typing.get_type_hints(Config)
 
 
 def _type_name(tp) -> str:

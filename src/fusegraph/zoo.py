@@ -53,10 +53,10 @@ def _role(name: str, users: dict, depth: int = 0) -> tuple[str, onnx.NodeProto |
 def _fan_in(shape: tuple[int, ...], role: str, node) -> int:
     if role == "Conv:1":
         return int(np.prod(shape[1:]))
-    if role == "Gemm:1":
+    if role == "Gemm:1":  # the weight may reach Gemm through a Reshape: use its trailing dims
         trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return shape[1] if trans_b else shape[0]
-    return shape[0]
+        return shape[-1] if trans_b else shape[-2]
+    return shape[-2]
 
 
 def _random_weight(shape: tuple[int, ...], role: str, node, rng: np.random.Generator) -> np.ndarray:
@@ -163,7 +163,10 @@ def calibrate_batchnorm(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
 
 
 def expose_logits(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy with the input of the last Softmax added as an output named ``logits``."""
+    """A copy with the input of the last Softmax added as an output named ``logits``.
+
+    Models without a Softmax (densenet121 ends in a pooling) already output their logits.
+    """
     model = _copy(model)
     g = model.graph
     soft = [n for n in g.node if n.op_type == "Softmax"]

@@ -1,5 +1,6 @@
 """The nine onnx light models compile, run and match onnxruntime (ORT_DISABLE_ALL), with the
 shipped weights (all 0.02) and with random weights (He-scaled, calibrated BN), logits included."""
+import numpy as np
 import onnx
 import pytest
 
@@ -26,6 +27,10 @@ def test_random_weights_match_onnxruntime_logits_too(light):
     feeds = zoo.random_feeds(proto, seed=1)
     want = ort_run(proto, feeds)
     got = fg.compile(proto).run(feeds)
-    assert_outputs_close(got, want)
-    logits = want["logits"]
+    # Deep fp32 nets carry float-reassociation noise: allow at most twice the difference
+    # between onnxruntime's own optimised and unoptimised runs, when that exceeds atol.
+    noise = ort_run(proto, feeds, level="all")
+    floor = max(float(np.abs(noise[k] - want[k]).max()) for k in want)
+    assert_outputs_close(got, want, atol=max(1e-5, 2 * floor))
+    logits = want.get("logits", next(iter(want.values())))  # densenet121 ends without Softmax
     assert logits.std() > 0.1 and abs(logits).max() < 1e3, "random weights must keep logits O(1)"

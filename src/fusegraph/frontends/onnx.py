@@ -1,6 +1,7 @@
 """ONNX frontend: a ModelProto (or a path to one) becomes an IR ``Graph``.
 
-Handles opsets 7 up to the newest the installed onnx knows, initializers (including graph
+Handles opsets 7 up to the newest the installed onnx knows (older models load too, node by
+node, where the registry has a definition in force at their opset), initializers (including graph
 inputs that shadow them, as IR < 4 models have), Constant nodes, and external data confined to
 the model's folder. Shapes and dtypes from the model (and from onnx's own inference) are kept
 as hints; the op registry's inference refines them later. Optimises nothing.
@@ -17,7 +18,7 @@ from ..errors import ModelLoadError, UnsupportedOpError
 from ..ir import DType, Graph, Value
 from .onnx_data import tensor_to_torch
 
-MIN_OPSET = 7
+DEFAULT_OPSET = 7
 _MAX_MODEL_BYTES = 1 << 34
 _CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
 
@@ -109,10 +110,9 @@ def import_onnx(model: Any) -> Graph:
     for imp in proto.opset_import:
         opset["" if imp.domain in ("", "ai.onnx") else imp.domain] = imp.version
     if "" not in opset:
-        opset[""] = 1 if proto.ir_version < 3 else MIN_OPSET
-    if opset[""] < MIN_OPSET:
-        raise ModelLoadError(f"{where}: default-domain opset {opset['']} is older than the oldest "
-                             f"supported ({MIN_OPSET}); convert the model with onnx.version_converter")
+        opset[""] = 1 if proto.ir_version < 3 else DEFAULT_OPSET
+    if opset[""] < 1:
+        raise ModelLoadError(f"{where}: default-domain opset {opset['']} is not a valid opset version")
     hints = _shape_hints(proto)
     g = proto.graph
     graph = Graph(g.name or "main", opset)

@@ -111,6 +111,7 @@ _TO_TORCH = {
     DType.BOOL: torch.bool, DType.COMPLEX64: torch.complex64, DType.COMPLEX128: torch.complex128,
     DType.FLOAT8E4M3FN: torch.float8_e4m3fn, DType.FLOAT8E5M2: torch.float8_e5m2,
     DType.FLOAT8E4M3FNUZ: torch.float8_e4m3fnuz, DType.FLOAT8E5M2FNUZ: torch.float8_e5m2fnuz,
+    DType.FLOAT8E8M0: torch.float8_e8m0fnu,
 }
 _FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
 

@@ -120,6 +120,21 @@ class Graph:
         self.nodes.pop(self._index(node))
         node.graph = None
 
+    def fold_to_constants(self, node: Node, tensors) -> None:
+        """Replace ``node`` by constants: each output Value becomes a constant holding the
+        matching torch tensor and keeps its identity (name, uses, graph-output slots)."""
+        tensors = list(tensors)
+        if len(tensors) != len(node.outputs):
+            raise ValueError(f"{node.name}: {len(tensors)} tensors for {len(node.outputs)} outputs")
+        node.detach()
+        self.nodes.pop(self._index(node))
+        node.graph = None
+        for out, t in zip(node.outputs, tensors):
+            out.producer, out.const = None, t
+            out.dtype, out.shape = DType.from_torch(t.dtype), tuple(t.shape)
+            self.constants[out.name] = out
+        node.outputs = []
+
     def remove_unused_constants(self) -> int:
         dead = [k for k, v in self.constants.items() if not v.uses and not v.is_graph_output]
         for k in dead:

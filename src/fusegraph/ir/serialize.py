@@ -134,11 +134,20 @@ def _want(x: Any, typ, where: str, what: str):
     return x
 
 
+_SCALARS = frozenset({type(None), bool, int, float, str})
+
+
+def _decode_dict(x: Any, tensors: dict, where: str, what: str, depth: int = 0) -> dict:
+    """A plain JSON object of encoded values (attributes, meta) decoded."""
+    return {k: v if type(v) in _SCALARS else _decode(v, tensors, where, depth + 1)
+            for k, v in _want(x, dict, where, what).items()}
+
+
 def _decode(x: Any, tensors: dict, where: str, depth: int = 0) -> Any:
+    if type(x) in _SCALARS:
+        return x
     if depth > _MAX_DEPTH:
         raise _bad(where, "attribute nested too deeply")
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
     if isinstance(x, list):
         return [_decode(v, tensors, where, depth + 1) for v in x]
     if not isinstance(x, dict) or len(x) != 1:
@@ -147,7 +156,7 @@ def _decode(x: Any, tensors: dict, where: str, depth: int = 0) -> Any:
     if tag == "$tuple":
         return tuple(_decode(v, tensors, where, depth + 1) for v in _want(body, list, where, tag))
     if tag == "$dict":
-        return {k: _decode(v, tensors, where, depth + 1) for k, v in _want(body, dict, where, tag).items()}
+        return _decode_dict(body, tensors, where, tag, depth)
     if tag == "$float":
         if body not in ("nan", "inf", "-inf"):
             raise _bad(where, f"$float must be nan, inf or -inf, got {body!r}")
@@ -197,10 +206,12 @@ def _make_value(e: Any, tensors: dict) -> Value:
             raise _bad(where, f"declared {dtype.name}{list(shape or [])} but the weights hold "
                               f"{const.dtype}{list(const.shape)}")
     v = Value(name, dtype, shape, const=const)
-    flags = _want(e.get("flags", []), list, where, "flags")
-    v.flags = {_want(f, str, where, "flag") for f in flags}
-    v.layout = _want(e.get("layout", "nchw"), str, where, "layout")
-    v.meta = _decode({"$dict": _want(e.get("meta", {}), dict, where, "meta")}, tensors, where)
+    if "flags" in e:
+        v.flags = {_want(f, str, where, "flag") for f in _want(e["flags"], list, where, "flags")}
+    if "layout" in e:
+        v.layout = _want(e["layout"], str, where, "layout")
+    if "meta" in e:
+        v.meta = _decode_dict(e["meta"], tensors, where, "meta")
     return v
 
 
@@ -213,7 +224,7 @@ def graph_from_dict(data: Any, tensors: dict[str, torch.Tensor]) -> Graph:
     for k, v in opset.items():
         _want(v, int, "opset", f"opset[{k!r}]")
     graph = Graph(_want(data.get("name"), str, "graph", "name"), opset)
-    graph.meta = _decode({"$dict": _want(data.get("meta", {}), dict, "graph", "meta")}, tensors, "graph meta")
+    graph.meta = _decode_dict(data.get("meta", {}), tensors, "graph meta", "meta")
     values: dict[str, Value] = {}
     for e in _want(data.get("values"), list, "graph", "values"):
         v = _make_value(e, tensors)
@@ -258,11 +269,12 @@ def graph_from_dict(data: Any, tensors: dict[str, torch.Tensor]) -> Graph:
         outs = [claim(lookup(x, where), where) for x in _want(e.get("outputs"), list, where, "outputs")]
         if any(o.is_const for o in outs):
             raise _bad(where, "a node output cannot be a constant")
-        attrs = _decode({"$dict": _want(e.get("attrs", {}), dict, where, "attrs")}, tensors, where)
+        attrs = _decode_dict(e.get("attrs", {}), tensors, where, "attrs")
         version = _want(e.get("version"), int, where, "version")
         node = Node(_want(e.get("op_type"), str, where, "op_type"), ins, outs, attrs,
                     domain=_want(e.get("domain", ""), str, where, "domain"), version=version, name=name)
-        node.meta = _decode({"$dict": _want(e.get("meta", {}), dict, where, "meta")}, tensors, where)
+        if "meta" in e:
+            node.meta = _decode_dict(e["meta"], tensors, where, "meta")
         node.graph = graph
         graph.nodes.append(node)
     graph.outputs = [lookup(x, "graph outputs") for x in _want(data.get("outputs"), list, "graph", "outputs")]

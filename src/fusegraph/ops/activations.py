@@ -18,6 +18,13 @@ _EW = FusionKind.ELEMENTWISE
 _FLT_MAX = 3.4028234663852886e38
 
 
+def _precise(ctx: NodeContext, fn):
+    """Composite formulas on float16/bfloat16 run in float32 and round once at the end."""
+    if torch_dtype(ctx, 0) in (torch.float16, torch.bfloat16):
+        return lambda x, *rest: fn(x.float(), *rest).to(x.dtype)
+    return fn
+
+
 def _simple(op_type: str, since: int, fn):
     register(op_type, since=since, fusion=_EW, infer=_SAME)(lambda ctx, _fn=fn: _fn)
 
@@ -58,14 +65,14 @@ def _prelu(ctx: NodeContext):
 @register("Elu", since=1, fusion=_EW, infer=_SAME)
 def _elu(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 1.0))
-    return lambda x: torch.where(x > 0, x, torch.expm1(x) * alpha)
+    return _precise(ctx, lambda x: torch.where(x > 0, x, torch.expm1(x) * alpha))
 
 
 @register("Selu", since=1, fusion=_EW, infer=_SAME)
 def _selu(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 1.67326319217681884765625))
     gamma = float(ctx.attr("gamma", 1.05070102214813232421875))
-    return lambda x: torch.where(x > 0, x * gamma, torch.expm1(x) * (alpha * gamma))
+    return _precise(ctx, lambda x: torch.where(x > 0, x * gamma, torch.expm1(x) * (alpha * gamma)))
 
 
 @register("Celu", since=12, fusion=_EW, infer=_SAME)
@@ -73,7 +80,7 @@ def _celu(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 1.0))
     if alpha == 0:
         raise ctx.unsupported("alpha must be non-zero")
-    return lambda x: torch.where(x > 0, x, torch.expm1(x / alpha) * alpha)
+    return _precise(ctx, lambda x: torch.where(x > 0, x, torch.expm1(x / alpha) * alpha))
 
 
 @register("ThresholdedRelu", since=10, fusion=_EW, infer=_SAME)
@@ -86,7 +93,7 @@ def _thresholded_relu(ctx: NodeContext):
 def _hard_sigmoid(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 0.2))
     beta = float(ctx.attr("beta", 0.5))
-    return lambda x: torch.clamp(x * alpha + beta, 0.0, 1.0)
+    return _precise(ctx, lambda x: torch.clamp(x * alpha + beta, 0.0, 1.0))
 
 
 @register("Gelu", since=20, fusion=_EW, infer=_SAME)
@@ -102,7 +109,7 @@ def _swish(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 1.0))
     if alpha == 1.0:
         return F.silu
-    return lambda x: x * torch.sigmoid(x * alpha)
+    return _precise(ctx, lambda x: x * torch.sigmoid(x * alpha))
 
 
 @register("Shrink", since=9, fusion=_EW, infer=_SAME)

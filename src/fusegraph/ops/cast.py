@@ -27,8 +27,13 @@ def _torch_type(ctx: NodeContext, dt: DType, what: str) -> torch.dtype:
         raise ctx.unsupported(f"{what} type {dt.name}: torch has no such dtype") from None
 
 
+_T_WIDE_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
 def _as_float(src: DType):
     """Bring any source to a float type that ``clamp`` and comparisons accept, exactly."""
+    if src == DType.UNDEFINED:        # unknown until run time
+        return lambda x: x if x.dtype in _T_WIDE_FLOATS else x.double()
     if src in _WIDE_FLOATS:
         return lambda x: x
     if src in _FLOAT8 or src == DType.BOOL or src.itemsize <= 2:
@@ -72,9 +77,8 @@ def _to_e8m0(tdst: torch.dtype, saturate: bool, round_mode: str):
 
 
 def _cast(ctx: NodeContext, src: DType, dst: DType):
-    if src == DType.UNDEFINED:
-        raise ctx.unsupported("the input type is unknown")
-    _torch_type(ctx, src, "input")
+    if src != DType.UNDEFINED:
+        _torch_type(ctx, src, "input")
     tdst = _torch_type(ctx, dst, "target")
     saturate = bool(ctx.attr("saturate", 1))
     if dst in _FLOAT8:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import DType
 from .common import broadcast_of_inputs, same_as_input
 from .registry import FusionKind, NodeContext, register
 
@@ -47,7 +46,8 @@ def u64_unkey(k: torch.Tensor) -> torch.Tensor:
 
 
 def ordered(fn, tdt: torch.dtype | None):
-    """Wrap an order-based op (compare, min, max, clamp) so it runs on emulated unsigned types.
+    """Wrap an order-based op (compare, min, max, clamp; div and mod for uint16/32) so it runs on
+    emulated unsigned types.
 
     Tensor arguments of dtype ``tdt`` are widened (uint16/32) or keyed (uint64); an integer
     result goes back to ``tdt``, a bool result is returned as is.
@@ -92,13 +92,6 @@ def _udiv64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(big, q_big, q)
 
 
-def _int_div(tdt, fn):
-    """Integer division-like op (``fn`` on non-negative operands) for unsigned types."""
-    if tdt in _WIDE:
-        return ordered(fn, tdt)
-    return fn
-
-
 # --- binary arithmetic -------------------------------------------------------------------
 
 def _binary(op_type: str, fn):
@@ -123,7 +116,9 @@ def _div(ctx: NodeContext):
     if tdt == torch.uint64:
         return lambda a, b: _udiv64(a.view(torch.int64), b.view(torch.int64)).view(torch.uint64)
     if ctx.dtype(0).is_integer:
-        return _int_div(tdt, _trunc_div)
+        return ordered(_trunc_div, tdt)      # uint16/32: exact on the wider signed type
+    if tdt is None:                          # type unknown at build time
+        return lambda a, b: torch.div(a, b) if a.is_floating_point() else _trunc_div(a, b)
     return torch.div
 
 
@@ -139,7 +134,7 @@ def _mod(ctx: NodeContext):
             return (a - _udiv64(a, b) * b).view(torch.uint64)
         return umod
     fn = torch.fmod if fmod else torch.remainder
-    return _int_div(tdt, fn)
+    return ordered(fn, tdt)
 
 
 def _exponent(et: torch.dtype | None):
@@ -225,6 +220,8 @@ def _neg(ctx: NodeContext):
 
 @register("Sign", since=9, fusion=FusionKind.ELEMENTWISE, infer=_SAME)
 def _sign(ctx: NodeContext):
-    if torch_dtype(ctx, 0) in UNSIGNED:
-        return lambda x: x.ne(0).to(x.dtype)
+    tdt = torch_dtype(ctx, 0)
+    if tdt in UNSIGNED:
+        s = SIGNED_VIEW[tdt]
+        return lambda x: x.view(s).ne(0).to(s).view(tdt)
     return torch.sign

@@ -38,6 +38,10 @@ register("Not", since=1, fusion=_EW, infer=same_as_input(0))(lambda ctx: torch.l
 @register("Equal", since=1, fusion=_BC, infer=_BOOL_BCAST)
 def _equal(ctx: NodeContext):
     _no_strings(ctx)
+    tdt = torch_dtype(ctx, 0)
+    if tdt in EMULATED:                # equality of bits: the signed view is exact
+        s = SIGNED_VIEW[tdt]
+        return lambda a, b: torch.eq(a.view(s), b.view(s))
     return torch.eq
 
 
@@ -118,6 +122,10 @@ def _bitshift(ctx: NodeContext):
 @register("Where", since=9, fusion=_BC, infer=broadcast_of_inputs(dtype_from=1))
 def _where(ctx: NodeContext):
     _no_strings(ctx)
+    tdt = torch_dtype(ctx, 1)
+    if tdt in EMULATED:                # selection moves bits only: use the signed view
+        s = SIGNED_VIEW[tdt]
+        return lambda c, x, y: torch.where(c, x.view(s), y.view(s)).view(tdt)
     return torch.where
 
 

@@ -16,6 +16,8 @@ from .registry import FusionKind, NodeContext, register
 
 _INT64_MIN = -(1 << 63)
 _WIDEN = (DType.UINT16, DType.UINT32)
+_NUMERIC = {DType.UNDEFINED, DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.BFLOAT16, DType.INT8,
+            DType.INT16, DType.INT32, DType.INT64, DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64}
 
 
 def _full_dims(dims: tuple, rank: int) -> list[int]:
@@ -101,7 +103,8 @@ def _sum_square(x, dims, keep):
     return _sum(x * x, dims, keep)
 
 
-# op -> (reduce function, order-sensitive for unsigned mapping)
+# op -> (reduce function, how unsigned types torch lacks are mapped: True order-preserving
+# int64 map, False plain int64, None through float64)
 _REDUCERS = {
     "ReduceSum": (_sum, False),
     "ReduceMean": (_mean, False),
@@ -118,16 +121,15 @@ _REDUCERS = {
 
 def _for_dtype(fn, dtype: DType, order_sensitive):
     """Adapt ``fn`` to unsigned types torch cannot reduce directly."""
+    if dtype in _WIDEN + (DType.UINT64,) and order_sensitive is None:
+        tdt = dtype.to_torch()
+        return lambda x, d, k: fn(x.to(torch.float64), d, k).trunc().to(tdt)
     if dtype in _WIDEN:
         tdt = dtype.to_torch()
-        if order_sensitive is None:
-            return lambda x, d, k: fn(x.to(torch.float64), d, k).trunc().to(tdt)
         return lambda x, d, k: fn(x.to(torch.int64), d, k).to(tdt)
     if dtype == DType.UINT64:
         if order_sensitive:
             return lambda x, d, k: (fn(x.view(torch.int64) ^ _INT64_MIN, d, k) ^ _INT64_MIN).view(torch.uint64)
-        if order_sensitive is None:
-            return None
         return lambda x, d, k: fn(x.view(torch.int64), d, k).view(torch.uint64)
     return fn
 
@@ -142,10 +144,11 @@ def _axes_source(ctx: NodeContext, input_since: int):
     return const_ints(ctx, 1), noop
 
 
-def _resolve(axes: list[int], rank: int, noop: bool):
-    """Sorted reduced dims, or None for 'no reduction' (noop with empty axes)."""
+def _resolve(axes: list[int], rank: int, noop: bool) -> tuple:
+    """Sorted reduced dims; () with noop_with_empty_axes reduces over the empty set, so the
+    reduction is the identity but composite steps still apply (ReduceSumSquare squares)."""
     if not axes:
-        return None if noop else tuple(range(rank))
+        return () if noop else tuple(range(rank))
     return tuple(sorted({normalize_axis(int(a), rank) for a in axes}))
 
 
@@ -157,8 +160,6 @@ def _make_infer(input_since: int):
         if axes is None or shape is None:
             return [(dtype, None)]
         dims = _resolve(axes, len(shape), noop)
-        if dims is None:
-            return [(dtype, shape)]
         keep = bool(ctx.attr("keepdims", 1))
         return [(dtype, tuple(_out_shape(shape, dims, keep)))]
     return infer
@@ -169,23 +170,20 @@ def _make_reduce(op_type: str, input_since: int):
 
     def build(ctx: NodeContext):
         dtype = ctx.dtype(0)
-        if dtype in (DType.STRING,) or (dtype == DType.BOOL and op_type not in ("ReduceMax", "ReduceMin")):
+        allowed = _NUMERIC | ({DType.BOOL} if op_type in ("ReduceMax", "ReduceMin") else set())
+        if dtype not in allowed:
             raise ctx.unsupported(f"input dtype {dtype.name}")
         red = _for_dtype(fn, dtype, order_sensitive)
-        if red is None:
-            raise ctx.unsupported(f"input dtype {dtype.name}")
         keep = bool(ctx.attr("keepdims", 1))
         axes, noop = _axes_source(ctx, input_since)
 
         if axes is not None:
             def kernel(x, *_):
-                dims = _resolve(axes, x.dim(), noop)
-                return x if dims is None else red(x, dims, keep)
+                return red(x, _resolve(axes, x.dim(), noop), keep)
         else:
             def kernel(x, axes_t=None, *_):
                 given = [] if axes_t is None else [int(a) for a in axes_t.reshape(-1).tolist()]
-                dims = _resolve(given, x.dim(), noop)
-                return x if dims is None else red(x, dims, keep)
+                return red(x, _resolve(given, x.dim(), noop), keep)
         return kernel
 
     register(op_type, since=1, fusion=FusionKind.REDUCE, infer=_make_infer(input_since))(build)
@@ -209,7 +207,7 @@ def _make_arg(op_type: str, fn):
     @register(op_type, since=1, fusion=FusionKind.REDUCE, infer=_arg_infer)
     def build(ctx: NodeContext):
         dtype = ctx.dtype(0)
-        if dtype in (DType.STRING, DType.UNDEFINED) or dtype.to_torch().is_complex:
+        if dtype not in _NUMERIC | {DType.BOOL}:
             raise ctx.unsupported(f"input dtype {dtype.name}")
         axis = int(ctx.attr("axis", 0))
         keep = bool(ctx.attr("keepdims", 1))

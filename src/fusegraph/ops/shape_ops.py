@@ -23,7 +23,7 @@ def _ident(x, *_):
     return x
 
 
-@register("Identity", since=1, fusion=INJ, infer=same_as_input(0), inplace=((0, 0),))
+@register("Identity", since=1, fusion=INJ, infer=same_as_input(0))
 def _identity(ctx: NodeContext):
     return _ident
 
@@ -167,6 +167,10 @@ def _squeeze_infer(ctx: NodeContext):
     dt = dtype_or_none(ctx)
     known, axes = ints_input_or_attr(ctx, 1, "axes", 13)
     s = ctx.shape(0)
+    if s is not None and not known:
+        sa = ctx.shape(1)
+        if sa is not None and len(sa) == 1 and isinstance(sa[0], int):
+            return [(dt, (None,) * (len(s) - sa[0]))]
     if s is None or not known:
         return [(dt, None)]
     if axes is None:
@@ -209,6 +213,10 @@ def _unsqueeze_infer(ctx: NodeContext):
     dt = dtype_or_none(ctx)
     known, axes = ints_input_or_attr(ctx, 1, "axes", 13)
     s = ctx.shape(0)
+    if s is not None and not known:
+        sa = ctx.shape(1)
+        if sa is not None and len(sa) == 1 and isinstance(sa[0], int):
+            return [(dt, (None,) * (len(s) + sa[0]))]
     if s is None or not known or axes is None:
         return [(dt, None)]
     return [(dt, tuple(_unsqueeze_shape(s, axes)))]
@@ -292,9 +300,12 @@ def _size(ctx: NodeContext):
 def _expand_infer(ctx: NodeContext):
     dt = dtype_or_none(ctx)
     shape = const_ints(ctx, 1)
-    if shape is None:
-        return [(dt, None)]
     src = ctx.shape(0)
+    if shape is None:
+        s1 = ctx.shape(1)
+        if src is not None and s1 is not None and len(s1) == 1 and isinstance(s1[0], int):
+            return [(dt, (None,) * max(len(src), s1[0]))]
+        return [(dt, None)]
     if src is None:
         return [(dt, None)]
     return [(dt, broadcast_shapes(tuple(src), tuple(shape)))]

@@ -1,10 +1,44 @@
-"""Graph optimisation passes (see passes/manager.py and passes/pipeline.py)."""
+"""Graph optimisation passes (see passes/manager.py and passes/pipeline.py).
+
+``optimize(graph, config, report)`` is what ``compiler.py`` calls after import and shape
+inference: it runs the pipeline named by ``config.level`` minus ``config.disabled_passes``,
+fills ``report.passes`` (one PassStat per pass run), ``report.unfolded`` (what constant
+folding declined, and why) and ``report.fusions`` (operator replacements applied or
+declined), verifies after every pass when ``config.verify_each`` is set, and writes the IR
+after each pass when the environment variable ``FUSEGRAPH_DUMP`` names a folder.
+"""
 from __future__ import annotations
 
+import os
 
-def optimize(graph, config, report) -> None:
-    """Run the pipeline named by ``config.level`` on ``graph``, recording stats in ``report``.
+from .fold import FoldLog
+from .manager import FixedPoint, Pass, PassManager, PassOptions, PassResult
+from .pipeline import PIPELINES, build_pipeline
 
-    Placeholder until the pass manager lands: no pass runs.
-    """
-    return None
+__all__ = ["optimize", "options_from_config", "FixedPoint", "Pass", "PassManager", "PassOptions",
+           "PassResult", "PIPELINES", "build_pipeline"]
+
+
+def options_from_config(config) -> PassOptions:
+    return PassOptions(fold_size_limit=config.fold_size_limit,
+                       fast_math=bool(getattr(config, "fast_math", False)),
+                       disabled=frozenset(config.disabled_passes))
+
+
+def optimize(graph, config, report, options: PassOptions | None = None) -> None:
+    """Run the pipeline for ``config.level`` on ``graph`` in place, recording into ``report``."""
+    from ..ops import infer_node
+    from ..report.compile_report import FusionRecord
+
+    options = options or options_from_config(config)
+    graph.meta.setdefault("output_names", [v.name for v in graph.outputs])
+    fold_log, rewrite_log = FoldLog(), []
+    steps = build_pipeline(config.level, options, fold_log, rewrite_log)
+    manager = PassManager(steps, verify_each=config.verify_each, infer=infer_node,
+                          dump_dir=os.environ.get("FUSEGRAPH_DUMP") or None)
+    report.passes.extend(manager.run(graph))
+    report.unfolded.extend(fold_log.entries(graph))
+    alive = {n.name for n in graph.nodes}
+    for rec in rewrite_log:
+        if rec["applied"] or all(n in alive for n in rec["nodes"]):
+            report.fusions.append(FusionRecord(rec["rule"], rec["applied"], rec["nodes"], rec["reason"]))

@@ -9,6 +9,7 @@ arena. Every algorithm has the same signature ``(buffers, constraints) -> {name:
 Algorithms: ``greedy_by_size`` and ``greedy_by_breadth`` (Pisarchyk & Lee 2020, best-fit gap
 among time-overlapping buffers), ``best_fit_spatial`` / ``best_fit_temporal`` / ``best_fit_area``
 (XLA heap-simulator style: decreasing-size best fit over live intervals with XLA's sort keys),
+``best_fit_size_class`` (power-of-two size classes, latest death first),
 ``exact`` (CP-SAT or MILP with a time limit, see ``exact.py``) and ``naive`` (no sharing: the
 ``memory="off"`` baseline). Offsets are multiples of ``constraints.alignment``.
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -135,44 +138,57 @@ def arena_of(buffers: list[Buffer], offsets: dict[str, int], alignment: int = 64
 
 
 def check_assignment(buffers: list[Buffer], offsets: dict[str, int],
-                     constraints: Constraints = Constraints()) -> None:
+                     constraints: Constraints = Constraints(), adj: list[set[int]] | None = None) -> None:
     """Raise ``AssertionError`` if conflicting buffers overlap or an offset is misaligned."""
     for b in buffers:
         off = offsets[b.name]
-        assert off >= 0 and off % constraints.alignment == 0, f"{b.name}: bad offset {off}"
-    adj = conflicts(buffers, constraints)
-    for i, nbrs in enumerate(adj):
-        a = buffers[i]
-        for j in nbrs:
-            if j < i:
-                continue
-            b = buffers[j]
+        if off < 0 or off % constraints.alignment:
+            raise AssertionError(f"{b.name}: offset {off} is negative or not a multiple of {constraints.alignment}")
+    adj = adj if adj is not None else conflicts(buffers, constraints)
+    size = np.array([b.size for b in buffers], dtype=np.int64)
+    off = np.array([offsets[b.name] for b in buffers], dtype=np.int64)
+    for i, nb in enumerate(_neighbours(adj)):
+        nb = nb[nb > i]
+        bad = nb[(off[i] < off[nb] + size[nb]) & (off[nb] < off[i] + size[i])]
+        if bad.size:
+            a, b = buffers[i], buffers[int(bad[0])]
             oa, ob = offsets[a.name], offsets[b.name]
-            assert oa + a.size <= ob or ob + b.size <= oa, (
-                f"{a.name} [{oa}, {oa + a.size}) overlaps {b.name} [{ob}, {ob + b.size}) while both live")
+            raise AssertionError(f"{a.name} [{oa}, {oa + a.size}) overlaps {b.name} [{ob}, {ob + b.size}) "
+                                 f"while both live")
 
 
 # ----- placement -----------------------------------------------------------------------------
 
+def _neighbours(adj: list[set[int]]) -> list[np.ndarray]:
+    return [np.fromiter(a, dtype=np.int64, count=len(a)) for a in adj]
+
+
 def _place(buffers: list[Buffer], order: list[int], adj: list[set[int]], alignment: int) -> dict[str, int]:
     """Visit buffers in ``order``; put each in the smallest gap among already placed conflicting
-    buffers that fits (best fit), else on top of them."""
-    offsets: dict[int, int] = {}
+    buffers that fits (best fit, lowest offset on ties), else on top of them."""
+    size = np.array([b.size for b in buffers], dtype=np.int64)
+    off = np.full(len(buffers), -1, dtype=np.int64)
+    nbrs = _neighbours(adj)
+    a = max(1, alignment)
     for i in order:
-        b = buffers[i]
-        if b.size == 0:
-            offsets[i] = 0
+        s = size[i]
+        nb = nbrs[i]
+        nb = nb[off[nb] >= 0] if nb.size else nb
+        if s == 0 or nb.size == 0:
+            off[i] = 0
             continue
-        placed = sorted((offsets[j], offsets[j] + buffers[j].size) for j in adj[i] if j in offsets)
-        prev, best, best_gap = 0, None, None
-        for lo, hi in placed:
-            start = align_up(prev, alignment)
-            gap = lo - start
-            if gap >= b.size and (best_gap is None or gap < best_gap):
-                best, best_gap = start, gap
-            prev = max(prev, hi)
-        offsets[i] = best if best is not None else align_up(prev, alignment)
-    return {buffers[i].name: off for i, off in offsets.items()}
+        lo = off[nb]
+        k = np.argsort(lo, kind="stable")
+        lo = lo[k]
+        ends = np.maximum.accumulate(lo + size[nb][k])
+        start = -(-np.concatenate(([0], ends[:-1])) // a) * a   # aligned end of everything below
+        gap = lo - start
+        fits = gap >= s
+        if fits.any():
+            off[i] = start[np.argmin(np.where(fits, gap, np.iinfo(np.int64).max))]
+        else:
+            off[i] = -(-int(ends[-1]) // a) * a
+    return {b.name: int(off[i]) for i, b in enumerate(buffers)}
 
 
 def greedy_by_size(buffers: list[Buffer], constraints: Constraints, adj=None) -> dict[str, int]:
@@ -185,18 +201,11 @@ def greedy_by_breadth(buffers: list[Buffer], constraints: Constraints, adj=None)
     """Steps by decreasing breadth (bytes live); at each, its unplaced buffers by size."""
     adj = adj if adj is not None else conflicts(buffers, constraints)
     breadth = live_bytes(buffers, constraints)
-    at_step: dict[int, list[int]] = {}
-    for i, b in enumerate(buffers):
-        for s, e in b.spans:
-            for t in range(s, e + 1):
-                at_step.setdefault(t, []).append(i)
-    order, seen = [], set()
-    for t in sorted(range(len(breadth)), key=lambda t: (-breadth[t], t)):
-        for i in sorted(at_step.get(t, ()), key=lambda i: (-buffers[i].size, i)):
-            if i not in seen:
-                seen.add(i)
-                order.append(i)
-    order += [i for i in range(len(buffers)) if i not in seen]
+    steps = sorted(range(len(breadth)), key=lambda t: (-breadth[t], t))
+    rank = np.empty(len(breadth), dtype=np.int64)
+    rank[steps] = np.arange(len(steps))
+    first_seen = [min((int(rank[a:b + 1].min()) for a, b in x.spans), default=0) for x in buffers]
+    order = sorted(range(len(buffers)), key=lambda i: (first_seen[i], -buffers[i].size, i))
     return _place(buffers, order, adj, constraints.alignment)
 
 
@@ -212,6 +221,9 @@ def _best_fit(key):
 best_fit_spatial = _best_fit(lambda b: (-b.size, -b.length))
 best_fit_temporal = _best_fit(lambda b: (-b.length, -b.size))
 best_fit_area = _best_fit(lambda b: (-b.size * b.length, -b.size))
+# size classes (powers of two), latest death first within a class: long-lived buffers go low, so
+# a staircase of buffers born together and dying one by one leaves no holes below the others
+best_fit_size_class = _best_fit(lambda b: (-b.size.bit_length(), -b.last, -b.size))
 
 
 def naive(buffers: list[Buffer], constraints: Constraints, adj=None) -> dict[str, int]:
@@ -241,11 +253,12 @@ ALGORITHMS: dict[str, Callable] = {
     "best_fit_spatial": best_fit_spatial,
     "best_fit_temporal": best_fit_temporal,
     "best_fit_area": best_fit_area,
+    "best_fit_size_class": best_fit_size_class,
     "exact": exact,
     "naive": naive,
 }
 DEFAULT_ALGORITHMS = ("greedy_by_size", "greedy_by_breadth", "best_fit_spatial", "best_fit_temporal",
-                      "best_fit_area", "exact")
+                      "best_fit_area", "best_fit_size_class", "exact")
 
 
 def plan(buffers: list[Buffer], constraints: Constraints = Constraints(),
@@ -277,11 +290,13 @@ def plan(buffers: list[Buffer], constraints: Constraints = Constraints(),
             offsets, proven = solved
         else:
             offsets = ALGORITHMS[name](buffers, constraints, adj)
-        check_assignment(buffers, offsets, constraints)
+        check_assignment(buffers, offsets, constraints, adj)
         arena = arena_of(buffers, offsets, constraints.alignment)
         candidates[name] = arena
         if best is None or arena < best.arena_bytes:
-            best = Assignment(dict(offsets), arena, name, optimal=name == "exact" and proven)
+            best = Assignment(dict(offsets), arena, name)
+        if name == "exact" and proven and arena <= best.arena_bytes:
+            best.optimal = True
     if best is None:
         best = Assignment({}, 0, "none")
     best.candidates = candidates

@@ -10,6 +10,7 @@ _VIA_BITS = {
     torch.float8_e5m2: ("float8_e5m2", torch.uint8),
     torch.float8_e4m3fnuz: ("float8_e4m3fnuz", torch.uint8),
     torch.float8_e5m2fnuz: ("float8_e5m2fnuz", torch.uint8),
+    torch.float8_e8m0fnu: ("float8_e8m0fnu", torch.uint8),
 }
 _UNSIGNED = {torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}
 

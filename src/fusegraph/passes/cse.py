@@ -1,0 +1,95 @@
+"""Common subexpression elimination, constants included.
+
+Constants of the same dtype, shape and bytes (up to ``MAX_DEDUP_BYTES`` each) are merged
+first, so nodes reading equal constants through different Values become comparable. Then,
+in node order, a pure node with the same op, domain, version, attributes and input Values
+as an earlier one is replaced by it. Not merged: impure or unknown ops, nodes with flagged
+outputs, nodes with subgraph attributes, and a duplicate whose output is a graph output when
+the survivor's is too (two outputs must not alias one tensor).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir import Graph
+from ..ops import lookup
+from .manager import PassResult, is_locked
+
+MAX_DEDUP_BYTES = 1 << 20
+
+
+def _tensor_key(t: torch.Tensor):
+    if t.numel() * t.element_size() > MAX_DEDUP_BYTES:
+        return ("tensor-id", id(t))
+    return ("tensor", str(t.dtype), tuple(t.shape), t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            if t.numel() else b"")
+
+
+def _attr_key(v):
+    if isinstance(v, torch.Tensor):
+        return _tensor_key(v)
+    if isinstance(v, float):
+        return ("float", "nan" if math.isnan(v) else v)
+    if isinstance(v, (list, tuple)):
+        return ("list",) + tuple(_attr_key(x) for x in v)
+    if isinstance(v, (int, str, bytes, bool)) or v is None:
+        return v
+    raise TypeError("unhashable attribute")  # subgraphs and the like: never merged
+
+
+class CommonSubexpressionElimination:
+    name = "cse"
+
+    def __init__(self, options=None):
+        self.options = options
+
+    def run(self, graph: Graph) -> PassResult:
+        consts = self._dedup_constants(graph)
+        seen: dict[tuple, object] = {}
+        merged = 0
+        for node in list(graph.nodes):
+            opdef = lookup(node.domain, node.op_type, node.version)
+            if opdef is None or not opdef.pure or any(is_locked(o) for o in node.outputs):
+                continue
+            try:
+                attrs = tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items()))
+            except TypeError:
+                continue
+            key = (node.domain, node.op_type, node.version, len(node.outputs), attrs,
+                   tuple(None if v is None else id(v) for v in node.inputs))
+            first = seen.get(key)
+            if first is None:
+                seen[key] = node
+                continue
+            if any(o.is_graph_output and f.is_graph_output for o, f in zip(node.outputs, first.outputs)):
+                continue
+            for o, f in zip(node.outputs, first.outputs):
+                o.replace_all_uses_with(f)
+            graph.remove(node)
+            merged += 1
+        stats = {}
+        if merged:
+            stats["nodes_merged"] = merged
+        if consts:
+            stats["constants_merged"] = consts
+        return PassResult(bool(merged or consts), stats)
+
+    @staticmethod
+    def _dedup_constants(graph: Graph) -> int:
+        seen: dict[tuple, object] = {}
+        merged = 0
+        for name, v in list(graph.constants.items()):
+            if is_locked(v) or not v.uses:
+                continue
+            key = _tensor_key(v.const)
+            if key[0] == "tensor-id":
+                continue
+            first = seen.setdefault(key, v)
+            if first is v:
+                continue
+            for node, idx in list(v.uses):
+                node.set_input(idx, first)
+            merged += 1
+        return merged

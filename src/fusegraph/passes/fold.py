@@ -1,0 +1,134 @@
+"""Constant folding: a node whose inputs are all constants is evaluated at compile time with
+the op's own kernel, and its outputs become constants (keeping their Value identity).
+
+One sweep in node order folds whole constant chains, since each folded output is a constant
+by the time its users are visited. Before running a kernel the pass bounds what it would
+allocate: every output's shape must be known (shape inference runs kernels on meta tensors,
+so a 10^15-element ConstantOfShape gets a shape without allocating) and no larger than
+``fold_size_limit``. Ops that are impure or not foldable per the registry, nodes whose
+outputs are flagged, unknown sizes and oversize outputs are declined, and each decline is
+kept in ``FoldLog`` with its reason for the compile report. The result is checked again
+after the run. Nothing here knows any particular op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..ir import DType, Graph, Node
+from ..ir.shape import is_static, numel
+from ..ops import infer_node, opdef_for
+from ..ops.registry import NodeContext
+from .manager import PassOptions, PassResult, is_locked
+
+
+@dataclass
+class FoldLog:
+    """Latest decline reason per node name (cleared when the node folds or disappears)."""
+    declined: dict[str, dict] = field(default_factory=dict)
+
+    def entries(self, graph: Graph) -> list[dict]:
+        alive = {n.name for n in graph.nodes}
+        return [dict(d) for name, d in self.declined.items() if name in alive]
+
+
+def _human(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if nbytes < 1024 or unit == "EiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return str(nbytes)
+
+
+class ConstantFold:
+    name = "constant_fold"
+
+    def __init__(self, options: PassOptions, log: FoldLog | None = None):
+        self.options = options
+        self.log = log if log is not None else FoldLog()
+
+    def run(self, graph: Graph) -> PassResult:
+        folded, declined = 0, 0
+        for node in list(graph.nodes):
+            if not all(v is None or v.is_const for v in node.inputs):
+                continue
+            reason = self._try_fold(graph, node)
+            if reason is None:
+                folded += 1
+                self.log.declined.pop(node.name, None)
+            else:
+                declined += 1
+                self.log.declined[node.name] = {"node": node.name, "op": node.op_type, "reason": reason}
+        stats = {"folded": folded} if folded else {}
+        if declined:
+            stats["declined"] = declined
+        return PassResult(folded > 0, stats)
+
+    def _try_fold(self, graph: Graph, node: Node) -> str | None:
+        """Fold ``node``; return None on success, else the reason it was not folded."""
+        try:
+            opdef = opdef_for(node)
+        except Exception as exc:  # unsupported op: leave it for the runtime to report
+            return f"no kernel: {exc}"
+        if not opdef.pure:
+            return "op is impure"
+        if not opdef.foldable:
+            return "op is marked not foldable"
+        if any(is_locked(o) for o in node.outputs):
+            return "an output is flagged external/no_fuse"
+        limit = self.options.fold_size_limit
+        expected = self._expected_outputs(node)
+        if isinstance(expected, str):
+            return expected
+        for (dtype, shape), out in zip(expected, node.outputs):
+            size = numel(shape) * max(dtype.itemsize, 1)
+            if size > limit:
+                return (f"output %{out.name} would be {_human(size)} ({numel(shape)} elements), over "
+                        f"the fold limit of {_human(limit)} (Config.fold_size_limit)")
+        try:
+            kernel = opdef.build(NodeContext(node))
+            with torch.no_grad():
+                result = kernel(*[None if v is None else v.const for v in node.inputs])
+        except Exception as exc:
+            return f"kernel failed at compile time: {type(exc).__name__}: {exc}"
+        results = list(result) if isinstance(result, (tuple, list)) else [result]
+        if len(results) != len(node.outputs) or not all(isinstance(t, torch.Tensor) for t in results):
+            return "kernel did not return one tensor per output"
+        tensors = []
+        for t, (dtype, shape), out in zip(results, expected, node.outputs):
+            if tuple(t.shape) != tuple(shape) or DType.from_torch(t.dtype) != dtype:
+                return (f"kernel returned {DType.from_torch(t.dtype).name}{list(t.shape)} for %{out.name}, "
+                        f"inference said {dtype.name}{list(shape)}")
+            tensors.append(_own(t, node))
+        graph.fold_to_constants(node, tensors)
+        return None
+
+    @staticmethod
+    def _expected_outputs(node: Node):
+        """Static (dtype, shape) per output, or the reason they are not known before running."""
+        try:
+            inferred = infer_node(node) or [(None, None)] * len(node.outputs)
+        except Exception as exc:
+            return f"shape inference failed: {exc}"
+        result = []
+        for out, (dtype, shape) in zip(node.outputs, inferred):
+            dtype = dtype if dtype not in (None, DType.UNDEFINED) else out.dtype
+            shape = shape if is_static(shape) else out.shape
+            if not is_static(shape):
+                return f"size of %{out.name} is unknown before evaluation, so it cannot be bounded"
+            if dtype in (None, DType.UNDEFINED, DType.STRING):
+                return f"dtype of %{out.name} is unknown or not numeric"
+            result.append((DType(dtype), tuple(shape)))
+        return result
+
+
+def _own(t: torch.Tensor, node: Node) -> torch.Tensor:
+    """A contiguous tensor that shares no storage with the node's (soon removable) inputs."""
+    t = t.detach().contiguous()
+    ptr = t.untyped_storage().data_ptr() if t.numel() else None
+    for v in node.inputs:
+        if ptr is not None and v is not None and v.const.numel() and \
+                v.const.untyped_storage().data_ptr() == ptr:
+            return t.clone()
+    return t

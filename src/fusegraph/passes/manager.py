@@ -1,0 +1,123 @@
+"""The pass machinery: ``Pass`` protocol, ``PassResult``, fixed-point groups, ``PassManager``.
+
+A pass is a small object with a ``name`` and ``run(graph) -> PassResult(changed, stats)``;
+its options are given to its constructor (typed, see ``PassOptions``). The manager runs a
+list of steps (passes and ``FixedPoint`` groups), records one ``PassStat`` per pass run,
+verifies the graph after every pass when asked (naming the pass that broke it), writes the
+IR text after each pass to a dump folder when one is given, and fails loudly when a
+fixed-point group does not converge within its iteration cap.
+
+What pipelines exist and in which order is data, in ``pipeline.py``; this file knows no pass.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence, Union
+
+from ..errors import PassError, VerifyError
+from ..ir import Graph
+from ..report.compile_report import PassStat
+
+LOCKED_FLAGS = frozenset({"external", "no_fuse"})
+
+
+@dataclass
+class PassResult:
+    changed: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Pass(Protocol):
+    name: str
+
+    def run(self, graph: Graph) -> PassResult: ...
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """Options every pass may read; built once from ``fg.Config`` by ``passes.optimize``.
+
+    fold_size_limit: largest tensor (bytes) that folding or a rewrite may materialise.
+    fast_math: assume no NaN / Inf / division by zero occurs (enables x*0 -> 0 and x/x -> 1
+    on floats, and log/exp rewrites outside provable domains). Off unless asked for.
+    disabled: pass and rule names not to run.
+    """
+    fold_size_limit: int = 64 * 1024 * 1024
+    fast_math: bool = False
+    disabled: frozenset[str] = frozenset()
+
+
+@dataclass
+class FixedPoint:
+    """Run ``passes`` in order, again and again, until none of them changes the graph."""
+    name: str
+    passes: list
+    max_iterations: int = 16
+
+
+Step = Union[Pass, FixedPoint]
+
+
+def is_locked(value) -> bool:
+    """A value flagged ``external`` or ``no_fuse``: its producer must stay as it is."""
+    return value is not None and bool(value.flags & LOCKED_FLAGS)
+
+
+class PassManager:
+    def __init__(self, steps: Sequence[Step], *, verify_each: bool = False,
+                 infer: Callable | None = None, dump_dir: str | Path | None = None):
+        self.steps = list(steps)
+        self.verify_each = verify_each
+        self.infer = infer
+        self.dump_dir = Path(dump_dir) if dump_dir else None
+        self._dumps = 0
+
+    def run(self, graph: Graph) -> list[PassStat]:
+        stats: list[PassStat] = []
+        self._dumps = 0
+        self._dump(graph, "input")
+        for step in self.steps:
+            if isinstance(step, FixedPoint):
+                self._run_group(graph, step, stats)
+            else:
+                self._run_one(graph, step, stats, {})
+        return stats
+
+    def _run_group(self, graph: Graph, group: FixedPoint, stats: list[PassStat]) -> None:
+        for iteration in range(1, group.max_iterations + 1):
+            changed = [p.name for p in group.passes
+                       if self._run_one(graph, p, stats, {"group": group.name, "iteration": iteration})]
+            if not changed:
+                return
+        raise PassError(f"graph {graph.name!r}: fixed-point group {group.name!r} did not converge after "
+                        f"{group.max_iterations} iterations; still changing: {', '.join(changed)}. "
+                        f"Two rewrites probably undo each other; disable one with "
+                        f"fg.Config(disabled_passes=(...,))")
+
+    def _run_one(self, graph: Graph, p: Pass, stats: list[PassStat], extra: dict) -> bool:
+        before = len(graph.nodes)
+        t0 = time.perf_counter()
+        result = p.run(graph)
+        seconds = time.perf_counter() - t0
+        stats.append(PassStat(p.name, seconds, before, len(graph.nodes), bool(result.changed),
+                              {**result.stats, **extra}))
+        if result.changed:
+            self._dump(graph, p.name)
+        if self.verify_each:
+            try:
+                graph.verify(infer=self.infer)
+            except VerifyError as exc:
+                raise PassError(f"pass {p.name!r} left graph {graph.name!r} invalid:\n{exc}") from exc
+        return bool(result.changed)
+
+    def _dump(self, graph: Graph, label: str) -> None:
+        if self.dump_dir is None:
+            return
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", graph.name) or "graph"
+        path = self.dump_dir / f"{safe}.{self._dumps:03d}.{label}.txt"
+        path.write_text(str(graph) + "\n")
+        self._dumps += 1

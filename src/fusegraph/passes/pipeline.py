@@ -1,0 +1,111 @@
+"""Named pipelines, as data: which passes run at O0 / O1 / O2, in which order, and why.
+
+A pipeline is a list of steps; a step is a pass name or a ``Group`` (a fixed-point group:
+its passes repeat until none changes the graph). ``build_pipeline`` turns names into pass
+objects with their options, leaving out disabled passes and disabled rules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ConfigError
+from . import algebra, batchnorm, collapse, conv_affine, noop, replace_linear, replace_matmul
+from . import replace_reduce, shape_chain
+from .cse import CommonSubexpressionElimination
+from .dce import DeadCodeElimination
+from .fold import ConstantFold, FoldLog
+from .manager import FixedPoint, PassOptions
+from .rewrite import RuleSetPass
+from .shape_refine import ShapeRefine
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    passes: tuple[str, ...]
+    max_iterations: int = 16
+
+
+# name -> rule family, for every pass built from rewrite rules
+RULE_FAMILIES = {
+    "shape_chain_fold": shape_chain.RULES,
+    "noop_elimination": noop.RULES,
+    "algebraic_simplify": algebra.RULES,
+    "collapse_chains": collapse.RULES,
+    "batchnorm_to_affine": batchnorm.RULES,
+    "conv_affine_fold": conv_affine.RULES,
+    "replace_linear": replace_linear.RULES,
+    "replace_matmul": replace_matmul.RULES,
+    "replace_reduce": replace_reduce.RULES,
+}
+REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce"})
+OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse")
+
+SIMPLIFY = Group("simplify", (
+    "shape_chain_fold",     # first: turns Shape reads of static dims into constants ...
+    "constant_fold",        # ... which folding then evaluates, cascading through the chain
+    "shape_refine",         # folded constants make downstream shapes static: re-infer them
+    "noop_elimination",     # after folding, so Reshape / Expand targets are constants
+    "algebraic_simplify",
+    "collapse_chains",
+    "batchnorm_to_affine",  # before conv_affine_fold, which consumes its Mul / Add
+    "conv_affine_fold",
+    "cse",                  # merged nodes expose more chains to the rules above
+    "dce",                  # last: drops what the rewrites above left dead
+))
+
+REPLACE = Group("replace", (
+    "replace_reduce",       # Expand+Reduce, one-input Sum -> Identity ...
+    "replace_linear",       # before replace_matmul: Reshape(Linear(Reshape)) needs the Linear
+    "replace_matmul",
+    "noop_elimination",     # ... removes the Identity replace_reduce made
+    "constant_fold",
+    "dce",
+))
+
+PIPELINES: dict[str, list] = {
+    "O0": [],                    # nothing: the graph as imported (the numerical reference)
+    "O1": [SIMPLIFY],            # simplification only
+    "O2": [SIMPLIFY, REPLACE, SIMPLIFY],  # replacement last, then clean up once more
+}
+
+
+def known_names() -> set[str]:
+    names = set(RULE_FAMILIES) | set(OTHER_PASSES)
+    for rules in RULE_FAMILIES.values():
+        names.update(r.name for r in rules)
+    return names
+
+
+def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
+                   rewrite_log: list | None = None) -> list:
+    """Pass objects for ``level``; ``options.disabled`` names passes or rules to leave out."""
+    if level not in PIPELINES:
+        raise ConfigError(f"unknown pipeline level {level!r}; known: {', '.join(PIPELINES)}")
+    unknown = set(options.disabled) - known_names()
+    if unknown:
+        raise ConfigError(f"Config.disabled_passes names unknown passes or rules: {sorted(unknown)}; "
+                          f"known: {', '.join(sorted(known_names()))}")
+    factories: dict[str, Callable] = {
+        "constant_fold": lambda: ConstantFold(options, fold_log),
+        "shape_refine": lambda: ShapeRefine(options),
+        "dce": lambda: DeadCodeElimination(options),
+        "cse": lambda: CommonSubexpressionElimination(options),
+    }
+    for name, rules in RULE_FAMILIES.items():
+        log = rewrite_log if name in REPLACEMENT_PASSES else None
+        factories[name] = lambda name=name, rules=rules, log=log: RuleSetPass(name, rules, options, log)
+
+    def make(names):
+        return [factories[n]() for n in names if n not in options.disabled]
+
+    steps = []
+    for step in PIPELINES[level]:
+        if isinstance(step, Group):
+            passes = make(step.passes)
+            if passes:
+                steps.append(FixedPoint(step.name, passes, step.max_iterations))
+        else:
+            steps.extend(make([step]))
+    return steps

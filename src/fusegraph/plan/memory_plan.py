@@ -1,0 +1,114 @@
+"""``plan_memory(graph, config) -> MemoryPlan``: order, lifetimes and arena offsets of a graph.
+
+Modes (``Config.memory``):
+- ``off``: the default order, no in-place, every buffer its own bytes (the baseline);
+- ``balanced``: the default order, views and in-place, every offset algorithm, smallest kept;
+- ``tight``: as balanced, after choosing among memory-aware orders the one with the lowest peak.
+
+Sizes come from static shapes x dtype itemsize; values without them are listed as unplannable
+(the runtime allocates them per run). The result is pure data: the runtime later binds each
+planned value to ``arena[offset : offset + size]`` viewed with its shape and dtype.
+This module does not touch the graph and does not allocate anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..ir import Graph, Node, Value
+from .lifetime import LifetimeOptions, Lifetimes, compute_lifetimes, value_bytes
+from .memory import DEFAULT_ALGORITHMS, Assignment, Buffer, Constraints, conflict_graph, plan
+from .memory_report import MemoryReport, TensorPlan
+from .order import check_order, choose_order
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """alignment: arena offset multiple. algorithms: offset algorithms to try (None: by mode).
+    exact_*: limits of the exact solver. dp_state_limit: Serenity beam width per level.
+    release_after: the stream hook of ``LifetimeOptions``. order: force an execution order."""
+    alignment: int = 64
+    algorithms: tuple[str, ...] | None = None
+    exact_time_limit_s: float = 1.0
+    exact_max_buffers: int = 150
+    dp_state_limit: int = 1000
+    release_after: Callable[[Value, int], int] | None = None
+    order: tuple[Node, ...] | None = None
+
+
+@dataclass
+class MemoryPlan:
+    order: list[Node]
+    order_name: str
+    lifetimes: Lifetimes
+    constraints: Constraints
+    assignment: Assignment
+    report: MemoryReport
+
+    def slot(self, value: Value | str) -> tuple[int, int] | None:
+        """``(offset, size)`` of a value's bytes in the arena, or None when it is not planned."""
+        name = value if isinstance(value, str) else value.name
+        life = self.lifetimes.values.get(name)
+        if life is None or life.buffer is None or life.size is None:
+            return None
+        return self.assignment.offsets[life.buffer], life.size
+
+    def conflict_graph(self) -> dict:
+        return conflict_graph(self.lifetimes.buffers, self.constraints)
+
+
+def naive_bytes(graph: Graph) -> int:
+    """Every activation (node output, views included) in its own buffer."""
+    return sum(value_bytes(o) or 0 for n in graph.nodes for o in n.outputs)
+
+
+def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions()) -> MemoryPlan:
+    t0 = time.perf_counter()
+    mode = getattr(config, "memory", "balanced") if config is not None else "balanced"
+    lt_opts = (LifetimeOptions.from_config(config, release_after=options.release_after) if config is not None
+               else LifetimeOptions(release_after=options.release_after))
+    if mode == "off":
+        lt_opts = dataclasses.replace(lt_opts, inplace=False)
+
+    def score(order: list[Node]) -> int:
+        return compute_lifetimes(graph, order, lt_opts).lower_bound_bytes
+
+    if options.order is not None:
+        order = list(options.order)
+        check_order(graph, order)
+        order_name, order_scores = "given", {"given": score(order)}
+    else:
+        choice = choose_order(graph, score, mode, options.dp_state_limit)
+        order, order_name, order_scores = choice.order, choice.name, choice.scores
+    lifetimes = compute_lifetimes(graph, order, lt_opts)
+    constraints = lifetimes.constraints(alignment=options.alignment,
+                                        exact_time_limit_s=options.exact_time_limit_s,
+                                        exact_max_buffers=options.exact_max_buffers)
+    algorithms = options.algorithms or (("naive",) if mode == "off" else DEFAULT_ALGORITHMS)
+    assignment = plan(lifetimes.buffers, constraints, algorithms)
+    report = _report(graph, mode, order_name, order_scores, lifetimes, constraints, assignment)
+    report.seconds = time.perf_counter() - t0
+    return MemoryPlan(order, order_name, lifetimes, constraints, assignment, report)
+
+
+def _report(graph: Graph, mode: str, order_name: str, order_scores: dict, lifetimes: Lifetimes,
+            constraints: Constraints, assignment: Assignment) -> MemoryReport:
+    offsets = assignment.offsets
+    tensors = [TensorPlan(v.name, v.buffer, v.kind, offsets.get(v.buffer) if v.buffer else None, v.size,
+                          v.first, v.last) for v in lifetimes.values.values()]
+    buffers = [_buffer_dict(b, offsets[b.name], b.name in constraints.exclusive, lifetimes.members[b.name])
+               for b in lifetimes.buffers]
+    return MemoryReport(
+        mode=mode, arena_bytes=assignment.arena_bytes, lower_bound_bytes=lifetimes.lower_bound_bytes,
+        naive_bytes=naive_bytes(graph), algorithm=assignment.algorithm, optimal=assignment.optimal,
+        order=order_name, steps=lifetimes.steps, alignment=constraints.alignment, tensors=tensors,
+        buffers=buffers, unplannable=[{"name": n, "reason": r} for n, r in lifetimes.unplannable],
+        inplace=[{"node": n, "input": i, "output": o} for n, i, o in lifetimes.inplace],
+        algorithms=dict(assignment.candidates), orders=dict(order_scores), warnings=list(lifetimes.warnings))
+
+
+def _buffer_dict(b: Buffer, offset: int, exclusive: bool, members: list[str]) -> dict:
+    return {"name": b.name, "offset": offset, "size": b.size, "spans": [list(s) for s in b.spans],
+            "exclusive": exclusive, "members": list(members)}

@@ -1,0 +1,222 @@
+"""Execution orders: the default (the graph's node order) and memory-aware topological orders.
+
+``memory="tight"`` tries several orders and keeps the one whose peak (the lower bound of the
+arena, computed by the caller's ``score``) is smallest; the default order wins ties:
+
+- ``dfs_*``: post-order DFS from the sinks, visiting a node's producers largest-output first,
+  smallest first, in input order, or heaviest subtree first (Sethi-Ullman style);
+- ``greedy``: list scheduling that always runs the ready node that grows live memory least;
+- ``serenity``: the dynamic program of Serenity (Ahn et al. 2020) over sets of scheduled nodes,
+  split at cut nodes (every other node is an ancestor or a descendant), beam-capped per segment.
+
+*Free* nodes (no producer among the graph's nodes: they read only constants and graph inputs)
+are scheduled lazily, right before their first consumer, in every order but the default.
+``OrderModel`` is the simplified memory model these heuristics use (views cost nothing and
+extend their source; in-place is ignored). Nothing here mutates the graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..ir import Graph, Node
+from .aliasing import view_source
+from .lifetime import value_bytes
+
+
+def default_order(graph: Graph) -> list[Node]:
+    return list(graph.nodes)
+
+
+def check_order(graph: Graph, order: list[Node]) -> None:
+    """Raise ``ValueError`` unless ``order`` is a topological permutation of ``graph.nodes``."""
+    ids = {id(n) for n in graph.nodes}
+    if len(order) != len(graph.nodes) or {id(n) for n in order} != ids:
+        raise ValueError(f"order is not a permutation of the {len(graph.nodes)} nodes of {graph.name}")
+    done: set[int] = set()
+    for n in order:
+        for v in n.inputs:
+            if v is not None and v.producer is not None and id(v.producer) in ids and id(v.producer) not in done:
+                raise ValueError(f"order runs {n.name} before its producer {v.producer.name}")
+        done.add(id(n))
+
+
+class OrderModel:
+    """Node indices (default order), producers/consumers, and per-root byte accounting."""
+
+    def __init__(self, graph: Graph):
+        self.nodes = list(graph.nodes)
+        n = len(self.nodes)
+        index = {id(x): i for i, x in enumerate(self.nodes)}
+        self.preds: list[list[int]] = [[] for _ in range(n)]
+        self.succs: list[list[int]] = [[] for _ in range(n)]
+        root: dict[int, int] = {}       # id(value) -> id(root value)
+        self.size: dict[int, int] = {}  # id(root) -> bytes
+        self.out_roots: list[list[int]] = [[] for _ in range(n)]
+        self.in_roots: list[list[int]] = [[] for _ in range(n)]
+        for i, node in enumerate(self.nodes):
+            for v in node.inputs:
+                if v is None or v.is_const or v.producer is None or id(v.producer) not in index:
+                    continue
+                p = index[id(v.producer)]
+                if p not in self.preds[i]:
+                    self.preds[i].append(p)
+                    self.succs[p].append(i)
+                r = root.get(id(v), id(v))
+                if r not in self.in_roots[i]:
+                    self.in_roots[i].append(r)
+            src = view_source(node)
+            for k, o in enumerate(node.outputs):
+                s = node.inputs[src] if src is not None and k == 0 else None
+                if s is not None and not s.is_const and s.producer is not None:
+                    root[id(o)] = root.get(id(s), id(s))
+                    continue
+                root[id(o)] = id(o)
+                self.size[id(o)] = value_bytes(o) or 0
+                self.out_roots[i].append(id(o))
+        self.consumers: dict[int, int] = {r: 0 for r in self.size}  # root -> bitset of readers
+        for i in range(n):
+            for r in self.in_roots[i]:
+                self.consumers[r] |= 1 << i
+        self.pinned = {root.get(id(v), id(v)) for v in graph.outputs}
+        self.free = [not self.preds[i] for i in range(n)]
+        self.out_bytes = [sum(self.size[r] for r in self.out_roots[i]) for i in range(n)]
+        # per node: (readers bitset, bytes) of every root it reads or makes that it may release
+        self.release = [tuple((self.consumers[r], self.size[r])
+                              for r in dict.fromkeys(self.in_roots[i] + self.out_roots[i])
+                              if r not in self.pinned and r in self.consumers) for i in range(n)]
+
+    def freed_by(self, i: int, done_mask: int) -> int:
+        """Bytes released once node ``i`` has run, given ``done_mask`` (which includes ``i``)."""
+        return sum(size for readers, size in self.release[i] if not readers & ~done_mask)
+
+    def with_free_nodes(self, core: list[int]) -> list[Node]:
+        """``core`` (every non-free index) with each free node inserted before its first consumer."""
+        before: dict[int, list[int]] = {}
+        tail: list[int] = []
+        position = {i: k for k, i in enumerate(core)}
+        for i in range(len(self.nodes)):
+            if self.free[i]:
+                users = [position[s] for s in self.succs[i]]
+                if users:
+                    before.setdefault(core[min(users)], []).append(i)
+                else:
+                    tail.append(i)
+        out: list[Node] = []
+        for i in core:
+            out.extend(self.nodes[j] for j in before.get(i, ()))
+            out.append(self.nodes[i])
+        out.extend(self.nodes[j] for j in tail)
+        return out
+
+
+def _sinks(m: OrderModel) -> list[int]:
+    return [i for i in range(len(m.nodes)) if not m.succs[i] and not m.free[i]]
+
+
+def dfs_order(m: OrderModel, key: Callable[[int], object] | None) -> list[Node]:
+    """Iterative post-order DFS from the sinks; producers visited in ``sorted(preds, key)``."""
+    seen: set[int] = set()
+    core: list[int] = []
+    for sink in _sinks(m):
+        if sink in seen:
+            continue
+        stack = [(sink, False)]
+        while stack:
+            i, expanded = stack.pop()
+            if expanded:
+                core.append(i)
+                continue
+            if i in seen:
+                continue
+            seen.add(i)
+            stack.append((i, True))
+            preds = [p for p in m.preds[i] if not m.free[p] and p not in seen]
+            if key is not None:
+                preds.sort(key=key)
+            stack.extend((p, False) for p in reversed(preds))
+    return m.with_free_nodes(core)
+
+
+def _subtree_need(m: OrderModel) -> list[int]:
+    """Sethi-Ullman-style peak estimate per node (trees exact, DAGs approximate)."""
+    need = [0] * len(m.nodes)
+    for i in range(len(m.nodes)):
+        preds = sorted((p for p in m.preds[i] if not m.free[p]), key=lambda p: -(need[p] - m.out_bytes[p]))
+        held, peak = 0, 0
+        for p in preds:
+            peak = max(peak, held + need[p])
+            held += m.out_bytes[p]
+        need[i] = max(peak, held + m.out_bytes[i])
+    return need
+
+
+def greedy_order(m: OrderModel) -> list[Node]:
+    """Run next the ready node with the smallest (allocated - freed) bytes; default order breaks ties."""
+    n = len(m.nodes)
+    waiting = [sum(1 for p in m.preds[i] if not m.free[p]) for i in range(n)]
+    ready = {i for i in range(n) if not m.free[i] and waiting[i] == 0}
+    done_mask = sum(1 << i for i in range(n) if m.free[i])
+    core: list[int] = []
+    while ready:
+        best = min(ready, key=lambda i: (m.out_bytes[i] - m.freed_by(i, done_mask | (1 << i)), i))
+        ready.discard(best)
+        core.append(best)
+        done_mask |= 1 << best
+        for s in m.succs[best]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                ready.add(s)
+    return m.with_free_nodes(core)
+
+
+def simulated_peak(m: OrderModel, order: list[Node]) -> int:
+    """Peak of ``OrderModel``'s simplified accounting for a full order (for quick comparisons)."""
+    index = {id(x): i for i, x in enumerate(m.nodes)}
+    live = peak = 0
+    done = 0
+    for node in order:
+        i = index[id(node)]
+        done |= 1 << i
+        live += m.out_bytes[i]
+        peak = max(peak, live)
+        live -= m.freed_by(i, done)
+    return peak
+
+
+@dataclass
+class OrderChoice:
+    name: str
+    order: list[Node]
+    scores: dict[str, int] = field(default_factory=dict)  # candidate -> score (peak bytes)
+
+
+def candidate_orders(graph: Graph, dp_state_limit: int = 1000,
+                     dp_budget: int = 200_000) -> dict[str, list[Node]]:
+    m = OrderModel(graph)
+    need = _subtree_need(m)
+    orders = {
+        "default": default_order(graph),
+        "dfs_large_first": dfs_order(m, lambda p: (-m.out_bytes[p], p)),
+        "dfs_small_first": dfs_order(m, lambda p: (m.out_bytes[p], p)),
+        "dfs_input_order": dfs_order(m, None),
+        "dfs_heavy_first": dfs_order(m, lambda p: (-(need[p] - m.out_bytes[p]), p)),
+        "greedy": greedy_order(m),
+    }
+    from .serenity import serenity_order
+    orders["serenity"] = serenity_order(m, state_limit=dp_state_limit, budget=dp_budget)
+    for name, order in orders.items():
+        check_order(graph, order)
+    return orders
+
+
+def choose_order(graph: Graph, score: Callable[[list[Node]], int], mode: str = "balanced",
+                 dp_state_limit: int = 1000) -> OrderChoice:
+    """``balanced`` / ``off``: the default order. ``tight``: the candidate with the lowest score."""
+    if mode != "tight":
+        order = default_order(graph)
+        return OrderChoice("default", order, {"default": score(order)})
+    orders = candidate_orders(graph, dp_state_limit)
+    scores = {name: score(order) for name, order in orders.items()}
+    best = min(scores, key=lambda k: (scores[k], k != "default"))
+    return OrderChoice(best, orders[best], scores)

@@ -1,0 +1,118 @@
+"""Serenity-style memory-aware scheduling: a dynamic program over sets of scheduled nodes.
+
+After Ahn et al., "Ordering Chaos: Memory-Aware Scheduling of Irregularly Wired Neural
+Networks for Edge Devices" (MLSys 2020). The live bytes after running a set ``S`` of nodes
+depend on ``S`` alone, so for every reachable ``S`` (a down-set of the DAG) the DP keeps the
+smallest peak of any order reaching it. The graph is first split at *cut nodes* (every other
+node is their ancestor or descendant): every topological order runs a cut's ancestors before it
+and its descendants after, so segments are solved independently and chained. Within a segment
+the DP goes level by level (|S| = k); when a level holds more than ``state_limit`` states only
+the best ones (by peak, then live bytes) are kept, which makes it a beam search rather than
+exact; the beam also narrows to keep the total number of transitions within ``budget``, so
+``serenity_order`` stays bounded in time on any graph (exact on small or well-cut graphs).
+
+Works on ``order.OrderModel`` (free nodes are excluded and inserted lazily afterwards).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..ir import Node
+    from .order import OrderModel
+
+
+def _segments(m: "OrderModel", core: list[int]) -> list[list[int]]:
+    """Split ``core`` (non-free nodes, default topological order) at cut nodes."""
+    anc: dict[int, int] = {}
+    for i in core:
+        a = 0
+        for p in m.preds[i]:
+            if not m.free[p]:
+                a |= anc[p] | (1 << p)
+        anc[i] = a
+    desc: dict[int, int] = {}
+    for i in reversed(core):
+        d = 0
+        for s in m.succs[i]:
+            d |= desc[s] | (1 << s)
+        desc[i] = d
+    total = len(core)
+    segments: list[list[int]] = []
+    current: list[int] = []
+    for i in core:  # a cut's ancestors all precede it in any topological order, core included
+        if anc[i].bit_count() + desc[i].bit_count() + 1 == total:
+            if current:
+                segments.append(current)
+            segments.append([i])
+            current = []
+        else:
+            current.append(i)
+    if current:
+        segments.append(current)
+    return segments
+
+
+def _solve_segment(m: "OrderModel", seg: list[int], prefix: int, state_limit: int,
+                   budget: int) -> tuple[list[int], int]:
+    """Best order of ``seg`` (its producers outside it are all in ``prefix``); work done."""
+    if len(seg) == 1:
+        return list(seg), 1
+    in_seg = set(seg)
+    pred_mask = {i: sum(1 << p for p in m.preds[i] if p in in_seg) for i in seg}
+    succs = {i: [x for x in m.succs[i] if x in in_seg] for i in seg}
+    per_level = max(1, budget // len(seg))
+    # state: mask -> (peak, live, parent_mask, node, ready)
+    level = {0: (0, 0, None, None, tuple(i for i in seg if not pred_mask[i]))}
+    levels = [level]
+    work = 0
+    for _ in range(len(seg)):
+        nxt: dict[int, tuple] = {}
+        for mask, (peak, live, _, _, ready) in level.items():
+            done = prefix | mask
+            for v in ready:
+                work += 1
+                bit = 1 << v
+                step_peak = live + m.out_bytes[v]
+                if step_peak < peak:
+                    step_peak = peak
+                new_mask = mask | bit
+                old = nxt.get(new_mask)
+                if old is not None and old[0] <= step_peak:
+                    continue
+                new_done = done | bit
+                new_live = live + m.out_bytes[v] - m.freed_by(v, new_done)
+                new_ready = [r for r in ready if r != v]
+                new_ready += [x for x in succs[v] if not pred_mask[x] & ~new_done]
+                nxt[new_mask] = (step_peak, new_live, mask, v, tuple(sorted(new_ready)))
+        fanout = max(1, sum(len(st[4]) for st in nxt.values()) // max(1, len(nxt)))
+        width = max(1, min(state_limit, per_level // fanout))
+        if len(nxt) > width:
+            nxt = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))[:width])
+        level = nxt
+        levels.append(level)
+    order: list[int] = []
+    mask = next(iter(level))  # the last level holds exactly one state: the whole segment
+    for depth in range(len(seg), 0, -1):
+        _, _, parent, node, _ = levels[depth][mask]
+        order.append(node)
+        mask = parent
+    order.reverse()
+    return order, work
+
+
+def serenity_order(m: "OrderModel", state_limit: int = 1000, budget: int = 200_000) -> list["Node"]:
+    """``budget`` bounds the DP's transitions over the whole graph; segments share it by size."""
+    core = [i for i in range(len(m.nodes)) if not m.free[i]]
+    prefix = sum(1 << i for i in range(len(m.nodes)) if m.free[i])
+    result: list[int] = []
+    remaining_nodes, remaining = len(core), budget
+    for seg in _segments(m, core):
+        share = max(len(seg), remaining * len(seg) // max(1, remaining_nodes))
+        part, work = _solve_segment(m, seg, prefix, state_limit, share)
+        remaining = max(0, remaining - work)
+        remaining_nodes -= len(seg)
+        result.extend(part)
+        for i in part:
+            prefix |= 1 << i
+    return m.with_free_nodes(result)
