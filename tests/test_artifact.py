@@ -99,6 +99,26 @@ def test_round_trip_is_bitwise(saved, name):
     assert loaded.report.kernel_count == model.report.kernel_count
 
 
+def test_light_model_round_trip(tmp_path):
+    import onnx
+    from fusegraph import zoo
+    proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
+    model = fg.compile(proto)
+    model.save(tmp_path / "m.fgm")
+    feeds = zoo.random_feeds(proto)
+    _same(model.run(feeds), fg.load(tmp_path / "m.fgm").run(feeds))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_transformer_round_trip(transformer_models, tmp_path, name):
+    from model_builders import transformer_feeds
+    model = fg.compile(str(transformer_models[name]))
+    model.save(tmp_path / "m.fgm")
+    feeds = transformer_feeds(seed=1, batch=2, seq=7)
+    _same(model.run(feeds), fg.load(tmp_path / "m.fgm").run(feeds))
+
+
 def test_config_travels(tmp_path):
     cfg = fg.Config(streams=2, memory="tight", disabled_passes=("cse",), tensor_lifetimes=(("a", 0, 2),),
                     op_precision=(("c", "fp16"),))
@@ -158,7 +178,8 @@ def test_weights_are_memory_mapped(saved):
 def test_nothing_is_unpickled(saved, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("unpickling during load")
-    for mod, name in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load"), (np, "load")):
+    for mod, name in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load"),
+                      (np, "load")):
         monkeypatch.setattr(mod, name, boom)
     fg.load(saved["diamond"][1])
     for src in (A.__file__, __import__("fusegraph.ir.serialize", fromlist=["x"]).__file__):
@@ -200,7 +221,8 @@ def test_attribute_encoding_round_trips():
     assert a["dt"] is DType.BFLOAT16 and a["ints"] == [1, 2, 3] and a["none"] is None and a["g"] == 7
     assert torch.equal(a["t"], attrs["t"]) and isinstance(a["np"], np.ndarray) and a["np"].dtype == np.float16
     out = g2.nodes[0].outputs[0]
-    assert out.meta == {"onnx_name": "o"} and out.flags == {"external"} and g2.inputs[0].shape == ("N", None, 4)
+    assert out.meta == {"onnx_name": "o"} and out.flags == {"external"}
+    assert g2.inputs[0].shape == ("N", None, 4)
     g2.verify()
 
 
@@ -274,7 +296,8 @@ def test_not_an_artifact(tmp_path):
 
 
 def test_future_format_version(saved, tmp_path):
-    path = reseal(saved["chain"][1], tmp_path / "v.fgm", lambda h: h.update(format_version=A.FORMAT_VERSION + 1))
+    path = reseal(saved["chain"][1], tmp_path / "v.fgm",
+                  lambda h: h.update(format_version=A.FORMAT_VERSION + 1))
     refused(path, "newer", "upgrade fusegraph")
 
 
@@ -348,7 +371,8 @@ def test_weights_part_is_plain_safetensors(saved):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_artifact_without_cuda(saved, tmp_path):
-    path = reseal(saved["chain"][1], tmp_path / "g.fgm", lambda h: h["device"].update(kind="cuda", capability=[8, 0]))
+    path = reseal(saved["chain"][1], tmp_path / "g.fgm",
+                  lambda h: h["device"].update(kind="cuda", capability=[8, 0]))
     refused(path, "CUDA", "recompile")
 
 
@@ -417,7 +441,8 @@ def test_unknown_config_key_in_header(saved, tmp_path):
 
 
 # ----- fuzz ------------------------------------------------------------------------------------
-_FUZZ = settings(max_examples=int(os.environ.get("FG_FUZZ_EXAMPLES", "150")), deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_FUZZ = settings(max_examples=int(os.environ.get("FG_FUZZ_EXAMPLES", "150")), deadline=5000,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _mutate(data: bytes, other: bytes, how) -> bytes:
@@ -459,10 +484,10 @@ def test_fuzz_raw_bytes(saved, tmp_path, how, other):
     _same(saved[name][0].run(feeds), loaded.run(feeds))
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 1 << 40) | st.floats(allow_nan=False, allow_infinity=False)
-                     | st.text(max_size=8) | st.sampled_from(["x", "w", "a", "Add", "$tensor", "$tuple"]),
-                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
-                     max_leaves=12)
+_LEAF = (st.none() | st.booleans() | st.integers(-5, 1 << 40) | st.floats(allow_nan=False, allow_infinity=False)
+         | st.text(max_size=8) | st.sampled_from(["x", "w", "a", "Add", "$tensor", "$tuple"]))
+_JSON = st.recursive(_LEAF, lambda kids: st.lists(kids, max_size=4)
+                     | st.dictionaries(st.text(max_size=8), kids, max_size=3), max_leaves=12)
 
 
 def _replace_at(tree, path: list[int], value):

@@ -11,7 +11,10 @@ One file, little-endian, nothing in it is ever unpickled::
          order, zero padding between:
          graph    JSON (``ir.serialize``), no tensor data
          report   JSON (``CompileReport`` and, once planning lands, the plan)
-         weights  a plain safetensors blob; constants under their value names
+         weights  a plain safetensors blob; constants under their value names, the data
+                  section 64-aligned and each tensor at its compiled address modulo 64 (SIMD
+                  kernels round differently on differently aligned data), gaps filled by
+                  padding entries listed in the metadata, as are permuted (transposed) layouts
 
 ``header.parts[name] = {offset (from A), length, sha256}``; the file ends exactly at the last
 part. Weights are memory-mapped copy-on-write (kernels may scribble on their copy, never on the
@@ -99,7 +102,8 @@ def machine() -> dict[str, Any]:
 def _check_machine(header: dict, here: dict, where: str) -> None:
     dev, cpu = header["device"], header["cpu"]
     req = cpu.get("requires", [])
-    _want(isinstance(req, list) and all(isinstance(x, str) for x in req), f"{where}: cpu.requires is malformed")
+    _want(isinstance(req, list) and all(isinstance(x, str) for x in req),
+          f"{where}: cpu.requires is malformed")
     if dev.get("kind") not in ("cpu", "cuda"):
         raise ArtifactError(f"{where}: built for device {dev.get('kind')!r}, which fusegraph does not know; "
                             f"{_HINT}")
@@ -220,7 +224,7 @@ def unpack(path: str | Path) -> tuple[dict, dict[str, bytes]]:
     """The checked header and every part's bytes (copies; for tools and tests)."""
     header, mm, parts = _open(Path(path))
     try:
-        base = _align(_PREFIX.size + header_len(mm))
+        base = _align(_PREFIX.size + _header_len(mm))
         return header, {k: bytes(mm[base + p["offset"]: base + p["offset"] + p["length"]])
                         for k, p in parts.items()}
     finally:
@@ -244,7 +248,7 @@ def _open(path: Path, check_machine: bool = False):
         _want(len(mm) == size, f"{where}: the file changed while it was being read")
     view = memoryview(mm)
     try:
-        pos = _PREFIX.size + header_len(mm)
+        pos = _PREFIX.size + _header_len(mm)
         for name in PARTS:
             off, length = base + parts[name]["offset"], parts[name]["length"]
             _want(not any(view[pos:off]), f"{where}: nonzero padding before part {name!r} (corrupt file)")
@@ -256,7 +260,7 @@ def _open(path: Path, check_machine: bool = False):
     return header, mm, parts
 
 
-def header_len(mm) -> int:
+def _header_len(mm) -> int:
     return _PREFIX.unpack_from(mm, 0)[1]
 
 
@@ -311,7 +315,8 @@ def _read_weights(mm, start: int, length: int, where: str) -> dict[str, torch.Te
           f"{where}: weights metadata is malformed")
     perms = _json(meta.get("fusegraph.perms", "{}").encode(), where, "weights metadata")
     pads = _json(meta.get("fusegraph.padding", "[]").encode(), where, "weights metadata")
-    _want(isinstance(perms, dict) and isinstance(pads, list), f"{where}: weights metadata is malformed")
+    _want(isinstance(perms, dict) and isinstance(pads, list) and all(isinstance(p, str) for p in pads),
+          f"{where}: weights metadata is malformed")
     data0, data_len = start + 8 + n, length - 8 - n
     spans, out = [], {}
     for key, e in head.items():
@@ -371,7 +376,8 @@ def save(model: CompiledModel, path: str | Path) -> None:
         raise ArtifactError(f"cannot save {model.name}: the graph is broken: {exc}") from None
     data, tensors = graph_to_dict(model.graph)
     here = machine()
-    on_cuda = any(t.is_cuda for t in tensors.values()) or model.config.device == "cuda"
+    weights_dev = "cuda" if any(t.is_cuda for t in tensors.values()) else "cpu"
+    on_cuda = weights_dev == "cuda" or model.config.device == "cuda"
     plan = getattr(model, "plan", None)
     report = {"report": model.report.to_dict(), "plan": plan.to_dict() if hasattr(plan, "to_dict") else None}
     cap = here["capability"]
@@ -379,7 +385,8 @@ def save(model: CompiledModel, path: str | Path) -> None:
         "format": "fusegraph-artifact", "format_version": FORMAT_VERSION, "byteorder": sys.byteorder,
         "fusegraph_version": _version(), "torch_version": torch.__version__,
         "python_version": platform.python_version(), "model": model.name,
-        "device": {"kind": "cuda", "capability": here["cuda"]} if on_cuda else {"kind": "cpu"},
+        "device": {"kind": "cuda", "capability": here["cuda"], "weights": weights_dev} if on_cuda
+        else {"kind": "cpu", "weights": "cpu"},
         "cpu": {"arch": here["arch"], "capability": cap,
                 "requires": sorted(set(_CAP_FLAGS.get(cap, [])) & (here["flags"] or set()))},
         "config": model.config.to_dict(),
@@ -436,7 +443,7 @@ def load(path: str | Path) -> CompiledModel:
     before = dict(compiler.STAGE_RUNS)
     try:
         header, mm, parts = _open(Path(path), check_machine=True)
-        base = _align(_PREFIX.size + header_len(mm))
+        base = _align(_PREFIX.size + _header_len(mm))
         start, length = base + parts["weights"]["offset"], parts["weights"]["length"]
         tensors = _read_weights(mm, start, length, where)
         blobs = {}
@@ -457,7 +464,7 @@ def load(path: str | Path) -> CompiledModel:
                                 all(isinstance(n, str) for n in names) and len(set(names)) == len(names)),
               f"{where}: graph meta 'output_names' does not name each output once")
         report = _report(blobs["report"], where)
-        if header["device"]["kind"] == "cuda":
+        if header["device"].get("weights") == "cuda":  # where the compiled model kept them
             for v in graph.constants.values():
                 v.const = v.const.to("cuda")
         if config.threads is not None:

@@ -47,7 +47,13 @@ def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
 
 
 def _load(path: str, args):
+    """An .fgm artifact loads without compiling; anything else is compiled."""
     import fusegraph as fg
+    if Path(path).suffix == ".fgm":
+        if getattr(args, "threads", None):
+            import torch
+            torch.set_num_threads(args.threads)
+        return fg.load(path)
     return fg.compile(path, config=_config(args))
 
 
@@ -86,6 +92,10 @@ def cmd_inspect(args) -> int:
     if args.code:
         print(model.source)
         return 0
+    if getattr(args, "streams", False):
+        from .plan.streams import plan_streams
+        print(plan_streams(model.graph, model.graph.nodes, args.num_streams).to_text())
+        return 0
     print(model.graph)
     print()
     print(f"nodes: {model.report.nodes_imported} imported, {model.report.nodes_final} after passes; "
@@ -93,6 +103,47 @@ def cmd_inspect(args) -> int:
     print("op histogram:")
     for op, count in model.report.op_histogram.items():
         print(f"  {op:<28} {count}")
+    return 0
+
+
+def _stream_count(text: str):
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
+    return n
+
+
+def cmd_compile(args) -> int:
+    from .cli_compile import compile_command
+    return compile_command(args)
+
+
+def cmd_bench(args) -> int:
+    import json
+
+    from .bench import bench
+    result = bench(args.model, vs=tuple(args.vs or ()), threads=args.threads or 2, runs=args.runs)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(f"{result.model}: {result.threads} threads, median of {result.runs} runs, {result.kernels} kernels")
+    print(f"  fusegraph   {result.fusegraph_ms:9.2f} ms")
+    for peer, ms in result.peers_ms.items():
+        print(f"  {peer:<11} {ms:9.2f} ms   ratio fusegraph/{peer} = {result.ratio(peer):.3f}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from rich.console import Console
+
+    from .compare import compare, render
+    columns = compare(args.model, runs=args.runs, config=_config(args).replace(level="O2"))
+    Console().print(render(columns, f"{args.model}: unoptimised (O0) vs optimised (O2)"))
     return 0
 
 
@@ -106,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     def common(p):
-        p.add_argument("model", help="an .onnx model")
+        p.add_argument("model", help="an .onnx model or .fgm artifact")
         p.add_argument("--level", choices=["O0", "O1", "O2"], help="pass pipeline (default O2)")
         p.add_argument("--threads", type=int, help="intra-op threads")
 
@@ -119,7 +170,35 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print the compiled IR and an op histogram")
     common(p)
     p.add_argument("--code", action="store_true", help="print the generated run function")
+    p.add_argument("--streams", action="store_true", help="print the stream assignment and events")
+    p.add_argument("--num-streams", type=_stream_count, default="auto", metavar="N|auto",
+                   help="stream count for --streams (default auto)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("compile", help="compile a model into an .fgm artifact")
+    p.add_argument("model", help="an .onnx model")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.fgm")
+    p.add_argument("--config", metavar="cfg.toml", help="a TOML file mapping onto fg.Config")
+    p.add_argument("--level", choices=["O0", "O1", "O2"])
+    p.add_argument("--streams", type=_stream_count, metavar="N|auto")
+    p.add_argument("--memory", choices=["off", "balanced", "tight"])
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--threads", type=int)
+    p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("bench", help="latency beside onnxruntime / PyTorch eager, same process")
+    p.add_argument("model", help="an .onnx model or .fgm artifact")
+    p.add_argument("--vs", action="append", choices=["onnxruntime", "torch"], help="peer (repeatable)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", type=int, default=30, help="timed runs per engine (at least 30 advised)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("compare", help="unoptimised vs optimised: latency, memory, throughput, load time")
+    common(p)
+    p.add_argument("--runs", type=int, default=20)
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on a bundled model, with a before/after table")
     p.set_defaults(func=cmd_demo)

@@ -1,4 +1,10 @@
-"""The driver: ``compile()`` runs frontend -> inference -> passes -> kernel binding.
+"""The driver: ``compile()`` runs frontend -> inference -> passes -> plan -> kernel binding.
+
+Planning (``_plan``): the memory plan (``plan_memory``: order, lifetimes, arena offsets; in
+``tight`` mode the order is the planner's, and the runtime generates code in that order), then,
+for more than one stream, the stream plan on that order and the memory plan again with the
+stream hooks (a buffer is reused only across an event or within a stream). The result is an
+``ExecutionPlan`` (pure data, ``model.plan``), which the executor binds.
 
 ``CompiledModel`` is what users hold: ``run``, ``inputs``, ``outputs``, ``report``. This file
 holds no algorithm of its own; every stage lives in its package.
@@ -8,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -19,6 +25,8 @@ from .ir.shape import Shape
 from .ops import infer_graph, opdef_for
 from .passes import optimize
 from .report import CompileReport
+from .plan.exec_plan import ExecutionPlan
+from .plan.memory_plan import PlanOptions, plan_memory
 from .runtime.executor import Executor
 
 # How often compile() ran each stage; artifact.load reads it to show that loading ran none.
@@ -43,19 +51,31 @@ def _import(model: Any) -> Graph:
                          f"onnx.ModelProto or a fusegraph Graph")
 
 
+def _device(config: Config) -> str:
+    if config.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return config.device
+
+
 class CompiledModel:
-    def __init__(self, graph: Graph, config: Config, report: CompileReport):
+    def __init__(self, graph: Graph, config: Config, report: CompileReport, plan: ExecutionPlan | None = None):
         self.graph = graph
         self.config = config
         self.report = report
+        self.plan = plan
         self.name = str(graph.meta.get("source", graph.name))
-        self._executor = Executor(graph, self.name)
+        self._executor = Executor(graph, self.name, plan, device=_device(config), threads=config.threads,
+                                  cuda_graph=getattr(config, "cuda_graph", False))
+        if hasattr(report.memory, "not_writable_into_arena"):
+            report.memory.not_writable_into_arena = list(self._executor.binding.not_writable)
         report.kernel_count = len(graph.nodes)
 
     @classmethod
-    def from_optimized(cls, graph: Graph, config: Config, report: CompileReport) -> "CompiledModel":
-        """Bind an already optimised (and planned) graph: runs no pass and no planning."""
-        return cls(graph, config, report)
+    def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,
+                       plan: ExecutionPlan | None = None) -> "CompiledModel":
+        """Bind an already optimised and planned graph: runs no pass and no planning
+        (without a stored ``plan``, every tensor gets its own allocation, as memory "off")."""
+        return cls(graph, config, report, plan)
 
     def save(self, path: str | Path) -> None:
         """Write the offline ``.fgm`` artifact (see ``fusegraph.artifact``)."""
@@ -75,17 +95,51 @@ class CompiledModel:
         """The generated run function, as Python source."""
         return self._executor.code.source
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Run once: ``{input name: array}`` -> ``{output name: numpy array}``."""
-        return self._executor.run(feeds)
+    def run(self, feeds: Mapping[str, Any], *, hook=None) -> dict[str, Any]:
+        """Run once: ``{input name: array}`` -> ``{output name: numpy array}``.
+
+        ``hook(index, phase, outputs)`` (debugging) runs a variant of the generated code that
+        calls it before (phase 0) and after (phase 1, with the node's output tensors) the
+        node at ``index`` of ``plan.order``, on the thread that runs the node."""
+        return self._executor.run(feeds, hook=hook)
+
+    def close(self) -> None:
+        """Stop the stream workers now (they also stop when the model is garbage-collected)."""
+        self._executor.close()
 
 
-def compile(model: Any, config: Config | None = None) -> CompiledModel:  # noqa: A001 - public API name
-    """Compile an ONNX model (path, bytes, ModelProto) or an IR Graph into a CompiledModel."""
+def _plan(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:
+    STAGE_RUNS["plan"] += 1
+    mplan = plan_memory(graph, config)
+    streams = None
+    if config.streams == "auto" or config.streams > 1:
+        from .plan.streams import plan_streams
+        from .plan.stream_memory import stream_hooks
+        sp = plan_streams(graph, list(mplan.order), config.streams)
+        if sp.num_streams > 1:
+            streams = sp
+            if config.memory != "off":
+                release_after, inplace_ok = stream_hooks(graph, mplan.order, sp)
+                mplan = plan_memory(graph, config, PlanOptions(order=tuple(mplan.order), release_after=release_after,
+                                                               inplace_ok=inplace_ok))
+        if report.streams is None:
+            report.streams = sp
+    report.memory = mplan.report
+    return ExecutionPlan.from_memory_plan(mplan, config.memory, streams)
+
+
+def compile(model: Any, config: Config | None = None, *,  # noqa: A001 - public API name
+            on_stage: Callable[[str], None] | None = None) -> CompiledModel:
+    """Compile an ONNX model (path, bytes, ModelProto) or an IR Graph into a CompiledModel.
+
+    ``on_stage(name)`` is called as each stage starts: "import", "passes", "planning".
+    """
     config = config or Config()
+    stage = on_stage or (lambda name: None)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     t0 = time.perf_counter()
+    stage("import")
     graph = _import(model)
     report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
     t1 = time.perf_counter()
@@ -93,10 +147,14 @@ def compile(model: Any, config: Config | None = None) -> CompiledModel:  # noqa:
         opdef_for(node)
     infer_graph(graph)
     STAGE_RUNS["passes"] += 1
+    stage("passes")
     optimize(graph, config, report)
     t2 = time.perf_counter()
+    stage("planning")
     report.nodes_final = len(graph.nodes)
     report.op_histogram = graph.op_histogram()
-    compiled = CompiledModel(graph, config, report)
-    report.timings = {"import": t1 - t0, "infer": t2 - t1, "bind": time.perf_counter() - t2}
+    plan = _plan(graph, config, report)
+    t3 = time.perf_counter()
+    compiled = CompiledModel(graph, config, report, plan)
+    report.timings = {"import": t1 - t0, "infer": t2 - t1, "plan": t3 - t2, "bind": time.perf_counter() - t3}
     return compiled

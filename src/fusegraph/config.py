@@ -27,7 +27,9 @@ class Config:
     streams: number of execution streams, or ``"auto"``.
     memory: ``off`` (every tensor its own buffer) | ``balanced`` | ``tight``.
     device: ``cpu`` | ``cuda`` | ``auto``.
-    threads: intra-op threads (None: leave torch's setting alone).
+    threads: intra-op threads (None: leave torch's setting alone); with several CPU streams
+        each stream gets ``threads // streams`` of them.
+    cuda_graph: on CUDA, capture the whole run as one CUDA graph and replay it (default off).
     fold_size_limit: largest tensor, in bytes, that constant folding may materialise.
     verify_each: verify the graph after every pass (tests turn it on).
     """
@@ -47,6 +49,7 @@ class Config:
     exclusive_tensors: tuple[str, ...] = ()
     external_tensors: tuple[str, ...] = ()
     op_precision: tuple[tuple[str, str], ...] = field(default=())
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -61,6 +64,8 @@ class Config:
             raise ConfigError(f"Config.streams must be an integer 1..64 or 'auto', got {self.streams!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ConfigError(f"Config.threads must be a positive integer or None, got {self.threads!r}")
+        if not isinstance(self.cuda_graph, bool):
+            raise ConfigError(f"Config.cuda_graph must be true or false, got {self.cuda_graph!r}")
         if not isinstance(self.fold_size_limit, int) or self.fold_size_limit < 0:
             raise ConfigError(f"Config.fold_size_limit must be a non-negative integer, got {self.fold_size_limit!r}")
         for name in ("disabled_passes", "exclusive_tensors", "external_tensors"):

@@ -49,3 +49,7 @@ class ArtifactError(FusegraphError):
 
 class PassError(FusegraphError):
     """A pass broke the graph or a fixed-point group did not converge."""
+
+
+class PlanError(FusegraphError):
+    """An execution plan (order, memory slots, streams) does not fit its graph or breaks an invariant."""

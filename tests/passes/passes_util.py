@@ -100,3 +100,13 @@ def check(m, level: str = "O2", oracle: str = "ref", feeds=None, rtol=1e-4, atol
 def ops(compiled) -> list[str]:
     graph = getattr(compiled, "graph", compiled)
     return [n.op_type for n in graph.nodes]
+
+
+def ort_basic_node_count(path, tmp_path) -> int:
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "basic.onnx")
+    so.log_severity_level = 3
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return len(onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node)

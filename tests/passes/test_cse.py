@@ -7,7 +7,8 @@ X = [("x", F, [2, 3]), ("z", F, [2, 3])]
 
 
 def test_duplicate_nodes_merged():
-    m = model([node("Add", ["x", "z"], "a"), node("Add", ["x", "z"], "b"), node("Mul", ["a", "b"], "y")], X, ["y"])
+    m = model([node("Add", ["x", "z"], "a"), node("Add", ["x", "z"], "b"), node("Mul", ["a", "b"], "y")],
+              X, ["y"])
     assert ops(check(m, level="O1")) == ["Add", "Mul"]
 
 
@@ -19,8 +20,8 @@ def test_equal_constants_make_nodes_equal():
 
 
 def test_different_attributes_not_merged():
-    m = model([node("Softmax", ["x"], "a", axis=0), node("Softmax", ["x"], "b", axis=1), node("Add", ["a", "b"], "y")],
-              X, ["y"])
+    m = model([node("Softmax", ["x"], "a", axis=0), node("Softmax", ["x"], "b", axis=1),
+               node("Add", ["a", "b"], "y")], X, ["y"])
     assert ops(check(m, level="O1")) == ["Softmax", "Softmax", "Add"]
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from passes_util import B, F, I64, check, const, model, node, ops
+from passes_util import F, I64, check, const, model, node, ops
 
 X = [("x", F, [2, 3, 4])]
 

@@ -9,7 +9,8 @@ W = RNG.normal(0, 0.5, (4, 5))
 
 
 @pytest.mark.parametrize("x_shape, bias_shape, swap", [
-    (x, b, s) for x in ([3, 4], [2, 3, 4], [4]) for b, s in (((5,), False), ((5,), True), ((1, 5), False), ((), False))
+    (x, b, s) for x in ([3, 4], [2, 3, 4], [4])
+    for b, s in (((5,), False), ((5,), True), ((1, 5), False), ((), False))
     if not (len(x) == 1 and b == (1, 5))])  # [5] + [1, 5] would broadcast the result to [1, 5]
 def test_matmul_add_becomes_linear(x_shape, bias_shape, swap):
     args = ["b", "mm"] if swap else ["mm", "b"]
@@ -65,5 +66,6 @@ def test_gemm_becomes_linear(trans_b, c_shape):
 
 def test_gemm_with_alpha_or_transposed_a_stays():
     m = model([node("Gemm", ["x", "w", "c"], "y", alpha=2.0), node("Gemm", ["xt", "w"], "z", transA=1)],
-              [("x", F, [3, 4]), ("xt", F, [4, 3])], ["y", "z"], [const("w", W), const("c", np.ones(5))], opset=13)
+              [("x", F, [3, 4]), ("xt", F, [4, 3])], ["y", "z"], [const("w", W), const("c", np.ones(5))],
+              opset=13)
     assert ops(check(m)) == ["Gemm", "Gemm"]

@@ -68,5 +68,6 @@ def test_reshape_gemm_reshape_becomes_one_linear():
 def test_reshape_that_reorders_is_declined():
     nodes = [node("Reshape", ["x", "s1"], "flat"), node("MatMul", ["flat", "w"], "mm"),
              node("Reshape", ["mm", "s2"], "y")]
-    inits = [const("w", RNG.normal(0, 1, (4, 5))), const("s1", [-1, 4], np.int64), const("s2", [3, 2, 5], np.int64)]
+    inits = [const("w", RNG.normal(0, 1, (4, 5))), const("s1", [-1, 4], np.int64),
+             const("s2", [3, 2, 5], np.int64)]
     assert ops(check(model(nodes, [("x", F, [2, 3, 4])], ["y"], inits))) == ["Reshape", "MatMul", "Reshape"]

@@ -40,7 +40,8 @@ def test_expanded_axis_not_reduced_is_declined():
 
 @pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
 def test_single_input_variadic_becomes_identity_then_nothing(op):
-    m = model([node("Relu", ["x"], "r"), node(op, ["r"], "t"), node("Neg", ["t"], "y")], [("x", F, [2, 3])], ["y"])
+    m = model([node("Relu", ["x"], "r"), node(op, ["r"], "t"), node("Neg", ["t"], "y")],
+              [("x", F, [2, 3])], ["y"])
     compiled = check(m)
     assert ops(compiled) == ["Relu", "Neg"]
     assert ops(check(m, level="O1")) == ["Relu", op, "Neg"]

@@ -1,9 +1,8 @@
 """Shape-chain folding: Shape -> Gather -> Unsqueeze -> Concat -> Reshape chains fold when the
 dims they read are static; dims of the reshaped tensor itself become 0 ("copy") entries."""
 import numpy as np
-import pytest
 
-from passes_util import F, I64, check, const, feeds_for, model, node, ops
+from passes_util import F, check, const, feeds_for, model, node, ops
 
 
 def _head_split(x_shape):

@@ -112,7 +112,7 @@ def numpy_to_torch(arr: np.ndarray, where: str = "model", name: str = "") -> tor
     """NumPy (including ml_dtypes' bfloat16 / float8) to torch, without sharing read-only memory."""
     dtype = DType.from_numpy(arr.dtype)
     if not arr.flags.writeable or not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr).copy()
+        arr = np.array(arr, copy=True, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray doesn't)
     if dtype in _NUMPY_OK:
         return torch.from_numpy(arr)
     try:

@@ -183,7 +183,7 @@ def _shape(x: Any, where: str):
     if x is None:
         return None
     for d in _want(x, list, where, "shape"):
-        if not (d is None or isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)):
+        if not (d is None or isinstance(d, str) or (type(d) is int and d >= 0)):
             raise _bad(where, f"shape dims must be non-negative ints, names or null, got {d!r}")
     return tuple(x)
 

@@ -122,3 +122,37 @@ def onnx_dtype_attr(ctx: NodeContext, name: str = "dtype", default: DType | None
     except (ValueError, TypeError):
         raise ctx.unsupported(f"{name}={code} is not a dtype torch can hold") from None
     return dt
+
+
+_SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def unsigned_safe(ctx: NodeContext, kernel, inputs=(0,), outputs=(0,), ordered: bool = False):
+    """Wrap a data-movement kernel so that uint16/32/64 tensors, which many torch kernels
+    (index_select, gather, scatter, where, triu, cumsum) lack, travel as same-width signed
+    views: the bits are unchanged, and wrap-around add/mul give the same bits either way.
+    ``ordered`` also flips the sign bit, which maps unsigned order onto signed order (for
+    max / min). ``inputs`` are the argument positions converted, ``outputs`` the results
+    turned back. A no-op for every other dtype.
+    """
+    dt = ctx.dtype(inputs[0])
+    if dt == DType.UNDEFINED or dt.to_torch() not in _SIGNED_TWIN:
+        return kernel
+    udt = dt.to_torch()
+    flip = torch.iinfo(_SIGNED_TWIN[udt]).min
+
+    def to_signed(t):
+        if t is None or t.dtype != udt:
+            return t
+        s = t.view(_SIGNED_TWIN[udt])
+        return s ^ flip if ordered else s
+
+    def back(t):
+        return (t ^ flip if ordered else t).view(udt)
+
+    def wrapped(*args):
+        out = kernel(*[to_signed(a) if i in inputs else a for i, a in enumerate(args)])
+        if isinstance(out, tuple):
+            return tuple(back(o) if k in outputs else o for k, o in enumerate(out))
+        return back(out)
+    return wrapped

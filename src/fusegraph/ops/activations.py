@@ -2,7 +2,9 @@
 HardSigmoid, HardSwish, Softplus, Softsign, Sigmoid, Tanh, Mish, Gelu, Swish, Shrink, Clip.
 
 Attributes (alpha, beta, gamma, lambd, bias, approximate, Clip-6's min/max) and constant Clip
-bounds are read once at build time; the kernels are plain torch calls.
+bounds are read once at build time; the kernels are plain torch calls. Relu, LeakyRelu,
+Sigmoid, Tanh, Gelu, Swish (alpha 1), Softplus and Clip also write into ``out=`` (their torch
+function's out form, the same kernel); composite formulas do not.
 """
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from .common import same_as_input
-from .elementwise import UNSIGNED, ordered, torch_dtype, u64_scalar_key
-from .registry import FusionKind, NodeContext, register
+from .elementwise import EMULATED, UNSIGNED, copy_out, ordered, torch_dtype, u64_scalar_key
+from .registry import FusionKind, NodeContext, no_out, register
 
 _SAME = same_as_input(0)
 _EW = FusionKind.ELEMENTWISE
@@ -25,34 +27,39 @@ def _precise(ctx: NodeContext, fn):
     return fn
 
 
-def _simple(op_type: str, since: int, fn):
-    register(op_type, since=since, fusion=_EW, infer=_SAME)(lambda ctx, _fn=fn: _fn)
+def _simple(op_type: str, since: int, fn, writes_out: bool = False):
+    register(op_type, since=since, fusion=_EW, infer=_SAME, writes_out=writes_out)(lambda ctx, _fn=fn: _fn)
 
 
-_simple("Sigmoid", 1, torch.sigmoid)
-_simple("Tanh", 1, torch.tanh)
+_simple("Sigmoid", 1, torch.sigmoid, writes_out=True)
+_simple("Tanh", 1, torch.tanh, writes_out=True)
 _simple("Softsign", 1, F.softsign)
 _simple("Mish", 18, F.mish)
 _simple("HardSwish", 14, F.hardswish)
 
 
-@register("Relu", since=1, fusion=_EW, infer=_SAME)
+def _relu_out(x, out=None):
+    return torch.clamp_min(x, 0, out=out) if out is not None else torch.relu(x)  # relu is clamp_min(0)
+
+
+@register("Relu", since=1, fusion=_EW, infer=_SAME, writes_out=True)
 def _relu(ctx: NodeContext):
     if torch_dtype(ctx, 0) in UNSIGNED:
-        return lambda x: x.clone()
-    return torch.relu
+        return copy_out
+    return _relu_out
 
 
-@register("Softplus", since=1, fusion=_EW, infer=_SAME)
+@register("Softplus", since=1, fusion=_EW, infer=_SAME, writes_out=True)
 def _softplus(ctx: NodeContext):
     # log(exp(x) + 1) without overflow for large x
-    return lambda x: torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return lambda x, out=None: torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device), out=out)
 
 
-@register("LeakyRelu", since=1, fusion=_EW, infer=_SAME)
+@register("LeakyRelu", since=1, fusion=_EW, infer=_SAME, writes_out=True)
 def _leaky_relu(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 0.01))
-    return lambda x: F.leaky_relu(x, alpha)
+    return lambda x, out=None: torch._C._nn.leaky_relu(x, alpha, out=out) if out is not None \
+        else F.leaky_relu(x, alpha)
 
 
 @register("PRelu", since=1, fusion=FusionKind.BROADCAST, infer=_SAME)
@@ -96,20 +103,21 @@ def _hard_sigmoid(ctx: NodeContext):
     return _precise(ctx, lambda x: torch.clamp(x * alpha + beta, 0.0, 1.0))
 
 
-@register("Gelu", since=20, fusion=_EW, infer=_SAME)
+@register("Gelu", since=20, fusion=_EW, infer=_SAME, writes_out=True)
 def _gelu(ctx: NodeContext):
     approximate = ctx.attr("approximate", "none")
     if approximate not in ("none", "tanh"):
         raise ctx.unsupported(f"approximate={approximate!r} (expected 'none' or 'tanh')")
-    return lambda x: F.gelu(x, approximate=approximate)
+    return lambda x, out=None: torch._C._nn.gelu(x, approximate=approximate, out=out) if out is not None \
+        else F.gelu(x, approximate=approximate)
 
 
-@register("Swish", since=24, fusion=_EW, infer=_SAME)
+@register("Swish", since=24, fusion=_EW, infer=_SAME, writes_out=True)
 def _swish(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 1.0))
     if alpha == 1.0:
-        return F.silu
-    return _precise(ctx, lambda x: x * torch.sigmoid(x * alpha))
+        return lambda x, out=None: torch._C._nn.silu(x, out=out) if out is not None else F.silu(x)
+    return no_out(_precise(ctx, lambda x: x * torch.sigmoid(x * alpha)))
 
 
 @register("Shrink", since=9, fusion=_EW, infer=_SAME)
@@ -129,11 +137,11 @@ def _shrink(ctx: NodeContext):
 
 # --- Clip --------------------------------------------------------------------------------
 
-@register("Clip", since=1, fusion=_EW, infer=_SAME)
+@register("Clip", since=1, fusion=_EW, infer=_SAME, writes_out=True)
 def _clip6(ctx: NodeContext):
     lo = float(ctx.attr("min", -_FLT_MAX))
     hi = float(ctx.attr("max", _FLT_MAX))
-    return lambda x: torch.clamp(x, lo, hi)
+    return lambda x, out=None: torch.clamp(x, lo, hi, out=out)
 
 
 _RUNTIME = object()
@@ -162,21 +170,27 @@ def _clamp(x, lo, hi):
     return x
 
 
-@register("Clip", since=11, fusion=_EW, infer=_SAME)
+@register("Clip", since=11, fusion=_EW, infer=_SAME, writes_out=True)
 def _clip11(ctx: NodeContext):
     tdt = torch_dtype(ctx, 0)
     lo, hi = _clip_bound(ctx, 1), _clip_bound(ctx, 2)
     if lo is not _RUNTIME and hi is not _RUNTIME:
         if lo is None and hi is None:
-            return lambda x, *_: x.clone()
+            return lambda x, *_, out=None: copy_out(x, out)
+        if tdt not in EMULATED:
+            if lo is not None and hi is not None:
+                return lambda x, *_, out=None: torch.clamp(x, lo, hi, out=out)
+            if lo is not None:
+                return lambda x, *_, out=None: torch.clamp_min(x, lo, out=out)
+            return lambda x, *_, out=None: torch.clamp_max(x, hi, out=out)
         if lo is not None and hi is not None:
             fn = ordered(lambda x: torch.clamp(x, lo, hi), tdt)
         else:
             fn = ordered(lambda x: _clamp(x, lo, hi), tdt)
-        return lambda x, *_: fn(x)
+        return no_out(lambda x, *_: fn(x))
 
     def k(x, t_lo=None, t_hi=None):
         a = (None if t_lo is None else t_lo.reshape(())) if lo is _RUNTIME else lo
         b = (None if t_hi is None else t_hi.reshape(())) if hi is _RUNTIME else hi
         return _clamp(x, a, b)
-    return ordered(k, tdt)
+    return no_out(ordered(k, tdt))

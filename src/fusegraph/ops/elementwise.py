@@ -6,13 +6,16 @@ implements little arithmetic for uint16/32/64, so those dtypes are emulated here
 and mul on the same-width signed view (two's complement wraps alike), ordered ops on a wider
 signed type (uint16, uint32) or, for uint64, on keys with the sign bit flipped; uint64
 division is done with signed 64-bit ops. The helpers are shared with ``logical.py``.
+
+Kernels on dtypes torch handles natively accept ``out=`` (``writes_out``); the emulated
+unsigned paths are marked ``no_out``.
 """
 from __future__ import annotations
 
 import torch
 
 from .common import broadcast_of_inputs, same_as_input
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, NodeContext, no_out, register
 
 _BCAST = broadcast_of_inputs()
 _SAME = same_as_input(0)
@@ -94,10 +97,16 @@ def _udiv64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --- binary arithmetic -------------------------------------------------------------------
 
+def copy_out(x, out=None):
+    """A copy of ``x`` (into ``out`` when given)."""
+    return x.clone() if out is None else out.copy_(x)
+
+
 def _binary(op_type: str, fn):
-    @register(op_type, since=7, fusion=FusionKind.BROADCAST, infer=_BCAST)
+    @register(op_type, since=7, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True)
     def build(ctx: NodeContext, _fn=fn):
-        return wrapping(_fn, torch_dtype(ctx, 0))
+        tdt = torch_dtype(ctx, 0)
+        return no_out(wrapping(_fn, tdt)) if tdt in EMULATED else _fn
     return build
 
 
@@ -106,19 +115,21 @@ _binary("Sub", torch.sub)
 _binary("Mul", torch.mul)
 
 
-def _trunc_div(a, b):
-    return torch.div(a, b, rounding_mode="trunc")
+def _trunc_div(a, b, out=None):
+    return torch.div(a, b, rounding_mode="trunc", out=out)
 
 
-@register("Div", since=7, fusion=FusionKind.BROADCAST, infer=_BCAST)
+@register("Div", since=7, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True)
 def _div(ctx: NodeContext):
     tdt = torch_dtype(ctx, 0)
     if tdt == torch.uint64:
-        return lambda a, b: _udiv64(a.view(torch.int64), b.view(torch.int64)).view(torch.uint64)
+        return no_out(lambda a, b: _udiv64(a.view(torch.int64), b.view(torch.int64)).view(torch.uint64))
     if ctx.dtype(0).is_integer:
-        return ordered(_trunc_div, tdt)      # uint16/32: exact on the wider signed type
+        if tdt in EMULATED:                  # uint16/32: exact on the wider signed type
+            return no_out(ordered(_trunc_div, tdt))
+        return _trunc_div
     if tdt is None:                          # type unknown at build time
-        return lambda a, b: torch.div(a, b) if a.is_floating_point() else _trunc_div(a, b)
+        return no_out(lambda a, b: torch.div(a, b) if a.is_floating_point() else _trunc_div(a, b))
     return torch.div
 
 
@@ -163,23 +174,33 @@ def _pow(ctx: NodeContext):
 # --- variadic ----------------------------------------------------------------------------
 
 def _pairwise(op_type: str, since: int, pair_of, finish=None):
-    """Register a variadic op that folds a binary op over its inputs (with broadcasting)."""
-    @register(op_type, since=since, fusion=FusionKind.BROADCAST, infer=_BCAST)
+    """Register a variadic op that folds a binary op over its inputs (with broadcasting).
+
+    With ``out=``, only the last step writes ``out``: every input has been read by then, so
+    ``out`` may be the buffer of any input of its shape."""
+    @register(op_type, since=since, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True)
     def build(ctx: NodeContext):
         n = ctx.n_inputs
         if n < 1:
             raise ctx.unsupported("needs at least one input")
-        pair = pair_of(torch_dtype(ctx, 0))
+        tdt = torch_dtype(ctx, 0)
+        pair = pair_of(tdt)
         if n == 1:
-            if finish is None:
-                return lambda x: x.clone()
-            return lambda x: finish(x.clone(), 1)
+            return copy_out      # finish(x, 1) is x for Mean
 
-        def k(*xs):
-            acc = pair(xs[0], xs[1])
-            for x in xs[2:]:
+        def k(*xs, out=None):
+            acc = xs[0]
+            for x in xs[1:-1]:
                 acc = pair(acc, x)
+            acc = pair(acc, xs[-1], out=out)
             return acc if finish is None else finish(acc, n)
+        if tdt in EMULATED:
+            def k_emulated(*xs):
+                acc = pair(xs[0], xs[1])
+                for x in xs[2:]:
+                    acc = pair(acc, x)
+                return acc if finish is None else finish(acc, n)
+            return no_out(k_emulated)
         return k
     return build
 
@@ -202,26 +223,27 @@ _UNARY = {
 _SINCE = {"Round": 11, "Erf": 9, "Sinh": 9, "Cosh": 9, "Asinh": 9, "Acosh": 9, "Atanh": 9}
 
 for _op, _fn in _UNARY.items():
-    register(_op, since=_SINCE.get(_op, 1), fusion=FusionKind.ELEMENTWISE, infer=_SAME)(
-        lambda ctx, _fn=_fn: _fn)
+    register(_op, since=_SINCE.get(_op, 1), fusion=FusionKind.ELEMENTWISE, infer=_SAME,
+             writes_out=True)(lambda ctx, _fn=_fn: _fn)
 
 
-@register("Abs", since=1, fusion=FusionKind.ELEMENTWISE, infer=_SAME)
+@register("Abs", since=1, fusion=FusionKind.ELEMENTWISE, infer=_SAME, writes_out=True)
 def _abs(ctx: NodeContext):
     if torch_dtype(ctx, 0) in UNSIGNED:
-        return lambda x: x.clone()
+        return copy_out
     return torch.abs
 
 
-@register("Neg", since=1, fusion=FusionKind.ELEMENTWISE, infer=_SAME)
+@register("Neg", since=1, fusion=FusionKind.ELEMENTWISE, infer=_SAME, writes_out=True)
 def _neg(ctx: NodeContext):
-    return wrapping(torch.neg, torch_dtype(ctx, 0))
+    tdt = torch_dtype(ctx, 0)
+    return no_out(wrapping(torch.neg, tdt)) if tdt in EMULATED else torch.neg
 
 
-@register("Sign", since=9, fusion=FusionKind.ELEMENTWISE, infer=_SAME)
+@register("Sign", since=9, fusion=FusionKind.ELEMENTWISE, infer=_SAME, writes_out=True)
 def _sign(ctx: NodeContext):
     tdt = torch_dtype(ctx, 0)
     if tdt in UNSIGNED:
         s = SIGNED_VIEW[tdt]
-        return lambda x: x.view(s).ne(0).to(s).view(tdt)
+        return no_out(lambda x: x.view(s).ne(0).to(s).view(tdt))
     return torch.sign

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, NodeContext, no_out, register
 
 DOMAIN = "fusegraph"
 
@@ -41,13 +41,24 @@ def _linear_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
 
 
-@register("Linear", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_infer)
+@register("Linear", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_infer,
+          writes_out=True)
 def _linear(ctx: NodeContext):
     trans_b = bool(ctx.attr("trans_b", 0))
 
     def kernel(x, w, b=None):
         return F.linear(x, w if trans_b else w.t(), b)
-    return kernel
+    xs = ctx.shape(0)
+    if xs is None or len(xs) != 2:
+        return no_out(kernel)
+
+    # 2-D input: what F.linear runs (addmm with a bias, else mm), in its out form
+    def kernel_2d(x, w, b=None, out=None):
+        wt = w.t() if trans_b else w
+        if b is None:
+            return torch.mm(x, wt, out=out) if out is not None else F.linear(x, w if trans_b else w.t())
+        return torch.addmm(b, x, wt, out=out) if out is not None else F.linear(x, w if trans_b else w.t(), b)
+    return kernel_2d
 
 
 # ---------------------------------------------------------------- BatchMatMul

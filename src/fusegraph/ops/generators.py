@@ -12,7 +12,7 @@ import math
 import torch
 
 from ..ir import DType
-from ._tensor_util import dtype_or_none, onnx_dtype_attr, runtime_ints
+from ._tensor_util import dtype_or_none, onnx_dtype_attr, runtime_ints, unsigned_safe
 from .common import const_ints, normalize_axis, same_as_input
 from .registry import FusionKind, NodeContext, register
 
@@ -117,7 +117,7 @@ def _eyelike(ctx: NodeContext):
     return kernel
 
 
-@register("Trilu", since=14, infer=same_as_input(0))
+@register("Trilu", since=14, infer=same_as_input(0), layout_sensitive=True)
 def _trilu(ctx: NodeContext):
     upper = bool(ctx.attr("upper", 1))
     c = ctx.const(1) if ctx.has_input(1) else torch.zeros((), dtype=torch.int64)
@@ -129,7 +129,7 @@ def _trilu(ctx: NodeContext):
         if x.dtype == torch.bool:
             return fn(x.to(torch.uint8), kk).to(torch.bool)
         return fn(x, kk)
-    return kernel
+    return unsigned_safe(ctx, kernel)
 
 
 # ---------------------------------------------------------------- CumSum / CumProd
@@ -150,22 +150,23 @@ def _scan_builder(ctx: NodeContext, fn, identity: int):
             head = torch.full_like(x.narrow(a, 0, 1), identity)
             y = torch.cat([head, y.narrow(a, 0, x.shape[a] - 1)], dim=a)
         return y.flip(a) if reverse else y
-    return kernel
+    return unsigned_safe(ctx, kernel)
 
 
-@register("CumSum", since=11, infer=same_as_input(0))
+@register("CumSum", since=11, infer=same_as_input(0), layout_sensitive=True)
 def _cumsum(ctx: NodeContext):
     return _scan_builder(ctx, torch.cumsum, 0)
 
 
-@register("CumProd", since=26, infer=same_as_input(0))
+@register("CumProd", since=26, infer=same_as_input(0), layout_sensitive=True)
 def _cumprod(ctx: NodeContext):
     return _scan_builder(ctx, torch.cumprod, 1)
 
 
 # ---------------------------------------------------------------- ReverseSequence
 
-@register("ReverseSequence", since=10, fusion=FusionKind.INJECTIVE, infer=same_as_input(0))
+@register("ReverseSequence", since=10, fusion=FusionKind.INJECTIVE, infer=same_as_input(0),
+          layout_sensitive=True)
 def _reverse_sequence(ctx: NodeContext):
     batch_axis = int(ctx.attr("batch_axis", 1))
     time_axis = int(ctx.attr("time_axis", 0))
@@ -181,4 +182,4 @@ def _reverse_sequence(ctx: NodeContext):
             idx = idx.t()
         idx = idx.reshape(tuple(idx.shape) + (1,) * (x.dim() - 2)).expand(x.shape)
         return torch.gather(x, time_axis, idx)
-    return kernel
+    return unsigned_safe(ctx, kernel)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import DType
-from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, static_dims
+from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, static_dims, unsigned_safe
 from .common import const_ints, normalize_axis
 from .registry import FusionKind, NodeContext, register
 
@@ -90,8 +90,12 @@ def _slice_infer(ctx: NodeContext):
     return [(dt, tuple(out))]
 
 
-@register("Slice", since=1, fusion=INJ, infer=_slice_infer)
+@register("Slice", since=1, fusion=INJ, infer=_slice_infer, layout_sensitive=True)
 def _slice(ctx: NodeContext):
+    return unsigned_safe(ctx, _slice_kernel(ctx))
+
+
+def _slice_kernel(ctx: NodeContext):
     known, starts, ends, axes, steps = _slice_params(ctx)
     if not known:
         def dynamic(x, s, e, a=None, st=None):
@@ -121,7 +125,7 @@ def _gather_infer(ctx: NodeContext):
     return [(dt, tuple(s[:a]) + tuple(si) + tuple(s[a + 1:]))]
 
 
-@register("Gather", since=1, fusion=INJ, infer=_gather_infer)
+@register("Gather", since=1, fusion=INJ, infer=_gather_infer, layout_sensitive=True)
 def _gather(ctx: NodeContext):
     axis = int(ctx.attr("axis", 0))
     const = ctx.const(1)
@@ -140,23 +144,24 @@ def _gather(ctx: NodeContext):
             def const_kernel(x, _i=None):
                 out = x.index_select(a, cache.get(x.device)[0])
                 return out.reshape(x.shape[:a] + ishape + x.shape[a + 1:])
-            return const_kernel
+            return unsigned_safe(ctx, const_kernel)
 
     def kernel(x, idx):
         a = axis + x.dim() if axis < 0 else axis
         out = x.index_select(a, _wrap(idx, x.shape[a]).reshape(-1))
         return out.reshape(x.shape[:a] + idx.shape + x.shape[a + 1:])
-    return kernel
+    return unsigned_safe(ctx, kernel)
 
 
-@register("GatherElements", since=11, infer=lambda ctx: [(dtype_or_none(ctx), ctx.shape(1))])
+@register("GatherElements", since=11, layout_sensitive=True,
+          infer=lambda ctx: [(dtype_or_none(ctx), ctx.shape(1))])
 def _gather_elements(ctx: NodeContext):
     axis = int(ctx.attr("axis", 0))
 
     def kernel(x, idx):
         a = axis + x.dim() if axis < 0 else axis
         return torch.gather(x, a, _wrap(idx, x.shape[a]))
-    return kernel
+    return unsigned_safe(ctx, kernel)
 
 
 def gather_nd(x: torch.Tensor, idx: torch.Tensor, b: int) -> torch.Tensor:
@@ -190,7 +195,7 @@ def _gather_nd_infer(ctx: NodeContext):
     return [(dt, tuple(si[:-1]) + tuple(s[b + si[-1]:]))]
 
 
-@register("GatherND", since=11, infer=_gather_nd_infer)
+@register("GatherND", since=11, infer=_gather_nd_infer, layout_sensitive=True)
 def _gather_nd(ctx: NodeContext):
     b = int(ctx.attr("batch_dims", 0))
     return lambda x, idx: gather_nd(x, idx, b)
@@ -220,7 +225,7 @@ def _compress_infer(ctx: NodeContext):
     return [(dt, tuple(n if i == a else d for i, d in enumerate(s)))]
 
 
-@register("Compress", since=9, infer=_compress_infer)
+@register("Compress", since=9, infer=_compress_infer, layout_sensitive=True)
 def _compress(ctx: NodeContext):
     axis = ctx.attr("axis", None)
 
@@ -231,7 +236,7 @@ def _compress(ctx: NodeContext):
             a = axis + x.dim() if axis < 0 else axis
         c = cond.reshape(-1)[:x.shape[a]].to(torch.bool)
         return x.index_select(a, torch.nonzero(c).reshape(-1))
-    return kernel
+    return unsigned_safe(ctx, kernel)
 
 
 def _nonzero_infer(ctx: NodeContext):
@@ -239,12 +244,13 @@ def _nonzero_infer(ctx: NodeContext):
     return [(DType.INT64, None if s is None else (len(s), None))]
 
 
-@register("NonZero", since=9, infer=_nonzero_infer)
+@register("NonZero", since=9, infer=_nonzero_infer, layout_sensitive=True)
 def _nonzero(ctx: NodeContext):
     def kernel(x):
+        nz = x if x.dtype == torch.bool else x != 0
         if x.dim() == 0:  # rank 0: shape (0, nnz)
-            return torch.nonzero(x.reshape(1)).t()[:0]
-        return torch.nonzero(x).t()
+            return torch.nonzero(nz.reshape(1)).t()[:0]
+        return torch.nonzero(nz).t()
     return kernel
 
 
@@ -263,7 +269,7 @@ def _onehot_infer(ctx: NodeContext):
     return [(dt, tuple(out))]
 
 
-@register("OneHot", since=9, infer=_onehot_infer)
+@register("OneHot", since=9, infer=_onehot_infer, layout_sensitive=True)
 def _onehot(ctx: NodeContext):
     axis = int(ctx.attr("axis", -1))
     c = ctx.const(1)
@@ -283,4 +289,4 @@ def _onehot(ctx: NodeContext):
         hot = hot.movedim(-1, a)
         vals = values.reshape(-1)
         return torch.where(hot, vals[1], vals[0])
-    return kernel
+    return unsigned_safe(ctx, kernel, inputs=(2,)) if ctx.has_input(2) else kernel

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ._tensor_util import unsigned_safe
 from .common import same_as_input
 from .registry import NodeContext, register
 
@@ -29,7 +30,7 @@ def _wrap(idx: torch.Tensor, n) -> torch.Tensor:
     return torch.where(idx < 0, idx + n, idx)
 
 
-@register("ScatterElements", since=11, infer=same_as_input(0))
+@register("ScatterElements", since=11, infer=same_as_input(0), layout_sensitive=True)
 def _scatter_elements(ctx: NodeContext):
     axis = int(ctx.attr("axis", 0))
     red = _reduction(ctx)
@@ -40,17 +41,17 @@ def _scatter_elements(ctx: NodeContext):
         if red == "none":
             return x.scatter(a, i, upd)
         return x.scatter_reduce(a, i, upd, _SCATTER_REDUCE[red], include_self=True)
-    return kernel
+    return unsigned_safe(ctx, kernel, inputs=(0, 2), ordered=red in ("max", "min"))
 
 
-@register("Scatter", since=9, infer=same_as_input(0))
+@register("Scatter", since=9, infer=same_as_input(0), layout_sensitive=True)
 def _scatter(ctx: NodeContext):
     axis = int(ctx.attr("axis", 0))
 
     def kernel(x, idx, upd):
         a = axis + x.dim() if axis < 0 else axis
         return x.scatter(a, _wrap(idx, x.shape[a]), upd)
-    return kernel
+    return unsigned_safe(ctx, kernel, inputs=(0, 2))
 
 
 def scatter_nd(x: torch.Tensor, idx: torch.Tensor, upd: torch.Tensor, red: str) -> torch.Tensor:
@@ -77,13 +78,14 @@ def scatter_nd(x: torch.Tensor, idx: torch.Tensor, upd: torch.Tensor, red: str) 
     return out.reshape(x.shape)
 
 
-@register("ScatterND", since=11, infer=same_as_input(0))
+@register("ScatterND", since=11, infer=same_as_input(0), layout_sensitive=True)
 def _scatter_nd(ctx: NodeContext):
     red = _reduction(ctx)
-    return lambda x, idx, upd: scatter_nd(x, idx, upd, red)
+    return unsigned_safe(ctx, lambda x, idx, upd: scatter_nd(x, idx, upd, red), inputs=(0, 2),
+                         ordered=red in ("max", "min"))
 
 
-@register("TensorScatter", since=24, infer=same_as_input(0))
+@register("TensorScatter", since=24, infer=same_as_input(0), layout_sensitive=True)
 def _tensor_scatter(ctx: NodeContext):
     axis = int(ctx.attr("axis", -2))
     mode = ctx.attr("mode", "linear")
@@ -108,4 +110,4 @@ def _tensor_scatter(ctx: NodeContext):
         shape[0], shape[a] = batch, seq
         idx = idx.reshape(shape).expand(update.shape)
         return past.scatter(a, idx, update)
-    return kernel
+    return unsigned_safe(ctx, kernel, inputs=(0, 1))

@@ -28,7 +28,7 @@ def _topk_infer(ctx: NodeContext):
     return [(dtype_or_none(ctx), shape), (DType.INT64, shape)]
 
 
-@register("TopK", since=1, infer=_topk_infer)
+@register("TopK", since=1, infer=_topk_infer, layout_sensitive=True)
 def _topk(ctx: NodeContext):
     axis = int(ctx.attr("axis", -1))
     largest = bool(ctx.attr("largest", 1)) if ctx.version >= 11 else True
@@ -68,7 +68,7 @@ def _unique_infer(ctx: NodeContext):
     return out[:ctx.n_outputs]
 
 
-@register("Unique", since=11, infer=_unique_infer)
+@register("Unique", since=11, infer=_unique_infer, layout_sensitive=True)
 def _unique(ctx: NodeContext):
     axis = ctx.attr("axis", None)
     want_sorted = bool(ctx.attr("sorted", 1))

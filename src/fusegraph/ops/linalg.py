@@ -10,7 +10,7 @@ import torch
 
 from ..ir.shape import broadcast_shapes
 from .conv import exact_float
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, NodeContext, no_out, register
 
 _VIA_INT64 = (torch.uint16, torch.uint32, torch.uint64)
 
@@ -49,11 +49,21 @@ def _gemm_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, shape)]
 
 
-@register("Gemm", since=7, fusion=FusionKind.OUT_FUSABLE, infer=_gemm_infer)
+@register("Gemm", since=7, fusion=FusionKind.OUT_FUSABLE, infer=_gemm_infer, writes_out=True)
 def _gemm(ctx: NodeContext):
     ta, tb = bool(ctx.attr("transA", 0)), bool(ctx.attr("transB", 0))
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
     is_float = ctx.dtype(0).is_float if ctx.dtype(0) else True
+    has_c = ctx.has_input(2) and beta != 0
+    if ctx.dtype(0) and is_float and has_c:       # out form of the addmm path below
+        def gemm_addmm(a, b, c, out=None):
+            return torch.addmm(c.to(a.dtype), a.t() if ta else a, b.t() if tb else b,
+                               beta=beta, alpha=alpha, out=out)
+        return gemm_addmm
+    if ctx.dtype(0) and is_float and not has_c and alpha == 1.0:
+        def gemm_mm(a, b, c=None, out=None):
+            return torch.matmul(a.t() if ta else a, b.t() if tb else b, out=out)
+        return gemm_mm
 
     def gemm(a, b, c=None):
         if ta:
@@ -68,7 +78,7 @@ def _gemm(ctx: NodeContext):
         if c is not None and beta != 0:
             y = (y + (c * beta if beta != 1.0 else c)).to(y.dtype)
         return y
-    return gemm
+    return no_out(gemm)
 
 
 # ----------------------------------------------------------------------------- MatMul
@@ -76,9 +86,12 @@ def _matmul_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, matmul_shape(ctx.shape(0), ctx.shape(1)))]
 
 
-@register("MatMul", since=1, fusion=FusionKind.OUT_FUSABLE, infer=_matmul_infer)
+@register("MatMul", since=1, fusion=FusionKind.OUT_FUSABLE, infer=_matmul_infer, writes_out=True)
 def _matmul(ctx: NodeContext):
-    return _mm
+    tdt = ctx.dtype(0)
+    if tdt and tdt.to_torch() not in _VIA_INT64:
+        return torch.matmul
+    return no_out(_mm)
 
 
 # ----------------------------------------------------------------------------- MatMulInteger

@@ -2,7 +2,8 @@
 GreaterOrEqual, BitShift, BitwiseAnd/Or/Xor/Not, Where, IsNaN, IsInf.
 
 Comparisons return bool; uint16/32/64 go through the unsigned emulation of
-``elementwise.py``, since torch orders and shifts few unsigned types itself.
+``elementwise.py``, since torch orders and shifts few unsigned types itself. Logic,
+comparison, bitwise and Where kernels on native dtypes accept ``out=`` (``writes_out``).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from ..ir import DType
 from .common import broadcast_of_inputs, same_as_input
 from .elementwise import EMULATED, SIGNED_VIEW, UNSIGNED, ordered, torch_dtype
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, NodeContext, no_out, register
 
 _BOOL_BCAST = broadcast_of_inputs(DType.BOOL)
 _BCAST = broadcast_of_inputs()
@@ -28,28 +29,29 @@ def _no_strings(ctx: NodeContext) -> None:
 # --- boolean logic -----------------------------------------------------------------------
 
 for _op, _fn in {"And": torch.logical_and, "Or": torch.logical_or, "Xor": torch.logical_xor}.items():
-    register(_op, since=1, fusion=_BC, infer=_BOOL_BCAST)(lambda ctx, _fn=_fn: _fn)
+    register(_op, since=1, fusion=_BC, infer=_BOOL_BCAST, writes_out=True)(lambda ctx, _fn=_fn: _fn)
 
-register("Not", since=1, fusion=_EW, infer=same_as_input(0))(lambda ctx: torch.logical_not)
+register("Not", since=1, fusion=_EW, infer=same_as_input(0), writes_out=True)(lambda ctx: torch.logical_not)
 
 
 # --- comparisons -------------------------------------------------------------------------
 
-@register("Equal", since=1, fusion=_BC, infer=_BOOL_BCAST)
+@register("Equal", since=1, fusion=_BC, infer=_BOOL_BCAST, writes_out=True)
 def _equal(ctx: NodeContext):
     _no_strings(ctx)
     tdt = torch_dtype(ctx, 0)
     if tdt in EMULATED:                # equality of bits: the signed view is exact
         s = SIGNED_VIEW[tdt]
-        return lambda a, b: torch.eq(a.view(s), b.view(s))
+        return no_out(lambda a, b: torch.eq(a.view(s), b.view(s)))
     return torch.eq
 
 
 def _compare(op_type: str, since: int, fn):
-    @register(op_type, since=since, fusion=_BC, infer=_BOOL_BCAST)
+    @register(op_type, since=since, fusion=_BC, infer=_BOOL_BCAST, writes_out=True)
     def build(ctx: NodeContext, _fn=fn):
         _no_strings(ctx)
-        return ordered(_fn, torch_dtype(ctx, 0))
+        tdt = torch_dtype(ctx, 0)
+        return no_out(ordered(_fn, tdt)) if tdt in EMULATED else _fn
     return build
 
 
@@ -65,16 +67,16 @@ def _on_signed_view(fn, tdt):
     """Bit ops act on bits alone: run uint16/32/64 on the same-width signed view."""
     if tdt in EMULATED:
         s = SIGNED_VIEW[tdt]
-        return lambda *xs: fn(*[x.view(s) for x in xs]).view(tdt)
+        return no_out(lambda *xs: fn(*[x.view(s) for x in xs]).view(tdt))
     return fn
 
 
 for _op, _fn in {"BitwiseAnd": torch.bitwise_and, "BitwiseOr": torch.bitwise_or,
                  "BitwiseXor": torch.bitwise_xor}.items():
-    register(_op, since=18, fusion=_BC, infer=_BCAST)(
+    register(_op, since=18, fusion=_BC, infer=_BCAST, writes_out=True)(
         lambda ctx, _fn=_fn: _on_signed_view(_fn, torch_dtype(ctx, 0)))
 
-register("BitwiseNot", since=18, fusion=_EW, infer=same_as_input(0))(
+register("BitwiseNot", since=18, fusion=_EW, infer=same_as_input(0), writes_out=True)(
     lambda ctx: _on_signed_view(torch.bitwise_not, torch_dtype(ctx, 0)))
 
 
@@ -119,13 +121,13 @@ def _bitshift(ctx: NodeContext):
 
 # --- selection and classification --------------------------------------------------------
 
-@register("Where", since=9, fusion=_BC, infer=broadcast_of_inputs(dtype_from=1))
+@register("Where", since=9, fusion=_BC, infer=broadcast_of_inputs(dtype_from=1), writes_out=True)
 def _where(ctx: NodeContext):
     _no_strings(ctx)
     tdt = torch_dtype(ctx, 1)
     if tdt in EMULATED:                # selection moves bits only: use the signed view
         s = SIGNED_VIEW[tdt]
-        return lambda c, x, y: torch.where(c, x.view(s), y.view(s)).view(tdt)
+        return no_out(lambda c, x, y: torch.where(c, x.view(s), y.view(s)).view(tdt))
     return torch.where
 
 

@@ -217,14 +217,16 @@ def _global_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, None if shape is None else tuple(shape[:2]) + (1,) * (len(shape) - 2))]
 
 
-@register("GlobalAveragePool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer)
+@register("GlobalAveragePool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer,
+          writes_out=True)
 def _global_average_pool(ctx: NodeContext):
-    return lambda x: x.mean(dim=_spatial(x), keepdim=True)
+    return lambda x, out=None: torch.mean(x, dim=_spatial(x), keepdim=True, out=out)
 
 
-@register("GlobalMaxPool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer)
+@register("GlobalMaxPool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer,
+          writes_out=True)
 def _global_max_pool(ctx: NodeContext):
-    return lambda x: x.amax(dim=_spatial(x), keepdim=True)
+    return lambda x, out=None: torch.amax(x, dim=_spatial(x), keepdim=True, out=out)
 
 
 @register("GlobalLpPool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer)

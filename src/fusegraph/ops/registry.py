@@ -7,7 +7,13 @@ so the run loop pays one call per node. The same torch calls run on CPU and CUDA
 
 Kernel convention: ``kernel(*inputs)`` receives one torch tensor per node input (``None``
 for a missing optional input) and returns a tensor for a one-output node, else a tuple with
-one tensor per node output.
+one tensor per node output. An op registered with ``writes_out=True`` builds kernels that also
+take ``out=`` (a preallocated tensor of the output's shape and dtype, a tuple of them for a
+multi-output op, or None) and write the result there, bit for bit what they return without it;
+a builder marks a kernel it could only make without that form with ``no_out(kernel)``. Under
+``out=``, an input may be the very buffer of ``out`` only when the op also declares in-place
+ability (elementwise / broadcast fusion kind or ``inplace`` pairs). ``alias`` lists the
+(input, output) pairs whose output is a view of the input's memory (Reshape, Squeeze, ...).
 
 This file holds no op and no pass logic; op families register themselves from their own
 modules (``ops/elementwise.py`` and siblings).
@@ -101,6 +107,8 @@ class OpDef:
     layout_sensitive: bool = False
     foldable: bool = True
     inplace: tuple[tuple[int, int], ...] = field(default=())  # (input, output) pairs a kernel may alias
+    writes_out: bool = False   # built kernels accept ``out=`` (see module doc)
+    alias: tuple[tuple[int, int], ...] = field(default=())    # (input, output): output views input
 
 
 _REGISTRY: dict[tuple[str, str], list[OpDef]] = {}
@@ -108,7 +116,8 @@ _REGISTRY: dict[tuple[str, str], list[OpDef]] = {}
 
 def register(op_type: str, *, since: int = 1, domain: str = "", infer: Infer | None = None,
              pure: bool = True, fusion: FusionKind = FusionKind.OPAQUE, layout_sensitive: bool = False,
-             foldable: bool = True, inplace: tuple = ()) -> Callable[[Builder], Builder]:
+             foldable: bool = True, inplace: tuple = (), writes_out: bool = False,
+             alias: tuple = ()) -> Callable[[Builder], Builder]:
     """Decorator: register ``build`` as the kernel builder of ``op_type`` from opset ``since``.
 
     A later registration of the same op with a higher ``since`` takes over from that opset on.
@@ -117,10 +126,26 @@ def register(op_type: str, *, since: int = 1, domain: str = "", infer: Infer | N
         defs = _REGISTRY.setdefault((domain, op_type), [])
         defs[:] = [d for d in defs if d.since != since]
         defs.append(OpDef(op_type, domain, since, build, infer, pure, fusion, layout_sensitive,
-                          foldable, tuple(inplace)))
+                          foldable, tuple(inplace), bool(writes_out),
+                          tuple(tuple(p) for p in alias)))
         defs.sort(key=lambda d: d.since)
         return build
     return deco
+
+
+def no_out(kernel: Callable) -> Callable:
+    """Mark a kernel of a ``writes_out`` op that has no ``out=`` form (a rare dtype path).
+
+    Wraps rather than tags, so a shared function is never marked by accident."""
+    def without_out(*xs):
+        return kernel(*xs)
+    without_out.writes_out = False
+    return without_out
+
+
+def kernel_writes_out(opdef: OpDef, kernel: Callable) -> bool:
+    """Whether this built kernel of ``opdef`` accepts ``out=``."""
+    return opdef.writes_out and getattr(kernel, "writes_out", True) is not False
 
 
 def lookup(domain: str, op_type: str, version: int) -> OpDef | None:

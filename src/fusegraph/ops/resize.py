@@ -1,12 +1,17 @@
 """Resize (opsets 10-19+) and the deprecated Upsample, after the ONNX spec.
 
 Interpolation is separable: each resized axis gets, once per input shape, a table of source
-indices ``[out, taps]`` and weights (nearest: one tap, no weight), computed in float64 exactly
-as the spec states (coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
-exclude_outside, antialias, tf_crop_and_resize extrapolation, keep_aspect_ratio_policy, axes);
-the kernel gathers with ``index_select`` and sums the weighted taps. Where torch's
-``interpolate`` computes the same thing (linear / cubic without antialias, half-pixel or
-align-corners, trailing spatial axes) the kernel calls it instead.
+indices ``[taps, out]`` and weights (nearest: one tap, no weight), computed on the CPU in
+float64 in the spec's operation order (coordinate_transformation_mode, nearest_mode,
+cubic_coeff_a, exclude_outside, antialias, tf_crop_and_resize extrapolation,
+keep_aspect_ratio_policy, axes) and copied once to each device; the kernel gathers each tap
+with advanced indexing and sums the weighted taps. A sample's taps always sit around
+floor(x), consistent with its weights (the onnx reference picks them from x + pad, which
+rounding can shift by one at coordinates within 1e-16 of an integer).
+
+Where torch's ``interpolate`` computes the same thing the kernel calls it instead: linear /
+cubic without antialias in half-pixel or align-corners mode on trailing spatial axes, and
+nearest whenever a probe run at build time shows torch picks exactly the spec's pixels.
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints
+from ._resize_tables import Opts, axis_table, full_roi, output_geometry
+from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, unsigned_safe
 from .common import normalize_axis
 from .registry import NodeContext, register
 
@@ -23,151 +29,6 @@ _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "ali
                 "asymmetric", "tf_crop_and_resize")
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
 _PLAN_CACHE_SIZE = 8
-
-
-class Opts:
-    __slots__ = ("mode", "coord", "nearest", "cubic_a", "exclude", "extrap", "antialias", "axes", "policy")
-
-    def __init__(self, **kw):
-        for k in self.__slots__:
-            setattr(self, k, kw.get(k))
-
-
-# ---------------------------------------------------------------- per-axis tables (float64, CPU)
-
-def _source_coords(o: Opts, out_w_int: int, scale: float, in_w: int, roi_pair):
-    """Source coordinate of every output index, float64, computed with Python floats in the
-    spec's operation order so that floor / tie decisions match it bit for bit."""
-    out_w = scale * in_w
-    ys = range(out_w_int)
-    extrap = None
-    if o.coord == "align_corners":
-        xs = [0.0] * out_w_int if out_w == 1 else [y * (in_w - 1) / (out_w - 1) for y in ys]
-    elif o.coord == "asymmetric":
-        xs = [y / scale for y in ys]
-    elif o.coord == "tf_crop_and_resize":
-        r0, r1 = roi_pair  # 0-d tensors in the roi's own dtype, as the spec's arithmetic runs
-        span = float(r1 - r0)
-        if out_w == 1:
-            xs = [float((r1 - r0) * (in_w - 1) / 2)] * out_w_int
-        else:
-            xs = [y * span * (in_w - 1) / (out_w - 1) for y in ys]
-        start = float(r0 * (in_w - 1))
-        xs = [x + start for x in xs]
-        extrap = torch.tensor([x < 0 or x > in_w - 1 for x in xs], dtype=torch.bool)
-    elif o.coord == "pytorch_half_pixel":
-        xs = [-0.5] * out_w_int if out_w == 1 else [(y + 0.5) / scale - 0.5 for y in ys]
-    elif o.coord == "half_pixel_symmetric":
-        adjustment = out_w_int / out_w
-        offset = in_w / 2 * (1 - adjustment)
-        xs = [offset + (y + 0.5) / scale - 0.5 for y in ys]
-    else:
-        xs = [(y + 0.5) / scale - 0.5 for y in ys]
-    return torch.tensor(xs, dtype=torch.float64), extrap
-
-
-def _cubic(x, a):
-    x = x.abs()
-    near = ((a + 2) * x - (a + 3)) * x * x + 1
-    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return torch.where(x <= 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
-
-
-def _weights(o: Opts, ratio, scale):
-    """[out, taps] weights for fractional offsets ``ratio`` in (0, 1]."""
-    r = ratio.unsqueeze(1)
-    if o.mode == "linear" and not o.antialias:
-        return torch.cat([1 - r, r], dim=1)
-    if o.mode == "cubic" and not o.antialias:
-        offs = torch.tensor([-1.0, 0.0, 1.0, 2.0], dtype=torch.float64)
-        return _cubic(offs - r, o.cubic_a)
-    s = min(scale, 1.0)
-    support = 1 if o.mode == "linear" else 2
-    start = int(math.floor(-support / s) + 1)
-    offs = torch.arange(start, 2 - start, dtype=torch.float64)
-    args = (offs - r) * s
-    w = (1 - args.abs()).clamp(0, 1) if o.mode == "linear" else _cubic(args, o.cubic_a)
-    return w / w.sum(dim=1, keepdim=True)
-
-
-def _nearest_index(o: Opts, x, scale):
-    fl = torch.floor(x)
-    ratio = x - fl
-    mode = o.nearest
-    if mode == "simple":
-        mode = "ceil" if scale < 1 else "floor"
-    if mode == "round_prefer_floor":
-        up = ratio > 0.5
-    elif mode == "round_prefer_ceil":
-        up = ratio >= 0.5
-    elif mode == "floor":
-        up = torch.zeros_like(ratio, dtype=torch.bool)
-    else:
-        up = ratio > 0
-    return torch.where(up, fl + 1, fl).long()
-
-
-def axis_table(o: Opts, in_w: int, out_w: int, scale: float, roi_pair):
-    """(indices [out, taps] long, weights [out, taps] float64 or None, extrapolated [out] or None)."""
-    x, extrap = _source_coords(o, out_w, scale, in_w, roi_pair)
-    if o.mode == "nearest":
-        idx = _nearest_index(o, x, scale).clamp(0, max(in_w - 1, 0)).unsqueeze(1)
-        return idx, None, extrap
-    fl = torch.floor(x)
-    exact = x == fl
-    ratio = torch.where(exact, torch.ones_like(x), x - fl)  # in (0, 1]: prefer the left pixel
-    w = _weights(o, ratio, scale)
-    n = w.shape[1]
-    base = torch.where(exact, fl - 1, fl).long()  # the tap at offset 0 sits at x - ratio
-    idx = base.unsqueeze(1) + torch.arange(1 - n // 2, 1 - n // 2 + n).unsqueeze(0)
-    if o.exclude:
-        w = torch.where((idx < 0) | (idx >= in_w), torch.zeros_like(w), w)
-        total = w.sum(dim=1, keepdim=True)
-        w = w / torch.where(total == 0, torch.ones_like(total), total)
-    return idx.clamp(0, max(in_w - 1, 0)), w, extrap
-
-
-# ---------------------------------------------------------------- output size and plan
-
-def output_geometry(o: Opts, in_shape, scales, sizes):
-    """(per-dim scale, per-dim output size, resized axes in order)."""
-    r = len(in_shape)
-    axes = list(range(r)) if o.axes is None else [normalize_axis(a, r) for a in o.axes]
-    scale = [1.0] * r
-    out = list(in_shape)
-    if sizes is not None:
-        if len(sizes) != len(axes):
-            raise ValueError(f"Resize: {len(sizes)} sizes for {len(axes)} axes")
-        for a, s in zip(axes, sizes):
-            out[a] = int(s)
-            scale[a] = s / in_shape[a] if in_shape[a] else 1.0
-        if o.policy in ("not_larger", "not_smaller"):
-            pick = min if o.policy == "not_larger" else max
-            s = pick(scale[a] for a in axes)
-            for a in axes:
-                scale[a] = s
-                out[a] = int(s * in_shape[a] + 0.5)
-    else:
-        if scales is None or len(scales) != len(axes):
-            raise ValueError("Resize: give one scale per axis, or sizes")
-        for a, s in zip(axes, scales):
-            scale[a] = float(s)
-            out[a] = int(math.floor(s * in_shape[a]))
-    return scale, out, axes
-
-
-def _full_roi(roi, axes, r):
-    """Per-dim roi as 0-d tensors (``roi`` is a 1-D tensor), or None."""
-    if roi is None or roi.numel() == 0:
-        return None
-    roi = list(roi.reshape(-1).unbind(0))
-    if len(roi) == 2 * r and list(axes) == list(range(r)):
-        return roi
-    full = [torch.tensor(0.0, dtype=roi[0].dtype)] * r + [torch.tensor(1.0, dtype=roi[0].dtype)] * r
-    k = len(axes)
-    for i, a in enumerate(axes):
-        full[a], full[r + a] = roi[i], roi[k + i]
-    return full
 
 
 def _torch_path(o: Opts, in_shape, scale, out, axes, from_scales):
@@ -191,7 +52,8 @@ def _torch_path(o: Opts, in_shape, scale, out, axes, from_scales):
         return None
     tmode = "bicubic" if o.mode == "cubic" else {3: "linear", 4: "bilinear", 5: "trilinear"}[r]
     if from_scales and not align:
-        return dict(scale_factor=tuple(scale[2:]), mode=tmode, align_corners=align, recompute_scale_factor=False)
+        return dict(scale_factor=tuple(scale[2:]), mode=tmode, align_corners=align,
+                    recompute_scale_factor=False)
     return dict(size=tuple(out[2:]), mode=tmode, align_corners=align)
 
 
@@ -202,22 +64,57 @@ class Plan:
         scale, out, axes = output_geometry(o, tuple(in_shape), scales, sizes)
         self.out = out
         self.empty = any(d == 0 for d in out)
-        full_roi = _full_roi(roi, axes, len(in_shape)) if o.coord == "tf_crop_and_resize" else None
-        if o.coord == "tf_crop_and_resize" and full_roi is None:
+        roi_full = full_roi(roi, axes, len(in_shape)) if o.coord == "tf_crop_and_resize" else None
+        if o.coord == "tf_crop_and_resize" and roi_full is None:
             raise ValueError("Resize: tf_crop_and_resize needs roi")
-        self.interp = None if full_roi is not None else _torch_path(o, in_shape, scale, out, axes,
+        self.interp = None if roi_full is not None else _torch_path(o, in_shape, scale, out, axes,
                                                                     sizes is None)
         self.steps = []
         if self.interp is not None:
             return
         r = len(in_shape)
         for a in axes:
-            pair = None if full_roi is None else (full_roi[a], full_roi[a + r])
-            if math.isclose(scale[a], 1.0) and out[a] == in_shape[a] and (
-                    pair is None or (math.isclose(float(pair[0]), 0.0) and math.isclose(float(pair[1]), 1.0))):
+            pair = None if roi_full is None else (roi_full[a], roi_full[a + r])
+            whole = pair is None or (math.isclose(float(pair[0]), 0.0) and math.isclose(float(pair[1]), 1.0))
+            if math.isclose(scale[a], 1.0) and out[a] == in_shape[a] and whole:
                 continue
             idx, w, extrap = axis_table(o, in_shape[a], out[a], scale[a], pair)
-            self.steps.append((a, out[a], DeviceCache(idx.reshape(-1), w, extrap)))
+            # tap-major tables: one contiguous index / weight row per tap
+            self.steps.append((a, out[a], DeviceCache(idx.t().contiguous(),
+                                                      None if w is None else w.t().contiguous(), extrap)))
+        if o.mode == "nearest" and roi_full is None and not self.empty:
+            self.interp = self._nearest_interp(in_shape, scale, sizes is None)
+
+    def _nearest_interp(self, in_shape, scale, from_scales):
+        """torch's nearest / nearest-exact arguments when they pick exactly the spec's pixels.
+
+        Checked, not assumed: both are run at build time on a probe holding each pixel's
+        own index, and compared with the spec's tables.
+        """
+        r = len(in_shape)
+        if not 3 <= r <= 5 or self.out[:2] != list(in_shape[:2]) or any(s != 1 for s in scale[:2]):
+            return None
+        if any(a < 2 for a, _, _ in self.steps) or not self.steps:
+            return None
+        spatial = tuple(in_shape[2:])
+        total = 1
+        for d in spatial:
+            total *= d
+        if total > 1 << 22:
+            return None
+        probe = torch.arange(total, dtype=torch.float64, device="cpu").reshape((1, 1) + spatial)
+        want = run_plan(self, probe, 0.0)
+        geometry = (dict(scale_factor=tuple(scale[2:]), recompute_scale_factor=False) if from_scales
+                    else dict(size=tuple(self.out[2:])))
+        for tmode in ("nearest", "nearest-exact"):
+            args = dict(geometry, mode=tmode)
+            try:
+                got = F.interpolate(probe, **args)
+            except (RuntimeError, ValueError):
+                continue
+            if got.shape == want.shape and torch.equal(got, want):
+                return args
+        return None
 
 
 def _compute_dtype(dtype):
@@ -227,23 +124,25 @@ def _compute_dtype(dtype):
 def run_plan(plan: Plan, x: torch.Tensor, extrap_value: float) -> torch.Tensor:
     if plan.empty or x.numel() == 0:
         return torch.empty(plan.out, dtype=x.dtype, device=x.device)
-    if plan.interp is not None:
+    if plan.interp is not None and (x.is_floating_point() or not plan.steps):
         cd = _compute_dtype(x.dtype)
         y = F.interpolate(x.to(cd), **plan.interp)
         return _cast_back(y, x.dtype)
     if not plan.steps:
         return x.clone()
-    y, weighted = x, False
+    weighted = plan.steps[0][2].get(x.device)[1] is not None
+    y = x.to(_compute_dtype(x.dtype)) if weighted else x
     for a, out_w, cache in plan.steps:
         idx, w, extrap = cache.get(x.device)
-        g = y.index_select(a, idx)
-        if w is not None:
-            if not weighted:
-                g = g.to(_compute_dtype(x.dtype))
-                weighted = True
-            n = w.shape[1]
-            g = g.reshape(g.shape[:a] + (out_w, n) + g.shape[a + 1:])
-            g = (g * w.to(g.dtype).reshape((out_w, n) + (1,) * (g.dim() - a - 2))).sum(a + 1)
+        lead = (slice(None),) * a  # advanced indexing: far faster than index_select on CPU
+        if w is None:
+            g = y[lead + (idx[0],)]
+        else:
+            shape = (out_w,) + (1,) * (y.dim() - a - 1)
+            w = w.to(y.dtype)
+            g = y[lead + (idx[0],)] * w[0].reshape(shape)
+            for k in range(1, idx.shape[0]):
+                g += y[lead + (idx[k],)] * w[k].reshape(shape)
         if extrap is not None:
             fill = torch.tensor(extrap_value, dtype=g.dtype, device=g.device)
             g = torch.where(extrap.reshape((out_w,) + (1,) * (g.dim() - a - 1)), fill, g)
@@ -304,6 +203,8 @@ def _make_kernel(ctx: NodeContext, o: Opts, scales_in: int | None, sizes_in: int
     def kernel(x, *args):
         args = (x,) + args + (None,) * 4
         return run_plan(plan_for(x.shape, args), x, extrap)
+    if o.mode == "nearest":
+        kernel = unsigned_safe(ctx, kernel)
     return kernel, (scales if s_known else None), (sizes if z_known else None)
 
 

@@ -100,7 +100,7 @@ def _affine_grid_infer(ctx: NodeContext):
     return [(dt, (size[0],) + tuple(size[2:]) + (len(size) - 2,))]
 
 
-@register("AffineGrid", since=20, infer=_affine_grid_infer)
+@register("AffineGrid", since=20, infer=_affine_grid_infer, layout_sensitive=True)
 def _affine_grid(ctx: NodeContext):
     align = bool(ctx.attr("align_corners", 0))
     size = const_ints(ctx, 1)
@@ -124,7 +124,8 @@ def affine_grid(theta: torch.Tensor, size, align: bool) -> torch.Tensor:
         else:
             coords.append((2 * i + 1) / d - 1)
     mesh = torch.meshgrid(*coords, indexing="ij")
-    base = torch.stack([mesh[k] for k in range(len(spatial) - 1, -1, -1)] + [torch.ones_like(mesh[0])], dim=-1)
+    xyz = [mesh[k] for k in range(len(spatial) - 1, -1, -1)]
+    base = torch.stack(xyz + [torch.ones_like(mesh[0])], dim=-1)
     flat = base.reshape(-1, len(spatial) + 1).to(cd)
     grid = torch.matmul(flat, theta.to(cd).transpose(1, 2))
     return grid.reshape([int(size[0])] + spatial + [len(spatial)]).to(theta.dtype)
@@ -146,9 +147,10 @@ def _col2im_index(image, block, dil, pads, strides) -> torch.Tensor:
     pstride = [1] * nd
     for i in range(nd - 2, -1, -1):
         pstride[i] = pstride[i + 1] * padded[i + 1]
-    lin = torch.zeros([1] * (2 * nd), dtype=torch.long)
+    lin = torch.zeros([1] * (2 * nd), dtype=torch.long, device="cpu")  # a build-time table
     for i in range(nd):
-        coord = (torch.arange(block[i]) * dil[i]).unsqueeze(1) + (torch.arange(nblocks[i]) * strides[i]).unsqueeze(0)
+        kernel_pos = (torch.arange(block[i], device="cpu") * dil[i]).unsqueeze(1)
+        coord = kernel_pos + (torch.arange(nblocks[i], device="cpu") * strides[i]).unsqueeze(0)
         shape = [1] * (2 * nd)
         shape[i], shape[nd + i] = block[i], nblocks[i]
         lin = lin + (coord * pstride[i]).reshape(shape)
@@ -201,7 +203,7 @@ def _col2im_infer(ctx: NodeContext):
     return [(dt, (s[0], c) + tuple(image))]
 
 
-@register("Col2Im", since=18, infer=_col2im_infer)
+@register("Col2Im", since=18, infer=_col2im_infer, layout_sensitive=True)
 def _col2im(ctx: NodeContext):
     image, block = const_ints(ctx, 1), const_ints(ctx, 2)
 

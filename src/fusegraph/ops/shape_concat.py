@@ -36,13 +36,14 @@ def _concat_infer(ctx: NodeContext):
     return [(dt, tuple(out))]
 
 
-@register("Concat", since=1, fusion=FusionKind.INJECTIVE, infer=_concat_infer)
+@register("Concat", since=1, fusion=FusionKind.INJECTIVE, infer=_concat_infer, layout_sensitive=True,
+          writes_out=True)
 def _concat(ctx: NodeContext):
     axis = int(ctx.attr("axis", 1 if ctx.version < 4 else 0))
 
-    def kernel(*xs):
+    def kernel(*xs, out=None):
         xs = [x for x in xs if x is not None]
-        return torch.cat(xs, dim=axis)
+        return torch.cat(xs, dim=axis, out=out)
     return kernel
 
 
@@ -77,7 +78,7 @@ def _split_infer(ctx: NodeContext):
                        for j, d in enumerate(s))) for k in range(n)]
 
 
-@register("Split", since=1, fusion=FusionKind.INJECTIVE, infer=_split_infer)
+@register("Split", since=1, fusion=FusionKind.INJECTIVE, infer=_split_infer, layout_sensitive=True)
 def _split(ctx: NodeContext):
     axis = int(ctx.attr("axis", 0))
     known, split = ints_input_or_attr(ctx, 1, "split", 13)

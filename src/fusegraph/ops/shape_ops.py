@@ -13,7 +13,7 @@ from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from ._tensor_util import (SeededGenerators, dtype_or_none, ints_input_or_attr, mul_dims, norm_axes,
                            rank_of, runtime_ints, static_dims)
-from .common import const_ints, normalize_axis, same_as_input
+from .common import const_ints, same_as_input
 from .registry import FusionKind, NodeContext, register
 
 INJ = FusionKind.INJECTIVE
@@ -23,7 +23,7 @@ def _ident(x, *_):
     return x
 
 
-@register("Identity", since=1, fusion=INJ, infer=same_as_input(0))
+@register("Identity", since=1, fusion=INJ, infer=same_as_input(0), alias=((0, 0),))
 def _identity(ctx: NodeContext):
     return _ident
 
@@ -67,7 +67,8 @@ def _dropout(ctx: NodeContext):
             ratio = ratio_const if ratio_known else float(r.reshape(-1)[0].item())
             if ratio > 0:
                 keep = torch.rand(x.shape, generator=gens.get(x.device), device=x.device) >= ratio
-                y = torch.where(keep, x * (1.0 / (1.0 - ratio)), torch.zeros((), dtype=x.dtype, device=x.device))
+                zero = torch.zeros((), dtype=x.dtype, device=x.device)
+                y = torch.where(keep, x * (1.0 / (1.0 - ratio)), zero)
                 return (y, keep.to(mask_dtype)) if want_mask else y
         if not want_mask:
             return x
@@ -117,7 +118,7 @@ def _reshape_infer(ctx: NodeContext):
     return [(dt, tuple(out))]
 
 
-@register("Reshape", since=1, fusion=INJ, infer=_reshape_infer)
+@register("Reshape", since=1, fusion=INJ, infer=_reshape_infer, layout_sensitive=True, alias=((0, 0),))
 def _reshape(ctx: NodeContext):
     allowzero = int(ctx.attr("allowzero", 0))
     if ctx.version < 5:
@@ -181,7 +182,7 @@ def _squeeze_infer(ctx: NodeContext):
     return [(dt, tuple(d for i, d in enumerate(s) if i not in drop))]
 
 
-@register("Squeeze", since=1, fusion=INJ, infer=_squeeze_infer)
+@register("Squeeze", since=1, fusion=INJ, infer=_squeeze_infer, layout_sensitive=True, alias=((0, 0),))
 def _squeeze(ctx: NodeContext):
     known, axes = ints_input_or_attr(ctx, 1, "axes", 13)
 
@@ -222,7 +223,7 @@ def _unsqueeze_infer(ctx: NodeContext):
     return [(dt, tuple(_unsqueeze_shape(s, axes)))]
 
 
-@register("Unsqueeze", since=1, fusion=INJ, infer=_unsqueeze_infer)
+@register("Unsqueeze", since=1, fusion=INJ, infer=_unsqueeze_infer, layout_sensitive=True, alias=((0, 0),))
 def _unsqueeze(ctx: NodeContext):
     known, axes = ints_input_or_attr(ctx, 1, "axes", 13)
     if known and axes is None:
@@ -247,7 +248,7 @@ def _flatten_infer(ctx: NodeContext):
     return [(dtype_or_none(ctx), (mul_dims(s[:a]), mul_dims(s[a:])))]
 
 
-@register("Flatten", since=1, fusion=INJ, infer=_flatten_infer)
+@register("Flatten", since=1, fusion=INJ, infer=_flatten_infer, layout_sensitive=True, alias=((0, 0),))
 def _flatten(ctx: NodeContext):
     axis = int(ctx.attr("axis", 1))
 
@@ -280,7 +281,7 @@ def _shape_infer(ctx: NodeContext):
     return [(DType.INT64, (e - s,))]
 
 
-@register("Shape", since=1, infer=_shape_infer)
+@register("Shape", since=1, infer=_shape_infer, layout_sensitive=True)
 def _shape(ctx: NodeContext):
     start, end = int(ctx.attr("start", 0)), ctx.attr("end", None)
 
@@ -311,7 +312,7 @@ def _expand_infer(ctx: NodeContext):
     return [(dt, broadcast_shapes(tuple(src), tuple(shape)))]
 
 
-@register("Expand", since=8, fusion=FusionKind.BROADCAST, infer=_expand_infer)
+@register("Expand", since=8, fusion=INJ, infer=_expand_infer, layout_sensitive=True)
 def _expand(ctx: NodeContext):
     shape = const_ints(ctx, 1)
     if shape is None:
@@ -330,7 +331,7 @@ def _tile_infer(ctx: NodeContext):
     return [(dt, tuple(d * r if isinstance(d, int) else (d if r == 1 else None) for d, r in zip(s, reps)))]
 
 
-@register("Tile", since=6, infer=_tile_infer)
+@register("Tile", since=6, fusion=INJ, infer=_tile_infer, layout_sensitive=True)
 def _tile(ctx: NodeContext):
     reps = const_ints(ctx, 1)
     if reps is None:

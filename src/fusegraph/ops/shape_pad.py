@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._tensor_util import dtype_or_none, runtime_ints
+from ._tensor_util import dtype_or_none, runtime_ints, unsigned_safe
 from .common import const_ints, normalize_axis
 from .registry import FusionKind, NodeContext, register
 
@@ -88,7 +88,7 @@ def _pad_params(ctx: NodeContext):
     return pads, axes, known
 
 
-@register("Pad", since=2, fusion=FusionKind.INJECTIVE, infer=_pad_infer)
+@register("Pad", since=2, fusion=FusionKind.INJECTIVE, infer=_pad_infer, layout_sensitive=True)
 def _pad(ctx: NodeContext):
     mode = ctx.attr("mode", "constant")
     if isinstance(mode, bytes):
@@ -112,7 +112,7 @@ def _pad(ctx: NodeContext):
         val = value if value_known else (v.reshape(-1)[0].item() if v.numel() else 0)
         begins, ends = _full_pads(pp, aa, x.dim())
         return apply_pad(x, begins, ends, mode, val)
-    return kernel
+    return unsigned_safe(ctx, kernel) if mode != "constant" else kernel
 
 
 # ---------------------------------------------------------------- CenterCropPad
@@ -149,7 +149,7 @@ def _ccp_infer(ctx: NodeContext):
     return [(dt, tuple(out))]
 
 
-@register("CenterCropPad", since=18, fusion=FusionKind.INJECTIVE, infer=_ccp_infer)
+@register("CenterCropPad", since=18, fusion=FusionKind.INJECTIVE, infer=_ccp_infer, layout_sensitive=True)
 def _center_crop_pad(ctx: NodeContext):
     target = const_ints(ctx, 1)
     axes = ctx.attr("axes", None)

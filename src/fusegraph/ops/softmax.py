@@ -2,7 +2,8 @@
 
 Before opset 13 the input is coerced to 2-D at ``axis`` (dims [0:axis] and [axis:] flattened,
 default axis 1) and the op runs along the second dim; from 13 on it runs along one axis
-(default -1). Output shape and dtype are the input's.
+(default -1). Output shape and dtype are the input's. Softmax and LogSoftmax write into
+``out=`` through ``torch._softmax`` / ``torch._log_softmax`` (what ``torch.softmax`` calls).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from ..ir import DType
 from .common import normalize_axis, same_as_input
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, NodeContext, no_out, register
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.BFLOAT16)
 
@@ -22,37 +23,51 @@ def _hardmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.zeros_like(x).scatter_(dim, idx, 1)
 
 
+def _softmax(x, d, out=None):
+    return torch.softmax(x, d) if out is None else torch._softmax(x, d, False, out=out)
+
+
+def _log_softmax(x, d, out=None):
+    return torch.log_softmax(x, d) if out is None else torch._log_softmax(x, d, False, out=out)
+
+
 _FNS = {
-    "Softmax": lambda x, d: torch.softmax(x, d),
-    "LogSoftmax": lambda x, d: torch.log_softmax(x, d),
+    "Softmax": _softmax,
+    "LogSoftmax": _log_softmax,
     "Hardmax": _hardmax,
 }
 
 
 def _make(op_type: str):
     fn = _FNS[op_type]
+    writes_out = op_type != "Hardmax"
 
-    @register(op_type, since=1, fusion=FusionKind.OPAQUE, infer=same_as_input(0))
+    @register(op_type, since=1, fusion=FusionKind.OPAQUE, infer=same_as_input(0), writes_out=writes_out)
     def build(ctx: NodeContext):
         if ctx.dtype(0) not in _FLOATS:
             raise ctx.unsupported(f"input dtype {ctx.dtype(0).name}")
         if ctx.version >= 13:
             axis = int(ctx.attr("axis", -1))
+            if not writes_out:
+                return lambda x: fn(x, normalize_axis(axis, x.dim()))
 
-            def kernel(x):
-                return fn(x, normalize_axis(axis, x.dim()))
+            def kernel(x, out=None):
+                return fn(x, normalize_axis(axis, x.dim()), out=out)
             return kernel
 
         axis = int(ctx.attr("axis", 1))
 
-        def coerced(x):
+        def coerced(x, out=None):
             ax = normalize_axis(axis, x.dim()) if x.dim() else 0
             inner = 1
             for d in x.shape[ax:]:
                 inner *= d
             flat = x.reshape(*x.shape[:ax], inner)
+            if out is not None:
+                fn(flat, ax, out=out.view(flat.shape))
+                return out
             return fn(flat, ax).reshape(x.shape)
-        return coerced
+        return coerced if writes_out else no_out(coerced)
     return build
 
 

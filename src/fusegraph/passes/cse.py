@@ -23,8 +23,8 @@ MAX_DEDUP_BYTES = 1 << 20
 def _tensor_key(t: torch.Tensor):
     if t.numel() * t.element_size() > MAX_DEDUP_BYTES:
         return ("tensor-id", id(t))
-    return ("tensor", str(t.dtype), tuple(t.shape), t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            if t.numel() else b"")
+    raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return ("tensor", str(t.dtype), tuple(t.shape), raw)
 
 
 def _attr_key(v):

@@ -124,11 +124,12 @@ class ConstantFold:
 
 
 def _own(t: torch.Tensor, node: Node) -> torch.Tensor:
-    """A contiguous tensor that shares no storage with the node's (soon removable) inputs."""
-    t = t.detach().contiguous()
-    ptr = t.untyped_storage().data_ptr() if t.numel() else None
-    for v in node.inputs:
-        if ptr is not None and v is not None and v.const.numel() and \
-                v.const.untyped_storage().data_ptr() == ptr:
-            return t.clone()
-    return t
+    """A contiguous tensor owning exactly its storage: no view into an input constant or into
+    a sibling output (the artifact's safetensors refuses shared storage)."""
+    t = t.detach()
+    whole = t.is_contiguous() and t.storage_offset() == 0 and \
+        t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    ptr = t.untyped_storage().data_ptr()
+    shared = any(v is not None and v.const.numel() and v.const.untyped_storage().data_ptr() == ptr
+                 for v in node.inputs)
+    return t.contiguous().clone() if not whole or shared else t

@@ -24,7 +24,7 @@ def _bias_vector(b, n, ctx):
         return b, None
     c = const_of(b)
     if c is None:
-        return None, Decline("bias is not [N] and not a constant")
+        return None, Decline("the other Add operand is not a bias along N ([N], or a constant)")
     if c.numel() == 1:
         return c.reshape(1).expand(n).contiguous(), None
     if isinstance(n, int) and c.numel() == n and c.dim() >= 1 and c.shape[-1] == n:

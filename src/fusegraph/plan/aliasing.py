@@ -6,30 +6,23 @@ an input whose buffer output 0 may overwrite: the op is elementwise (``FusionKin
 or ``BROADCAST``, or declares ``OpDef.inplace`` pairs) and that input has exactly output 0's
 shape and dtype. Whether the input actually dies at that node is decided in ``lifetime.py``.
 
-The view table is here only for now: it is a per-op fact and belongs in the op registry
-(an ``alias=((input, output),)`` field on ``OpDef`` beside ``inplace``). Unknown ops are
-treated conservatively: no view, no in-place.
+Both facts come from the op registry: ``OpDef.alias`` ((input, output) view pairs; Reshape,
+Flatten, Squeeze, Unsqueeze and Identity declare ``((0, 0),)``) and ``OpDef.inplace`` / the
+fusion kind. Unknown ops are treated conservatively: no view, no in-place.
 """
 from __future__ import annotations
 
 from ..ir import Node
 from ..ir.shape import is_static
 
-# op_type -> index of the input whose memory the output views (default ONNX domain only).
-VIEW_OPS: dict[str, int] = {
-    "Reshape": 0,
-    "Flatten": 0,
-    "Squeeze": 0,
-    "Unsqueeze": 0,
-    "Identity": 0,
-}
-
-
 def view_source(node: Node) -> int | None:
     """Input index that output 0 of ``node`` is a view of, or None when it is not a view."""
-    if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+    if len(node.outputs) != 1:
         return None
-    idx = VIEW_OPS.get(node.op_type)
+    opdef = _opdef(node)
+    if opdef is None:
+        return None
+    idx = next((i for i, o in opdef.alias if o == 0), None)
     if idx is None or node.input(idx) is None:
         return None
     src, out = node.inputs[idx], node.outputs[0]

@@ -15,9 +15,13 @@ step. Rules:
   (its members must not overlap in time), ``external`` pins to the end;
 - values without a static shape or a sized dtype are *unplannable* and listed with the reason.
 
-Stream hook: ``LifetimeOptions.release_after(value, last_step) -> step`` moves a value's
-release later; the multi-stream planner passes "the step of the event after its last use on
-any stream" for values read on several streams. Default: released at its last use.
+Stream hooks: ``LifetimeOptions.release_after(value, last_step) -> step`` moves a value's
+release later; with several streams, ``plan/stream_memory.py`` passes the last step that is
+not ordered after every use (by stream order and events), so a buffer is reused only by a
+node that an event or its own stream orders after the previous tenant's uses.
+``LifetimeOptions.inplace_ok(node, values) -> bool`` vetoes an in-place takeover (a value of
+that buffer is read on another stream, unordered with the node). The in-place decision looks
+at the plain last use; the release hook only widens spans. Default: released at its last use.
 Nothing here mutates the graph.
 """
 from __future__ import annotations
@@ -41,6 +45,7 @@ class LifetimeOptions:
     exclusive_tensors: tuple = ()
     external_tensors: tuple = ()
     release_after: Callable[[Value, int], int] | None = None  # stream hook, see module doc
+    inplace_ok: Callable[[Node, list[Value]], bool] | None = None  # stream hook, see module doc
 
     @classmethod
     def from_config(cls, config, **overrides) -> "LifetimeOptions":
@@ -114,10 +119,12 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
     pinned = {v.name for v in graph.outputs if not v.is_const}
     pinned |= {_resolve(by_name, n, "external_tensors").name for n in options.external_tensors}
     for name in vals:
-        if options.release_after is not None:
-            last[name] = min(end, max(last[name], int(options.release_after(vals[name], last[name]))))
         if name in pinned:
             last[name] = end
+    use_last = dict(last)   # plain last use: what the in-place decision looks at
+    if options.release_after is not None:
+        for name in vals:
+            last[name] = min(end, max(last[name], int(options.release_after(vals[name], last[name]))))
     exclusive_values = {_resolve(by_name, n, "exclusive_tensors").name for n in options.exclusive_tensors}
     grouped = {_resolve(by_name, n, "reuse_groups").name for g in options.reuse_groups for n in g}
     both = sorted(exclusive_values & grouped)
@@ -147,7 +154,10 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
                 continue
             taken = None
             if options.inplace and k == 0 and o.name not in barred:
-                taken = _inplace_target(node, i, root, kind, members, last, sizes, barred)
+                taken = _inplace_target(node, i, root, kind, members, use_last, sizes, barred)
+                if taken is not None and options.inplace_ok is not None and \
+                        not options.inplace_ok(node, [vals[m] for m in members[taken]]):
+                    taken = None
             if taken is not None:
                 root[o.name], kind[o.name] = taken, "inplace"
                 members[taken].append(o.name)

@@ -28,13 +28,15 @@ from .order import check_order, choose_order
 class PlanOptions:
     """alignment: arena offset multiple. algorithms: offset algorithms to try (None: by mode).
     exact_*: limits of the exact solver. dp_state_limit: Serenity beam width per level.
-    release_after: the stream hook of ``LifetimeOptions``. order: force an execution order."""
+    release_after / inplace_ok: the stream hooks of ``LifetimeOptions`` (``stream_memory.py``
+    builds them from a StreamPlan). order: force an execution order."""
     alignment: int = 64
     algorithms: tuple[str, ...] | None = None
     exact_time_limit_s: float = 1.0
     exact_max_buffers: int = 150
     dp_state_limit: int = 1000
     release_after: Callable[[Value, int], int] | None = None
+    inplace_ok: Callable[[Node, list[Value]], bool] | None = None
     order: tuple[Node, ...] | None = None
 
 
@@ -58,6 +60,18 @@ class MemoryPlan:
     def conflict_graph(self) -> dict:
         return conflict_graph(self.lifetimes.buffers, self.constraints)
 
+    def slots(self) -> dict[str, tuple[int, int]]:
+        """``{value name: (offset, size)}`` of every value with bytes in the arena."""
+        return {name: s for name in self.lifetimes.values if (s := self.slot(name)) is not None}
+
+    def to_dict(self) -> dict:
+        """What the runtime needs, as plain JSON data: the order by node name, the arena size
+        and each arena value's [offset, size]; plus the report."""
+        return {"order": [n.name for n in self.order], "order_name": self.order_name,
+                "arena_bytes": self.assignment.arena_bytes,
+                "slots": {k: list(v) for k, v in self.slots().items()},
+                "report": self.report.to_dict()}
+
 
 def naive_bytes(graph: Graph) -> int:
     """Every activation (node output, views included) in its own buffer."""
@@ -67,8 +81,9 @@ def naive_bytes(graph: Graph) -> int:
 def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions()) -> MemoryPlan:
     t0 = time.perf_counter()
     mode = getattr(config, "memory", "balanced") if config is not None else "balanced"
-    lt_opts = (LifetimeOptions.from_config(config, release_after=options.release_after) if config is not None
-               else LifetimeOptions(release_after=options.release_after))
+    hooks = dict(release_after=options.release_after, inplace_ok=options.inplace_ok)
+    lt_opts = (LifetimeOptions.from_config(config, **hooks) if config is not None
+               else LifetimeOptions(**hooks))
     if mode == "off":
         lt_opts = dataclasses.replace(lt_opts, inplace=False)
 

@@ -1,13 +1,96 @@
-"""Bind every node's kernel once, at compile time, through the op registry."""
+"""Bind every node once, at compile time: its kernel (through the op registry) and, under an
+arena plan, where its outputs go.
+
+For each node of the execution order a ``NodeCall`` says:
+- ``out``: the arena views the kernel writes into with ``out=`` — only when the op is
+  ``writes_out``, this kernel has the out form, and every output has a slot of its own
+  (planned or in-place, per ``ExecutionPlan.slots``); otherwise the kernel allocates its
+  result, and a node whose outputs the planner gave arena bytes is listed as not writable;
+- ``guard``: the kernel does not write into the arena but reads a tensor that lives there,
+  and the planner did not treat its output as a view; some kernels return a view of their
+  input (a ``select``, a same-dtype ``Cast``), which would outlive the input's slot, so the
+  generated code copies such a result when it lands in the arena.
+Nothing here generates code or runs a kernel.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
-from ..ir import Graph
+import torch
+
+from ..errors import PlanError
+from ..ir import Graph, Node
 from ..ops import opdef_for
-from ..ops.registry import NodeContext
+from ..ops.registry import NodeContext, kernel_writes_out
+from .arena import Arena
 
 
 def bind_kernels(graph: Graph) -> dict[int, Callable]:
     """``id(node) -> kernel``; raises UnsupportedOpError naming the first node without one."""
     return {id(node): opdef_for(node).build(NodeContext(node)) for node in graph.nodes}
+
+
+@dataclass
+class NodeCall:
+    index: int                                  # position in the execution order
+    node: Node
+    kernel: Callable
+    out: tuple[torch.Tensor, ...] | None = None  # arena views written with out=
+    guard: bool = False
+
+
+@dataclass
+class Binding:
+    calls: list[NodeCall]
+    arena: Arena | None = None
+    not_writable: list[dict] = field(default_factory=list)   # {node, op, bytes}
+
+    @property
+    def order(self) -> list[Node]:
+        return [c.node for c in self.calls]
+
+
+def execution_order(graph: Graph, names: list[str] | None) -> list[Node]:
+    """The graph's nodes in the planned order (the graph order when ``names`` is None)."""
+    if names is None:
+        return list(graph.nodes)
+    by_name = {n.name: n for n in graph.nodes}
+    if len(names) != len(by_name) or set(names) != set(by_name):
+        missing = sorted(set(by_name) - set(names))[:5]
+        extra = sorted(set(names) - set(by_name))[:5]
+        raise PlanError(f"{graph.name}: the execution plan does not match the graph's nodes "
+                        f"(missing {missing}, unknown {extra})")
+    return [by_name[n] for n in names]
+
+
+def bind(graph: Graph, plan=None, device: str | torch.device = "cpu") -> Binding:
+    """Kernels and output placement for ``plan`` (an ``ExecutionPlan`` or None: no arena)."""
+    order = execution_order(graph, plan.order if plan is not None else None)
+    use_arena = plan is not None and plan.uses_arena
+    arena = Arena(plan.arena_bytes, device) if use_arena else None
+    slots = plan.slots if use_arena else {}
+    kinds = plan.kinds if plan is not None else {}
+    in_arena: set[int] = set()        # ids of values whose tensor may lie in the arena at run time
+    calls: list[NodeCall] = []
+    not_writable: list[dict] = []
+    for i, node in enumerate(order):
+        opdef = opdef_for(node)
+        kernel = opdef.build(NodeContext(node))
+        call = NodeCall(i, node, kernel)
+        outs = node.outputs
+        if arena is not None and outs and kernel_writes_out(opdef, kernel) and all(o.name in slots for o in outs):
+            call.out = tuple(arena.view(*slots[o.name], o) for o in outs)
+            in_arena.update(id(o) for o in outs)
+        elif arena is not None:
+            planned = [slots[o.name][1] for o in outs if o.name in slots]
+            if planned:
+                not_writable.append({"node": node.name, "op": node.op_type, "bytes": int(sum(planned))})
+            if any(v is not None and id(v) in in_arena for v in node.inputs):
+                for o in outs:
+                    if kinds.get(o.name) == "view":
+                        in_arena.add(id(o))      # the planner kept the source's slot alive for it
+                    else:
+                        call.guard = True
+        calls.append(call)
+    return Binding(calls, arena, not_writable)

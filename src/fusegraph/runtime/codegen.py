@@ -1,72 +1,189 @@
-"""Generate the Python source of a graph's run function: one line per kernel call.
+"""Generate the Python source of a model's run function(s): one line per kernel call.
 
-Inputs, outputs and intermediates are local names; kernels and constants are globals of the
-generated function. A value is dropped (``del``) right after its last use, so memory is
-freed as early as plain Python allows. The source is readable (``fusegraph inspect --code``).
+A model compiles to one module of source with one function per stream (one function in all
+for a single stream). Kernels, constants, arena views and events are globals of that module;
+intermediates are local names. A node bound with ``out=`` (``bind.NodeCall.out``) is emitted
+as ``k3(v1, v2, out=a3)`` and its value *is* the arena view ``a3``; any other node as
+``v3 = k3(v1, v2)``, followed by a copy when its result may alias the arena untracked
+(``guard``). A local is dropped (``del``) right after its last use in its function.
+
+For several functions (``FunctionSpec``), values cross through a per-run list ``E``: a value
+is stored into its slot right after it is made (``exports``) and loaded right before its first
+use in another function (``imports``); ``before`` / ``after`` hold the extra lines the stream
+layer needs (event waits before a call, event records after it, stream switches). Exports
+precede the ``after`` lines, so a record always publishes the value first. With ``hook``,
+every call is bracketed by ``_hook(index, 0, None)`` and ``_hook(index, 1, outputs)`` (debug
+runs: allocation checks, timestamps). The source is readable (``fusegraph inspect --code``).
+This file decides nothing about placement or streams; ``bind.py`` and ``streams_*.py`` do.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..ir import Graph, Node, Value
+from ..ir import Node, Value
+from .bind import Binding, NodeCall
 
 
 @dataclass
 class GeneratedCode:
     source: str
-    function: Callable
+    function: Callable                        # the entry function (``run`` or stream 0)
     line_to_node: dict[int, Node] = field(default_factory=dict)
     filename: str = "<fusegraph>"
+    functions: dict[str, Callable] = field(default_factory=dict)
+    env: dict[str, object] = field(default_factory=dict)
 
 
-def generate_run_function(graph: Graph, kernels: dict[int, Callable], filename: str) -> GeneratedCode:
-    """``kernels`` maps ``id(node)`` to its bound kernel."""
-    names: dict[int, str] = {}
-    env: dict[str, object] = {}
+class Names:
+    """Value -> name in the generated module, and the module's globals; shared by its functions."""
 
-    def local(v: Value) -> str:
+    def __init__(self):
+        self.env: dict[str, object] = {}
+        self._names: dict[int, str] = {}
+        self._globals: set[int] = set()
+        self._n = 0
+
+    def add_global(self, prefix: str, obj) -> str:
+        name = f"{prefix}{len(self.env)}"
+        self.env[name] = obj
+        return name
+
+    def set_global(self, v: Value, obj) -> str:
+        name = self.add_global("a", obj)
+        self._names[id(v)] = name
+        self._globals.add(id(v))
+        return name
+
+    def is_local(self, v: Value) -> bool:
+        return id(v) not in self._globals and not v.is_const
+
+    def __call__(self, v: Value) -> str:
         key = id(v)
-        if key not in names:
+        if key not in self._names:
             if v.is_const:
-                names[key] = f"c{len(env)}"
-                env[names[key]] = v.const
+                self._names[key] = self.add_global("c", v.const)
+                self._globals.add(key)
             else:
-                names[key] = f"v{len(names)}"
-        return names[key]
+                self._names[key] = f"v{self._n}"
+                self._n += 1
+        return self._names[key]
 
-    params = [local(v) for v in graph.inputs]
+
+@dataclass
+class FunctionSpec:
+    name: str
+    calls: list[NodeCall]
+    params: list[str] = field(default_factory=list)          # parameter names
+    param_values: list[Value] = field(default_factory=list)  # values bound to the first params
+    imports: dict[int, int] = field(default_factory=dict)    # id(value) -> slot of E
+    exports: dict[int, int] = field(default_factory=dict)    # id(value) -> slot of E
+    before: dict[int, list[str]] = field(default_factory=dict)  # call position -> lines
+    after: dict[int, list[str]] = field(default_factory=dict)   # call position -> lines
+    prologue: list[str] = field(default_factory=list)
+    epilogue: list[str] = field(default_factory=list)
+    returns: list[Value] | None = None
+    hook: bool = False
+
+
+def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict[int, Node]) -> None:
+    for v, p in zip(spec.param_values, spec.params):
+        names._names.setdefault(id(v), p)
+    lines.append(f"def {spec.name}({', '.join(spec.params)}):")
+    lines.extend("    " + s for s in spec.prologue)
     last_use: dict[int, int] = {}
-    for i, node in enumerate(graph.nodes):
-        for v in node.inputs:
+    for pos, call in enumerate(spec.calls):
+        for v in call.node.inputs:
             if v is not None:
-                last_use[id(v)] = i
-    keep = {id(v) for v in graph.outputs}
-
-    lines = [f"def run({', '.join(params)}):"]
-    line_to_node: dict[int, Node] = {}
-    for i, node in enumerate(graph.nodes):
-        kname = f"k{i}"
-        env[kname] = kernels[id(node)]
-        args = ", ".join("None" if v is None else local(v) for v in node.inputs)
-        outs = [local(o) for o in node.outputs]
-        target = outs[0] if len(outs) == 1 else ", ".join(outs) + ","
-        line_to_node[len(lines) + 1] = node
-        lines.append(f"    {target} = {kname}({args})  # {node.op_type} {node.name}")
-        dead = []
+                last_use[id(v)] = pos
+    keep = {id(v) for v in spec.returns or ()}
+    loaded: set[int] = set(id(v) for v in spec.param_values)
+    for pos, call in enumerate(spec.calls):
+        node = call.node
+        lines.extend("    " + s for s in spec.before.get(pos, ()))
         for v in node.inputs:
-            if v is not None and not v.is_const and last_use.get(id(v)) == i and id(v) not in keep:
-                name = names[id(v)]
-                if name not in dead:
-                    dead.append(name)
+            if v is not None and id(v) in spec.imports and id(v) not in loaded:
+                loaded.add(id(v))
+                lines.append(f"    {names(v)} = E[{spec.imports[id(v)]}]")
+        if spec.hook:
+            lines.append(f"    _hook({call.index}, 0, None)")
+        kname = names.add_global("k", call.kernel)
+        args = ", ".join("None" if v is None else names(v) for v in node.inputs)
+        outs = [names(o) for o in node.outputs]
+        line_to_node[len(lines) + 1] = node
+        if call.out is not None:
+            target = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
+            sep = ", " if args else ""
+            lines.append(f"    {kname}({args}{sep}out={target})  # {node.op_type} {node.name}")
+        else:
+            target = outs[0] if len(outs) == 1 else ", ".join(outs) + ","
+            lines.append(f"    {target} = {kname}({args})  # {node.op_type} {node.name}")
+            if call.guard:
+                for o in outs:
+                    lines.append(f"    if _AL <= {o}.data_ptr() < _AH: {o} = {o}.clone()")
+        if spec.hook:
+            lines.append(f"    _hook({call.index}, 1, ({', '.join(outs)},))")
         for o in node.outputs:
-            if id(o) not in last_use and id(o) not in keep and names[id(o)] not in dead:
-                dead.append(names[id(o)])
+            if id(o) in spec.exports:
+                lines.append(f"    E[{spec.exports[id(o)]}] = {names(o)}")
+        lines.extend("    " + s for s in spec.after.get(pos, ()))
+        dead: list[str] = []
+        out_ids = {id(o) for o in node.outputs}
+        for v in list(node.inputs) + list(node.outputs):
+            if v is None or not names.is_local(v) or id(v) in keep or names(v) in dead:
+                continue
+            lu = last_use.get(id(v))
+            if lu == pos or (lu is None and id(v) in out_ids):
+                dead.append(names(v))
         if dead:
             lines.append(f"    del {', '.join(dead)}")
-    outs = [local(v) for v in graph.outputs]
-    lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    lines.extend("    " + s for s in spec.epilogue)
+    if spec.returns is not None:
+        outs = [names(v) for v in spec.returns]
+        lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    lines.append("")
+
+
+def generate_module(specs: list[FunctionSpec], names: Names, filename: str,
+                    extra_globals: dict | None = None) -> GeneratedCode:
+    """Compile the functions of ``specs`` into one module; the first one is the entry."""
+    lines: list[str] = []
+    line_to_node: dict[int, Node] = {}
+    for spec in specs:
+        _emit(spec, names, lines, line_to_node)
     source = "\n".join(lines) + "\n"
+    env = names.env
+    env.update(extra_globals or {})
     code = compile(source, filename, "exec")
     exec(code, env)  # noqa: S102 - our own generated source, built from the graph above
-    return GeneratedCode(source, env["run"], line_to_node, filename)
+    functions = {s.name: env[s.name] for s in specs}
+    return GeneratedCode(source, functions[specs[0].name], line_to_node, filename, functions, env)
+
+
+def arena_names(binding: Binding) -> Names:
+    """A ``Names`` where every value written with ``out=`` is its arena view (a global)."""
+    names = Names()
+    for call in binding.calls:
+        if call.out is not None:
+            for o, view in zip(call.node.outputs, call.out):
+                names.set_global(o, view)
+    return names
+
+
+def arena_globals(binding: Binding) -> dict:
+    """``_AL`` / ``_AH``: the arena's address range, for the alias guard."""
+    if binding.arena is None:
+        return {"_AL": 0, "_AH": 0}
+    return {"_AL": binding.arena.lo, "_AH": binding.arena.hi}
+
+
+def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None) -> GeneratedCode:
+    """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order."""
+    names = arena_names(binding)
+    params = [names(v) for v in graph.inputs]
+    spec = FunctionSpec("run", binding.calls, params=params, param_values=list(graph.inputs),
+                        returns=list(graph.outputs), hook=hook is not None)
+    extra = arena_globals(binding)
+    if hook is not None:
+        extra["_hook"] = hook
+    return generate_module([spec], names, filename, extra)

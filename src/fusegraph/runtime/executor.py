@@ -1,60 +1,125 @@
-"""``Executor``: runs the generated function on validated feeds and returns NumPy outputs.
+"""``Executor``: runs a model's generated code on validated feeds and returns NumPy outputs.
 
+It binds the graph once (``bind.py``: kernels, arena views), then picks a runner:
+- one stream on CPU: the single generated ``run`` function, called directly;
+- several streams on CPU: ``streams_cpu.CpuStreamRunner`` (one function per stream, workers);
+- CUDA: ``streams_cuda.CudaRunner`` (torch streams and events, one issuing thread).
+Outputs that live in the arena, in a constant or in a feed are copied before they are handed
+out, so the next run cannot change what a caller holds. Runs of one executor are serialised
+(the arena is shared by all runs). ``run(feeds, hook=...)`` runs a variant of the code that
+calls ``hook(index, phase, outputs)`` around every node (tests: allocation checks, timing).
 Kernel failures surface as ``KernelError`` naming the node and op, found through the line
 map of the generated source, so the hot path carries no per-node bookkeeping.
 """
 from __future__ import annotations
 
+import threading
 import traceback
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
 from ..errors import FusegraphError, KernelError
 from ..ir import Graph
-from .bind import bind_kernels
+from .bind import Binding, bind
 from .codegen import GeneratedCode, generate_run_function
 from .convert import to_numpy
 from .feeds import convert_feeds
 
 
+class _SingleRunner:
+    """One stream on one device: the generated function itself."""
+
+    def __init__(self, graph: Graph, binding: Binding, filename: str):
+        self.graph, self.binding, self.filename = graph, binding, filename
+        self.code = generate_run_function(graph, binding, filename)
+        self.codes = [self.code]
+
+    def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
+        if hook is None:
+            return self.code.function(*tensors)
+        code = generate_run_function(self.graph, self.binding, self.filename + ":hook", hook=hook)
+        self.codes = [self.code, code]
+        return code.function(*tensors)
+
+    def close(self) -> None:
+        pass
+
+
 class Executor:
-    def __init__(self, graph: Graph, model_name: str):
+    def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
+                 threads: int | None = None, cuda_graph: bool = False):
         self.graph = graph
         self.model_name = model_name
+        self.plan = plan
         self.inputs = list(graph.inputs)
         names = graph.meta.get("output_names") or [v.name for v in graph.outputs]
         self.output_names = list(names)
-        self.code: GeneratedCode = generate_run_function(
-            graph, bind_kernels(graph), filename=f"<fusegraph:{graph.name}>")
-        self._const_ptrs = {v.const.data_ptr() for v in graph.constants.values() if v.const.numel()}
+        self.device = torch.device(device)
+        if self.device.type == "cuda":       # weights live where the kernels run
+            for v in graph.constants.values():
+                if v.const.device != self.device:
+                    v.const = v.const.to(self.device)
+        self.binding = bind(graph, plan, self.device)
+        filename = f"<fusegraph:{graph.name}>"
+        streams = getattr(plan, "streams", None)
+        if self.device.type == "cuda":
+            from .streams_cuda import CudaRunner
+            self._runner = CudaRunner(graph, self.binding, streams, filename, cuda_graph=cuda_graph)
+        elif streams is not None and streams.num_streams > 1:
+            from .streams_cpu import CpuStreamRunner
+            self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads)
+        else:
+            self._runner = _SingleRunner(graph, self.binding, filename)
+        self._lock = threading.Lock()
+        self._const_storages = {_storage(v.const) for v in graph.constants.values() if v.const.numel()}
 
-    def run_tensors(self, tensors: list[torch.Tensor]) -> tuple:
+    @property
+    def code(self) -> GeneratedCode:
+        return self._runner.code
+
+    @property
+    def arena(self):
+        return self.binding.arena
+
+    def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
         try:
             with torch.inference_mode():
-                return self.code.function(*tensors)
+                return self._runner(tensors, hook)
         except FusegraphError:
             raise
         except Exception as exc:
             raise self._kernel_error(exc) from exc
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, feeds: Mapping[str, Any], hook: Callable | None = None) -> dict[str, Any]:
         tensors = convert_feeds(self.model_name, self.inputs, feeds)
-        outs = self.run_tensors(tensors)
-        shared = self._const_ptrs | {t.data_ptr() for t in tensors if t.numel()}
-        result = {}
-        for name, t in zip(self.output_names, outs):
-            if t.numel() and (t._base is not None or t.data_ptr() in shared):
-                t = t.clone()
-            result[name] = to_numpy(t)
-        return result
+        with self._lock:
+            outs = self.run_tensors(tensors, hook)
+            shared = self._const_storages | {_storage(t) for t in tensors if t.numel()}
+            arena = self.binding.arena
+            result = {}
+            for name, t in zip(self.output_names, outs):
+                if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared):
+                    t = t.clone()
+                result[name] = to_numpy(t)
+            return result
+
+    def close(self) -> None:
+        """Stop worker threads (if any); the executor cannot run afterwards."""
+        self._runner.close()
 
     def _kernel_error(self, exc: Exception) -> KernelError:
+        codes = {c.filename: c for c in getattr(self._runner, "codes", [self.code])}
         for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-            if frame.filename == self.code.filename:
-                node = self.code.line_to_node.get(frame.lineno)
+            code = codes.get(frame.filename)
+            if code is not None:
+                node = code.line_to_node.get(frame.lineno)
                 if node is not None:
                     ins = ", ".join("_" if v is None else f"{v.name}: {v.type_str()}" for v in node.inputs)
                     return KernelError(f"{self.model_name}: node {node.name!r} ({node.op_type}) failed "
                                        f"with inputs ({ins}): {type(exc).__name__}: {exc}")
         return KernelError(f"{self.model_name}: run failed: {type(exc).__name__}: {exc}")
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()

@@ -1,0 +1,60 @@
+"""Latency of fusegraph vs onnxruntime (ORT_ENABLE_ALL) on the nine light models (random
+weights) and the BERT / GPT-2 exports, batch 1, fixed thread count, same process,
+alternating blocks, median of >= 30 runs after warm-up. Prints a Markdown table.
+
+    python benchmarks/bench_latency.py [--threads 2] [--runs 30] [--models resnet50,bert]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from fusegraph import zoo  # noqa: E402
+from fusegraph.bench import bench  # noqa: E402
+
+
+def model_files(folder: Path, names: list[str]) -> dict[str, Path]:
+    files = {}
+    for name in names:
+        if name in zoo.LIGHT_MODELS:
+            path = folder / f"{name}.onnx"
+            onnx.save(zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0), str(path))
+            files[name] = path
+    if {"bert", "gpt2"} & set(names):
+        from model_builders import build_transformer_models
+        for name, path in build_transformer_models(folder).items():
+            if name in names:
+                files[name] = path
+    return files
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--models", default=",".join(list(zoo.LIGHT_MODELS) + ["bert", "gpt2"]))
+    args = ap.parse_args()
+    names = args.models.split(",")
+    print(f"| model | fusegraph ms | onnxruntime ms | ratio | kernels |")
+    print(f"|---|---:|---:|---:|---:|")
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in model_files(Path(tmp), names).items():
+            r = bench(str(path), vs=("onnxruntime",), threads=args.threads, runs=args.runs)
+            ratios.append(r.ratio("onnxruntime"))
+            print(f"| {name} | {r.fusegraph_ms:.2f} | {r.peers_ms['onnxruntime']:.2f} | "
+                  f"{r.ratio('onnxruntime'):.2f} | {r.kernels} |", flush=True)
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    print(f"\ngeometric mean ratio over {len(ratios)} models: {geo:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""``fusegraph bench``: fusegraph's latency beside a peer, in the same process.
+
+Both engines run the same inputs at the same thread count, in alternating contiguous blocks
+(so drift in machine load hits both alike), after warm-up; the median of every run is
+reported with the ratio. Peers: ``onnxruntime`` (ORT_ENABLE_ALL, sequential execution) and
+``torch`` (the same graph unoptimised, op by op on PyTorch eager kernels). onnxruntime is a
+benchmark peer only: imported here, lazily, never by the compiler or runtime.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class BenchResult:
+    model: str
+    threads: int
+    runs: int
+    fusegraph_ms: float
+    peers_ms: dict[str, float] = field(default_factory=dict)
+    kernels: int = 0
+
+    def ratio(self, peer: str) -> float:
+        return self.fusegraph_ms / self.peers_ms[peer]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ratios"] = {p: self.ratio(p) for p in self.peers_ms}
+        return d
+
+
+def random_feeds_for(model, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
+    """Random inputs matching ``model.inputs``; symbolic dims become ``batch`` (first) or 1."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in model.inputs:
+        shape = [d if isinstance(d, int) else (batch if i == 0 else 1) for i, d in enumerate(spec.shape or ())]
+        dt = spec.dtype.to_numpy()
+        if np.issubdtype(dt, np.floating):
+            feeds[spec.name] = rng.standard_normal(shape).astype(dt)
+        elif dt == np.bool_:
+            feeds[spec.name] = np.ones(shape, dtype=np.bool_)
+        else:
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(dt)
+    return feeds
+
+
+def _ort_runner(model_path: str, threads: int, feeds) -> Callable[[], object]:
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return lambda: sess.run(names, feeds)
+
+
+def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: int = 5,
+              block: int = 5) -> dict[str, list[float]]:
+    """Time each runner in alternating blocks of ``block`` runs until each has ``runs`` samples."""
+    for fn in runners.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in runners}
+    while min(len(s) for s in samples.values()) < runs:
+        for name, fn in runners.items():
+            for _ in range(block):
+                t0 = time.perf_counter()
+                fn()
+                samples[name].append((time.perf_counter() - t0) * 1000.0)
+    return samples
+
+
+def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int = 2, runs: int = 30,
+          warmup: int = 5, config=None) -> BenchResult:
+    import fusegraph as fg
+
+    config = (config or fg.Config()).replace(threads=threads)
+    is_artifact = Path(model_path).suffix == ".fgm"
+    model = fg.load(model_path) if is_artifact else fg.compile(model_path, config)
+    if is_artifact:
+        import torch
+        torch.set_num_threads(threads)
+    feeds = random_feeds_for(model)
+    runners: dict[str, Callable[[], object]] = {"fusegraph": lambda: model.run(feeds)}
+    for peer in vs:
+        if peer == "onnxruntime":
+            if is_artifact:
+                raise ValueError("--vs onnxruntime needs the .onnx model, not an .fgm artifact")
+            runners[peer] = _ort_runner(model_path, threads, feeds)
+        elif peer == "torch":
+            if is_artifact:
+                raise ValueError("--vs torch needs the .onnx model, not an .fgm artifact")
+            eager = fg.compile(model_path, config.replace(level="O0", memory="off"))
+            runners[peer] = lambda: eager.run(feeds)
+        else:
+            raise ValueError(f"unknown peer {peer!r}; choose onnxruntime or torch")
+    samples = alternate(runners, runs=runs, warmup=warmup)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return BenchResult(model=str(model_path), threads=threads, runs=runs, fusegraph_ms=med.pop("fusegraph"),
+                       peers_ms=med, kernels=model.report.kernel_count)

@@ -1,0 +1,69 @@
+"""``fusegraph compile MODEL -o OUT.fgm``: compile with live progress (import -> passes ->
+planning -> save), then a summary: nodes before and after, kernels, arena vs lower bound,
+streams. Only presentation lives here; the work is ``fg.compile`` and ``model.save``."""
+from __future__ import annotations
+
+import time
+
+
+def _config_from_args(args):
+    import fusegraph as fg
+
+    config = fg.load_config(args.config) if args.config else fg.Config()
+    changes = {}
+    for key in ("level", "streams", "memory", "precision", "threads"):
+        value = getattr(args, key, None)
+        if value is not None:
+            changes[key] = value
+    if args.disable:
+        changes["disabled_passes"] = tuple(config.disabled_passes) + tuple(args.disable)
+    return config.replace(**changes) if changes else config
+
+
+def _field(obj, name):
+    if obj is None:
+        return None
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def compile_command(args) -> int:
+    import fusegraph as fg
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console()
+    config = _config_from_args(args)
+    stages = ["import", "passes", "planning", "save"]
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        tasks = {s: progress.add_task(f"[dim]{s}", total=1, start=False) for s in stages}
+        current = {"name": None}
+
+        def on_stage(name: str) -> None:
+            if current["name"] in tasks:
+                progress.update(tasks[current["name"]], completed=1,
+                                description=f"[green]{current['name']}")
+            current["name"] = name
+            if name in tasks:
+                progress.start_task(tasks[name])
+                progress.update(tasks[name], description=f"[bold]{name}")
+
+        model = fg.compile(args.model, config, on_stage=on_stage)
+        on_stage("save")
+        t0 = time.perf_counter()
+        model.save(args.output)
+        save_s = time.perf_counter() - t0
+        on_stage("done")
+    r = model.report
+    mem = r.memory
+    console.print(f"[bold]{args.output}[/bold] written ({save_s * 1000:.0f} ms)")
+    console.print(f"  nodes: {r.nodes_imported} imported -> {r.nodes_final} after passes; "
+                  f"kernels per run: {r.kernel_count}")
+    arena, bound = _field(mem, "arena_bytes"), _field(mem, "lower_bound_bytes")
+    if arena is not None and bound:
+        console.print(f"  activation arena: {arena / 1e6:.2f} MB (lower bound {bound / 1e6:.2f} MB, "
+                      f"{arena / bound:.3f}x)")
+    streams = _field(r.streams, "num_streams")
+    if streams is not None:
+        console.print(f"  streams: {streams}")
+    return 0

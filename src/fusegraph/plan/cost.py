@@ -1,0 +1,202 @@
+"""A static cost model: estimated microseconds per node, from shapes alone (no kernel runs).
+
+Each node costs a fixed *dispatch* overhead (Python call + kernel launch; on CPU it holds the
+GIL, so it never overlaps with another stream's dispatch) plus a roofline estimate of its work:
+``max(flops / flop rate, bytes / bandwidth, window elements / window rate)``, where
+
+- conv-like ops count ``2 * out_numel * prod(weight.shape[1:])`` flops (ConvTranspose: per
+  input element), matmul-like ops ``2 * out_numel * K``;
+- pooling counts window elements (``out_numel * prod(kernel_shape)``; global pooling and LRN
+  read every input element once or ``size`` times); torch's CPU pooling is slow, hence its rate;
+- every op moves the bytes of its inputs and outputs; views (``aliasing.VIEW_OPS``) move none.
+
+Intra-op threads speed a kernel up only when it is large: ``speedup(t) = 1 + (t - 1) * e * w /
+(w + grain)`` for a single-thread time ``w`` and a large-kernel efficiency ``e``. This is why splitting small ops over streams pays
+on a CPU while splitting big ones does not. Rates are rough per-thread figures measured on a
+2-core x86 machine (CPU) and an H200 (CUDA); the planner only compares estimates, so only
+their ratios matter. The model reads shapes and attributes; it never mutates the graph.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+
+from ..ir import Node, Value
+from ..ir.shape import numel
+from .aliasing import view_source
+
+CONV_OPS = frozenset({"Conv", "ConvInteger", "DeformConv", "QLinearConv"})
+MATMUL_OPS = frozenset({"MatMul", "MatMulInteger", "Gemm", "Linear", "BatchMatMul", "QLinearMatMul"})
+POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+GLOBAL_POOL_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
+
+
+@dataclass(frozen=True)
+class Work:
+    flops: float = 0.0
+    bytes: float = 0.0
+    window: float = 0.0   # pooling / LRN window elements
+
+
+def _n(v: Value | None) -> int:
+    if v is None:
+        return 0
+    return numel(v.shape) or 0
+
+
+def _bytes(v: Value | None) -> int:
+    if v is None:
+        return 0
+    try:
+        return _n(v) * v.dtype.itemsize
+    except (AttributeError, ValueError, TypeError):
+        return 0
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        if not isinstance(x, int):
+            return 0
+        out *= x
+    return out
+
+
+def node_work(node: Node) -> Work:
+    """Flops, bytes moved and window elements of one node, from static shapes (0 when unknown)."""
+    if view_source(node) is not None:
+        return Work()
+    moved = float(sum(_bytes(v) for v in node.inputs) + sum(_bytes(o) for o in node.outputs))
+    op = node.op_type
+    out = node.outputs[0] if node.outputs else None
+    flops = window = 0.0
+    x, w = node.input(0), node.input(1)
+    if op in CONV_OPS and w is not None and w.shape:
+        flops = 2.0 * _n(out) * _prod(w.shape[1:])
+    elif op == "ConvTranspose" and w is not None and w.shape:
+        flops = 2.0 * _n(x) * _prod(w.shape[1:])
+    elif op in MATMUL_OPS and x is not None and x.shape:
+        k = x.shape[-1]
+        if op == "Gemm" and node.attrs.get("transA", 0) and len(x.shape) >= 2:
+            k = x.shape[-2]
+        if op == "BatchMatMul" and node.attrs.get("trans_a", 0) and len(x.shape) >= 2:
+            k = x.shape[-2]
+        flops = 2.0 * _n(out) * (k if isinstance(k, int) else 0)
+    elif op in POOL_OPS:
+        window = float(_n(out) * _prod(node.attrs.get("kernel_shape", ())))
+    elif op in GLOBAL_POOL_OPS:
+        window = float(_n(x))
+    elif op == "LRN":
+        window = float(_n(x) * int(node.attrs.get("size", 1)))
+    return Work(flops, moved, window)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-node time estimates in microseconds (the planner's cost unit).
+
+    cores: intra-op threads the whole machine has (split across CPU streams).
+    threads: intra-op threads one kernel gets (``for_streams`` sets it to ``cores // n``).
+    dispatch_us: per-kernel overhead, serial across streams. sync_us: a cross-stream wait.
+    flops_per_us / bytes_per_us / window_per_us: per-thread rates. grain_us: see module doc.
+    """
+    device: str = "cpu"
+    cores: int = 1
+    threads: int = 1
+    dispatch_us: float = 6.0
+    sync_us: float = 30.0
+    flops_per_us: float = 40e3
+    bytes_per_us: float = 10e3
+    window_per_us: float = 250.0
+    grain_us: float = 50.0
+    efficiency: float = 0.85
+
+    @classmethod
+    def for_device(cls, device: str | None = None, cores: int | None = None) -> "CostModel":
+        """The model of this machine: CUDA when asked for (or ``None`` and torch sees a GPU)."""
+        if device in (None, "auto"):
+            device = "cuda" if _cuda_available() else "cpu"
+        if str(device).startswith("cuda"):
+            return cls(device="cuda", cores=1, threads=1, dispatch_us=8.0, sync_us=4.0,
+                       flops_per_us=25e6, bytes_per_us=2e6, window_per_us=5e5, grain_us=0.0)
+        cores = max(1, int(cores or _cpu_cores()))
+        return cls(device="cpu", cores=cores, threads=cores)
+
+    def calibrated(self, repeats: int = 3) -> "CostModel":
+        """Opt-in: this model with the flop rate and thread efficiency measured on this CPU
+        (a 3x3 conv at 1 and ``cores`` threads, ~0.1 s). Never called by the planner itself."""
+        if self.device != "cpu" or self.cores <= 1:
+            return self
+        import time
+
+        import torch
+        x, w = torch.randn(1, 128, 28, 28), torch.randn(128, 128, 3, 3)
+        flops = 2.0 * 128 * 28 * 28 * 128 * 9
+        before = torch.get_num_threads()
+        times = {}
+        try:
+            for t in (1, self.cores):
+                torch.set_num_threads(t)
+                torch.conv2d(x, w, padding=1)
+                runs = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    torch.conv2d(x, w, padding=1)
+                    runs.append((time.perf_counter() - t0) * 1e6)
+                times[t] = sorted(runs)[len(runs) // 2]
+        finally:
+            torch.set_num_threads(before)
+        single = times[1]
+        speedup = single / max(times[self.cores], 1e-9)
+        ideal = (self.cores - 1) * single / (single + self.grain_us)
+        efficiency = min(1.0, max(0.0, (speedup - 1.0) / ideal)) if ideal > 0 else self.efficiency
+        return dataclasses.replace(self, flops_per_us=flops / single, efficiency=efficiency)
+
+    def for_streams(self, n: int) -> "CostModel":
+        """The model seen by each of ``n`` CPU streams sharing the cores (CUDA: unchanged)."""
+        if self.device != "cpu":
+            return self
+        return dataclasses.replace(self, threads=max(1, self.cores // max(1, n)))
+
+    def compute_us(self, node: Node) -> float:
+        """Kernel time without the dispatch overhead, at ``self.threads`` threads."""
+        w = node_work(node)
+        single = max(w.flops / self.flops_per_us, w.bytes / self.bytes_per_us, w.window / self.window_per_us)
+        if self.threads <= 1 or single <= 0:
+            return single
+        speedup = 1.0 + (self.threads - 1) * self.efficiency * single / (single + self.grain_us)
+        return single / speedup
+
+    def node_us(self, node: Node) -> float:
+        return self.dispatch_us + self.compute_us(node)
+
+    __call__ = node_us
+
+
+def _cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:  # pragma: no cover - torch is a hard dependency
+        return False
+
+
+def fixed_costs(cost, order: list[Node]) -> list[float]:
+    """Costs of ``order`` from a callable ``node -> float`` or a mapping ``name -> float``."""
+    if callable(cost):
+        values = [float(cost(n)) for n in order]
+    else:
+        values = [float(cost.get(n.name, 0.0)) for n in order]
+    for n, c in zip(order, values):
+        if not math.isfinite(c) or c < 0:
+            raise ValueError(f"cost of node {n.name!r} must be a finite non-negative number, got {c!r}")
+    return values

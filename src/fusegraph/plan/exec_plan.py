@@ -1,0 +1,69 @@
+"""``ExecutionPlan``: everything the runtime needs from planning, as pure data.
+
+It is what ``compiler.py`` hands the runtime and what an artifact can store (``to_dict`` /
+``from_dict``, JSON only): the execution order by node name, the memory mode, the arena size,
+each arena value's ``(offset, size)`` (values written by their kernel into the arena: planned
+and in-place tenants; views and inputs have no slot of their own), the planner's kind of every
+non-trivial value (the runtime needs to know which outputs the planner treated as views), and
+the stream plan (``plan/streams.py``), or None for one stream.
+Nothing here touches the graph or allocates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ARENA_KINDS = ("planned", "inplace")
+
+
+@dataclass
+class ExecutionPlan:
+    order: list[str]
+    memory_mode: str = "off"
+    arena_bytes: int = 0
+    slots: dict[str, tuple[int, int]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)   # value name -> planner kind
+    streams: Any = None                                    # StreamPlan or None
+
+    @property
+    def uses_arena(self) -> bool:
+        return self.memory_mode != "off" and self.arena_bytes > 0 and bool(self.slots)
+
+    @classmethod
+    def from_memory_plan(cls, mplan, mode: str, streams=None) -> "ExecutionPlan":
+        values = mplan.lifetimes.values
+        slots = {} if mode == "off" else {
+            name: s for name, life in values.items()
+            if life.kind in ARENA_KINDS and (s := mplan.slot(name)) is not None}
+        kinds = {name: life.kind for name, life in values.items() if life.kind != "planned"}
+        return cls([n.name for n in mplan.order], mode, 0 if mode == "off" else mplan.assignment.arena_bytes,
+                   slots, kinds, streams)
+
+    def to_dict(self) -> dict:
+        streams = self.streams.to_dict() if hasattr(self.streams, "to_dict") else self.streams
+        return {"order": list(self.order), "memory_mode": self.memory_mode, "arena_bytes": self.arena_bytes,
+                "slots": {k: list(v) for k, v in self.slots.items()}, "kinds": dict(self.kinds),
+                "streams": streams}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ExecutionPlan":
+        streams = d.get("streams")
+        if isinstance(streams, dict):
+            streams = stream_plan_from_dict(streams)
+        return cls(list(d["order"]), d.get("memory_mode", "off"), int(d.get("arena_bytes", 0)),
+                   {k: (int(v[0]), int(v[1])) for k, v in d.get("slots", {}).items()},
+                   dict(d.get("kinds", {})), streams)
+
+
+def stream_plan_from_dict(d: dict):
+    """Rebuild a StreamPlan from ``StreamPlan.to_dict()`` output (the agreed fields)."""
+    from .streams import StreamEvent, StreamPlan
+    events = [e if isinstance(e, StreamEvent) else StreamEvent(int(e["id"]), e["producer"], int(e["stream"]))
+              for e in d.get("events", [])]
+    return StreamPlan(num_streams=int(d["num_streams"]), stream_of=dict(d["stream_of"]),
+                      per_stream=[list(s) for s in d["per_stream"]], events=events,
+                      waits={k: [int(x) for x in v] for k, v in d.get("waits", {}).items()},
+                      records={k: int(v) for k, v in d.get("records", {}).items()},
+                      critical_path=float(d.get("critical_path", 0.0)),
+                      total_work=float(d.get("total_work", 0.0)),
+                      estimated_parallelism=float(d.get("estimated_parallelism", 1.0)))

@@ -1,0 +1,343 @@
+"""Stream planning: which stream runs each node, and which events order the streams.
+
+``plan_streams(graph, order, n_streams, cost=None) -> StreamPlan`` (pure data):
+
+1. the dependency DAG of ``order`` (a producer -> consumer edge per value a node reads from an
+   earlier node; constants and graph inputs add none);
+2. a cost per node (``cost.CostModel``: dispatch overhead + roofline work, with the CPU cores
+   split across the streams), bottom levels and the critical path;
+3. stream assignment by list scheduling onto ``n`` streams, keeping chains (a node whose only
+   producer has it as only consumer) on their producer's stream. Two priorities are tried,
+   critical-path-first (highest bottom level) and the planned order, each placing a node on
+   the stream where it can start earliest (a cross-stream input costs ``sync_us``); the plan
+   whose simulated makespan is smaller is kept;
+4. each stream runs its nodes in ``order``'s order, so ``order`` is always a valid interleaving
+   (no deadlock); a node waits on an event recorded after a producer on another stream only
+   when its stream has not already synchronised, directly or transitively, with that producer
+   or a later point of its stream (vector clocks; the result is a transitive reduction: no wait
+   can be dropped without leaving a cross-stream edge unordered);
+5. ``"auto"`` tries 1..k streams (k: the estimated parallelism, capped by the CPU cores or 4 on
+   CUDA) and keeps more than one only when its estimate beats one stream by ``min_gain``.
+
+Empty streams are dropped, so ``num_streams`` may be below the number asked for.
+Nothing here mutates the graph or runs a kernel.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import asdict, dataclass, field
+
+from ..ir import Graph, Node
+from .cost import CostModel, fixed_costs
+
+MAX_AUTO_CUDA = 4
+
+
+@dataclass
+class StreamEvent:
+    id: int
+    producer: str          # node recorded after it runs
+    stream: int            # stream of the producer
+
+
+@dataclass
+class StreamPlan:
+    num_streams: int
+    stream_of: dict[str, int]
+    per_stream: list[list[str]]
+    events: list[StreamEvent]
+    waits: dict[str, list[int]]          # every node; [] when it waits on nothing
+    records: dict[str, int]              # only nodes that record an event
+    critical_path: float                 # estimated µs of the longest dependency chain
+    total_work: float                    # estimated µs of all nodes (at this plan's threads)
+    estimated_parallelism: float         # total_work / critical_path
+    critical_nodes: list[str] = field(default_factory=list)
+    estimated_time: float = 0.0          # simulated makespan of this plan (µs)
+    sequential_time: float = 0.0         # one stream, all cores per kernel (µs)
+    requested: int | str = 1
+    device: str = "cpu"
+    threads_per_stream: int = 1
+    algorithm: str = "trivial"
+    candidates: dict[int, float] = field(default_factory=dict)   # streams -> estimated µs
+    op_of: dict[str, str] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+    start: dict[str, float] = field(default_factory=dict)        # simulated start (µs)
+
+    @property
+    def estimated_speedup(self) -> float:
+        return self.sequential_time / self.estimated_time if self.estimated_time > 0 else 1.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["candidates"] = {str(k): v for k, v in self.candidates.items()}
+        d["estimated_speedup"] = self.estimated_speedup
+        d["cost_unit"] = "us"
+        return d
+
+    def to_text(self) -> str:
+        """A readable table: one row per node in execution order, one column per stream."""
+        lines = [f"streams: {self.num_streams} (asked {self.requested}, {self.device}, "
+                 f"{self.threads_per_stream} thread(s) each, {self.algorithm}); events: {len(self.events)}",
+                 f"estimated: work {self.total_work:.0f} us, critical path {self.critical_path:.0f} us, "
+                 f"parallelism {self.estimated_parallelism:.2f}; time {self.estimated_time:.0f} us vs "
+                 f"{self.sequential_time:.0f} us on one stream (x{self.estimated_speedup:.2f})"]
+        if self.candidates:
+            lines.append("candidates: " + ", ".join(f"{k}: {v:.0f} us" for k, v in sorted(self.candidates.items())))
+        producer = {e.id: e.producer for e in self.events}
+        critical = set(self.critical_nodes)
+        width = max([len(n) for n in self.stream_of] + [8])
+        lines.append(f"{'start us':>9} {'cost us':>8}  " + "  ".join(f"{'s' + str(k):<{width}}"
+                                                                   for k in range(self.num_streams)))
+        for name in sorted(self.stream_of, key=lambda n: (self.start.get(n, 0.0), self.stream_of[n])):
+            k = self.stream_of[name]
+            cells = [""] * self.num_streams
+            cells[k] = name
+            notes = [f"{self.op_of.get(name, '?')}"]
+            if self.waits.get(name):
+                notes.append("waits " + ", ".join(f"e{e}<{producer[e]}" for e in self.waits[name]))
+            if name in self.records:
+                notes.append(f"records e{self.records[name]}")
+            if name in critical:
+                notes.append("*")
+            lines.append(f"{self.start.get(name, 0.0):>9.0f} {self.cost.get(name, 0.0):>8.1f}  "
+                         + "  ".join(f"{c:<{width}}" for c in cells) + "  " + " ".join(notes))
+        lines.append("(* on the critical path; eN<p: event N recorded after p)")
+        return "\n".join(lines)
+
+
+class Dag:
+    """Producer/consumer indices over ``order`` (index = position in the order)."""
+
+    def __init__(self, order: list[Node]):
+        self.nodes = list(order)
+        self.names = [n.name for n in self.nodes]
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("node names must be unique to plan streams")
+        index = {id(n): i for i, n in enumerate(self.nodes)}
+        self.preds: list[list[int]] = [[] for _ in self.nodes]
+        self.succs: list[list[int]] = [[] for _ in self.nodes]
+        for i, node in enumerate(self.nodes):
+            for v in node.inputs:
+                p = index.get(id(v.producer)) if v is not None and v.producer is not None else None
+                if p is None or p in self.preds[i]:
+                    continue
+                if p >= i:
+                    raise ValueError(f"order runs {node.name} before its producer {self.names[p]}")
+                self.preds[i].append(p)
+                self.succs[p].append(i)
+        # chain link: the node's only producer has it as its only consumer
+        self.chain_pred = [self.preds[i][0] if len(self.preds[i]) == 1 and len(self.succs[self.preds[i][0]]) == 1
+                           else None for i in range(len(self.nodes))]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def bottom_levels(self, cost: list[float]) -> list[float]:
+        bl = [0.0] * len(self)
+        for i in range(len(self) - 1, -1, -1):
+            bl[i] = cost[i] + max((bl[s] for s in self.succs[i]), default=0.0)
+        return bl
+
+    def critical_path(self, cost: list[float]) -> tuple[float, list[int]]:
+        if not len(self):
+            return 0.0, []
+        bl = self.bottom_levels(cost)
+        i = max((k for k in range(len(self)) if not self.preds[k]), key=lambda k: (bl[k], -k))
+        path = [i]
+        while self.succs[i]:
+            i = max(self.succs[i], key=lambda s: (bl[s], -s))
+            path.append(i)
+        return bl[path[0]], path
+
+
+def list_schedule(dag: Dag, cost: list[float], n: int, sync: float, priority: str) -> list[int]:
+    """Stream of each node: list scheduling by ``priority`` (``critical`` or ``order``), each node
+    on the stream where it starts earliest (chains stay on their producer's stream)."""
+    stream = [-1] * len(dag)
+    finish = [0.0] * len(dag)
+    free = [0.0] * n
+    if priority == "critical":
+        bl = dag.bottom_levels(cost)
+        waiting = [len(p) for p in dag.preds]
+        ready = [(-bl[i], i) for i in range(len(dag)) if not waiting[i]]
+        heapq.heapify(ready)
+
+        def pop():
+            return heapq.heappop(ready)[1] if ready else None
+    else:
+        it = iter(range(len(dag)))
+
+        def pop():
+            return next(it, None)
+    while (i := pop()) is not None:
+        preds = dag.preds[i]
+        link = dag.chain_pred[i]
+        if link is not None:
+            k = stream[link]
+            start = max(free[k], finish[link])
+        else:
+            home = stream[max(preds, key=lambda p: (finish[p], -p))] if preds else -1
+            best = None
+            for k in range(n):
+                ready_at = max((finish[p] + (0.0 if stream[p] == k else sync) for p in preds), default=0.0)
+                key = (max(free[k], ready_at), k != home, k)
+                if best is None or key < best:
+                    best = key
+            start, _, k = best
+        stream[i], finish[i] = k, start + cost[i]
+        free[k] = finish[i]
+        if priority == "critical":
+            for s in dag.succs[i]:
+                waiting[s] -= 1
+                if not waiting[s]:
+                    heapq.heappush(ready, (-bl[s], s))
+    return stream
+
+
+def reduce_waits(dag: Dag, stream: list[int], n: int) -> list[list[int]]:
+    """Per node, the producers on other streams it must wait on (vector-clock reduction)."""
+    position = [0] * len(dag)
+    count = [0] * n
+    for i in range(len(dag)):
+        position[i], count[stream[i]] = count[stream[i]], count[stream[i]] + 1
+    clock = [[-1] * n for _ in range(n)]      # per stream: last position known done on each stream
+    node_clock: list[list[int]] = [[]] * len(dag)
+    waits: list[list[int]] = [[] for _ in range(len(dag))]
+    for i in range(len(dag)):
+        s = stream[i]
+        known = clock[s]
+        for p in sorted((p for p in dag.preds[i] if stream[p] != s), reverse=True):
+            if known[stream[p]] >= position[p]:
+                continue
+            waits[i].append(p)
+            known = [max(a, b) for a, b in zip(known, node_clock[p])]
+        known = list(known)
+        known[s] = position[i]
+        clock[s] = node_clock[i] = known
+    return waits
+
+
+def simulate(stream: list[int], waits: list[list[int]], cost: list[float], n: int,
+             sync: float) -> list[float]:
+    """Start time of every node when each stream runs its nodes in order (index order)."""
+    free = [0.0] * n
+    start = [0.0] * len(stream)
+    finish = [0.0] * len(stream)
+    for i, k in enumerate(stream):
+        start[i] = max([free[k]] + [finish[p] + sync for p in waits[i]])
+        finish[i] = free[k] = start[i] + cost[i]
+    return start
+
+
+@dataclass
+class _Candidate:
+    n: int
+    stream: list[int]
+    waits: list[list[int]]
+    start: list[float]
+    estimate: float
+    cost: list[float]
+    threads: int
+    algorithm: str
+
+
+def _costs(dag: Dag, cost, n: int) -> tuple[list[float], float, float, int]:
+    """(costs, sync µs, serial µs per node, threads per stream) for ``n`` streams."""
+    if cost is None or isinstance(cost, CostModel):
+        model = (cost or CostModel.for_device()).for_streams(n)
+        return [model.node_us(x) for x in dag.nodes], model.sync_us, model.dispatch_us, model.threads
+    return fixed_costs(cost, dag.nodes), 0.0, 0.0, 1
+
+
+def _plan_n(dag: Dag, cost, n: int) -> _Candidate:
+    costs, sync, serial, threads = _costs(dag, cost, n)
+    if n == 1 or len(dag) <= 1:
+        stream = [0] * len(dag)
+        start = simulate(stream, [[] for _ in stream], costs, 1, 0.0)
+        return _Candidate(1, stream, [[] for _ in stream], start, sum(costs), costs, threads, "trivial")
+    best = None
+    for priority in ("critical", "order"):
+        stream = _compact(list_schedule(dag, costs, n, sync, priority))
+        used = max(stream) + 1
+        waits = reduce_waits(dag, stream, used)
+        start = simulate(stream, waits, costs, used, sync)
+        makespan = max((s + c for s, c in zip(start, costs)), default=0.0)
+        estimate = max(makespan, serial * len(dag))   # dispatch is serial (GIL / one launcher)
+        if best is None or estimate < best.estimate:
+            best = _Candidate(used, stream, waits, start, estimate, costs, threads, f"list-{priority}")
+    return best
+
+
+def _compact(stream: list[int]) -> list[int]:
+    """Renumber streams 0.. in order of first use (drops empty ones)."""
+    remap: dict[int, int] = {}
+    return [remap.setdefault(k, len(remap)) for k in stream]
+
+
+def _auto_limit(dag: Dag, cost) -> int:
+    costs, _, _, _ = _costs(dag, cost, 1)
+    total, (cp, _) = sum(costs), dag.critical_path(costs)
+    width = math.ceil(total / cp - 1e-9) if cp > 0 else 1
+    if cost is None or isinstance(cost, CostModel):
+        model = cost or CostModel.for_device()
+        cap = model.cores if model.device == "cpu" else MAX_AUTO_CUDA
+    else:
+        cap = MAX_AUTO_CUDA
+    return max(1, min(width, cap, len(dag)))
+
+
+def plan_streams(graph: Graph, order: list, n_streams: int | str, cost=None, *,
+                 min_gain: float = 0.05) -> StreamPlan:
+    """Plan ``order`` (a topological order of ``graph``'s nodes) onto up to ``n_streams`` streams.
+
+    ``cost``: None (``CostModel.for_device()``: this machine), a ``CostModel``, a callable
+    ``node -> µs`` or a mapping ``name -> µs`` (fixed costs: no sync or dispatch model).
+    ``"auto"`` keeps more than one stream only when its estimate beats one stream by
+    ``min_gain`` (a fraction), so it is never worse than one stream by the model's estimate.
+    """
+    del graph  # the order carries the nodes; kept for the agreed signature
+    dag = Dag(order)
+    if n_streams == "auto":
+        candidates = {1: _plan_n(dag, cost, 1)}
+        for n in range(2, _auto_limit(dag, cost) + 1):
+            c = _plan_n(dag, cost, n)
+            if c.n not in candidates or c.estimate < candidates[c.n].estimate:
+                candidates[c.n] = c
+        base = candidates[1].estimate
+        best = min(c.estimate for c in candidates.values())
+        chosen = candidates[1]
+        if best < base * (1.0 - min_gain):
+            chosen = min((c for c in candidates.values() if c.estimate <= best * 1.02), key=lambda c: c.n)
+        estimates = {n: c.estimate for n, c in candidates.items()}
+    elif isinstance(n_streams, int) and not isinstance(n_streams, bool) and n_streams >= 1:
+        chosen = _plan_n(dag, cost, n_streams)
+        base = _plan_n(dag, cost, 1).estimate if chosen.n > 1 else chosen.estimate
+        estimates = {1: base, chosen.n: chosen.estimate}
+    else:
+        raise ValueError(f"n_streams must be a positive integer or 'auto', got {n_streams!r}")
+    return _to_plan(dag, chosen, n_streams, base, estimates, cost)
+
+
+def _to_plan(dag: Dag, c: _Candidate, requested, sequential: float, estimates: dict,
+             cost) -> StreamPlan:
+    names = dag.names
+    per_stream: list[list[str]] = [[] for _ in range(c.n)]
+    for i, k in enumerate(c.stream):
+        per_stream[k].append(names[i])
+    producers = sorted({p for w in c.waits for p in w})
+    event_of = {p: e for e, p in enumerate(producers)}
+    events = [StreamEvent(e, names[p], c.stream[p]) for e, p in enumerate(producers)]
+    total = sum(c.cost)
+    cp, path = dag.critical_path(c.cost)
+    device = cost.device if isinstance(cost, CostModel) else (
+        CostModel.for_device().device if cost is None else "fixed")
+    return StreamPlan(
+        num_streams=c.n, stream_of={names[i]: k for i, k in enumerate(c.stream)}, per_stream=per_stream,
+        events=events, waits={names[i]: [event_of[p] for p in w] for i, w in enumerate(c.waits)},
+        records={names[p]: e for p, e in event_of.items()}, critical_path=cp, total_work=total,
+        estimated_parallelism=total / cp if cp > 0 else 1.0, critical_nodes=[names[i] for i in path],
+        estimated_time=c.estimate, sequential_time=sequential, requested=requested, device=device,
+        threads_per_stream=c.threads, algorithm=c.algorithm, candidates=dict(sorted(estimates.items())),
+        op_of={names[i]: n.op_type for i, n in enumerate(dag.nodes)},
+        cost={names[i]: x for i, x in enumerate(c.cost)}, start={names[i]: s for i, s in enumerate(c.start)})

@@ -1,0 +1,231 @@
+"""Multi-stream CPU execution: one generated function per stream, each on its own thread.
+
+``CpuStreamRunner`` turns a StreamPlan (``plan/streams.py``) into one module of generated code
+(``codegen.FunctionSpec`` per stream): a stream's nodes in its order, a wait before a node for
+each event the plan lists for it, a record after a node that records one. Values that cross
+streams go through a per-run list ``E`` (stored right after they are made, loaded after the
+wait that orders them); arena values need no passing, every stream names the same view.
+
+Events are plain ``threading.Lock`` objects: unset = held; record = ``release()``; wait =
+``acquire(); release()`` (no condition variable, no allocation). They are reset (re-acquired)
+at the start of each run. Stream 0 runs on the calling thread, stream k > 0 on persistent
+worker k (threads made at the first run, stopped by ``close()`` or when the runner is
+collected). torch's intra-op thread count is per thread for its OpenMP pool: during a run
+every stream thread uses ``max(1, threads // streams)``, and the caller's setting is restored
+afterwards. A failing stream sets the abort flag and opens every event, so the other streams
+stop at their next wait instead of blocking; the first real error is re-raised.
+This file plans nothing: streams, waits and records come from the plan.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Callable
+
+import torch
+
+from ..errors import PlanError
+from ..ir import Graph
+from .bind import Binding
+from .codegen import FunctionSpec, GeneratedCode, arena_globals, arena_names, generate_module
+
+
+class _Aborted(Exception):
+    """Raised inside a stream when another stream failed."""
+
+
+class _Worker:
+    """A persistent thread that runs one function per run, handed over through two locks."""
+
+    def __init__(self, name: str):
+        self._go = threading.Lock()
+        self._go.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.job = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        budget = None
+        with torch.inference_mode():
+            while True:
+                self._go.acquire()
+                job = self.job
+                if job is None:
+                    self._done.release()
+                    return
+                fn, env, threads, on_error = job
+                self.job = None
+                if threads != budget:
+                    torch.set_num_threads(threads)
+                    budget = threads
+                try:
+                    fn(env)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    self.error = exc
+                    on_error()
+                del fn, env, job, on_error   # hold nothing of the runner between runs
+                self._done.release()
+
+    def submit(self, fn: Callable, env: list, threads: int, on_error: Callable) -> None:
+        self.error = None
+        self.job = (fn, env, threads, on_error)
+        self._go.release()
+
+    def wait(self) -> BaseException | None:
+        self._done.acquire()
+        error, self.error = self.error, None
+        return error
+
+    def stop(self) -> None:
+        self.job = None
+        self._go.release()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.stop()
+
+
+def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: bool, wait_lines, record_lines,
+                       prefix: str = "stream"):
+    """FunctionSpecs (one per stream) and the E layout: (specs, n_slots, template, output_slots).
+
+    ``wait_lines(event_ids)`` / ``record_lines(event_id)`` give the source lines of a wait
+    before a node and a record after it (CPU locks here, CUDA events in ``streams_cuda``)."""
+    calls = {c.node.name: c for c in binding.calls}
+    if set(calls) != set(plan.stream_of):
+        raise PlanError(f"{graph.name}: the stream plan does not cover exactly the graph's nodes")
+    stream_of = plan.stream_of
+    slot: dict[int, int] = {}
+    for i, v in enumerate(graph.inputs):
+        slot[id(v)] = i
+    template: list = [None] * len(graph.inputs)
+
+    def slot_of(v) -> int:
+        if id(v) not in slot:
+            slot[id(v)] = len(template)
+            template.append(v.const if v.is_const else None)
+        return slot[id(v)]
+
+    made_on = {id(o): stream_of[c.node.name] for c in binding.calls for o in c.node.outputs}
+    outputs = {id(v) for v in graph.outputs}
+    read_on: dict[int, set[int]] = {}
+    for c in binding.calls:
+        for v in c.node.inputs:
+            if v is not None:
+                read_on.setdefault(id(v), set()).add(stream_of[c.node.name])
+    specs = []
+    for k in range(plan.num_streams):
+        spec = FunctionSpec(f"{prefix}{k}", [calls[n] for n in plan.per_stream[k]], params=["E"], hook=hook)
+        for pos, call in enumerate(spec.calls):
+            node = call.node
+            waits = plan.waits.get(node.name, [])
+            if waits:
+                spec.before[pos] = wait_lines(waits)
+            if node.name in plan.records:
+                spec.after[pos] = record_lines(plan.records[node.name])
+            for v in node.inputs:
+                if v is not None and names.is_local(v) and made_on.get(id(v)) != k:
+                    spec.imports[id(v)] = slot_of(v)
+            for o in node.outputs:
+                if id(o) in outputs or (names.is_local(o) and read_on.get(id(o), set()) - {k}):
+                    spec.exports[id(o)] = slot_of(o)
+        specs.append(spec)
+    out_slots = [slot_of(v) for v in graph.outputs]
+    return specs, template, out_slots
+
+
+class CpuStreamRunner:
+    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None):
+        self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
+        self.n = plan.num_streams
+        self.threads = threads
+        self.events = {e.id: threading.Lock() for e in plan.events}
+        self._abort_flag = [False]
+        self.code = self._generate(None)
+        self.codes = [self.code]
+        self._workers: list[_Worker] = []
+        self._finalizer = None
+
+    def _generate(self, hook: Callable | None) -> GeneratedCode:
+        names = arena_names(self.binding)
+        for eid, lock in self.events.items():
+            names.env[f"e{eid}"] = lock
+
+        def wait_lines(ids):
+            return [f"e{i}.acquire(); e{i}.release()" for i in ids] + ["if _ab[0]: raise _Aborted()"]
+
+        def record_lines(i):
+            return [f"e{i}.release()"]
+
+        specs, self.template, self.out_slots = build_stream_specs(
+            self.graph, self.binding, self.plan, names, hook=hook is not None,
+            wait_lines=wait_lines, record_lines=record_lines)
+        extra = arena_globals(self.binding)
+        extra.update({"_ab": self._abort_flag, "_Aborted": _Aborted})
+        if hook is not None:
+            extra["_hook"] = hook
+        filename = self.filename + (":hook" if hook is not None else "")
+        code = generate_module(specs, names, filename, extra)
+        code.function = code.functions[specs[0].name]
+        return code
+
+    def _start_workers(self) -> None:
+        self._workers = [_Worker(f"fusegraph-stream-{k}") for k in range(1, self.n)]
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+
+    def _abort(self) -> None:
+        self._abort_flag[0] = True
+        for lock in self.events.values():
+            if lock.locked():
+                try:
+                    lock.release()
+                except RuntimeError:   # another thread released it meanwhile
+                    pass
+
+    def _reset(self) -> None:
+        self._abort_flag[0] = False
+        for lock in self.events.values():
+            lock.acquire(blocking=False)
+
+    def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
+        code = self.code
+        if hook is not None:
+            code = self._generate(hook)
+            self.codes = [self.code, code]
+        fns = [code.functions[f"stream{k}"] for k in range(self.n)]
+        if not self._workers:
+            self._start_workers()
+        env = list(self.template)
+        env[:len(tensors)] = tensors
+        self._reset()
+        before = torch.get_num_threads()
+        budget = max(1, (self.threads or before) // self.n)
+        torch.set_num_threads(budget)
+        try:
+            for w, fn in zip(self._workers, fns[1:]):
+                w.submit(fn, env, budget, self._abort)
+            errors: list[BaseException | None] = []
+            try:
+                fns[0](env)
+                errors.append(None)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+                self._abort()
+            errors += [w.wait() for w in self._workers]
+        finally:
+            torch.set_num_threads(before)
+        real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
+        if real:
+            raise real[0]
+        if any(errors):
+            raise RuntimeError("a stream was aborted without an error")
+        return tuple(env[s] for s in self.out_slots)
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._workers = []
