@@ -52,37 +52,45 @@ def _normalize(item):
 def _compare(ref, out, rtol: float, atol: float) -> None:
     if isinstance(ref, (list, tuple)):
         raise AssertionError("sequence outputs are not supported")
-    np.testing.assert_array_equal(np.shape(out), np.shape(ref), err_msg="output has incorrect shape")
+    if np.shape(out) != np.shape(ref):
+        raise AssertionError(f"wrong shape: got {np.shape(out)}, expected {np.shape(ref)}")
     if ref.dtype == object:
         np.testing.assert_array_equal(out, ref)
         return
-    np.testing.assert_equal(out.dtype, ref.dtype)
+    if out.dtype != ref.dtype:
+        raise AssertionError(f"wrong dtype: got {out.dtype}, expected {ref.dtype}")
     r = rtol
     if out.dtype.name == "bfloat16":
         r = max(rtol, 2 ** -6)
         out, ref = out.astype(np.float32), ref.astype(np.float32)
-    np.testing.assert_allclose(out, ref, rtol=r, atol=atol)
+    try:
+        np.testing.assert_allclose(out, ref, rtol=r, atol=atol)
+    except AssertionError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip().startswith(("Mismatched", "Max abs"))]
+        raise AssertionError("wrong values: " + "; ".join(lines)) from None
+
+
+_GROUPS = (
+    (r"control-flow ops", "unsupported: control flow (If, Loop, Scan)"),
+    (r"sequence_type|optional_type", "unsupported: sequence and optional types"),
+    (r"INT4|UINT4|INT2|UINT2|FLOAT4E2M1|torch has no such dtype", "unsupported: 4-bit / 2-bit types (torch has none)"),
+    (r"string", "unsupported: string tensors"),
+)
 
 
 def _reason(exc: BaseException) -> str:
     from ..errors import FusegraphError, UnsupportedOpError
     msg = str(exc)
-    if isinstance(exc, UnsupportedOpError):
-        m = re.search(r"op (\S+) \(opset \d+\) is not supported: (.*)", msg)
+    if isinstance(exc, (UnsupportedOpError, FusegraphError)) and not isinstance(exc, AssertionError):
+        for pattern, group in _GROUPS:
+            if re.search(pattern, msg):
+                return group
+        m = re.search(r"op (\S+) \(opset \d+\) is not supported", msg)
         if m:
-            return f"unsupported: {m.group(1)} ({m.group(2)[:60]})"
-        m = re.search(r": (\w+) \(opset \d+\) is not supported: (.*)", msg)
-        if m:
-            return f"unsupported: {m.group(1)}: {m.group(2)[:80]}"
-        return "unsupported: " + msg[:100]
+            return f"unsupported: {m.group(1)} (no kernel)"
+        return f"{type(exc).__name__}: " + msg.split(": ")[-1][:80]
     if isinstance(exc, AssertionError):
-        if "dtype" in msg or "Items are not equal" in msg:
-            return "wrong output dtype"
-        if "shape" in msg:
-            return "wrong output shape"
-        return "wrong values"
-    if isinstance(exc, FusegraphError):
-        return f"{type(exc).__name__}"
+        return msg.split(":")[0] if msg.startswith("wrong ") else "wrong values"
     return f"crash: {type(exc).__name__}"
 
 
@@ -104,7 +112,26 @@ def run_case(case) -> CaseResult:
                     _compare(ref, out, case.rtol, case.atol)
         return CaseResult(case.name, True)
     except Exception as exc:  # the harness records every failure kind
-        return CaseResult(case.name, False, _reason(exc), f"{type(exc).__name__}: {str(exc)[:300]}")
+        detail = " ".join(str(exc).split())[:300]
+        return CaseResult(case.name, False, _reason(exc), f"{type(exc).__name__}: {detail}")
+
+
+# Why the remaining "wrong values" cases differ (documentation for FAILURES.md, by case name).
+_EXPLAINED = (
+    (r"^test_(bernoulli|training_dropout)", "random output: the expected values come from numpy's "
+     "generator, which no other implementation reproduces; shape and dtype are right"),
+    (r"^test_dft_inverse", "expected value 1.9e-7 where the exact answer is 0 (numpy float32 FFT "
+     "rounding), beyond atol 1e-7"),
+    (r"^test_attention_4d_causal_fp16_expanded", "2 of 192 values one float16 step off: the expanded "
+     "graph's MatMul/Softmax accumulate in float32 (the fused Attention case passes)"),
+)
+
+
+def _explain(name: str) -> str:
+    for pattern, text in _EXPLAINED:
+        if re.search(pattern, name):
+            return f" — {text}"
+    return ""
 
 
 def write_failures(results: list[CaseResult], path: str) -> None:
@@ -121,7 +148,7 @@ def write_failures(results: list[CaseResult], path: str) -> None:
         lines.append(f"## {reason} ({len(items)})")
         lines.append("")
         for r in items:
-            lines.append(f"- `{r.name}`: {r.detail.splitlines()[0][:200] if r.detail else ''}")
+            lines.append(f"- `{r.name}`: {r.detail[:200]}{_explain(r.name)}")
         lines.append("")
     with open(path, "w") as f:
         f.write("\n".join(lines))
