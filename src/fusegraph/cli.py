@@ -1,7 +1,7 @@
 """The ``fusegraph`` command: a thin face over the public API (no logic the API lacks).
 
     fusegraph run MODEL [--input NAME=FILE.npy ...] [-o DIR]
-    fusegraph inspect MODEL [--code]
+    fusegraph inspect MODEL [--code] [--memory MODE] [--memory-plot OUT.png]
     fusegraph demo
 """
 from __future__ import annotations
@@ -64,6 +64,8 @@ def _config(args):
         kwargs["level"] = args.level
     if getattr(args, "threads", None):
         kwargs["threads"] = args.threads
+    if getattr(args, "memory", None):
+        kwargs["memory"] = args.memory
     return fg.Config(**kwargs)
 
 
@@ -87,8 +89,25 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _memory_summary(model, plot: str | None) -> None:
+    mem = model.report.memory
+    if mem is None or not hasattr(mem, "summary"):
+        return
+    print(mem.summary())
+    slow = mem.not_writable_into_arena
+    if slow:
+        print(f"not writable into the arena: {len(slow)} nodes, "
+              f"{sum(d['bytes'] for d in slow) / (1 << 20):.2f} MiB allocated by their kernels per run")
+    if plot:
+        from .plan.memory_report import plot_memory_timeline
+        plot_memory_timeline(mem, plot, title=None)
+        print(f"memory timeline written to {plot}")
+
+
 def cmd_inspect(args) -> int:
     model = _load(args.model, args)
+    if getattr(args, "memory_plot", None) and (args.code or getattr(args, "streams", False)):
+        _memory_summary(model, args.memory_plot)
     if args.code:
         print(model.source)
         return 0
@@ -103,6 +122,7 @@ def cmd_inspect(args) -> int:
     print("op histogram:")
     for op, count in model.report.op_histogram.items():
         print(f"  {op:<28} {count}")
+    _memory_summary(model, getattr(args, "memory_plot", None))
     return 0
 
 
@@ -173,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--streams", action="store_true", help="print the stream assignment and events")
     p.add_argument("--num-streams", type=_stream_count, default="auto", metavar="N|auto",
                    help="stream count for --streams (default auto)")
+    p.add_argument("--memory", choices=["off", "balanced", "tight"], help="memory mode (default balanced)")
+    p.add_argument("--memory-plot", metavar="OUT.png", help="draw the memory plan's timeline (matplotlib)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("compile", help="compile a model into an .fgm artifact")

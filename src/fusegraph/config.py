@@ -32,6 +32,8 @@ class Config:
     cuda_graph: on CUDA, capture the whole run as one CUDA graph and replay it (default off).
     fold_size_limit: largest tensor, in bytes, that constant folding may materialise.
     verify_each: verify the graph after every pass (tests turn it on).
+    fast_math: allow rewrites that are exact only away from NaN / Inf / zero (x*0, x/x,
+        log(exp(x)) outside the provable domain), as -ffast-math does.
     """
 
     level: str = "O2"
@@ -43,6 +45,7 @@ class Config:
     threads: int | None = None
     fold_size_limit: int = 64 * 1024 * 1024
     verify_each: bool = False
+    fast_math: bool = False
     aggressive_fusion: bool = False
     tensor_lifetimes: tuple[tuple[str, int, int], ...] = ()
     reuse_groups: tuple[tuple[str, ...], ...] = ()

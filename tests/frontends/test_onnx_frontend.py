@@ -151,9 +151,16 @@ def test_control_flow_is_refused_clearly():
         fg.compile(m)
 
 
-def test_too_old_opset_is_refused():
-    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])], opset=5)
-    with pytest.raises(ModelLoadError, match="opset 5"):
+def test_op_older_than_its_first_implemented_version_is_refused():
+    m = _model([helper.make_node("Mod", ["x", "x"], ["y"], name="mod")], [_vi("x", [2])], [_vi("y", [2])],
+               opset=9)  # Mod first appears in opset 10
+    with pytest.raises(UnsupportedOpError, match="mod.*Mod.*opset 9.*only opset >= 10"):
+        fg.compile(m)
+
+
+def test_invalid_opset_is_refused():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])], opset=0)
+    with pytest.raises(ModelLoadError, match="opset 0"):
         fg.compile(m)
 
 

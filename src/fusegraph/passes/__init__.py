@@ -21,8 +21,9 @@ __all__ = ["optimize", "options_from_config", "FixedPoint", "Pass", "PassManager
 
 def options_from_config(config) -> PassOptions:
     return PassOptions(fold_size_limit=config.fold_size_limit,
-                       fast_math=bool(getattr(config, "fast_math", False)),
-                       disabled=frozenset(config.disabled_passes))
+                       fast_math=config.fast_math,
+                       disabled=frozenset(config.disabled_passes),
+                       aggressive_fusion=bool(getattr(config, "aggressive_fusion", False)))
 
 
 def optimize(graph, config, report, options: PassOptions | None = None) -> None:
@@ -32,6 +33,10 @@ def optimize(graph, config, report, options: PassOptions | None = None) -> None:
 
     options = options or options_from_config(config)
     graph.meta.setdefault("output_names", [v.name for v in graph.outputs])
+    wanted = set(getattr(config, "external_tensors", ()))
+    for v in graph.values() if wanted else ():
+        if v.name in wanted:
+            v.flags.add("external")   # no pass may fold, merge or fuse it away
     fold_log, rewrite_log = FoldLog(), []
     steps = build_pipeline(config.level, options, fold_log, rewrite_log)
     manager = PassManager(steps, verify_each=config.verify_each, infer=infer_node,

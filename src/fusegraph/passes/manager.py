@@ -44,10 +44,12 @@ class PassOptions:
     fast_math: assume no NaN / Inf / division by zero occurs (enables x*0 -> 0 and x/x -> 1
     on floats, and log/exp rewrites outside provable domains). Off unless asked for.
     disabled: pass and rule names not to run.
+    aggressive_fusion: let fusion rules take the trade-offs they otherwise decline.
     """
     fold_size_limit: int = 64 * 1024 * 1024
     fast_math: bool = False
     disabled: frozenset[str] = frozenset()
+    aggressive_fusion: bool = False
 
 
 @dataclass

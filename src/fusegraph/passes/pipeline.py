@@ -15,6 +15,8 @@ from . import replace_reduce, shape_chain
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
+from .fusion.engine import FusionPass, rule_names as fusion_rule_names
+from .layout import LayoutPass
 from .manager import FixedPoint, PassOptions
 from .rewrite import RuleSetPass
 from .shape_refine import ShapeRefine
@@ -40,7 +42,7 @@ RULE_FAMILIES = {
     "replace_reduce": replace_reduce.RULES,
 }
 REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce"})
-OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse")
+OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "layout")
 
 SIMPLIFY = Group("simplify", (
     "shape_chain_fold",     # first: turns Shape reads of static dims into constants ...
@@ -64,10 +66,21 @@ REPLACE = Group("replace", (
     "dce",
 ))
 
+FUSE = Group("fuse", (
+    "fusion",               # after simplify / replace: rules match the canonical forms they leave
+    "dce",                  # drops what fused patterns left dead
+))
+
+LAYOUT = Group("layout", (
+    "layout",               # after fusion: it lays out what the fused convolutions read and write
+))
+
 PIPELINES: dict[str, list] = {
     "O0": [],                    # nothing: the graph as imported (the numerical reference)
     "O1": [SIMPLIFY],            # simplification only
-    "O2": [SIMPLIFY, REPLACE, SIMPLIFY],  # replacement last, then clean up once more
+    "O2": [SIMPLIFY, REPLACE, SIMPLIFY,   # replacement last, then clean up once more
+           FUSE,        # its patterns expect BN folded, constants folded, Linear replaced
+           LAYOUT],     # last: memory layout of the final nodes' outputs
 }
 
 
@@ -75,7 +88,7 @@ def known_names() -> set[str]:
     names = set(RULE_FAMILIES) | set(OTHER_PASSES)
     for rules in RULE_FAMILIES.values():
         names.update(r.name for r in rules)
-    return names
+    return names | fusion_rule_names()
 
 
 def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
@@ -92,6 +105,8 @@ def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
         "shape_refine": lambda: ShapeRefine(options),
         "dce": lambda: DeadCodeElimination(options),
         "cse": lambda: CommonSubexpressionElimination(options),
+        "fusion": lambda: FusionPass(options, rewrite_log),
+        "layout": lambda: LayoutPass(options),
     }
     for name, rules in RULE_FAMILIES.items():
         log = rewrite_log if name in REPLACEMENT_PASSES else None

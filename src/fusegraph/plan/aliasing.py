@@ -4,7 +4,8 @@ A *view* op's output shares its source input's memory (same bytes, another shape
 planner gives it no buffer and extends the source's life instead. An *in-place candidate* is
 an input whose buffer output 0 may overwrite: the op is elementwise (``FusionKind.ELEMENTWISE``
 or ``BROADCAST``, or declares ``OpDef.inplace`` pairs) and that input has exactly output 0's
-shape and dtype. Whether the input actually dies at that node is decided in ``lifetime.py``.
+shape, dtype and memory layout (``Value.layout``). Whether the input actually dies at that
+node is decided in ``lifetime.py``.
 
 Both facts come from the op registry: ``OpDef.alias`` ((input, output) view pairs; Reshape,
 Flatten, Squeeze, Unsqueeze and Identity declare ``((0, 0),)``) and ``OpDef.inplace`` / the
@@ -58,7 +59,7 @@ def inplace_candidates(node: Node) -> list[int]:
     found = []
     for i in allowed:
         v = node.input(i)
-        if v is None or v.is_const or v.dtype != out.dtype or v.shape != out.shape:
+        if v is None or v.is_const or v.dtype != out.dtype or v.shape != out.shape or v.layout != out.layout:
             continue
         found.append(i)
     return found

@@ -1,8 +1,9 @@
 """The activation arena: one ``torch.empty(arena_bytes, dtype=uint8)`` per compiled model, and
 typed views of it, one per planned value, made once at compile time.
 
-A view is ``arena[off:off+size].view(dtype).view(shape)``: contiguous, at the planner's
-offset (a multiple of 64 bytes). The generated run function holds these views as globals,
+A view is ``arena[off:off+size].view(dtype).view(shape)``: contiguous (channels-last strides
+for a 4-D value whose ``layout`` is ``nhwc``), at the planner's offset (a multiple of 64
+bytes). The generated run function holds these views as globals,
 so a kernel with ``out=`` writes straight into its slot and a run allocates nothing for it.
 ``contains`` tells whether a tensor's memory lies in the arena (output copies, alias guards
 and the allocation check of the tests use it). This file plans nothing: offsets come from
@@ -22,8 +23,10 @@ class Arena:
         self.lo = self.tensor.data_ptr()
         self.hi = self.lo + self.nbytes
 
-    def view(self, offset: int, size: int, value: Value) -> torch.Tensor:
-        """The slot ``[offset, offset + size)`` seen as ``value``'s dtype and static shape."""
+    def view(self, offset: int, size: int, value: Value, strides: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The slot ``[offset, offset + size)`` seen as ``value``'s dtype and static shape;
+        ``strides`` (dense ones, as the value's kernel lays out its result: ``layout_probe.py``)
+        take precedence over ``value.layout``."""
         dtype = value.dtype.to_torch()
         shape = tuple(int(d) for d in value.shape)
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -31,6 +34,11 @@ class Arena:
             raise ValueError(f"arena slot [{offset}, {offset + size}) of %{value.name} does not fit "
                              f"an arena of {self.nbytes} bytes as {value.dtype.name}")
         flat = self.tensor[offset:offset + size].view(dtype)
+        if strides is not None:
+            return flat.as_strided(shape, strides)
+        if value.layout == "nhwc" and len(shape) == 4:   # channels-last strides (passes/layout.py)
+            n, c, h, w = shape
+            return flat.view(n, h, w, c).permute(0, 3, 1, 2)
         return flat.view(shape)
 
     def contains(self, t: torch.Tensor) -> bool:

@@ -2,7 +2,8 @@
 arena plan, where its outputs go.
 
 For each node of the execution order a ``NodeCall`` says:
-- ``out``: the arena views the kernel writes into with ``out=`` — only when the op is
+- ``out``: the arena views the kernel writes into with ``out=`` (with the strides the kernel
+  gives its results, found by one probe run, ``layout_probe.py``) — only when the op is
   ``writes_out``, this kernel has the out form, and every output has a slot of its own
   (planned or in-place, per ``ExecutionPlan.slots``); otherwise the kernel allocates its
   result, and a node whose outputs the planner gave arena bytes is listed as not writable;
@@ -24,6 +25,7 @@ from ..ir import Graph, Node
 from ..ops import opdef_for
 from ..ops.registry import NodeContext, kernel_writes_out
 from .arena import Arena
+from .layout_probe import probe_strides
 
 
 def bind_kernels(graph: Graph) -> dict[int, Callable]:
@@ -74,13 +76,14 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu") -> Binding
     in_arena: set[int] = set()        # ids of values whose tensor may lie in the arena at run time
     calls: list[NodeCall] = []
     not_writable: list[dict] = []
+    writing: list[NodeCall] = []
     for i, node in enumerate(order):
         opdef = opdef_for(node)
         kernel = opdef.build(NodeContext(node))
         call = NodeCall(i, node, kernel)
         outs = node.outputs
         if arena is not None and outs and kernel_writes_out(opdef, kernel) and all(o.name in slots for o in outs):
-            call.out = tuple(arena.view(*slots[o.name], o) for o in outs)
+            writing.append(call)
             in_arena.update(id(o) for o in outs)
         elif arena is not None:
             planned = [slots[o.name][1] for o in outs if o.name in slots]
@@ -93,4 +96,18 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu") -> Binding
                     else:
                         call.guard = True
         calls.append(call)
+    if writing:
+        wanted = {o.name for c in writing for o in c.node.outputs}
+        strides = probe_strides(graph, calls, wanted, device)
+        chosen: dict[int, tuple | None] = {}    # slot offset -> strides of its latest tenant
+        for call in writing:
+            views = []
+            for o in call.node.outputs:
+                off, size = slots[o.name]
+                st = strides.get(o.name)
+                if kinds.get(o.name) == "inplace" and off in chosen:
+                    st = chosen[off]               # an in-place result keeps its input's layout
+                chosen[off] = st
+                views.append(arena.view(off, size, o, st))
+            call.out = tuple(views)
     return Binding(calls, arena, not_writable)

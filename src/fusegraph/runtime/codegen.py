@@ -141,6 +141,8 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
     if spec.returns is not None:
         outs = [names(v) for v in spec.returns]
         lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    if lines[-1].startswith("def "):
+        lines.append("    pass")
     lines.append("")
 
 

@@ -1,0 +1,127 @@
+"""One script for a lent GPU machine: CUDA correctness and timings, in under 5 minutes.
+
+    python benchmarks/gpu_check.py [--models a,b] [--budget-s 270] [--json out.json]
+
+For each light model (batch 1, random He-scaled weights, logits exposed):
+- correctness: the CPU result (memory off, one stream) against CUDA runs with streams=1, 2, 4,
+  memory balanced, and with CUDA-graph capture for streams 1 and 2; 3 runs each, fp32
+  tolerances (TF32 off), the planned stream count reported;
+- timing: median latency (``fusegraph.timing.measure``, alternating configurations) of CUDA
+  streams=1, 2 and cuda_graph, plus the CPU one-stream latency for reference.
+Prints one summary table; exits 1 when a correctness check failed. Without a GPU it says so
+and exits 0. Nothing here is imported by the package or the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+
+import numpy as np
+import onnx
+import torch
+
+import fusegraph as fg
+from fusegraph import zoo
+from fusegraph.timing import measure
+
+RTOL, ATOL = 1e-3, 1e-4
+CHECKS = [("s1", dict(streams=1)), ("s2", dict(streams=2)), ("s4", dict(streams=4)),
+          ("s1+graph", dict(streams=1, cuda_graph=True)), ("s2+graph", dict(streams=2, cuda_graph=True))]
+TIMED = ("s1", "s2", "s1+graph")
+
+
+def _close(want: dict, got: dict) -> float:
+    worst = 0.0
+    for k, w in want.items():
+        g = got[k]
+        if g.shape != w.shape or not np.allclose(g, w, rtol=RTOL, atol=ATOL, equal_nan=True):
+            return float("inf") if g.shape != w.shape else float(np.abs(g - w).max())
+        worst = max(worst, float(np.abs(g - w).max()) if w.size else 0.0)
+    return worst
+
+
+def check_model(name: str, deadline: float, runs: int, device: str = "cuda") -> dict:
+    row: dict = {"model": name, "checks": {}, "latency_ms": {}, "streams": {}}
+    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0,
+                                                    calibrate=False))
+    feeds = zoo.random_feeds(proto, seed=1)
+    cpu = fg.compile(proto, fg.Config(memory="off"))
+    want = cpu.run(feeds)
+    models = {}
+    for label, kw in CHECKS:
+        try:
+            m = fg.compile(proto, fg.Config(device=device, memory="balanced", **kw))
+            worst = max(_close(want, m.run(feeds)) for _ in range(3))
+            ok = np.isfinite(worst)
+            row["checks"][label] = "ok" if ok else f"FAIL max diff {worst:.3g}"
+            row["streams"][label] = m.plan.streams.num_streams if m.plan.streams is not None else 1
+            runner = m._executor._runner
+            if getattr(runner, "graph_error", None):
+                row["checks"][label] += f" (graph capture fell back: {runner.graph_error[:80]})"
+            models[label] = m
+        except Exception as exc:  # noqa: BLE001 - reported, the script goes on
+            row["checks"][label] = f"FAIL {type(exc).__name__}: {str(exc)[:120]}"
+            traceback.print_exc(limit=3)
+    if time.perf_counter() < deadline:
+        fns = {label: (lambda m=models[label]: m.run(feeds)) for label in TIMED if label in models}
+        fns["cpu"] = lambda: cpu.run(feeds)
+        samples: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(2):                      # alternate, so drift hits every configuration
+            for label, fn in fns.items():
+                samples[label].append(measure(fn, runs=runs, warmup=2, budget_s=1.0).median_ms)
+        row["latency_ms"] = {k: float(np.median(v)) for k, v in samples.items()}
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(zoo.LIGHT_MODELS))
+    ap.add_argument("--budget-s", type=float, default=270.0, help="stop timing after this many seconds")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script's logic")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible to torch; nothing to check")
+        return 0
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    start = time.perf_counter()
+    deadline = start + args.budget_s
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (dry run)"
+    print(f"gpu_check on {where}, torch {torch.__version__}")
+    rows, failed = [], False
+    for name in args.models.split(","):
+        t0 = time.perf_counter()
+        try:
+            row = check_model(name, deadline, args.runs, args.device)
+        except Exception as exc:  # noqa: BLE001
+            row = {"model": name, "checks": {"setup": f"FAIL {type(exc).__name__}: {exc}"}, "latency_ms": {},
+                   "streams": {}}
+        row["seconds"] = time.perf_counter() - t0
+        rows.append(row)
+        failed |= any(str(v).startswith("FAIL") for v in row["checks"].values())
+        lat = " ".join(f"{k}={v:.2f}ms" for k, v in row["latency_ms"].items())
+        print(f"{name:14s} {row['seconds']:5.1f}s  " +
+              " ".join(f"{k}:{v}" for k, v in row["checks"].items()) + f"  streams={row['streams']}  {lat}",
+              flush=True)
+    print()
+    print(f"{'model':14s} " + " ".join(f"{k:>10s}" for k in ("cpu",) + TIMED) + "   s2/s1  graph/s1")
+    for row in rows:
+        lat = row["latency_ms"]
+        cells = " ".join(f"{lat.get(k, float('nan')):10.2f}" for k in ("cpu",) + TIMED)
+        s1 = lat.get("s1", float("nan"))
+        print(f"{row['model']:14s} {cells}   {lat.get('s2', float('nan')) / s1:5.2f}  "
+              f"{lat.get('s1+graph', float('nan')) / s1:7.2f}")
+    print(f"\ncorrectness: {'FAILED' if failed else 'all ok'}; total {time.perf_counter() - start:.0f}s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

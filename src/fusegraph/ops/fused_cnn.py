@@ -1,0 +1,157 @@
+"""Fused convolution in domain ``fusegraph`` (version 1), made by ``passes/fusion/rules_cnn.py``.
+
+``FusedConv(x, w, b?, z?)`` computes ``act(conv(x, w) + b + z)``: the ONNX Conv attributes
+(``strides``, ``pads``, ``dilations``, ``group``, ``auto_pad``, ``kernel_shape``), an optional
+residual summand ``z`` of the output's shape (added before the activation), and
+``activation`` (``ACTIVATIONS``; "" for none) with its ``activation_params`` (leaky_relu:
+[alpha]; hardtanh: [min, max]).
+
+Kernels, chosen once at bind time:
+- CPU, float32, 2-D conv with static spatial sizes and constant weights: oneDNN through
+  ``torch.ops.mkldnn._convolution_pointwise`` (``.binary`` "add" for the residual), with the
+  weights reordered once into oneDNN's blocked format for the known input size
+  (``_reorder_convolution_weight``). The input is read channels-last (converted inside the
+  kernel when it is not) and the output is channels-last. With ``out=`` given and ``z``
+  living in ``out`` (the planner's in-place choice), ``_convolution_pointwise_.binary``
+  accumulates straight into it. Without a residual the kernel allocates (oneDNN has no
+  ``out=`` form); copying into a planned buffer would cost more than it saves.
+- Otherwise (CUDA, other dtypes, 1-D / 3-D, no mkldnn): ``F.conv*`` then the activation in
+  place on the fresh result.
+No pass logic here; rules decide what fuses.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .conv import ConvGeometry, auto_pads, conv_call, ints_attr, torch_pad_list
+from .registry import FusionKind, NodeContext, register
+
+DOMAIN = "fusegraph"
+CL = torch.channels_last
+
+# activation -> (oneDNN unary attr, algorithm, in-place torch fallback(y, params))
+ACTIVATIONS = {
+    "": (None, None, lambda y, p: y),
+    "relu": ("relu", None, lambda y, p: y.relu_()),
+    "sigmoid": ("sigmoid", None, lambda y, p: y.sigmoid_()),
+    "tanh": ("tanh", None, lambda y, p: y.tanh_()),
+    "hardswish": ("hardswish", None, lambda y, p: F.hardswish(y, inplace=True)),
+    "hardsigmoid": ("hardsigmoid", None, lambda y, p: F.hardsigmoid(y, inplace=True)),
+    "swish": ("swish", None, lambda y, p: F.silu(y, inplace=True)),
+    "leaky_relu": ("leaky_relu", None, lambda y, p: F.leaky_relu_(y, p[0])),
+    "hardtanh": ("hardtanh", None, lambda y, p: y.clamp_(p[0], p[1])),
+    "gelu": ("gelu", "none", lambda y, p: torch._C._nn.gelu_(y, approximate="none")),
+    "gelu_tanh": ("gelu", "tanh", lambda y, p: torch._C._nn.gelu_(y, approximate="tanh")),
+}
+
+
+def _out_dim(size, k: int, s: int, d: int, pb: int, pe: int, auto_pad: str):
+    if not isinstance(size, int):
+        return None
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return -(-size // s)
+    return (size + pb + pe - ((k - 1) * d + 1)) // s + 1
+
+
+def _infer(ctx: NodeContext):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    dtype = ctx.dtype(0) or None
+    if xs is None or ws is None:
+        return [(dtype, None)]
+    n = len(xs) - 2
+    k = ints_attr(ctx, "kernel_shape") or list(ws[2:])
+    s = ints_attr(ctx, "strides") or [1] * n
+    d = ints_attr(ctx, "dilations") or [1] * n
+    auto_pad = ctx.attr("auto_pad", "NOTSET") or "NOTSET"
+    pads = ints_attr(ctx, "pads") if auto_pad in ("NOTSET", "") else None
+    pads = pads or [0] * (2 * n)
+    spatial = tuple(_out_dim(xs[2 + i], k[i], s[i], d[i], pads[i], pads[n + i], auto_pad) for i in range(n))
+    return [(dtype, (xs[0], ws[0]) + spatial)]
+
+
+def _mkldnn_ok(ctx: NodeContext, w, activation: str) -> bool:
+    xs = ctx.shape(0)
+    return (ctx.node.outputs[0].layout == "nhwc" and w is not None and w.device.type == "cpu" and w.dtype == torch.float32
+            and torch.backends.mkldnn.is_available() and xs is not None and len(xs) == 4
+            and all(isinstance(v, int) for v in xs[1:])
+            and (ctx.const(2) is None or ctx.const(2).dtype == torch.float32))
+
+
+@register("FusedConv", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True,
+          infer=_infer, writes_out=True, inplace=((3, 0),))
+def _fused_conv(ctx: NodeContext):
+    activation = str(ctx.attr("activation", ""))
+    if activation not in ACTIVATIONS:
+        raise ctx.unsupported(f"activation {activation!r} (known: {sorted(ACTIVATIONS)})")
+    params = [float(p) for p in ctx.attr("activation_params", [])]
+    w = ctx.const(1)
+    if _mkldnn_ok(ctx, w, activation):
+        return _mkldnn_kernel(ctx, w, activation, params)
+    return _fallback_kernel(ctx, activation, params)
+
+
+def _fallback_kernel(ctx: NodeContext, activation: str, params: list[float]):
+    geo = ConvGeometry(ctx)
+    act = ACTIVATIONS[activation][2]
+    g = geo.group
+
+    def kernel(x, w, b=None, z=None):
+        s, d, begin, end = geo.resolve(tuple(x.shape[2:]), tuple(w.shape[2:]))
+        y = conv_call(x, w, b, s, d, g, begin, end)
+        if z is not None:
+            y = y.add_(z)
+        return act(y, params)
+    kernel.writes_out = False
+    return kernel
+
+
+def _mkldnn_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: list[float]):
+    xs = tuple(ctx.shape(0))
+    geo = ConvGeometry(ctx)
+    g = geo.group
+    k = geo.kernel_shape or list(w.shape[2:])
+    s = geo.strides or [1, 1]
+    d = geo.dilations or [1, 1]
+    begin, end = auto_pads(geo.auto_pad, list(xs[2:]), [(k[i] - 1) * d[i] + 1 for i in range(2)], s, geo.pads)
+    pre_pad = None
+    if begin != end or min(begin) < 0:
+        pre_pad, padding = torch_pad_list(begin, end), [0, 0]
+        sizes = [xs[2 + i] + begin[i] + end[i] for i in range(2)]
+    else:
+        padding, sizes = list(begin), list(xs[2:])
+    batch = xs[0] if isinstance(xs[0], int) else 1
+    packed = torch.ops.mkldnn._reorder_convolution_weight(
+        w.contiguous(), padding, list(s), list(d), g, [batch, xs[1]] + sizes)
+    b = ctx.const(2)
+    bias = None if b is None else b.contiguous()
+    attr, algorithm, _ = ACTIVATIONS[activation]
+    scalars = list(params) if attr in ("leaky_relu", "hardtanh") else []
+    stride, dil = list(s), list(d)
+
+    if not ctx.has_input(3):
+        unary = torch.ops.mkldnn._convolution_pointwise.default
+        uattr = attr or "none"
+
+        def conv(x, w=None, b=None):
+            x = x.contiguous(memory_format=CL)
+            if pre_pad is not None:
+                x = F.pad(x, pre_pad).contiguous(memory_format=CL)
+            return unary(x, packed, bias, padding, stride, dil, g, uattr, scalars, algorithm)
+        conv.writes_out = False
+        return conv
+
+    binary = torch.ops.mkldnn._convolution_pointwise.binary
+    binary_ = torch.ops.mkldnn._convolution_pointwise_.binary
+
+    def conv_add(x, w, b, z, out=None):
+        x = x.contiguous(memory_format=CL)
+        if pre_pad is not None:
+            x = F.pad(x, pre_pad).contiguous(memory_format=CL)
+        if out is None:
+            return binary(x, z, packed, bias, padding, stride, dil, g, "add", None, attr, scalars, algorithm)
+        if out.data_ptr() != z.data_ptr() or out.stride() != z.stride():
+            out.copy_(z)
+        binary_(out, x, packed, bias, padding, stride, dil, g, "add", None, attr, scalars, algorithm)
+        return out
+    return conv_add

@@ -1,0 +1,287 @@
+"""Fused transformer ops in domain ``fusegraph`` (version 1), made by the transformer fusion
+rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
+
+- ``LinearAct(x, w, b?)``: ``act(x @ w + b)`` — addmm into the output buffer, then the
+  activation in place on it (measured faster than oneDNN ``_linear_pointwise`` at the
+  BERT / GPT-2 sizes, see benchmarks/RESULTS.md). ``trans_b`` as ``Linear``; ``activation``
+  one of ``ACTIVATIONS``.
+- ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
+- ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon``.
+- ``SkipLayerNorm(a, b, gamma?, beta?)``: ``s = a + b``; outputs ``layer_norm(s)`` and,
+  when the node has a second output, ``s`` itself (the residual stream of pre-LN models).
+- ``MaskedSoftmax(x, mask?)``: ``softmax(x * scale + mask)`` over the last axis;
+  ``nan_to_zero`` maps NaN rows to 0 (the exporters' ``Where(IsNaN(p), 0, p)``).
+- ``ScaledDotProductAttention(q, k, v, mask?)``: ``softmax(q @ k^T * scale + mask) @ v``;
+  ``k_transposed`` says ``k`` comes as ``[..., D, S]``; ``nan_to_zero`` as above. One query
+  row (decoding, L = 1) runs ``F.scaled_dot_product_attention``; longer ones run matmul,
+  one add, in-place softmax, matmul (measured faster on CPU there). Any NaN from the SDPA
+  path falls back to the composed path, so fully-masked and non-finite rows follow the graph.
+- ``ElementwiseChain(inputs...)``: a linear chain of elementwise ops, ``steps`` a list of
+  strings ``"Op a b"`` whose operands are ``iN`` (node input N) or ``p`` (previous result).
+  The first step writes the output buffer, every later step updates it in place: one
+  buffer, no intermediate allocation, never writing a tensor anyone else reads.
+"""
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+
+from ..ir.shape import broadcast_shapes
+from .common import same_as_input
+from .registry import FusionKind, NodeContext, register
+
+DOMAIN = "fusegraph"
+
+# Elementwise work below this many elements runs on one intra-op thread: torch's VML-backed
+# unary kernels (tanh, erf, exp, gelu) fork at 2048 elements, and on a busy machine the
+# fork/join waits a scheduler tick (~8 ms measured on 2 shared cores) for a few us of work.
+SERIAL_BELOW = 1 << 15
+_get_threads, _set_threads = torch.get_num_threads, torch.set_num_threads
+
+
+def small_serial(fn, numel, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on one intra-op thread when ``numel`` is small."""
+    n = _get_threads()
+    if n == 1 or numel >= SERIAL_BELOW:
+        return fn(*args, **kwargs)
+    _set_threads(1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _set_threads(n)
+
+ACTIVATIONS = {
+    "relu": torch.relu_,
+    "gelu": lambda t: torch._C._nn.gelu_(t, approximate="none"),
+    "gelu_tanh": lambda t: torch._C._nn.gelu_(t, approximate="tanh"),
+    "sigmoid": torch.sigmoid_,
+    "tanh": torch.tanh_,
+    "silu": lambda t: F.silu(t, inplace=True),
+}
+
+
+# ---------------------------------------------------------------- LinearAct
+
+def _linear_act_infer(ctx: NodeContext):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    if xs is None or ws is None:
+        return [(ctx.dtype(0) or None, None)]
+    n = ws[0] if ctx.attr("trans_b", 0) else ws[1]
+    return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
+
+
+@register("LinearAct", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_act_infer,
+          writes_out=True)
+def _linear_act(ctx: NodeContext):
+    trans_b = bool(ctx.attr("trans_b", 0))
+    name = ctx.attr("activation")
+    if name not in ACTIVATIONS:
+        raise ctx.unsupported(f"activation {name!r} (expected one of {sorted(ACTIVATIONS)})")
+    act = ACTIVATIONS[name]
+
+    def kernel(x, w, b=None, out=None):
+        wt = w.t() if trans_b else w
+        x2 = x.reshape(-1, x.shape[-1])
+        o2 = None if out is None else out.view(-1, wt.shape[1])
+        if b is None:
+            y = torch.mm(x2, wt, out=o2) if o2 is not None else torch.mm(x2, wt)
+        else:
+            y = torch.addmm(b, x2, wt, out=o2) if o2 is not None else torch.addmm(b, x2, wt)
+        small_serial(act, y.numel(), y)
+        return out if out is not None else y.view(*x.shape[:-1], wt.shape[1])
+    return kernel
+
+
+# ---------------------------------------------------------------- Gelu
+
+@register("Gelu", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
+          infer=lambda ctx: [(ctx.dtype(0) or None,
+                              broadcast_shapes(ctx.shape(0), ctx.shape(1)) if ctx.has_input(1) else ctx.shape(0))])
+def _gelu(ctx: NodeContext):
+    approx = ctx.attr("approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise ctx.unsupported(f"approximate={approx!r}")
+
+    def gelu(x, b=None, out=None):
+        if b is None:
+            return F.gelu(x, approximate=approx) if out is None else \
+                torch._C._nn.gelu(x, approximate=approx, out=out)
+        y = torch.add(x, b) if out is None else torch.add(x, b, out=out)
+        return torch._C._nn.gelu_(y, approximate=approx)
+
+    def kernel(x, b=None, out=None):
+        return small_serial(gelu, x.numel(), x, b, out=out)
+    return kernel
+
+
+# ---------------------------------------------------------------- LayerNorm / SkipLayerNorm
+
+@register("LayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=same_as_input(0),
+          layout_sensitive=True)
+def _layer_norm(ctx: NodeContext):
+    eps = float(ctx.attr("epsilon"))
+
+    def kernel(x, gamma=None, beta=None):
+        return F.layer_norm(x, x.shape[-1:], gamma, beta, eps)
+    return kernel
+
+
+def _skip_ln_infer(ctx: NodeContext):
+    a, b = ctx.shape(0), ctx.shape(1)
+    shape = broadcast_shapes(a, b) if a is not None and b is not None else None
+    return [(ctx.dtype(0) or None, shape)] * ctx.n_outputs
+
+
+@register("SkipLayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_skip_ln_infer,
+          layout_sensitive=True)
+def _skip_layer_norm(ctx: NodeContext):
+    eps = float(ctx.attr("epsilon"))
+    both = ctx.n_outputs == 2
+
+    def skip_ln(a, b, gamma=None, beta=None):
+        s = torch.add(a, b)
+        y = F.layer_norm(s, s.shape[-1:], gamma, beta, eps)
+        return (y, s) if both else y
+
+    def kernel(a, b, gamma=None, beta=None):
+        return small_serial(skip_ln, a.numel(), a, b, gamma, beta)
+    return kernel
+
+
+# ---------------------------------------------------------------- MaskedSoftmax
+
+def _scaled_plus_mask(x, mask, scale, out):
+    """``x * scale + mask`` (either part optional) into ``out`` or a new tensor."""
+    if mask is None:
+        if scale == 1.0:
+            return x.clone() if out is None else out.copy_(x)
+        return torch.mul(x, scale) if out is None else torch.mul(x, scale, out=out)
+    if out is None:
+        return torch.add(mask, x, alpha=scale) if scale != 1.0 else torch.add(x, mask)
+    return torch.add(mask, x, alpha=scale, out=out) if scale != 1.0 else torch.add(x, mask, out=out)
+
+
+def _softmax_(y, nan_to_zero):
+    torch._softmax(y, -1, False, out=y)
+    if nan_to_zero:
+        torch.nan_to_num_(y, nan=0.0)   # a softmax output is never +-inf: only NaN changes
+    return y
+
+
+@register("MaskedSoftmax", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
+          infer=lambda ctx: [(ctx.dtype(0) or None,
+                              broadcast_shapes(ctx.shape(0), ctx.shape(1)) if ctx.has_input(1) else ctx.shape(0))])
+def _masked_softmax(ctx: NodeContext):
+    scale = float(ctx.attr("scale", 1.0))
+    nan_to_zero = bool(ctx.attr("nan_to_zero", 0))
+
+    def masked_softmax(x, mask=None, out=None):
+        return _softmax_(_scaled_plus_mask(x, mask, scale, out), nan_to_zero)
+
+    def kernel(x, mask=None, out=None):
+        return small_serial(masked_softmax, x.numel(), x, mask, out=out)
+    return kernel
+
+
+# ---------------------------------------------------------------- ScaledDotProductAttention
+
+def _sdpa_infer(ctx: NodeContext):
+    q, v = ctx.shape(0), ctx.shape(2)
+    if q is None or v is None:
+        return [(ctx.dtype(0) or None, None)]
+    return [(ctx.dtype(0) or None, broadcast_shapes(tuple(q[:-2]), tuple(v[:-2])) + (q[-2], v[-1]))]
+
+
+@register("ScaledDotProductAttention", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE,
+          infer=_sdpa_infer)
+def _sdpa(ctx: NodeContext):
+    scale = float(ctx.attr("scale", 1.0))
+    k_transposed = bool(ctx.attr("k_transposed", 0))
+    nan_to_zero = bool(ctx.attr("nan_to_zero", 0))
+
+    def composed(q, kt, v, mask):
+        s = torch.matmul(q, kt)
+        if mask is None:
+            if scale != 1.0:
+                s.mul_(scale)
+        elif broadcast_shapes(tuple(mask.shape), tuple(s.shape)) == tuple(s.shape):
+            torch.add(mask, s, alpha=scale, out=s)      # in place: s is this node's own temporary
+        else:
+            s = torch.add(mask, s, alpha=scale)
+        return torch.matmul(_softmax_(s, nan_to_zero), v)
+
+    def kernel(q, k, v, mask=None):
+        return small_serial(attention, q.numel() * k.shape[-2 if not k_transposed else -1], q, k, v, mask)
+
+    def attention(q, k, v, mask=None):
+        kt = k if k_transposed else k.transpose(-1, -2)
+        if (nan_to_zero and q.dim() == 4 and q.shape[-2] == 1 and v.dim() == 4 and q.shape[:2] == v.shape[:2]
+                and (mask is None or (mask.dim() <= 4 and mask.is_floating_point()))):
+            try:
+                y = F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)
+            except RuntimeError:   # a mask SDPA does not broadcast: the composed path does
+                y = None
+            if y is not None and not bool(torch.isnan(y).any()):
+                return y
+        return composed(q, kt, v, mask)
+    return kernel
+
+
+# ---------------------------------------------------------------- ElementwiseChain
+
+UNARY = {
+    "Relu": lambda x, out=None: torch.clamp_min(x, 0, out=out), "Sigmoid": torch.sigmoid,
+    "Tanh": torch.tanh, "Exp": torch.exp, "Log": torch.log, "Sqrt": torch.sqrt,
+    "Neg": torch.neg, "Abs": torch.abs, "Erf": torch.erf, "Reciprocal": torch.reciprocal,
+}
+BINARY = {
+    "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div,
+    "Max": torch.maximum, "Min": torch.minimum, "Pow": torch.pow,
+}
+
+
+def parse_step(step: str) -> tuple[str, list[str]]:
+    op, *args = step.split()
+    return op, args
+
+
+def _chain_infer(ctx: NodeContext):
+    shapes = [ctx.shape(i) for i in range(ctx.n_inputs)]
+    if any(s is None for s in shapes):
+        return [(ctx.dtype(0) or None, None)]
+    return [(ctx.dtype(0) or None, broadcast_shapes(*shapes))]
+
+
+@register("ElementwiseChain", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
+          infer=_chain_infer)
+def _chain(ctx: NodeContext):
+    steps = [parse_step(s) for s in ctx.attr("steps")]
+    scalars = {}
+    for i in range(ctx.n_inputs):     # 0-d float constants become Python numbers (second operands)
+        c = ctx.const(i)
+        if c is not None and c.dim() == 0 and c.is_floating_point():
+            scalars[i] = float(c.item())
+    plan = []
+    for op, args in steps:
+        fn = UNARY.get(op) or BINARY.get(op)
+        if fn is None or len(args) != (1 if op in UNARY else 2):
+            raise ctx.unsupported(f"chain step {op} {' '.join(args)}")
+        refs = [None if a == "p" else int(a[1:]) for a in args]
+        kinds = [0 if r is None else (2 if pos > 0 and r in scalars and op not in ("Max", "Min") else 1)
+                 for pos, r in enumerate(refs)]
+        plan.append((fn, refs, kinds))
+    if not plan or any(None not in refs for _, refs, _ in plan[1:]):
+        raise ctx.unsupported("every step after the first must use the previous result")
+
+    def kernel(*xs, out=None):
+        return small_serial(chain, xs[0].numel() if out is None else out.numel(), *xs, out=out)
+
+    def chain(*xs, out=None):
+        prev = None
+        for fn, refs, kinds in plan:
+            args = [prev if k == 0 else (xs[r] if k == 1 else scalars[r]) for r, k in zip(refs, kinds)]
+            dest = out if prev is None else prev
+            prev = fn(*args) if dest is None else fn(*args, out=dest)
+        return prev
+    return kernel

@@ -1,0 +1,161 @@
+"""The fusion engine: ``FusionRule`` (pattern, check, rewrite) and ``FusionPass`` (pass "fusion").
+
+``FusionPass`` applies every rule of ``rules_cnn.RULES`` and ``rules_transformer.RULES``
+(highest ``priority`` first; each rule over the whole graph before the next, so a larger
+pattern such as Conv+Add+Relu gets its chance before Conv+Add), and repeats until nothing
+changes. For each candidate root:
+
+- the pattern does not match -> nothing recorded;
+- the structure matches but a ``no_fuse`` node or an ``external`` interior value blocks it
+  -> a declined record with the reason from ``pattern.explain``;
+- ``check(match, ctx)`` returns a string -> a declined record with that reason;
+- else ``rewrite(match, ctx)`` builds the fused node(s) through ``ctx.emit`` (tagged
+  ``node.meta["rule"]``) and returns the values that replace the root's outputs; the engine
+  rewires users and removes the matched nodes left dead.
+
+A root output flagged ``external`` keeps its name and flags on the value that replaces it,
+so ``Config.external_tensors`` still finds it. Records go into the shared log that
+``passes.optimize`` turns into ``report.fusions``. This file knows no rule.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...ir import Graph, Node, Value
+from ..manager import PassOptions, PassResult
+from ..rewrite import RuleContext, _check_compatible, sweep_dead
+from .pattern import Match, Pat, explain, match
+
+RULE_MODULES = ("rules_cnn", "rules_transformer")
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    name: str
+    pattern: Pat
+    check: Callable[[Match, "FusionContext"], "str | None"]   # None: go; a string: why not. Never mutates.
+    rewrite: Callable[[Match, "FusionContext"], "Value | list[Value]"]
+    priority: int = 0           # larger first
+    doc: str = ""
+
+
+class FusionContext(RuleContext):
+    """What a check / rewrite may use: graph, options, the match, ``emit`` and ``const``."""
+
+    def __init__(self, graph: Graph, options: PassOptions, rule: FusionRule, m: Match):
+        super().__init__(graph, options, rule, m.root)
+        self.match = m
+
+    @property
+    def aggressive(self) -> bool:
+        return bool(getattr(self.options, "aggressive_fusion", False))
+
+
+def collect_rules() -> list[FusionRule]:
+    """Every rule of the rule modules that exist, highest priority first (stable)."""
+    rules: list[FusionRule] = []
+    for mod in RULE_MODULES:
+        try:
+            module = importlib.import_module(f"{__package__}.{mod}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{mod}":
+                raise
+            continue
+        rules.extend(getattr(module, "RULES", ()))
+    return sorted(rules, key=lambda r: -r.priority)
+
+
+def rule_names() -> set[str]:
+    return {r.name for r in collect_rules()}
+
+
+class FusionPass:
+    """Pass "fusion": apply fusion rules until none applies (see module doc)."""
+
+    name = "fusion"
+
+    def __init__(self, options: PassOptions, log: list | None = None,
+                 rules: list[FusionRule] | None = None, max_rounds: int = 8):
+        rules = collect_rules() if rules is None else sorted(rules, key=lambda r: -r.priority)
+        self.options, self.log, self.max_rounds = options, log, max_rounds
+        self.rules = [r for r in rules if r.name not in options.disabled]
+
+    def run(self, graph: Graph) -> PassResult:
+        applied: dict[str, int] = {}
+        declined: dict[str, int] = {}
+        for _ in range(self.max_rounds):
+            changed = False
+            for rule in self.rules:
+                roots = rule.pattern.ops
+                for node in list(graph.nodes):
+                    if node.graph is not graph or (node.domain, node.op_type) not in roots:
+                        continue
+                    m = match(rule.pattern, node)
+                    if m is None:
+                        why = explain(rule.pattern, node)
+                        if why is not None:
+                            self._decline(rule, node, [node.name], f"blocked: {why}", declined)
+                        continue
+                    ctx = FusionContext(graph, self.options, rule, m)
+                    reason = rule.check(m, ctx)
+                    if reason is not None:
+                        self._decline(rule, node, [n.name for n in m.matched], str(reason), declined)
+                        continue
+                    names = [n.name for n in m.matched]
+                    fused = self._apply(graph, m, rule.rewrite(m, ctx), ctx)
+                    applied[rule.name] = applied.get(rule.name, 0) + 1
+                    self._record(rule.name, True, names, fused)
+                    changed = True
+            if not changed:
+                break
+        stats: dict[str, Any] = {}
+        if applied:
+            stats["applied"] = applied
+        if declined:
+            stats["declined"] = declined
+        return PassResult(bool(applied), stats)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _decline(self, rule: FusionRule, node: Node, names: list[str], reason: str, counts: dict) -> None:
+        counts[rule.name] = counts.get(rule.name, 0) + 1
+        self._record(rule.name, False, names, reason)
+
+    def _record(self, rule: str, applied: bool, names: list[str], reason: str) -> None:
+        if self.log is None:
+            return
+        for rec in self.log:
+            if rec["rule"] == rule and rec["nodes"] == names and rec["applied"] == applied:
+                rec["reason"] = reason
+                return
+        self.log.append({"rule": rule, "applied": applied, "nodes": names, "reason": reason})
+
+    def _apply(self, graph: Graph, m: Match, new, ctx: FusionContext) -> str:
+        root = m.root
+        news = list(new) if isinstance(new, (list, tuple)) else [new]
+        renames: list[tuple[Value, str]] = []
+        for out, repl in zip(root.outputs, news):
+            if repl is None or repl is out:
+                continue
+            _check_compatible(ctx.rule, out, repl)
+            if out.is_graph_output and repl.is_graph_output:
+                repl = ctx.emit("Identity", [repl])  # two graph outputs must not alias one tensor
+            if out.flags:
+                repl.flags |= out.flags
+                renames.append((repl, out.name))
+            out.replace_all_uses_with(repl)
+        inputs: list[Value] = []
+        for node in reversed(m.matched):
+            if node.graph is graph and all(not o.uses and not o.is_graph_output for o in node.outputs):
+                inputs.extend(v for v in node.inputs if v is not None)
+                graph.remove(node)
+        sweep_dead(graph, inputs)
+        if root.graph is None:
+            for value, name in renames:
+                value.name = name
+        made = next((r.producer for r in news if r is not None and r.producer is not None), None)
+        if made is None:
+            return ""
+        return f"-> {made.name} ({made.domain + '::' if made.domain else ''}{made.op_type})"

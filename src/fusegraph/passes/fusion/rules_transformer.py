@@ -1,0 +1,322 @@
+"""Transformer fusion rules (``RULES``), highest priority first; kernels in ``ops/fused_transformer.py``.
+
+- attention (50): ``MatMul(softmax(q' @ k' * s + mask), v)`` where ``q'``/``k'`` may carry
+  scalar-constant Muls (the SDPA export scales both), the scores a Mul/Div by a scalar
+  constant, the mask an Add of any float value or a ``Where(cond, scores, fill)`` with
+  ``fill <= -1e30`` (then ``scores + fill == fill`` in fp32 for every |score| < 1e22: the
+  additive form is the same), and the probabilities the exporters' ``Where(IsNaN(p), 0, p)``
+  -> ``ScaledDotProductAttention``. The Transposes around it stay (they are views).
+- masked_softmax (40) / softmax_nan_to_zero (40): the same scale, mask and NaN guard
+  around a Softmax that is not part of an attention -> ``MaskedSoftmax``.
+- layer_norm (30): ``(x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta]`` over
+  the last axis (``Pow(d, 2)`` or ``d * d``) -> ``LayerNorm``. Statistics differ by rounding.
+- skip_layer_norm (25): ``LayerNorm(a + b)`` -> ``SkipLayerNorm``, which also outputs the
+  sum when the Add has other users (pre-LN residual streams).
+- gelu_erf / gelu_tanh (30): the two GELU forms (see ``transformer_forms.py``), a bias Add
+  in front absorbed -> ``Gelu``.
+- linear_act (20): ``act(Linear | MatMul by a 2-D weight)`` -> ``LinearAct``.
+- elementwise_chain (0): a linear chain of float elementwise ops -> ``ElementwiseChain``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..facts import const_of, producer
+from ..rewrite import FUSEGRAPH_DOMAIN as FG
+from .engine import FusionRule
+from .pattern import Pat, Var
+from .transformer_forms import (CHAIN_OPS, attention_form, chain_form, fg_node, gelu_form,
+                                interior_reason, layer_norm_form, scalar,
+                                vector_along)
+
+# ------------------------------------------------------------------ attention
+
+
+def _softmaxish(v) -> bool:
+    p = v.producer
+    return p is not None and (p.op_type in ("Softmax", "Where") and p.domain == "" or fg_node(p, "MaskedSoftmax"))
+
+
+def _attention_check(m, ctx):
+    form = attention_form(m.root)
+    if isinstance(form, str):
+        return form
+    if form["k_transposed"] is None:
+        return "the probabilities are transposed (BatchMatMul trans_a)"
+    if not ctx.supports("ScaledDotProductAttention", FG):
+        return "no ScaledDotProductAttention kernel"
+    return interior_reason(form["nodes"], m.root)
+
+
+def _attention_rewrite(m, ctx):
+    f = attention_form(m.root)
+    mask = f["mask"]
+    if f["where"] is not None:
+        cond, fill = f["where"]
+        dt = f["q"].dtype.to_torch()
+        mask = ctx.emit("Where", [cond, ctx.const(torch.zeros((), dtype=dt), "zero"),
+                                  ctx.const(torch.tensor(fill, dtype=dt), "fill")])
+        if f["mask"] is not None:
+            mask = ctx.emit("Add", [mask, f["mask"]])
+    ins = [f["q"], f["k"], f["v"]] + ([mask] if mask is not None else [])
+    return ctx.emit("ScaledDotProductAttention", ins, {"scale": f["scale"], "k_transposed": int(f["k_transposed"]),
+                                                      "nan_to_zero": int(f["nan_to_zero"])}, domain=FG)
+
+
+# ------------------------------------------------------------------ softmax
+
+
+def _scaled_or_masked(v) -> bool:
+    p = v.producer
+    return p is not None and p.domain == "" and p.op_type in ("Add", "Mul", "Div") and len(v.uses) == 1
+
+
+def _softmax_parts(root):
+    """(x, mask, scale, nodes) of ``Softmax(x * scale + mask)`` over the last axis, or a reason."""
+    rank = len(root.inputs[0].shape or ())
+    axis = int(root.attrs.get("axis", -1 if root.version >= 13 else 1))
+    if rank == 0 or axis % rank != rank - 1:
+        return "Softmax is not over the last axis"
+    x, mask, scale, nodes = root.inputs[0], None, 1.0, [root]
+    add = producer(x, "Add")
+    if add is not None:
+        for side in (0, 1):
+            inner, other = add.inputs[side], add.inputs[1 - side]
+            if producer(inner, "Mul", "Div") is not None or side == 1:
+                x, mask = inner, other
+                break
+        nodes.append(add)
+    p = producer(x, "Mul", "Div")
+    if p is not None:
+        for side in ((0, 1) if p.op_type == "Mul" else (1,)):
+            c = scalar(p.inputs[side])
+            if c is not None and c != 0.0:
+                scale *= c if p.op_type == "Mul" else 1.0 / c
+                x = p.inputs[1 - side]
+                nodes.append(p)
+                break
+    if len(nodes) == 1:
+        return "neither scaled nor masked"
+    if mask is not None and (not mask.dtype.is_float or mask.dtype != x.dtype):
+        return "the mask is not a float of the scores' type"
+    return x, mask, scale, nodes
+
+
+def _softmax_check(m, ctx):
+    parts = _softmax_parts(m.root)
+    return parts if isinstance(parts, str) else interior_reason(parts[3], m.root)
+
+
+def _softmax_rewrite(m, ctx):
+    x, mask, scale, _ = _softmax_parts(m.root)
+    return ctx.emit("MaskedSoftmax", [x] + ([mask] if mask is not None else []), {"scale": scale}, domain=FG)
+
+
+def _nan_check(m, ctx):
+    s = m.values["s"].producer
+    if scalar(m.values["zero"]) != 0.0:
+        return "the Where does not map NaN to 0"
+    if s.op_type == "Softmax" and s.domain == "":
+        rank = len(s.inputs[0].shape or ())
+        axis = int(s.attrs.get("axis", -1 if s.version >= 13 else 1))
+        if rank == 0 or axis % rank != rank - 1:
+            return "Softmax is not over the last axis"
+    elif not fg_node(s, "MaskedSoftmax"):
+        return "not a softmax"
+    return interior_reason([s, m.nodes["isnan"], m.root], m.root)
+
+
+def _nan_rewrite(m, ctx):
+    s = m.values["s"].producer
+    attrs = {"scale": 1.0} if s.domain == "" else dict(s.attrs)
+    attrs["nan_to_zero"] = 1
+    return ctx.emit("MaskedSoftmax", list(s.inputs), attrs, domain=FG)
+
+
+# ------------------------------------------------------------------ layer norm
+
+
+def _ln_check(m, ctx):
+    form = layer_norm_form(m)
+    return form if isinstance(form, str) else interior_reason(m.matched, m.root)
+
+
+def _ln_rewrite(m, ctx):
+    x, gamma, beta, eps = layer_norm_form(m)
+    ins = [x, _as_const(ctx, gamma, "gamma"), _as_const(ctx, beta, "beta")]
+    while ins[-1] is None:
+        ins.pop()
+    return ctx.emit("LayerNorm", ins, {"epsilon": eps}, domain=FG)
+
+
+def _as_const(ctx, v, name):
+    return v if v is None or hasattr(v, "producer") else ctx.const(v, name)
+
+
+def _skip_check(m, ctx):
+    ln, add = m.root, m.nodes["add"]
+    if ln.domain == "" and (len(ln.outputs) != 1 or int(ln.attrs.get("axis", -1)) not in (-1, len(ln.inputs[0].shape or ()) - 1)
+                            or int(ln.attrs.get("stash_type", 1)) != 1):
+        return "LayerNormalization is not over the last axis alone, or has statistics outputs"
+    x = ln.inputs[0]
+    n = x.shape[-1] if x.shape else None
+    if not x.dtype.is_float or not isinstance(n, int):
+        return "not floating point, or the normalised size is unknown"
+    for v in ln.inputs[1:]:
+        if v is not None and (v.shape is None or tuple(v.shape) != (n,)):
+            return "scale / bias are not vectors along the last axis"
+    if any(v.shape is None or len(v.shape) != len(x.shape) for v in add.inputs):
+        return "the residual Add broadcasts"
+    if add.outputs[0].is_graph_output:
+        return "the residual sum is a graph output"
+    return interior_reason([add, ln], ln, allow_outside={id(add)})
+
+
+def _skip_rewrite(m, ctx):
+    ln, add = m.root, m.nodes["add"]
+    eps = float(ln.attrs.get("epsilon", 1e-5))
+    s = add.outputs[0]
+    extra = [u for u, _ in s.uses if u is not ln]
+    ctx.root = add   # emit at the Add: the sum's other users may come before the LayerNorm
+    outs = ctx.emit("SkipLayerNorm", list(add.inputs) + list(ln.inputs[1:]), {"epsilon": eps}, domain=FG,
+                    outputs=2 if extra else 1)
+    y = outs[0] if extra else outs
+    if extra:
+        s.replace_all_uses_with(outs[1])
+    return y
+
+
+# ------------------------------------------------------------------ GELU and linear + activation
+
+
+def _gelu_candidate(v) -> bool:
+    return gelu_form(v.producer, probe=True) if v.producer is not None else False
+
+
+def _gelu_check(m, ctx):
+    form = gelu_form(m.root)
+    if isinstance(form, str):
+        return form
+    return interior_reason(form["nodes"], m.root)
+
+
+def _gelu_rewrite(m, ctx):
+    form = gelu_form(m.root)
+    x, bias = form["x"], None
+    add = producer(x, "Add")
+    if (add is not None and not x.flags and not x.is_graph_output
+            and all(any(u is n for n in form["nodes"]) for u, _ in x.uses)):
+        for side in (0, 1):
+            b = vector_along(add.inputs[1 - side], x.shape[-1] if x.shape else None, len(x.shape or ()))
+            if b is not None and add.inputs[side].shape is not None and \
+                    tuple(add.inputs[side].shape) == tuple(x.shape or ()):
+                x, bias = add.inputs[side], b
+                break
+    ins = [x] + ([_as_const(ctx, bias, "bias")] if bias is not None else [])
+    return ctx.emit("Gelu", ins, {"approximate": form["approximate"]}, domain=FG)
+
+
+_ACTS = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+
+
+def _act_name(node):
+    if node.domain == FG and node.op_type == "Gelu":
+        return "gelu" if node.attrs.get("approximate", "none") == "none" else "gelu_tanh"
+    return _ACTS.get(node.op_type)
+
+
+def _linear_check(m, ctx):
+    mm, act = m.nodes["mm"], m.root
+    w = mm.inputs[1]
+    if w.shape is None or len(w.shape) != 2 or mm.inputs[0].shape is None or len(mm.inputs[0].shape) < 1:
+        return "the weight is not 2-D"
+    if not mm.outputs[0].dtype.is_float or act.outputs[0].shape is None or \
+            tuple(act.outputs[0].shape) != tuple(mm.outputs[0].shape or ()):
+        return "not floating point, or the activation broadcasts"
+    bias = act.input(1)
+    if bias is not None:
+        if mm.input(2) is not None and (const_of(mm.input(2)) is None or const_of(bias) is None):
+            return "two biases, not both constant"
+        n = mm.outputs[0].shape[-1]
+        if bias.shape is None or tuple(bias.shape) != (n,):
+            return "the GELU bias is not a vector along N"
+    return None
+
+
+def _linear_rewrite(m, ctx):
+    mm, act = m.nodes["mm"], m.root
+    bias, b2 = mm.input(2), act.input(1)
+    if b2 is not None:
+        bias = b2 if bias is None else ctx.const(const_of(bias) + const_of(b2), "bias")
+    trans_b = int(mm.attrs.get("trans_b", 0)) if mm.domain == FG else 0
+    ins = [mm.inputs[0], mm.inputs[1]] + ([bias] if bias is not None else [])
+    return ctx.emit("LinearAct", ins, {"trans_b": trans_b, "activation": _act_name(act)}, domain=FG)
+
+
+# ------------------------------------------------------------------ elementwise chains
+
+
+def _chain_link(v) -> bool:
+    p = v.producer
+    return (p is not None and p.domain == "" and p.op_type in CHAIN_OPS and len(v.uses) == 1
+            and not v.is_graph_output and v.dtype.is_float)
+
+
+def _chain_check(m, ctx):
+    form = chain_form(m.root)
+    return form if isinstance(form, str) else interior_reason(form[2], m.root)
+
+
+def _chain_rewrite(m, ctx):
+    inputs, steps, _ = chain_form(m.root)
+    return ctx.emit("ElementwiseChain", inputs, {"steps": steps}, domain=FG)
+
+
+# ------------------------------------------------------------------ the rule list
+
+
+def _ln_pattern(square: str, tail: str) -> Pat:
+    d = Pat("Sub", Var("x"), Pat("ReduceMean", Var("x"), ..., name="mean"), name="d")
+    sq = Pat("Pow", d, Var("two")) if square == "pow" else Pat("Mul", d, d)
+    var = Pat("ReduceMean", sq, ..., name="var")
+    norm = Pat("Div", d, Pat("Sqrt", Pat("Add", var, Var("eps"))), name="norm")
+    if tail == "plain":
+        return norm
+    scaled = Pat("Mul", norm, Var("gamma"), name="scaled")
+    return scaled if tail == "scale" else Pat("Add", scaled, Var("beta"))
+
+
+_SOFTMAX = Pat("Softmax", Var("x", _scaled_or_masked))
+_NAN = Pat("Where", Pat("IsNaN", Var("s", lambda v: v.producer is not None), name="isnan"), Var("zero"), Var("s"))
+_ATTENTION = Pat(("MatMul", "fusegraph::BatchMatMul"), Var("p", _softmaxish), Var("v"))
+_LINEAR = Pat(("Relu", "Sigmoid", "Tanh", "fusegraph::Gelu"),
+              Pat(("fusegraph::Linear", "MatMul"), Var("x"), Var("w"), Var("b", optional=True), name="mm"),
+              Var("bias", optional=True))
+_BINARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
+                    Var("p", _chain_link), Var("o"), commutative=True)
+_UNARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op not in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
+                   Var("p", _chain_link))
+
+RULES = [
+    FusionRule("attention", _ATTENTION, _attention_check, _attention_rewrite, 50,
+               "softmax(q k^T * s + mask) v; scale constants scalar; float mask (or huge Where fill)"),
+    FusionRule("masked_softmax", _SOFTMAX, _softmax_check, _softmax_rewrite, 40,
+               "Softmax over the last axis of a scalar-scaled and/or masked input"),
+    FusionRule("softmax_nan_to_zero", _NAN, _nan_check, _nan_rewrite, 40,
+               "Where(IsNaN(softmax), 0, softmax)"),
+    *[FusionRule("layer_norm", _ln_pattern(sq, tail), _ln_check, _ln_rewrite, prio,
+                 "mean/variance over the last axis, keepdims, scalar eps, gamma/beta along it")
+      for tail, prio in (("affine", 32), ("scale", 31), ("plain", 30)) for sq in ("pow", "mul")],
+    FusionRule("skip_layer_norm", Pat(("LayerNormalization", "fusegraph::LayerNorm"),
+                                      Pat("Add", Var("a"), Var("b"), name="add", single_use=False),
+                                      Var("gamma", optional=True), Var("beta", optional=True)),
+               _skip_check, _skip_rewrite, 25, "no broadcasting in the Add; normalised over the last axis"),
+    FusionRule("gelu", Pat("Mul", Var("a", _gelu_candidate), Var("b")), _gelu_check, _gelu_rewrite, 30,
+               "erf or tanh GELU with its constants within 1e-5; interior values used only inside"),
+    FusionRule("linear_act", _LINEAR, _linear_check, _linear_rewrite, 20,
+               "2-D weight, activation of the same shape, at most one non-constant bias"),
+    FusionRule("elementwise_chain", _BINARY_CHAIN, _chain_check, _chain_rewrite, 0,
+               "float chain, every step of the final shape, each link used once"),
+    FusionRule("elementwise_chain", _UNARY_CHAIN, _chain_check, _chain_rewrite, 0,
+               "float chain, every step of the final shape, each link used once"),
+]

@@ -1,0 +1,244 @@
+"""The multi-stream CPU executor: outputs identical to one stream on all light models (10
+repetitions each), every consumer starts after its producers finish on random DAGs with random
+stream counts (recorded timestamps), buffers that share arena bytes are never in use at the same
+time, failures surface as KernelError without hanging, and the thread budget is restored.
+
+Bit-identity is compared at equal intra-op threads per kernel: oneDNN splits a convolution's
+reduction by thread count, so 2 threads and 1 thread differ in the last bits, whatever the
+streams. Light models use ``plan/streams.py`` (the toy planner of ``stream_plans.py`` when it is
+absent); random DAGs use the toy planner (random assignments, unpruned events).
+"""
+import importlib.util
+import random
+import threading
+import time
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import fusegraph as fg
+from fusegraph import zoo
+from fusegraph.errors import KernelError
+from stream_plans import rebind
+
+HAVE_PLANNER = importlib.util.find_spec("fusegraph.plan.streams") is not None
+REPS = 10
+
+
+def _equal(a: dict, b: dict, what="") -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k], equal_nan=True), f"{what} {k}: max diff {np.abs(a[k] - b[k]).max()}"
+
+
+class _threads:
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.before)
+
+
+@pytest.fixture(scope="module", params=zoo.LIGHT_MODELS)
+def light(request):
+    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(request.param)),
+                                                    seed=0, calibrate=False))
+    feeds = zoo.random_feeds(proto, seed=1)
+    base = fg.compile(proto, fg.Config(memory="off"))
+    with _threads(1):
+        want1 = base.run(feeds)
+    with _threads(2):
+        want2 = base.run(feeds)
+    single = rebind(base, "balanced", 1)
+    return request.param, proto, base, feeds, want1, want2, single
+
+
+def _planned(proto, base, streams):
+    if HAVE_PLANNER:
+        return fg.compile(proto, fg.Config(streams=streams))
+    return rebind(base, "balanced", streams, seed=streams)
+
+
+@pytest.mark.parametrize("streams", [1, 2, 4])
+def test_light_models_identical_for_1_2_4_streams(light, streams):
+    """10 runs per stream count. One stream runs at 2 threads against a 2-thread reference; N
+    streams at 1 thread each against a 1-thread reference. A model the planner keeps on one
+    stream is the one-stream model (same generated code), checked once."""
+    name, proto, base, feeds, want1, want2, single = light
+    model = single if streams == 1 else _planned(proto, base, streams)
+    used = model.plan.streams.num_streams if model.plan.streams is not None else 1
+    if used == 1:
+        with _threads(2):
+            for _ in range(REPS if streams == 1 else 1):
+                _equal(want2, model.run(feeds), f"{name} streams={streams} (planned 1)")
+        if streams > 1:
+            assert model.source == single.source
+        return
+    with _threads(used):          # one intra-op thread per stream, as for the reference
+        for _ in range(REPS):
+            _equal(want1, model.run(feeds), f"{name} streams={streams} (planned {used})")
+    model.close()
+
+
+# ------------------------------------------------------------------ random DAGs
+
+def _random_dag(seed: int):
+    rng = random.Random(seed)
+    n_nodes = rng.randint(6, 30)
+    w = np.random.default_rng(seed).standard_normal((48, 48)).astype(np.float32) / 7
+    vals, nodes = ["x", "y"], []
+    for i in range(n_nodes):
+        kind = rng.random()
+        out = f"t{i}"
+        if kind < 0.3:
+            nodes.append(helper.make_node(rng.choice(["Relu", "Sigmoid", "Tanh", "Neg", "Abs"]), [rng.choice(vals)], [out]))
+        elif kind < 0.6:
+            nodes.append(helper.make_node(rng.choice(["Add", "Mul", "Sub", "Max"]), rng.sample(vals, 2) if len(vals) > 1
+                                          else vals * 2, [out]))
+        elif kind < 0.8:
+            nodes.append(helper.make_node("MatMul", [rng.choice(vals), "w"], [out]))
+        else:
+            nodes.append(helper.make_node("Sum", [rng.choice(vals) for _ in range(3)], [out]))
+        vals.append(out)
+    used = {i for n in nodes for i in n.input}
+    outs = [v for v in vals[2:] if v not in used] or [vals[-1]]
+    g = helper.make_graph(nodes, f"dag{seed}", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [8, 48])
+                                                 for n in ("x", "y")],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+                          initializer=[onnx.numpy_helper.from_array(w, "w")])
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {n: np.random.default_rng(seed + k).standard_normal((8, 48)).astype(np.float32)
+             for k, n in enumerate(("x", "y"))}
+    return proto, feeds
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_dags_respect_dependencies_and_match_sequential(seed):
+    proto, feeds = _random_dag(seed)
+    base = fg.compile(proto, fg.Config(memory="off", level="O0"))
+    with _threads(1):
+        want = base.run(feeds)
+    n = random.Random(seed).randint(1, 5)
+    memory = ("off", "balanced", "tight")[seed % 3]
+    model = rebind(base, memory, n, seed=seed)
+    order = model.plan.order
+    by_name = {nd.name: nd for nd in model.graph.nodes}
+    for _ in range(3):
+        stamps: dict[int, list] = {}
+
+        def hook(i, phase, outs):
+            stamps.setdefault(i, [0, 0, None])[phase] = time.perf_counter_ns()
+            stamps[i][2] = threading.current_thread().name
+
+        with _threads(n):
+            got = model.run(feeds, hook=hook)
+        _equal(want, got, f"seed {seed}")
+        assert len(stamps) == len(order)
+        pos = {name: i for i, name in enumerate(order)}
+        for i, name in enumerate(order):
+            for v in by_name[name].inputs:
+                if v is not None and v.producer is not None:
+                    p = pos[v.producer.name]
+                    assert stamps[i][0] >= stamps[p][1], f"{name} started before its producer {v.producer.name} finished"
+        _check_shared_bytes_not_used_at_once(model, by_name, pos, stamps)
+    if n > 1:
+        assert len({s[2] for s in stamps.values()}) > 1 or model.plan.streams.num_streams == 1 or \
+            sum(1 for s in model.plan.streams.per_stream if s) == 1
+    model.close()
+
+
+def _check_shared_bytes_not_used_at_once(model, by_name, pos, stamps):
+    """Buffers whose arena bytes overlap are live at disjoint real times."""
+    plan = model.plan
+    if not plan.uses_arena:
+        return
+    mem = model.report.memory
+    spans = []
+    for b in mem.buffers:
+        touch = []
+        for name in b["members"]:
+            v = next((o for nd in by_name.values() for o in nd.outputs if o.name == name), None)
+            if v is None:
+                continue
+            touch += [pos[u.name] for u in v.users] + ([pos[v.producer.name]] if v.producer is not None else [])
+        if touch:
+            t0 = min(stamps[i][0] for i in touch)
+            t1 = max(stamps[i][1] for i in touch)
+            spans.append((b["offset"], b["offset"] + b["size"], t0, t1, b["name"]))
+    for i, a in enumerate(spans):
+        for b in spans[i + 1:]:
+            if a[0] < b[1] and b[0] < a[1] and a[1] > a[0] and b[1] > b[0]:
+                assert a[3] < b[2] or b[3] < a[2], f"{a[4]} and {b[4]} share bytes while both in use"
+
+
+# ------------------------------------------------------------------ failures and threads
+
+def _reshape_model():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["x"], ["b"]),
+             helper.make_node("Reshape", ["b", "s"], ["c"]), helper.make_node("Tanh", ["a"], ["d"]),
+             helper.make_node("Exp", ["d"], ["e"])]
+    g = helper.make_graph(nodes, "fail", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6]),
+                                          helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("c", "e")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_failing_stream_raises_kernel_error_and_the_model_still_runs(seed):
+    base = fg.compile(_reshape_model(), fg.Config(memory="off", level="O0"))
+    model = rebind(base, "balanced", 3, seed=seed)
+    x = np.ones((4, 6), np.float32)
+    with pytest.raises(KernelError, match="Reshape"):
+        model.run({"x": x, "s": np.array([5, 5], np.int64)})
+    good = model.run({"x": x, "s": np.array([6, 4], np.int64)})
+    _equal(good, base.run({"x": x, "s": np.array([6, 4], np.int64)}))
+    model.close()
+
+
+def test_thread_budget_is_split_and_restored():
+    proto, feeds = _random_dag(3)
+    base = fg.compile(proto, fg.Config(memory="off", level="O0"))
+    model = rebind(base, "balanced", 2, seed=1)
+    seen = {}
+
+    def hook(i, phase, outs):
+        seen[threading.current_thread().name] = torch.get_num_threads()
+
+    with _threads(2):
+        model.run(feeds, hook=hook)
+        assert torch.get_num_threads() == 2
+    assert set(seen.values()) == {1}
+    model.close()
+
+
+def test_workers_are_persistent_and_stop_on_close():
+    proto, feeds = _random_dag(5)
+    model = rebind(fg.compile(proto, fg.Config(memory="off", level="O0")), "balanced", 3, seed=2)
+    model.run(feeds)
+    workers = list(model._executor._runner._workers)
+    model.run(feeds)
+    assert workers and model._executor._runner._workers == workers
+    model.close()
+    for w in workers:
+        w.thread.join(timeout=5)
+        assert not w.thread.is_alive()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("streams", [1, 2, 4])
+def test_cuda_streams_match_cpu(streams):
+    proto, feeds = _random_dag(7)
+    want = fg.compile(proto, fg.Config(memory="off")).run(feeds)
+    base = fg.compile(proto, fg.Config(memory="off", device="cuda"))
+    model = rebind(base, "balanced", streams, seed=3)
+    for _ in range(3):
+        got = model.run(feeds)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
