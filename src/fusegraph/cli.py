@@ -1,7 +1,7 @@
 """The ``fusegraph`` command: a thin face over the public API (no logic the API lacks).
 
     fusegraph run MODEL [--input NAME=FILE.npy ...] [-o DIR]
-    fusegraph inspect MODEL [--code] [--memory MODE] [--memory-plot OUT.png]
+    fusegraph inspect MODEL [--code] [--fusions] [--memory MODE] [--memory-plot OUT.png]
     fusegraph demo
 """
 from __future__ import annotations
@@ -111,6 +111,10 @@ def cmd_inspect(args) -> int:
     if args.code:
         print(model.source)
         return 0
+    if getattr(args, "fusions", False):
+        from .report.fusion_text import fusion_text
+        print(fusion_text(model.report.fusions))
+        return 0
     if getattr(args, "streams", False):
         from .plan.streams import plan_streams
         print(plan_streams(model.graph, model.graph.nodes, args.num_streams).to_text())
@@ -191,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--code", action="store_true", help="print the generated run function")
     p.add_argument("--streams", action="store_true", help="print the stream assignment and events")
+    p.add_argument("--fusions", action="store_true", help="list the fusions applied and declined, with reasons")
     p.add_argument("--num-streams", type=_stream_count, default="auto", metavar="N|auto",
                    help="stream count for --streams (default auto)")
     p.add_argument("--memory", choices=["off", "balanced", "tight"], help="memory mode (default balanced)")

@@ -200,11 +200,32 @@ def test_light_models_identical_in_every_memory_mode(light):
     name, proto, feeds = light
     base = fg.compile(proto, fg.Config(memory="off"))
     want = base.run(feeds)
+    strides = {}
+    names = base.plan.order
+    base.run(feeds, hook=lambda i, phase, outs: phase and strides.__setitem__(names[i], [t.stride() for t in outs]))
     for mode in ("balanced", "tight"):
         model = rebind(base, mode)
         mem = model.report.memory
         assert mem.arena_bytes >= mem.lower_bound_bytes, name
-        assert any(c.out is not None for c in model._executor.binding.calls), name
+        writing = [c for c in model._executor.binding.calls if c.out is not None]
+        assert writing, name
+        # arena views are laid out as the kernels lay out their own results (channels-last ...)
+        same = sum(strides[c.node.name] == [v.stride() for v in c.out] for c in writing)
+        assert same >= 0.9 * len(writing), f"{name}: {len(writing) - same} arena views with another layout"
         for _ in range(2):
             _equal(want, model.run(feeds))
-    assert torch.get_num_threads() >= 1
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_execution_plan_round_trips_through_json(streams):
+    from fusegraph.compiler import CompiledModel
+    from fusegraph.plan.exec_plan import ExecutionPlan
+    model, feeds = SMALL["branches"]
+    c = fg.compile(model, fg.Config(memory="tight", streams=streams))
+    plan = ExecutionPlan.from_dict(json.loads(json.dumps(c.plan.to_dict())))
+    assert plan.to_dict() == c.plan.to_dict()
+    again = CompiledModel.from_optimized(c.graph, c.config, fg.report.CompileReport(), plan)
+    assert again.source == c.source
+    _equal(c.run(feeds), again.run(feeds))
+    again.close()
+    c.close()

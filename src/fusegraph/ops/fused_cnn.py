@@ -17,6 +17,13 @@ Kernels, chosen once at bind time:
   ``out=`` form); copying into a planned buffer would cost more than it saves.
 - Otherwise (CUDA, other dtypes, 1-D / 3-D, no mkldnn): ``F.conv*`` then the activation in
   place on the fresh result.
+Small 1x1 stride-1 convolutions (at most ``GEMM_MACS`` multiply-adds) run instead as one
+GEMM on the channels-last data (``addmm`` into the output, with ``out=``) and the activation
+in place: oneDNN's fixed cost per call (~30 us) exceeds their arithmetic.
+
+``ChannelShuffle(x)`` is ShuffleNet's ``Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4)
+-> Reshape [N, C, H, W]`` in one copy (``torch.native_channel_shuffle``, which keeps
+channels-last data channels-last), attribute ``groups``.
 No pass logic here; rules decide what fuses.
 """
 from __future__ import annotations
@@ -29,6 +36,7 @@ from .registry import FusionKind, NodeContext, register
 
 DOMAIN = "fusegraph"
 CL = torch.channels_last
+GEMM_MACS = 8_000_000
 
 # activation -> (oneDNN unary attr, algorithm, in-place torch fallback(y, params))
 ACTIVATIONS = {
@@ -129,6 +137,8 @@ def _mkldnn_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: l
     scalars = list(params) if attr in ("leaky_relu", "hardtanh") else []
     stride, dil = list(s), list(d)
 
+    if not ctx.has_input(3) and _gemm_ok(xs, w, s, d, g, begin, end):
+        return _gemm_kernel(w, bias, ACTIVATIONS[activation][2], params)
     if not ctx.has_input(3):
         unary = torch.ops.mkldnn._convolution_pointwise.default
         uattr = attr or "none"
@@ -155,3 +165,40 @@ def _mkldnn_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: l
         binary_(out, x, packed, bias, padding, stride, dil, g, "add", None, attr, scalars, algorithm)
         return out
     return conv_add
+
+
+def _gemm_ok(xs, w, s, d, g, begin, end) -> bool:
+    n, c, h, wd = xs
+    return (tuple(w.shape[2:]) == (1, 1) and list(s) == [1, 1] and g == 1 and not any(begin) and not any(end)
+            and isinstance(n, int) and n * h * wd * c * w.shape[0] <= GEMM_MACS)
+
+
+def _gemm_kernel(w: torch.Tensor, bias, act, params):
+    k, c = w.shape[0], w.shape[1]
+    wt = w.reshape(k, c).t().contiguous()
+
+    def conv1x1(x, w=None, b=None, out=None):
+        n, _, h, wd = x.shape
+        x2 = x.contiguous(memory_format=CL).permute(0, 2, 3, 1).reshape(n * h * wd, c)
+        y = out if out is not None and out.is_contiguous(memory_format=CL) else \
+            torch.empty((n, k, h, wd), dtype=x.dtype, device=x.device, memory_format=CL)
+        y2 = y.permute(0, 2, 3, 1).view(n * h * wd, k)
+        if bias is None:
+            torch.mm(x2, wt, out=y2)
+        else:
+            torch.addmm(bias, x2, wt, out=y2)
+        act(y, params)
+        if out is not None and y is not out:
+            out.copy_(y)
+            return out
+        return y
+    return conv1x1
+
+
+# ---------------------------------------------------------------- ChannelShuffle
+
+@register("ChannelShuffle", domain=DOMAIN, since=1, fusion=FusionKind.INJECTIVE,
+          infer=lambda ctx: [(ctx.dtype(0) or None, ctx.shape(0))])
+def _channel_shuffle(ctx: NodeContext):
+    g = int(ctx.attr("groups"))
+    return lambda x: torch.native_channel_shuffle(x, g)   # ATen's kernel, channels-last aware

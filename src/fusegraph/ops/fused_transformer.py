@@ -23,6 +23,7 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 """
 from __future__ import annotations
 
+import math
 
 import torch
 import torch.nn.functional as F
@@ -186,19 +187,51 @@ def _masked_softmax(ctx: NodeContext):
 
 # ---------------------------------------------------------------- ScaledDotProductAttention
 
+def _heads_shape(shape, heads, transposed=False):
+    """The [B, H, S, D] (or [B, H, D, S]) shape of an operand given as [B, S, H*D] with ``heads``."""
+    if not heads or shape is None:
+        return shape
+    d = shape[2] // heads if isinstance(shape[2], int) else None
+    return (shape[0], heads, shape[1], d)
+
+
 def _sdpa_infer(ctx: NodeContext):
-    q, v = ctx.shape(0), ctx.shape(2)
+    split = ctx.attr("qkv_split", None)
+    packed = ctx.shape(0)
+    if split is not None and packed is not None:
+        q_in, v_in = tuple(packed[:-1]) + (int(split[0]),), tuple(packed[:-1]) + (int(split[2]),)
+    else:
+        q_in, v_in = ctx.shape(0), ctx.shape(2)
+    q = _heads_shape(q_in, ctx.attr("q_heads", 0))
+    v = _heads_shape(v_in, ctx.attr("v_heads", 0))
     if q is None or v is None:
         return [(ctx.dtype(0) or None, None)]
-    return [(ctx.dtype(0) or None, broadcast_shapes(tuple(q[:-2]), tuple(v[:-2])) + (q[-2], v[-1]))]
+    out = broadcast_shapes(tuple(q[:-2]), tuple(v[:-2])) + (q[-2], v[-1])
+    if ctx.attr("merge_heads", 0):
+        h, d = out[-3], out[-1]
+        out = tuple(out[:-3]) + (out[-2], h * d if isinstance(h, int) and isinstance(d, int) else None)
+    return [(ctx.dtype(0) or None, out)]
+
+
+def split_heads(x, heads):
+    """[B, S, H*D] -> [B, H, S, D] (a view)."""
+    return x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
 
 
 @register("ScaledDotProductAttention", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE,
           infer=_sdpa_infer)
 def _sdpa(ctx: NodeContext):
+    """Attributes: scale; k_transposed (4-D k given as [B, H, D, S]); q_heads / k_heads /
+    v_heads (> 0: that operand comes as [B, S, H*D] and is split into heads here, k then
+    untransposed); qkv_split [Eq, Ek, Ev] (q, k and v packed along the last axis of input 0,
+    inputs 1 and 2 absent); merge_heads (output [B, L, H*D] instead of [B, H, L, D]); nan_to_zero."""
     scale = float(ctx.attr("scale", 1.0))
     k_transposed = bool(ctx.attr("k_transposed", 0))
     nan_to_zero = bool(ctx.attr("nan_to_zero", 0))
+    qh, kh, vh = (int(ctx.attr(f"{t}_heads", 0)) for t in "qkv")
+    merge = bool(ctx.attr("merge_heads", 0))
+    split = ctx.attr("qkv_split", None)
+    split = None if split is None else [int(n) for n in split]
 
     def composed(q, kt, v, mask):
         s = torch.matmul(q, kt)
@@ -211,39 +244,46 @@ def _sdpa(ctx: NodeContext):
             s = torch.add(mask, s, alpha=scale)
         return torch.matmul(_softmax_(s, nan_to_zero), v)
 
-    def kernel(q, k, v, mask=None):
-        return small_serial(attention, q.numel() * k.shape[-2 if not k_transposed else -1], q, k, v, mask)
-
     def attention(q, k, v, mask=None):
-        kt = k if k_transposed else k.transpose(-1, -2)
+        if split is not None:
+            q, k, v = torch.split(q, split, dim=-1)
+        if qh:
+            q = split_heads(q, qh)
+        if vh:
+            v = split_heads(v, vh)
+        kt = split_heads(k, kh).transpose(-1, -2) if kh else (k if k_transposed else k.transpose(-1, -2))
+        y = None
         if (nan_to_zero and q.dim() == 4 and q.shape[-2] == 1 and v.dim() == 4 and q.shape[:2] == v.shape[:2]
                 and (mask is None or (mask.dim() <= 4 and mask.is_floating_point()))):
             try:
                 y = F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)
             except RuntimeError:   # a mask SDPA does not broadcast: the composed path does
                 y = None
-            if y is not None and not bool(torch.isnan(y).any()):
-                return y
-        return composed(q, kt, v, mask)
+            if y is not None and bool(torch.isnan(y).any()):
+                y = None
+        if y is None:
+            y = composed(q, kt, v, mask)
+        if merge:
+            y = y.transpose(-3, -2).reshape(*y.shape[:-3], y.shape[-2], y.shape[-3] * y.shape[-1])
+        return y
+
+    def kernel(q, k, v, mask=None):
+        s_len = q.shape[-2] if split is not None else k.shape[-2 if kh or not k_transposed else -1]
+        work = q.numel() * s_len
+        return small_serial(attention, work, q, k, v, mask)
     return kernel
 
 
 # ---------------------------------------------------------------- ElementwiseChain
 
-UNARY = {
-    "Relu": lambda x, out=None: torch.clamp_min(x, 0, out=out), "Sigmoid": torch.sigmoid,
-    "Tanh": torch.tanh, "Exp": torch.exp, "Log": torch.log, "Sqrt": torch.sqrt,
-    "Neg": torch.neg, "Abs": torch.abs, "Erf": torch.erf, "Reciprocal": torch.reciprocal,
-}
-BINARY = {
-    "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div,
-    "Max": torch.maximum, "Min": torch.minimum, "Pow": torch.pow,
-}
-
-
-def parse_step(step: str) -> tuple[str, list[str]]:
-    op, *args = step.split()
-    return op, args
+UNARY = {"Relu": "torch.clamp_min({0}, 0{o})", "Sigmoid": "torch.sigmoid({0}{o})", "Tanh": "torch.tanh({0}{o})",
+         "Exp": "torch.exp({0}{o})", "Log": "torch.log({0}{o})", "Sqrt": "torch.sqrt({0}{o})",
+         "Neg": "torch.neg({0}{o})", "Abs": "torch.abs({0}{o})", "Erf": "torch.erf({0}{o})",
+         "Reciprocal": "torch.reciprocal({0}{o})"}
+BINARY = {"Add": "torch.add({0}, {1}{o})", "Sub": "torch.sub({0}, {1}{o})", "Mul": "torch.mul({0}, {1}{o})",
+          "Div": "torch.div({0}, {1}{o})", "Max": "torch.maximum({0}, {1}{o})",
+          "Min": "torch.minimum({0}, {1}{o})", "Pow": "torch.pow({0}, {1}{o})"}
+_NO_SCALAR = ("Max", "Min")   # torch.maximum / minimum take tensors only
 
 
 def _chain_infer(ctx: NodeContext):
@@ -253,35 +293,50 @@ def _chain_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, broadcast_shapes(*shapes))]
 
 
+def chain_source(steps: list[str], n_inputs: int, scalars: dict[int, float]) -> str:
+    """Python source of ``chain(x0.., out=None)``: the first step writes ``out`` (or a new
+    tensor), every later step updates that tensor in place; 0-d float constants in second
+    operand position are inlined as numbers."""
+    params = ", ".join(f"x{i}" for i in range(n_inputs))
+    lines = [f"def chain({params}, out=None):"]
+    for k, step in enumerate(steps):
+        op, *args = step.split()
+        form = UNARY.get(op) or BINARY.get(op)
+        if form is None or len(args) != (1 if op in UNARY else 2):
+            raise ValueError(f"chain step {step!r}")
+        if k and "p" not in args:
+            raise ValueError("every step after the first must use the previous result")
+        names = []
+        for pos, a in enumerate(args):
+            i = None if a == "p" else int(a[1:])
+            names.append("p" if i is None else repr(scalars[i]) if pos and i in scalars and op not in _NO_SCALAR
+                         else f"x{i}")
+        if k == 0:
+            lines += ["    if out is None:", "        p = " + form.format(*names, o=""),
+                      "    else:", "        p = " + form.format(*names, o=", out=out")]
+        else:
+            lines.append("    " + form.format(*names, o=", out=p"))
+    lines.append("    return p")
+    return "\n".join(lines) + "\n"
+
+
 @register("ElementwiseChain", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
           infer=_chain_infer)
 def _chain(ctx: NodeContext):
-    steps = [parse_step(s) for s in ctx.attr("steps")]
     scalars = {}
-    for i in range(ctx.n_inputs):     # 0-d float constants become Python numbers (second operands)
+    for i in range(ctx.n_inputs):
         c = ctx.const(i)
-        if c is not None and c.dim() == 0 and c.is_floating_point():
+        if c is not None and c.dim() == 0 and c.is_floating_point() and math.isfinite(float(c)):
             scalars[i] = float(c.item())
-    plan = []
-    for op, args in steps:
-        fn = UNARY.get(op) or BINARY.get(op)
-        if fn is None or len(args) != (1 if op in UNARY else 2):
-            raise ctx.unsupported(f"chain step {op} {' '.join(args)}")
-        refs = [None if a == "p" else int(a[1:]) for a in args]
-        kinds = [0 if r is None else (2 if pos > 0 and r in scalars and op not in ("Max", "Min") else 1)
-                 for pos, r in enumerate(refs)]
-        plan.append((fn, refs, kinds))
-    if not plan or any(None not in refs for _, refs, _ in plan[1:]):
-        raise ctx.unsupported("every step after the first must use the previous result")
+    try:
+        source = chain_source(list(ctx.attr("steps")), ctx.n_inputs, scalars)
+    except ValueError as exc:
+        raise ctx.unsupported(str(exc)) from None
+    env = {"torch": torch}
+    exec(compile(source, f"<fusegraph chain {ctx.name}>", "exec"), env)  # noqa: S102 - source built above
+    chain = env["chain"]
 
     def kernel(*xs, out=None):
         return small_serial(chain, xs[0].numel() if out is None else out.numel(), *xs, out=out)
-
-    def chain(*xs, out=None):
-        prev = None
-        for fn, refs, kinds in plan:
-            args = [prev if k == 0 else (xs[r] if k == 1 else scalars[r]) for r, k in zip(refs, kinds)]
-            dest = out if prev is None else prev
-            prev = fn(*args) if dest is None else fn(*args, out=dest)
-        return prev
+    kernel.source = source
     return kernel

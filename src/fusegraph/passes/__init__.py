@@ -45,5 +45,5 @@ def optimize(graph, config, report, options: PassOptions | None = None) -> None:
     report.unfolded.extend(fold_log.entries(graph))
     alive = {n.name for n in graph.nodes}
     for rec in rewrite_log:
-        if rec["applied"] or all(n in alive for n in rec["nodes"]):
+        if rec["applied"] or rec.get("final") or all(n in alive for n in rec["nodes"]):
             report.fusions.append(FusionRecord(rec["rule"], rec["applied"], rec["nodes"], rec["reason"]))

@@ -35,7 +35,8 @@ from .manager import PassOptions, PassResult
 
 NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
 AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"),
-                      ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv")})
+                      ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"),
+                      ("fusegraph", "ChannelShuffle")})
 ANY_INPUT = frozenset({("", "GlobalAveragePool"), ("", "GlobalMaxPool")})  # read either at full speed
 
 

@@ -56,14 +56,18 @@ class ExecutionPlan:
 
 
 def stream_plan_from_dict(d: dict):
-    """Rebuild a StreamPlan from ``StreamPlan.to_dict()`` output (the agreed fields)."""
+    """Rebuild a StreamPlan from ``StreamPlan.to_dict()`` output: the agreed fields typed, any
+    other field the dataclass has passed through as stored."""
+    import dataclasses
+
     from .streams import StreamEvent, StreamPlan
     events = [e if isinstance(e, StreamEvent) else StreamEvent(int(e["id"]), e["producer"], int(e["stream"]))
               for e in d.get("events", [])]
-    return StreamPlan(num_streams=int(d["num_streams"]), stream_of=dict(d["stream_of"]),
-                      per_stream=[list(s) for s in d["per_stream"]], events=events,
-                      waits={k: [int(x) for x in v] for k, v in d.get("waits", {}).items()},
-                      records={k: int(v) for k, v in d.get("records", {}).items()},
-                      critical_path=float(d.get("critical_path", 0.0)),
-                      total_work=float(d.get("total_work", 0.0)),
-                      estimated_parallelism=float(d.get("estimated_parallelism", 1.0)))
+    kw = {f.name: d[f.name] for f in dataclasses.fields(StreamPlan) if f.name in d}
+    kw.update(num_streams=int(d["num_streams"]), stream_of=dict(d["stream_of"]),
+              per_stream=[list(s) for s in d["per_stream"]], events=events,
+              waits={k: [int(x) for x in v] for k, v in d.get("waits", {}).items()},
+              records={k: int(v) for k, v in d.get("records", {}).items()},
+              critical_path=float(d.get("critical_path", 0.0)), total_work=float(d.get("total_work", 0.0)),
+              estimated_parallelism=float(d.get("estimated_parallelism", 1.0)))
+    return StreamPlan(**kw)

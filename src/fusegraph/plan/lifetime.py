@@ -9,7 +9,8 @@ step. Rules:
 - a node output nobody reads lives at its own step only (its kernel still writes it);
 - views (``aliasing.VIEW_OPS``) get no buffer: they live in their source's buffer and extend it;
 - an in-place candidate (``aliasing.inplace_candidates``) whose input buffer dies at that node
-  takes that buffer over (``LifetimeOptions.inplace``);
+  takes that buffer over (``LifetimeOptions.inplace``), unless a value of that buffer is pinned
+  (a graph output or external tensor must survive the run, even at the last step);
 - user constraints: a lifetime override widens a buffer's span (never narrows it: a warning
   says so), ``exclusive`` buffers never share, a reuse group becomes one slot with several spans
   (its members must not overlap in time), ``external`` pins to the end;
@@ -154,7 +155,7 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
                 continue
             taken = None
             if options.inplace and k == 0 and o.name not in barred:
-                taken = _inplace_target(node, i, root, kind, members, use_last, sizes, barred)
+                taken = _inplace_target(node, i, root, kind, members, use_last, sizes, barred | pinned)
                 if taken is not None and options.inplace_ok is not None and \
                         not options.inplace_ok(node, [vals[m] for m in members[taken]]):
                     taken = None

@@ -99,15 +99,18 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu") -> Binding
     if writing:
         wanted = {o.name for c in writing for o in c.node.outputs}
         strides = probe_strides(graph, calls, wanted, device)
-        chosen: dict[int, tuple | None] = {}    # slot offset -> strides of its latest tenant
+        written: dict[int, torch.Tensor] = {}  # id(value) -> its arena view
         for call in writing:
             views = []
             for o in call.node.outputs:
                 off, size = slots[o.name]
-                st = strides.get(o.name)
-                if kinds.get(o.name) == "inplace" and off in chosen:
-                    st = chosen[off]               # an in-place result keeps its input's layout
-                chosen[off] = st
-                views.append(arena.view(off, size, o, st))
+                view = arena.view(off, size, o, strides.get(o.name))
+                if kinds.get(o.name) == "inplace":  # same bytes as an input written here: same layout
+                    src = next((written[id(v)] for v in call.node.inputs
+                                if v is not None and id(v) in written and slots[v.name][0] == off), None)
+                    if src is not None and src.stride() != view.stride():
+                        view = arena.view(off, size, o, tuple(src.stride()))
+                written[id(o)] = view
+                views.append(view)
             call.out = tuple(views)
     return Binding(calls, arena, not_writable)

@@ -9,7 +9,8 @@ as ``k3(v1, v2, out=a3)`` and its value *is* the arena view ``a3``; any other no
 
 For several functions (``FunctionSpec``), values cross through a per-run list ``E``: a value
 is stored into its slot right after it is made (``exports``) and loaded right before its first
-use in another function (``imports``); ``before`` / ``after`` hold the extra lines the stream
+use in another function (``imports``; the only importer clears the slot, ``consume``, so
+the tensor is freed after its last use); ``before`` / ``after`` hold the extra lines the stream
 layer needs (event waits before a call, event records after it, stream switches). Exports
 precede the ``after`` lines, so a record always publishes the value first. With ``hook``,
 every call is bracketed by ``_hook(index, 0, None)`` and ``_hook(index, 1, outputs)`` (debug
@@ -78,6 +79,7 @@ class FunctionSpec:
     param_values: list[Value] = field(default_factory=list)  # values bound to the first params
     imports: dict[int, int] = field(default_factory=dict)    # id(value) -> slot of E
     exports: dict[int, int] = field(default_factory=dict)    # id(value) -> slot of E
+    consume: set[int] = field(default_factory=set)           # imports whose slot is cleared on load
     before: dict[int, list[str]] = field(default_factory=dict)  # call position -> lines
     after: dict[int, list[str]] = field(default_factory=dict)   # call position -> lines
     prologue: list[str] = field(default_factory=list)
@@ -104,7 +106,9 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
         for v in node.inputs:
             if v is not None and id(v) in spec.imports and id(v) not in loaded:
                 loaded.add(id(v))
-                lines.append(f"    {names(v)} = E[{spec.imports[id(v)]}]")
+                slot = spec.imports[id(v)]
+                clear = f"; E[{slot}] = None" if id(v) in spec.consume else ""
+                lines.append(f"    {names(v)} = E[{slot}]{clear}")
         if spec.hook:
             lines.append(f"    _hook({call.index}, 0, None)")
         kname = names.add_global("k", call.kernel)

@@ -134,6 +134,13 @@ def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: boo
                 if id(o) in outputs or (names.is_local(o) and read_on.get(id(o), set()) - {k}):
                     spec.exports[id(o)] = slot_of(o)
         specs.append(spec)
+    importers: dict[int, int] = {}
+    for spec in specs:
+        for key in spec.imports:
+            importers[key] = importers.get(key, 0) + 1
+    inputs = {id(v) for v in graph.inputs}
+    for spec in specs:
+        spec.consume = {key for key in spec.imports if importers[key] == 1 and key not in outputs and key not in inputs}
     out_slots = [slot_of(v) for v in graph.outputs]
     return specs, template, out_slots
 

@@ -215,10 +215,17 @@ def test_masked_softmax_declines_other_axis():
 
 # ------------------------------------------------------------------ attention
 
-def _attention(mask="add", fill=FMIN, guard=True, S=6):
+def _attention(mask="add", fill=FMIN, guard=True, S=6, proj=None, merged=(0, 0, H * D)):
     """The BERT / GPT-2 SDPA export: split heads, scale q and k^T by d^-1/4, add the mask,
-    softmax, NaN guard, weight v, merge heads."""
-    nodes = []
+    softmax, NaN guard, weight v, merge heads. ``proj``: q, k, v are graph inputs (None), three
+    MatMuls of x ("bert"), one MatMul of x split in three ("gpt2"), or MatMuls of two inputs ("two")."""
+    nodes, inits = [], []
+    if proj in ("bert", "two"):
+        nodes += [node("MatMul", ["x2" if proj == "two" and t == "q" else "x", f"w{t}"], t) for t in "qkv"]
+        inits += [const(f"w{t}", rnd(H * D, H * D, seed=5 + i, scale=0.3)) for i, t in enumerate("qkv")]
+    elif proj == "gpt2":
+        nodes += [node("MatMul", ["x", "wqkv"], "qkv"), node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=2)]
+        inits += [const("wqkv", rnd(H * D, 3 * H * D, seed=5, scale=0.3)), const("sizes", [H * D] * 3, np.int64)]
     for t, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
         nodes += [node("Reshape", [t, "heads"], f"{t}r"), node("Transpose", [f"{t}r"], f"{t}t", perm=perm)]
     nodes += [node("Mul", ["qt", "c"], "qs"), node("Mul", ["kt", "c"], "ks"), node("MatMul", ["qs", "ks"], "s")]
@@ -231,15 +238,15 @@ def _attention(mask="add", fill=FMIN, guard=True, S=6):
         nodes += [node("IsNaN", ["p"], "nan"), node("Where", ["nan", "zero", "p"], "pg")]
     nodes += [node("MatMul", ["pg" if guard else "p", "vt"], "o"), node("Transpose", ["o"], "ot", perm=[0, 2, 1, 3]),
               node("Reshape", ["ot", "merged"], "y")]
-    inputs = [(t, F, [2, S, H * D]) for t in "qkv"]
+    inputs = [(t, F, [2, S, H * D]) for t in (("x", "x2") if proj == "two" else "x" if proj else "qkv")]
     inputs.append(("mask", F, [2, 1, 1, S]) if mask == "add" else ("causal", 9, [S, S]))
-    inits = [const("heads", [0, 0, H, D], np.int64), const("merged", [0, 0, H * D], np.int64),
-             const("c", 1 / math.sqrt(math.sqrt(D))), const("zero", 0.0), const("fill", fill)]
+    inits += [const("heads", [0, 0, H, D], np.int64), const("merged", list(merged), np.int64),
+              const("c", 1 / math.sqrt(math.sqrt(D))), const("zero", 0.0), const("fill", fill)]
     return model(nodes, inputs, ["y"], inits)
 
 
-def _attention_feeds(S=6, mask="add", masked_batch=False):
-    feeds = {t: rnd(2, S, H * D, seed=i, scale=2) for i, t in enumerate("qkv")}
+def _attention_feeds(S=6, mask="add", masked_batch=False, names="qkv"):
+    feeds = {t: rnd(2, S, H * D, seed=i, scale=2) for i, t in enumerate(names)}
     if mask == "add":
         m = np.zeros((2, 1, 1, S), np.float32)
         m[0, ..., S - 2:] = FMIN                     # padding
@@ -255,11 +262,31 @@ def _attention_feeds(S=6, mask="add", masked_batch=False):
 def test_attention_bert_export(S):
     m = _attention(S=S)
     c = check(m, oracle="ort", feeds=_attention_feeds(S, masked_batch=True))
-    assert "ScaledDotProductAttention" in ops(c)
-    assert not {"Softmax", "IsNaN", "Mul", "MatMul"} & set(ops(c))
+    assert ops(c) == ["ScaledDotProductAttention"]     # heads split and merged inside too
     n = fused(c, "ScaledDotProductAttention")[0]
-    assert n.attrs["k_transposed"] == 1 and n.attrs["nan_to_zero"] == 1
+    assert n.attrs["k_transposed"] == 1 and n.attrs["nan_to_zero"] == 1 and n.attrs["merge_heads"] == 1
+    assert n.attrs["q_heads"] == n.attrs["k_heads"] == n.attrs["v_heads"] == H
     assert math.isclose(n.attrs["scale"], 1 / math.sqrt(D), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("proj", ["bert", "gpt2"])
+def test_attention_packs_the_projections(proj):
+    """Three projections of one input (BERT) or a Split of one (GPT-2) feed q, k, v packed."""
+    c = check(_attention(proj=proj), oracle="ort", feeds=_attention_feeds(names=("x",)))
+    assert ops(c) == ["MatMul", "ScaledDotProductAttention"]
+    assert fused(c, "ScaledDotProductAttention")[0].attrs["qkv_split"] == [H * D] * 3
+
+
+def test_attention_pack_declines_two_inputs():
+    c = check(_attention(proj="two"), oracle="ort", feeds=_attention_feeds(names=("x", "x2")))
+    assert ops(c) == ["MatMul"] * 3 + ["ScaledDotProductAttention"]
+    assert "q, k, v are not projections of one input" in declined(c, "attention_pack_qkv")
+
+
+def test_attention_merge_declines_other_reshape():
+    c = check(_attention(merged=(0, -1)), oracle="ort", feeds=_attention_feeds())
+    assert "Transpose" in ops(c) and "ScaledDotProductAttention" in ops(c)
+    assert "the final Reshape does not provably merge the heads" in declined(c, "attention_merge_heads")
 
 
 def test_attention_fully_masked_rows_follow_the_guard():
@@ -318,3 +345,29 @@ def test_elementwise_chain_declines_growing_shape():
 def test_rules_can_be_disabled_by_name():
     c = compile_with(_attention(), disabled_passes=("attention",))
     assert "ScaledDotProductAttention" not in ops(c) and "MaskedSoftmax" in ops(c)
+
+
+# ------------------------------------------------------------------ reshapes around a linear layer
+
+def _reshaped_linear(restore=True):
+    """GPT-2's Conv1D export: flatten to 2-D, Gemm, restore the leading dims read from Shape."""
+    nodes = [node("Reshape", ["x", "flat"], "x2"), node("Gemm", ["x2", "w", "b"], "g"),
+             node("Shape", ["x"], "s"), node("Gather", ["s", "i0"], "d0"), node("Gather", ["s", "i1"], "d1"),
+             node("Unsqueeze", ["d0", "ax"], "u0"), node("Unsqueeze", ["d1", "ax"], "u1"),
+             node("Concat", ["u0", "u1", "n"] if restore else ["u1", "u0", "n"], "target", axis=0),
+             node("Reshape", ["g", "target"], "y")]
+    inits = [const("flat", [-1, 8], np.int64), const("w", rnd(8, 5)), const("b", rnd(5, seed=1)),
+             const("i0", 0, np.int64), const("i1", 1, np.int64), const("ax", [0], np.int64),
+             const("n", [5], np.int64)]
+    return model(nodes, [("x", F, ["batch", "seq", 8])], ["y"], inits, opset=13)
+
+
+def test_linear_reshapes_read_symbolically():
+    c = check(_reshaped_linear(), oracle="ort", feeds={"x": rnd(2, 3, 8)})
+    assert ops(c) == ["Linear"] and c.graph.nodes[0].inputs[0].name == "x"
+
+
+def test_linear_reshapes_decline_a_permuted_target():
+    c = check(_reshaped_linear(restore=False), oracle="ort", feeds={"x": rnd(3, 3, 8)})
+    assert "Reshape" in ops(c)
+    assert "the outer Reshape does not provably restore the leading dims" in declined(c, "linear_reshapes")

@@ -124,13 +124,19 @@ class FusionPass:
         self._record(rule.name, False, names, reason)
 
     def _record(self, rule: str, applied: bool, names: list[str], reason: str) -> None:
+        """One record per (rule, nodes, outcome), one decline per (rule, root); a decline is
+        dropped once the same rule fuses that root after all. Records are final: later passes do not filter them."""
         if self.log is None:
             return
-        for rec in self.log:
-            if rec["rule"] == rule and rec["nodes"] == names and rec["applied"] == applied:
-                rec["reason"] = reason
+        if applied:
+            self.log[:] = [r for r in self.log if not (r["rule"] == rule and not r["applied"]
+                                                        and r["nodes"][-1] in names)]
+        for rec in self.log:   # a decline is about its root: keep the latest word on it
+            if rec["rule"] == rule and rec["applied"] == applied and \
+                    (rec["nodes"] == names or (not applied and rec["nodes"][-1] == names[-1])):
+                rec["nodes"], rec["reason"] = names, reason
                 return
-        self.log.append({"rule": rule, "applied": applied, "nodes": names, "reason": reason})
+        self.log.append({"rule": rule, "applied": applied, "nodes": names, "reason": reason, "final": True})
 
     def _apply(self, graph: Graph, m: Match, new, ctx: FusionContext) -> str:
         root = m.root

@@ -13,6 +13,8 @@ Every rule fuses into ``fusegraph::FusedConv`` (``ops/fused_cnn.py``), whose val
   (so Conv + Add + Relu ends as one node): Relu, Clip (Relu6), Sigmoid, Tanh, HardSigmoid
   (torch's 1/6, 0.5 only), HardSwish and its ``x * HardSigmoid(x)`` form, SiLU/Swish
   (``x * Sigmoid(x)`` and ``Swish``), LeakyRelu, GELU (ONNX ``Gelu`` and ``fusegraph::Gelu``).
+- ``channel_shuffle`` (100): ``Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4) -> Reshape
+  [N, C, H, W]`` -> ``fusegraph::ChannelShuffle`` (one copy, in the input's layout).
 - ``conv_prepack`` (-100, after everything else): any remaining 2-D Conv with constant
   weights -> an activation-free ``FusedConv`` (oneDNN with prepacked weights, channels-last).
 
@@ -226,6 +228,31 @@ _PREPACK = Pat("Conv", Var("x", _is_4d), Var("w", lambda v: v.is_const), Var("b"
                name="conv")
 
 
+# ------------------------------------------------------------------------ channel shuffle
+
+def _shuffle_check(m, ctx):
+    x, mid, y = m.values["x"], m.nodes["split"].outputs[0], m.root.outputs[0]
+    perm = m.nodes["swap"].attrs.get("perm")
+    if x.shape is None or len(x.shape) != 4 or mid.shape is None or len(mid.shape) != 5:
+        return "not a 4-D -> 5-D channel split"
+    n, c, h, w = x.shape
+    g, cg = mid.shape[1], mid.shape[2]
+    if list(perm or []) != [0, 2, 1, 3, 4] or not isinstance(g, int) or not isinstance(cg, int):
+        return "not a swap of the two channel factors"
+    if tuple(mid.shape) != (n, g, cg, h, w) or g * cg != c or not shapes_equal(y.shape, x.shape):
+        return "the reshapes do not split and merge the channel axis"
+    return None
+
+
+def _shuffle_rewrite(m, ctx):
+    return ctx.emit("ChannelShuffle", [m.values["x"]], {"groups": int(m.nodes["split"].outputs[0].shape[1])},
+                    domain=FG)
+
+
+_SHUFFLE = Pat("Reshape", Pat("Transpose", Pat("Reshape", Var("x"), Var("s1"), name="split"), name="swap"),
+               Var("s2"))
+
+
 RULES: list[FusionRule] = [
     FusionRule("conv_bn", Pat("BatchNormalization", _conv(("Conv",)), Var("scale"), Var("bias"),
                               Var("mean"), Var("var")),
@@ -234,6 +261,8 @@ RULES: list[FusionRule] = [
                "residual summand of the conv output's exact shape, added before any activation"),
     *[FusionRule(name, pat, _act_check, _act_rewrite, 110, "activation applied by oneDNN as a post-op")
       for name, pats in ACT_PATTERNS.items() for pat in pats],
+    FusionRule("channel_shuffle", _SHUFFLE, _shuffle_check, _shuffle_rewrite, 100,
+               "channel split, swap, merge: one copy"),
     FusionRule("conv_prepack", _PREPACK, _prepack_check, _prepack_rewrite, -100,
                "2-D conv with constant weights: oneDNN, weights prepacked at bind time"),
 ]

@@ -1,21 +1,32 @@
-"""Transformer fusion rules (``RULES``), highest priority first; kernels in ``ops/fused_transformer.py``.
+"""Transformer fusion rules (``RULES``), highest priority first; kernels in ``ops/fused_transformer.py``,
+recognisers in ``attention_forms.py`` / ``transformer_forms.py``.
 
 - attention (50): ``MatMul(softmax(q' @ k' * s + mask), v)`` where ``q'``/``k'`` may carry
   scalar-constant Muls (the SDPA export scales both), the scores a Mul/Div by a scalar
   constant, the mask an Add of any float value or a ``Where(cond, scores, fill)`` with
   ``fill <= -1e30`` (then ``scores + fill == fill`` in fp32 for every |score| < 1e22: the
   additive form is the same), and the probabilities the exporters' ``Where(IsNaN(p), 0, p)``
-  -> ``ScaledDotProductAttention``. The Transposes around it stay (they are views).
+  -> ``ScaledDotProductAttention``; a head split (``Transpose(Reshape)``) in front of q / k / v
+  used only there is taken in.
+- attention_merge_heads (46), attention_split_heads (45), attention_pack_qkv (44): the
+  exporters' code around it — the head merge after it (targets proved symbolically), head
+  splits left over, and q / k / v packed (one Split, or three projections of one input
+  concatenated into one weight: one GEMV instead of three).
 - masked_softmax (40) / softmax_nan_to_zero (40): the same scale, mask and NaN guard
   around a Softmax that is not part of an attention -> ``MaskedSoftmax``.
-- layer_norm (30): ``(x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta]`` over
+- linear_reshapes (35): ``Reshape(linear(Reshape(x, [-1, K])), x.shape[:-1] + [N])`` ->
+  ``linear(x)`` (GPT-2's Conv1D as Gemm), targets read symbolically.
+- layer_norm (30-32): ``(x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta]`` over
   the last axis (``Pow(d, 2)`` or ``d * d``) -> ``LayerNorm``. Statistics differ by rounding.
+- gelu (30): the erf and tanh GELU forms (any association of the product), a bias Add in
+  front absorbed -> ``Gelu``.
 - skip_layer_norm (25): ``LayerNorm(a + b)`` -> ``SkipLayerNorm``, which also outputs the
   sum when the Add has other users (pre-LN residual streams).
-- gelu_erf / gelu_tanh (30): the two GELU forms (see ``transformer_forms.py``), a bias Add
-  in front absorbed -> ``Gelu``.
 - linear_act (20): ``act(Linear | MatMul by a 2-D weight)`` -> ``LinearAct``.
 - elementwise_chain (0): a linear chain of float elementwise ops -> ``ElementwiseChain``.
+
+Every rewrite keeps the replaced value's symbolic shape where it knew more (``keep_shape``),
+so later symbolic proofs (head merge, reshapes) see the dims the exporter's shape code reads.
 """
 from __future__ import annotations
 
@@ -25,9 +36,10 @@ from ..facts import const_of, producer
 from ..rewrite import FUSEGRAPH_DOMAIN as FG
 from .engine import FusionRule
 from .pattern import Pat, Var
-from .transformer_forms import (CHAIN_OPS, attention_form, chain_form, fg_node, gelu_form,
-                                interior_reason, layer_norm_form, scalar,
-                                vector_along)
+from .attention_forms import (LINEARS, absorb_heads, attention_form, merge_heads_reason, pack_qkv_form,
+                              reshape_linear_form)
+from .transformer_forms import (CHAIN_OPS, chain_form, fg_node, gelu_form, interior_reason, keep_shape,
+                                layer_norm_form, scalar, softmax_form, vector_along)
 
 # ------------------------------------------------------------------ attention
 
@@ -59,8 +71,58 @@ def _attention_rewrite(m, ctx):
         if f["mask"] is not None:
             mask = ctx.emit("Add", [mask, f["mask"]])
     ins = [f["q"], f["k"], f["v"]] + ([mask] if mask is not None else [])
-    return ctx.emit("ScaledDotProductAttention", ins, {"scale": f["scale"], "k_transposed": int(f["k_transposed"]),
-                                                      "nan_to_zero": int(f["nan_to_zero"])}, domain=FG)
+    attrs = {"scale": f["scale"], "k_transposed": int(f["k_transposed"]), "nan_to_zero": int(f["nan_to_zero"])}
+    attrs.update({f"{t}_heads": f[f"{t}_heads"] for t in "qkv" if f[f"{t}_heads"]})
+    return ctx.emit("ScaledDotProductAttention", ins, attrs, domain=FG)
+
+
+def _heads_check(m, ctx):
+    found = absorb_heads(m.root)
+    if found is None:
+        return "the Transpose/Reshape in front is not a head split"
+    return interior_reason(found[2] + [m.root], m.root)
+
+
+def _heads_rewrite(m, ctx):
+    ins, attrs, _ = absorb_heads(m.root)
+    return keep_shape(ctx.emit("ScaledDotProductAttention", ins, attrs, domain=FG), m.root)
+
+
+def _pack_check(m, ctx):
+    form = pack_qkv_form(m.root)
+    if isinstance(form, str):
+        return form
+    return interior_reason(([form["split"]] if "split" in form else form["mms"]) + [m.root], m.root)
+
+
+def _pack_rewrite(m, ctx):
+    """One projection (or the Split's input) feeds the SDPA, which splits q / k / v itself."""
+    sdpa, form = m.root, pack_qkv_form(m.root)
+    if "split" in form:
+        packed, sizes = form["split"].inputs[0], form["sizes"]
+    else:
+        mm = form["mms"][0]
+        trans_b = mm.domain == FG and int(mm.attrs.get("trans_b", 0))
+        ws = [const_of(n.inputs[1]) for n in form["mms"]]
+        sizes = [int(w.shape[0] if trans_b else w.shape[1]) for w in ws]
+        w = ctx.const(torch.cat(ws, dim=0 if trans_b else 1), "qkv_weight")
+        ins = [mm.inputs[0], w]
+        if mm.input(2) is not None:
+            ins.append(ctx.const(torch.cat([const_of(n.input(2)) for n in form["mms"]]), "qkv_bias"))
+        packed = ctx.emit(mm.op_type, ins, dict(mm.attrs), domain=mm.domain)
+    ins = [packed, None, None] + list(sdpa.inputs[3:])
+    return keep_shape(ctx.emit("ScaledDotProductAttention", ins, {**sdpa.attrs, "qkv_split": sizes}, domain=FG),
+                       sdpa)
+
+
+def _merge_check(m, ctx):
+    return merge_heads_reason(m.nodes["sdpa"], m.nodes["t"], m.nodes.get("r3"), m.root)
+
+
+def _merge_rewrite(m, ctx):
+    sdpa = m.nodes["sdpa"]
+    new = ctx.emit("ScaledDotProductAttention", list(sdpa.inputs), {**sdpa.attrs, "merge_heads": 1}, domain=FG)
+    return keep_shape(new, m.root)
 
 
 # ------------------------------------------------------------------ softmax
@@ -71,45 +133,15 @@ def _scaled_or_masked(v) -> bool:
     return p is not None and p.domain == "" and p.op_type in ("Add", "Mul", "Div") and len(v.uses) == 1
 
 
-def _softmax_parts(root):
-    """(x, mask, scale, nodes) of ``Softmax(x * scale + mask)`` over the last axis, or a reason."""
-    rank = len(root.inputs[0].shape or ())
-    axis = int(root.attrs.get("axis", -1 if root.version >= 13 else 1))
-    if rank == 0 or axis % rank != rank - 1:
-        return "Softmax is not over the last axis"
-    x, mask, scale, nodes = root.inputs[0], None, 1.0, [root]
-    add = producer(x, "Add")
-    if add is not None:
-        for side in (0, 1):
-            inner, other = add.inputs[side], add.inputs[1 - side]
-            if producer(inner, "Mul", "Div") is not None or side == 1:
-                x, mask = inner, other
-                break
-        nodes.append(add)
-    p = producer(x, "Mul", "Div")
-    if p is not None:
-        for side in ((0, 1) if p.op_type == "Mul" else (1,)):
-            c = scalar(p.inputs[side])
-            if c is not None and c != 0.0:
-                scale *= c if p.op_type == "Mul" else 1.0 / c
-                x = p.inputs[1 - side]
-                nodes.append(p)
-                break
-    if len(nodes) == 1:
-        return "neither scaled nor masked"
-    if mask is not None and (not mask.dtype.is_float or mask.dtype != x.dtype):
-        return "the mask is not a float of the scores' type"
-    return x, mask, scale, nodes
-
-
 def _softmax_check(m, ctx):
-    parts = _softmax_parts(m.root)
+    parts = softmax_form(m.root)
     return parts if isinstance(parts, str) else interior_reason(parts[3], m.root)
 
 
 def _softmax_rewrite(m, ctx):
-    x, mask, scale, _ = _softmax_parts(m.root)
-    return ctx.emit("MaskedSoftmax", [x] + ([mask] if mask is not None else []), {"scale": scale}, domain=FG)
+    x, mask, scale, _ = softmax_form(m.root)
+    return keep_shape(ctx.emit("MaskedSoftmax", [x] + ([mask] if mask is not None else []), {"scale": scale},
+                                domain=FG), m.root)
 
 
 def _nan_check(m, ctx):
@@ -130,7 +162,7 @@ def _nan_rewrite(m, ctx):
     s = m.values["s"].producer
     attrs = {"scale": 1.0} if s.domain == "" else dict(s.attrs)
     attrs["nan_to_zero"] = 1
-    return ctx.emit("MaskedSoftmax", list(s.inputs), attrs, domain=FG)
+    return keep_shape(ctx.emit("MaskedSoftmax", list(s.inputs), attrs, domain=FG), m.root)
 
 
 # ------------------------------------------------------------------ layer norm
@@ -146,7 +178,7 @@ def _ln_rewrite(m, ctx):
     ins = [x, _as_const(ctx, gamma, "gamma"), _as_const(ctx, beta, "beta")]
     while ins[-1] is None:
         ins.pop()
-    return ctx.emit("LayerNorm", ins, {"epsilon": eps}, domain=FG)
+    return keep_shape(ctx.emit("LayerNorm", ins, {"epsilon": eps}, domain=FG), m.root)
 
 
 def _as_const(ctx, v, name):
@@ -155,7 +187,8 @@ def _as_const(ctx, v, name):
 
 def _skip_check(m, ctx):
     ln, add = m.root, m.nodes["add"]
-    if ln.domain == "" and (len(ln.outputs) != 1 or int(ln.attrs.get("axis", -1)) not in (-1, len(ln.inputs[0].shape or ()) - 1)
+    last = (-1, len(ln.inputs[0].shape or ()) - 1)
+    if ln.domain == "" and (len(ln.outputs) != 1 or int(ln.attrs.get("axis", -1)) not in last
                             or int(ln.attrs.get("stash_type", 1)) != 1):
         return "LayerNormalization is not over the last axis alone, or has statistics outputs"
     x = ln.inputs[0]
@@ -180,8 +213,9 @@ def _skip_rewrite(m, ctx):
     ctx.root = add   # emit at the Add: the sum's other users may come before the LayerNorm
     outs = ctx.emit("SkipLayerNorm", list(add.inputs) + list(ln.inputs[1:]), {"epsilon": eps}, domain=FG,
                     outputs=2 if extra else 1)
-    y = outs[0] if extra else outs
+    y = keep_shape(outs[0] if extra else outs, ln)
     if extra:
+        outs[1].shape = s.shape if s.shape is not None else outs[1].shape
         s.replace_all_uses_with(outs[1])
     return y
 
@@ -213,7 +247,7 @@ def _gelu_rewrite(m, ctx):
                 x, bias = add.inputs[side], b
                 break
     ins = [x] + ([_as_const(ctx, bias, "bias")] if bias is not None else [])
-    return ctx.emit("Gelu", ins, {"approximate": form["approximate"]}, domain=FG)
+    return keep_shape(ctx.emit("Gelu", ins, {"approximate": form["approximate"]}, domain=FG), m.root)
 
 
 _ACTS = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
@@ -250,7 +284,20 @@ def _linear_rewrite(m, ctx):
         bias = b2 if bias is None else ctx.const(const_of(bias) + const_of(b2), "bias")
     trans_b = int(mm.attrs.get("trans_b", 0)) if mm.domain == FG else 0
     ins = [mm.inputs[0], mm.inputs[1]] + ([bias] if bias is not None else [])
-    return ctx.emit("LinearAct", ins, {"trans_b": trans_b, "activation": _act_name(act)}, domain=FG)
+    return keep_shape(ctx.emit("LinearAct", ins, {"trans_b": trans_b, "activation": _act_name(act)}, domain=FG),
+                       m.root)
+
+
+def _reshape_linear_check(m, ctx):
+    form = reshape_linear_form(m.root)
+    if isinstance(form, str):
+        return form
+    return interior_reason([form[0].inputs[0].producer, form[0], m.root], m.root)
+
+
+def _reshape_linear_rewrite(m, ctx):
+    mm, x = reshape_linear_form(m.root)
+    return keep_shape(ctx.emit(mm.op_type, [x] + list(mm.inputs[1:]), dict(mm.attrs), domain=mm.domain), m.root)
 
 
 # ------------------------------------------------------------------ elementwise chains
@@ -269,7 +316,7 @@ def _chain_check(m, ctx):
 
 def _chain_rewrite(m, ctx):
     inputs, steps, _ = chain_form(m.root)
-    return ctx.emit("ElementwiseChain", inputs, {"steps": steps}, domain=FG)
+    return keep_shape(ctx.emit("ElementwiseChain", inputs, {"steps": steps}, domain=FG), m.root)
 
 
 # ------------------------------------------------------------------ the rule list
@@ -286,6 +333,19 @@ def _ln_pattern(square: str, tail: str) -> Pat:
     return scaled if tail == "scale" else Pat("Add", scaled, Var("beta"))
 
 
+_SDPA = "fusegraph::ScaledDotProductAttention"
+
+
+def _splittable(v) -> bool:
+    return producer(v, "Transpose") is not None and len(v.uses) == 1
+
+
+def _merge_pattern(inner: bool) -> Pat:
+    sdpa = Pat(_SDPA, name="sdpa", single_use=False)
+    src = Pat("Reshape", sdpa, Var("s3"), name="r3") if inner else sdpa
+    return Pat("Reshape", Pat("Transpose", src, attrs={"perm": [0, 2, 1, 3]}, name="t"), Var("s4"))
+
+
 _SOFTMAX = Pat("Softmax", Var("x", _scaled_or_masked))
 _NAN = Pat("Where", Pat("IsNaN", Var("s", lambda v: v.producer is not None), name="isnan"), Var("zero"), Var("s"))
 _ATTENTION = Pat(("MatMul", "fusegraph::BatchMatMul"), Var("p", _softmaxish), Var("v"))
@@ -300,6 +360,15 @@ _UNARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op not in ("Add", "Sub", "Mul
 RULES = [
     FusionRule("attention", _ATTENTION, _attention_check, _attention_rewrite, 50,
                "softmax(q k^T * s + mask) v; scale constants scalar; float mask (or huge Where fill)"),
+    *[FusionRule("attention_merge_heads", _merge_pattern(inner), _merge_check, _merge_rewrite, 46,
+                 "Reshape(Transpose(sdpa, [0,2,1,3])) provably [B, L, H*D]; inner Reshape a no-op")
+      for inner in (True, False)],
+    *[FusionRule("attention_split_heads", Pat(_SDPA, *[Var(n, _splittable) if n == t else Var(n) for n in "qkv"], ...),
+                 _heads_check, _heads_rewrite, 45, "Transpose(Reshape([B,S,H*D] -> [B,S,H,D])) used once")
+      for t in "qkv"],
+    FusionRule("attention_pack_qkv", Pat(_SDPA, Var("q", lambda v: v.producer is not None), Var("k"), Var("v"), ...),
+               _pack_check, _pack_rewrite, 44, "q, k, v: one Split of one tensor, or three projections of one "
+               "input by constant weights, each read only by the attention"),
     FusionRule("masked_softmax", _SOFTMAX, _softmax_check, _softmax_rewrite, 40,
                "Softmax over the last axis of a scalar-scaled and/or masked input"),
     FusionRule("softmax_nan_to_zero", _NAN, _nan_check, _nan_rewrite, 40,
@@ -315,6 +384,10 @@ RULES = [
                "erf or tanh GELU with its constants within 1e-5; interior values used only inside"),
     FusionRule("linear_act", _LINEAR, _linear_check, _linear_rewrite, 20,
                "2-D weight, activation of the same shape, at most one non-constant bias"),
+    FusionRule("linear_reshapes", Pat("Reshape", Pat(tuple(f"{d}::{t}" if d else t for d, t in LINEARS), ...,
+                                                      name="mm"), Var("target")),
+               _reshape_linear_check, _reshape_linear_rewrite, 35,
+               "Reshape(linear(Reshape(x, [-1, K])), x.shape[:-1] + [N]) with both targets read symbolically"),
     FusionRule("elementwise_chain", _BINARY_CHAIN, _chain_check, _chain_rewrite, 0,
                "float chain, every step of the final shape, each link used once"),
     FusionRule("elementwise_chain", _UNARY_CHAIN, _chain_check, _chain_rewrite, 0,

@@ -1,12 +1,13 @@
-"""Read-only recognisers for the transformer fusion rules (``rules_transformer.py``).
+"""Read-only recognisers for the transformer fusion rules (``rules_transformer.py``): LayerNorm,
+GELU, elementwise chains and shared helpers (attention lives in ``attention_forms.py``).
 
 Each ``*_form`` function takes the root node (or the pattern match) of a candidate and returns
 either what the rewrite needs (the inputs, the constants, the covered nodes) or a string: the
 reason the candidate is not the fused form. Nothing here mutates the graph; the rules call the
 same function from their check and their rewrite, so both see one answer.
 
-Forms that vary in their operand order (GELU's products, attention's scale and mask) are read
-procedurally from a pattern root: a product is flattened through single-use Muls, constants
+Forms that vary in their operand order (GELU's products) are read procedurally from a pattern
+root: a product is flattened through single-use Muls, constants
 multiplied together, so ``x * 0.5 * a``, ``(x * a) * 0.5`` and ``x * (a * 0.5)`` are one form.
 """
 from __future__ import annotations
@@ -18,7 +19,6 @@ from ..facts import const_of, ints_arg, producer, shapes_equal
 from ..rewrite import FUSEGRAPH_DOMAIN as FG
 
 CHAIN_OPS = tuple(UNARY) + tuple(BINARY)
-BIG_FILL = -1e30   # a Where fill at or below this is absorbed by any |score| < 1e22 in fp32
 
 
 def fg_node(node, *ops) -> bool:
@@ -72,6 +72,49 @@ def vector_along(v, n, rank):
     if c.numel() == n and c.shape[-1] == n:
         return c.reshape(n).contiguous()
     return None
+
+
+def keep_shape(new, old):
+    """The fused value is the old one: keep the old symbolic dims (downstream shapes were
+    inferred from them) except where only the new shape knows the dim."""
+    o, n = old.outputs[0].shape, new.shape
+    if o is not None:
+        new.shape = o if n is None or len(n) != len(o) else tuple(b if a is None else a for a, b in zip(o, n))
+    return new
+
+
+# ------------------------------------------------------------------ softmax
+
+
+def softmax_form(root):
+    """(x, mask, scale, nodes) of ``Softmax(x * scale + mask)`` over the last axis, or a reason."""
+    rank = len(root.inputs[0].shape or ())
+    axis = int(root.attrs.get("axis", -1 if root.version >= 13 else 1))
+    if rank == 0 or axis % rank != rank - 1:
+        return "Softmax is not over the last axis"
+    x, mask, scale, nodes = root.inputs[0], None, 1.0, [root]
+    add = producer(x, "Add")
+    if add is not None:
+        for side in (0, 1):
+            inner, other = add.inputs[side], add.inputs[1 - side]
+            if producer(inner, "Mul", "Div") is not None or side == 1:
+                x, mask = inner, other
+                break
+        nodes.append(add)
+    p = producer(x, "Mul", "Div")
+    if p is not None:
+        for side in ((0, 1) if p.op_type == "Mul" else (1,)):
+            c = scalar(p.inputs[side])
+            if c is not None and c != 0.0:
+                scale *= c if p.op_type == "Mul" else 1.0 / c
+                x = p.inputs[1 - side]
+                nodes.append(p)
+                break
+    if len(nodes) == 1:
+        return "neither scaled nor masked"
+    if mask is not None and (not mask.dtype.is_float or mask.dtype != x.dtype):
+        return "the mask is not a float of the scores' type"
+    return x, mask, scale, nodes
 
 
 # ------------------------------------------------------------------ layer norm
@@ -177,134 +220,6 @@ def gelu_form(root, probe=False):
             return f"the cubic coefficient is {k3:g}, not 0.044715"
         return {"x": x, "approximate": "tanh", "nodes": nodes}
     return "no 1 + erf/tanh(...) factor"
-
-
-# ------------------------------------------------------------------ attention
-
-
-def _matmul_of(v):
-    p = v.producer if v is not None else None
-    if p is not None and ((p.domain == "" and p.op_type == "MatMul") or fg_node(p, "BatchMatMul")):
-        return p
-    return None
-
-
-def _peel_scale(v, nodes):
-    """(value, factor) with one scalar-constant Mul / Div peeled off ``v`` (factor 1 if none)."""
-    p = producer(v, "Mul", "Div")
-    if p is None:
-        return v, 1.0
-    sides = (0, 1) if p.op_type == "Mul" else (1,)
-    for side in sides:
-        c = scalar(p.inputs[side])
-        if c is not None and c != 0.0 and math.isfinite(c):
-            nodes.append(p)
-            return p.inputs[1 - side], (c if p.op_type == "Mul" else 1.0 / c)
-    return v, 1.0
-
-
-def _last_axis_softmax(sm) -> bool:
-    rank = len(sm.inputs[0].shape or ())
-    axis = int(sm.attrs.get("axis", -1 if sm.version >= 13 else 1))
-    return rank > 0 and axis % rank == rank - 1
-
-
-def attention_form(root):
-    """The parts of ``MatMul(softmax(...), v)`` (see rules_transformer.py), or a reason."""
-    nodes = [root]
-    if fg_node(root, "BatchMatMul") and (int(root.attrs.get("trans_a", 0)) or int(root.attrs.get("trans_b", 0))):
-        return "the probabilities or V are transposed (BatchMatMul flags)"
-    p, v = root.inputs
-    form = {"v": v, "mask": None, "where": None, "scale": 1.0, "nan_to_zero": False, "nodes": nodes}
-    w = p.producer
-    if w.domain == "" and w.op_type == "Where":
-        isn = producer(w.inputs[0], "IsNaN")
-        if isn is None or isn.inputs[0] is not w.inputs[2] or scalar(w.inputs[1]) != 0.0:
-            return "the probabilities pass a Where that is not Where(IsNaN(p), 0, p)"
-        nodes += [w, isn]
-        p, form["nan_to_zero"] = w.inputs[2], True
-    sm = p.producer
-    if fg_node(sm, "MaskedSoftmax"):
-        nodes.append(sm)
-        x, form["mask"], form["scale"] = sm.inputs[0], sm.input(1), float(sm.attrs.get("scale", 1.0))
-        form["nan_to_zero"] |= bool(int(sm.attrs.get("nan_to_zero", 0)))
-    elif sm is not None and sm.domain == "" and sm.op_type == "Softmax":
-        if not _last_axis_softmax(sm):
-            return "Softmax is not over the last axis"
-        nodes.append(sm)
-        x = sm.inputs[0]
-        why = _peel_mask_and_scale(x, form, nodes)
-        if isinstance(why, str):
-            return why
-        x = why
-    else:
-        return "the probabilities do not come from a Softmax"
-    mm = _matmul_of(x)
-    if mm is None:
-        return "the scores are not a MatMul"
-    nodes.append(mm)
-    if mm.domain == FG and int(mm.attrs.get("trans_a", 0)):
-        form["k_transposed"] = None
-    else:
-        form["k_transposed"] = not (mm.domain == FG and int(mm.attrs.get("trans_b", 0)))
-    q, fq = _peel_scale(mm.inputs[0], nodes)
-    k, fk = _peel_scale(mm.inputs[1], nodes)
-    form.update(q=q, k=k, scale=form["scale"] * fq * fk)
-    if not (q.dtype.is_float and q.dtype == k.dtype == v.dtype):
-        return "q, k, v are not of one float type"
-    if any(t.shape is None or len(t.shape) < 2 for t in (q, k, v)):
-        return "q, k or v has unknown rank or rank < 2"
-    if form["mask"] is not None and (form["mask"].dtype != q.dtype or form["mask"].shape is None
-                                     or len(form["mask"].shape) > len(q.shape)):
-        return "the mask is not a float of the scores' type and rank"
-    return form
-
-
-def _peel_mask_and_scale(x, form, nodes):
-    """Walk from the softmax input down to the scores MatMul: at most one additive mask, one
-    Where mask, then scalar scales; returns the scores value or a reason."""
-    scaled = False
-    for _ in range(6):
-        if _matmul_of(x) is not None:
-            return x
-        p = x.producer
-        if p is None or p.domain != "":
-            break
-        if p.op_type == "Add" and form["mask"] is None:
-            side = next((s for s in (0, 1) if _leads_to_matmul(p.inputs[s])), None)
-            if side is None:
-                break
-            if scaled:
-                return "the scale applies after the mask"
-            nodes.append(p)
-            x, form["mask"] = p.inputs[side], p.inputs[1 - side]
-        elif p.op_type == "Where" and form["where"] is None and _leads_to_matmul(p.inputs[1]):
-            fill = scalar(p.inputs[2])
-            if fill is None or not fill <= BIG_FILL:
-                return f"the Where mask fills {fill}: not large enough for an additive mask to be exact"
-            if scaled:
-                return "the scale applies after the mask"
-            nodes.append(p)
-            x, form["where"] = p.inputs[1], (p.inputs[0], fill)
-        elif p.op_type in ("Mul", "Div"):
-            y, f = _peel_scale(x, nodes)
-            if y is x:
-                break
-            x, form["scale"], scaled = y, form["scale"] * f, True
-        else:
-            break
-    return "the scores are not MatMul [* scale] [+ mask]"
-
-
-def _leads_to_matmul(v, depth=3) -> bool:
-    for _ in range(depth):
-        if _matmul_of(v) is not None:
-            return True
-        p = producer(v, "Mul", "Div", "Where", "Add")
-        if p is None:
-            return False
-        v = p.inputs[1] if p.op_type == "Where" else p.inputs[0]
-    return _matmul_of(v) is not None
 
 
 # ------------------------------------------------------------------ elementwise chains

@@ -98,7 +98,8 @@ def _random_dag(seed: int):
         kind = rng.random()
         out = f"t{i}"
         if kind < 0.3:
-            nodes.append(helper.make_node(rng.choice(["Relu", "Sigmoid", "Tanh", "Neg", "Abs"]), [rng.choice(vals)], [out]))
+            op = rng.choice(["Relu", "Sigmoid", "Tanh", "Neg", "Abs"])
+            nodes.append(helper.make_node(op, [rng.choice(vals)], [out]))
         elif kind < 0.6:
             nodes.append(helper.make_node(rng.choice(["Add", "Mul", "Sub", "Max"]), rng.sample(vals, 2) if len(vals) > 1
                                           else vals * 2, [out]))
@@ -146,7 +147,8 @@ def test_random_dags_respect_dependencies_and_match_sequential(seed):
             for v in by_name[name].inputs:
                 if v is not None and v.producer is not None:
                     p = pos[v.producer.name]
-                    assert stamps[i][0] >= stamps[p][1], f"{name} started before its producer {v.producer.name} finished"
+                    assert stamps[i][0] >= stamps[p][1], \
+                        f"{name} started before its producer {v.producer.name} finished"
         _check_shared_bytes_not_used_at_once(model, by_name, pos, stamps)
     if n > 1:
         assert len({s[2] for s in stamps.values()}) > 1 or model.plan.streams.num_streams == 1 or \
