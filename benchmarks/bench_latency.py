@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +36,17 @@ def model_files(folder: Path, names: list[str]) -> dict[str, Path]:
     return files
 
 
+def ort_extended_nodes(path: Path) -> int:
+    """onnxruntime's node count at ORT_ENABLE_EXTENDED (the issue's kernel budget)."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(path.with_suffix(".extended.onnx"))
+    so.log_severity_level = 3
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return len(onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -42,17 +54,19 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(list(zoo.LIGHT_MODELS) + ["bert", "gpt2"]))
     args = ap.parse_args()
     names = args.models.split(",")
-    print(f"| model | fusegraph ms | onnxruntime ms | ratio | kernels |")
-    print(f"|---|---:|---:|---:|---:|")
+    print(f"load average before: {os.getloadavg()[0]:.2f} (on {os.cpu_count()} cores)\n")
+    print("| model | fusegraph ms | onnxruntime ms | ratio | kernels | ORT_EXTENDED nodes |")
+    print("|---|---:|---:|---:|---:|---:|")
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in model_files(Path(tmp), names).items():
             r = bench(str(path), vs=("onnxruntime",), threads=args.threads, runs=args.runs)
             ratios.append(r.ratio("onnxruntime"))
             print(f"| {name} | {r.fusegraph_ms:.2f} | {r.peers_ms['onnxruntime']:.2f} | "
-                  f"{r.ratio('onnxruntime'):.2f} | {r.kernels} |", flush=True)
+                  f"{r.ratio('onnxruntime'):.2f} | {r.kernels} | {ort_extended_nodes(path)} |", flush=True)
     geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
     print(f"\ngeometric mean ratio over {len(ratios)} models: {geo:.3f}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
 

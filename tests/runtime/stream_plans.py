@@ -68,10 +68,17 @@ def toy_stream_plan(order, n: int, seed: int = 0, chains: bool = True) -> ToyStr
 
 
 def rebind(model: CompiledModel, memory: str = "balanced", streams: int = 1, seed: int = 0,
-           threads: int | None = None) -> CompiledModel:
-    """The same optimised graph, planned with ``memory`` and a toy plan of ``streams`` streams."""
+           threads: int | None = None, planner: str = "toy") -> CompiledModel:
+    """The same optimised graph, planned with ``memory`` and ``streams`` streams: a toy plan,
+    or with ``planner="real"`` what ``compile`` plans (``plan/streams.py``), without re-running
+    the passes."""
     graph = model.graph
     config = model.config.replace(memory=memory, threads=threads)
+    if planner == "real":
+        from fusegraph.compiler import _plan
+        config = config.replace(streams=streams)
+        report = fg.report.CompileReport(model=model.name)
+        return CompiledModel(graph, config, report, _plan(graph, config, report))
     mplan = plan_memory(graph, config)
     sp = None
     if streams > 1:

@@ -2,9 +2,11 @@
 rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 
 - ``LinearAct(x, w, b?)``: ``act(x @ w + b)`` — addmm into the output buffer, then the
-  activation in place on it (measured faster than oneDNN ``_linear_pointwise`` at the
-  BERT / GPT-2 sizes, see benchmarks/RESULTS.md). ``trans_b`` as ``Linear``; ``activation``
-  one of ``ACTIVATIONS``.
+  activation in place on it (measured faster than oneDNN ``_linear_pointwise`` and MKL's
+  packed sgemm at the BERT / GPT-2 sizes, see benchmarks/RESULTS.md). ``trans_b`` as
+  ``Linear``; ``activation`` ``none`` or one of ``ACTIVATIONS``. A one-row product on two or
+  more threads may split its columns over two threads (``_gemv_split.py``; MKL runs it on one),
+  whichever of the two ways has been faster lately on this node.
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
 - ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon``.
 - ``SkipLayerNorm(a, b, gamma?, beta?)``: ``s = a + b``; outputs ``layer_norm(s)`` and,
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
+from ._gemv_split import Chooser
 from .common import same_as_input
 from .registry import FusionKind, NodeContext, register
 
@@ -52,6 +55,7 @@ def small_serial(fn, numel, *args, **kwargs):
     finally:
         _set_threads(n)
 
+
 ACTIVATIONS = {
     "relu": torch.relu_,
     "gelu": lambda t: torch._C._nn.gelu_(t, approximate="none"),
@@ -72,25 +76,38 @@ def _linear_act_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
 
 
+SPLIT_MIN_WORK = 1 << 18   # K * N below which a one-row product is not worth a hand-off
+
+
+def _mm_into(x, w, b, out):
+    return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
+
+
 @register("LinearAct", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_act_infer,
           writes_out=True)
 def _linear_act(ctx: NodeContext):
     trans_b = bool(ctx.attr("trans_b", 0))
     name = ctx.attr("activation")
-    if name not in ACTIVATIONS:
-        raise ctx.unsupported(f"activation {name!r} (expected one of {sorted(ACTIVATIONS)})")
-    act = ACTIVATIONS[name]
+    if name != "none" and name not in ACTIVATIONS:
+        raise ctx.unsupported(f"activation {name!r} (expected none or one of {sorted(ACTIVATIONS)})")
+    act = ACTIVATIONS.get(name)
+    chooser = Chooser()
 
     def kernel(x, w, b=None, out=None):
         wt = w.t() if trans_b else w
-        x2 = x.reshape(-1, x.shape[-1])
-        o2 = None if out is None else out.view(-1, wt.shape[1])
-        if b is None:
-            y = torch.mm(x2, wt, out=o2) if o2 is not None else torch.mm(x2, wt)
+        k, n = wt.shape
+        x2 = x.reshape(-1, k)
+        o2 = x2.new_empty((x2.shape[0], n)) if out is None else out.view(-1, n)
+        if x2.shape[0] == 1 and k * n >= SPLIT_MIN_WORK and x2.device.type == "cpu" and _get_threads() > 1:
+            h = n // 2   # one output row: half the columns here, half on the helper thread
+            lo, hi = (None, None) if b is None else (b[:h], b[h:])
+            chooser.run(lambda: _mm_into(x2, wt, b, o2), lambda: _mm_into(x2, wt[:, :h], lo, o2[:, :h]),
+                        lambda: _mm_into(x2, wt[:, h:], hi, o2[:, h:]))
         else:
-            y = torch.addmm(b, x2, wt, out=o2) if o2 is not None else torch.addmm(b, x2, wt)
-        small_serial(act, y.numel(), y)
-        return out if out is not None else y.view(*x.shape[:-1], wt.shape[1])
+            _mm_into(x2, wt, b, o2)
+        if act is not None:
+            small_serial(act, o2.numel(), o2)
+        return out if out is not None else o2.view(*x.shape[:-1], n)
     return kernel
 
 

@@ -187,6 +187,12 @@ def _lrn(ctx: NodeContext):
 
     def lrn(x):
         n, c = x.shape[0], x.shape[1]
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            # channels-last data (passes/layout.py): windows along the contiguous channel axis
+            h, w = x.shape[2], x.shape[3]
+            sq = (x * x).permute(0, 2, 3, 1).reshape(n * h * w, 1, c)
+            sums = sum_pool(F.pad(sq, (lo, hi)), (size,), (1,), (1,)).view(n, h, w, c).permute(0, 3, 1, 2)
+            return x / (bias + (alpha / size) * sums) ** beta
         sq = (x * x).reshape(n, 1, c, -1)
         sums = sum_pool(F.pad(sq, (0, 0, lo, hi)), (size, 1), (1, 1), (1, 1)).reshape(x.shape)
         return x / (bias + (alpha / size) * sums) ** beta

@@ -131,6 +131,20 @@ def _onnx_indices(idx, in_sizes, padded_sizes, begin, storage_order: int):
     return flat + base * plane
 
 
+def _ceil_covers(in_sizes, out, eff, strides) -> bool:
+    """torch's unpadded ceil-mode output size equals ``out`` on every axis (its partial last
+    windows then are the ONNX windows that ran past the end, where -inf padding never wins)."""
+    for size, o, e, st in zip(in_sizes, out, eff, strides):
+        if size < e:
+            return False
+        n = -(-(size - e) // st) + 1
+        if (n - 1) * st >= size:
+            n -= 1
+        if n != o:
+            return False
+    return True
+
+
 @register("MaxPool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True)
 def _max_pool(ctx: NodeContext):
     geo = PoolGeometry(ctx)
@@ -139,6 +153,9 @@ def _max_pool(ctx: NodeContext):
     k, s, d = geo.kernel, geo.strides, geo.dil
 
     def max_pool(x):
+        if not want_idx and x.dim() == 4 and x.device.type == "cpu" and x.is_contiguous() \
+                and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1:
+            x = x.contiguous(memory_format=torch.channels_last)  # torch's NCHW CPU kernel is 5-25x slower
         in_sizes = tuple(x.shape[2:])
         out, begin, end, cover = geo.resolve(in_sizes)
         fn = _MAX[x.dim() - 2]
@@ -149,6 +166,8 @@ def _max_pool(ctx: NodeContext):
                 return fn(x, k, s, pad, d, ceil)
             y, idx = fn(x, k, s, pad, d, ceil, return_indices=True)
             return y, _onnx_indices(idx, in_sizes, None, begin, storage)
+        if not want_idx and not any(begin) and _ceil_covers(in_sizes, out, geo.eff, s):
+            return fn(x, k, s, 0, d, True)  # end-only padding: ceil mode reads the same windows
         xp = _pad_to_cover(x, begin, cover, _low(x.dtype))
         if not want_idx:
             return fn(xp, k, s, 0, d)

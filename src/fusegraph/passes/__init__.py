@@ -34,6 +34,10 @@ def optimize(graph, config, report, options: PassOptions | None = None) -> None:
     options = options or options_from_config(config)
     graph.meta.setdefault("output_names", [v.name for v in graph.outputs])
     wanted = set(getattr(config, "external_tensors", ()))
+    # tensors a memory constraint names must survive too (fusion would otherwise absorb them)
+    wanted.update(name for name, *_ in getattr(config, "tensor_lifetimes", ()))
+    wanted.update(name for group in getattr(config, "reuse_groups", ()) for name in group)
+    wanted.update(getattr(config, "exclusive_tensors", ()))
     for v in graph.values() if wanted else ():
         if v.name in wanted:
             v.flags.add("external")   # no pass may fold, merge or fuse it away

@@ -12,7 +12,7 @@ only where the transposing copies ("reorders") happen. What the choice drives:
 - the planner never lets an output overwrite an input of another layout in place.
 
 Assignment (one forward sweep): a FusedConv's 4-D output is ``nhwc``; a layout-agnostic op
-(elementwise / broadcast ops, pooling, Concat, fused elementwise chains) whose 4-D activation
+(elementwise / broadcast ops, pooling, Concat, LRN, fused elementwise chains) whose 4-D activation
 inputs are all ``nhwc`` keeps ``nhwc``, so reorders move past them to where a
 layout-sensitive op (Reshape, Flatten, Gemm, LRN, Transpose, ...) reads the value — usually a
 smaller, pooled tensor. View ops of an ``nhwc`` value are ``nhwc`` when the shape is
@@ -34,7 +34,7 @@ from ..ops.registry import FusionKind
 from .manager import PassOptions, PassResult
 
 NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
-AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"),
+AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"), ("", "LRN"),
                       ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"),
                       ("fusegraph", "ChannelShuffle")})
 ANY_INPUT = frozenset({("", "GlobalAveragePool"), ("", "GlobalMaxPool")})  # read either at full speed

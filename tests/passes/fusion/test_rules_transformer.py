@@ -56,6 +56,31 @@ def test_gemm_bias_gelu_becomes_one_linear():
     assert n.attrs == {"trans_b": 1, "activation": "gelu"} and len(n.inputs) == 3
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear_layer(threads, rows):
+    """A plain MatMul / Gemm by a constant weight -> LinearAct without activation; one row on
+    two threads splits the columns over two threads (same result)."""
+    m = model([node("MatMul", ["x", "w"], "a"), node("Gemm", ["a", "w2", "b"], "y", transB=1)],
+              [("x", F, [rows, 256])], ["y"], [const("w", rnd(256, 1024, scale=0.1)),
+                                              const("w2", rnd(600, 1024, seed=1, scale=0.1)), const("b", rnd(600))])
+    import torch
+    before = torch.get_num_threads()
+    try:
+        c = check(m, oracle="ort", threads=threads, feeds={"x": rnd(rows, 256)})
+    finally:
+        torch.set_num_threads(before)
+    assert ops(c) == ["LinearAct", "LinearAct"]
+    assert [n.attrs["activation"] for n in c.graph.nodes] == ["none", "none"]
+
+
+def test_linear_layer_declines_runtime_weight():
+    m = model([node("MatMul", ["x", "w"], "y")], [("x", F, [2, 8]), ("w", F, [8, 4])], ["y"])
+    c = check(m, oracle="ort")
+    assert ops(c) == ["MatMul"]
+    assert declined(c, "linear_layer") == ["the weight is not a constant 2-D float"]
+
+
 def test_linear_act_declines_batched_weight():
     m = model([node("MatMul", ["x", "w"], "mm"), node("Relu", ["mm"], "y")], [("x", F, [2, 3, 16])], ["y"],
               [const("w", rnd(2, 16, 8))])
@@ -273,13 +298,13 @@ def test_attention_bert_export(S):
 def test_attention_packs_the_projections(proj):
     """Three projections of one input (BERT) or a Split of one (GPT-2) feed q, k, v packed."""
     c = check(_attention(proj=proj), oracle="ort", feeds=_attention_feeds(names=("x",)))
-    assert ops(c) == ["MatMul", "ScaledDotProductAttention"]
+    assert ops(c) == ["LinearAct", "ScaledDotProductAttention"]
     assert fused(c, "ScaledDotProductAttention")[0].attrs["qkv_split"] == [H * D] * 3
 
 
 def test_attention_pack_declines_two_inputs():
     c = check(_attention(proj="two"), oracle="ort", feeds=_attention_feeds(names=("x", "x2")))
-    assert ops(c) == ["MatMul"] * 3 + ["ScaledDotProductAttention"]
+    assert ops(c) == ["LinearAct"] * 3 + ["ScaledDotProductAttention"]
     assert "q, k, v are not projections of one input" in declined(c, "attention_pack_qkv")
 
 
@@ -364,10 +389,35 @@ def _reshaped_linear(restore=True):
 
 def test_linear_reshapes_read_symbolically():
     c = check(_reshaped_linear(), oracle="ort", feeds={"x": rnd(2, 3, 8)})
-    assert ops(c) == ["Linear"] and c.graph.nodes[0].inputs[0].name == "x"
+    assert ops(c) == ["LinearAct"] and c.graph.nodes[0].inputs[0].name == "x"
 
 
 def test_linear_reshapes_decline_a_permuted_target():
     c = check(_reshaped_linear(restore=False), oracle="ort", feeds={"x": rnd(3, 3, 8)})
     assert "Reshape" in ops(c)
     assert "the outer Reshape does not provably restore the leading dims" in declined(c, "linear_reshapes")
+
+
+def test_split_gemv_and_chooser():
+    """The two-thread hand-off computes both halves (here or on the helper), re-raises the
+    helper's error, and the chooser settles on the faster way while still exploring."""
+    import time
+
+    import torch
+
+    from fusegraph.ops._gemv_split import EXPLORE, Chooser, split_gemv
+    x, w, out = torch.randn(1, 64), torch.randn(64, 32), torch.empty(1, 32)
+    with torch.inference_mode():
+        split_gemv(lambda: torch.mm(x, w[:, :16], out=out[:, :16]), lambda: torch.mm(x, w[:, 16:], out=out[:, 16:]))
+    torch.testing.assert_close(out, x @ w)
+
+    def boom():
+        raise ValueError("helper failed")
+    with pytest.raises(ValueError):
+        for _ in range(20):   # whichever thread runs it, the error reaches the caller
+            split_gemv(lambda: time.sleep(0.001), boom)
+    runs = []
+    chooser = Chooser()
+    for _ in range(4 * EXPLORE):
+        chooser.run(lambda: (runs.append("whole"), time.sleep(0.002)), lambda: runs.append("split"), lambda: None)
+    assert runs.count("split") > 3 * EXPLORE and runs.count("whole") >= 4
