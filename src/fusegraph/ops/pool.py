@@ -155,7 +155,12 @@ def _max_pool(ctx: NodeContext):
     def max_pool(x):
         if not want_idx and x.dim() == 4 and x.device.type == "cpu" and x.is_contiguous() \
                 and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1:
-            x = x.contiguous(memory_format=torch.channels_last)  # torch's NCHW CPU kernel is 5-25x slower
+            # torch's NCHW CPU kernel is 5-25x slower than pooling channels-last data; the
+            # result goes back to the input's layout (max is exact, so the values are equal)
+            return pool(x.contiguous(memory_format=torch.channels_last)).contiguous()
+        return pool(x)
+
+    def pool(x):
         in_sizes = tuple(x.shape[2:])
         out, begin, end, cover = geo.resolve(in_sizes)
         fn = _MAX[x.dim() - 2]
@@ -239,7 +244,10 @@ def _global_infer(ctx: NodeContext):
 @register("GlobalAveragePool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer,
           writes_out=True)
 def _global_average_pool(ctx: NodeContext):
-    return lambda x, out=None: torch.mean(x, dim=_spatial(x), keepdim=True, out=out)
+    # channels-last input: averaged in NCHW order, so channels holding equal data stay equal
+    # (a channels-last reduction treats the channel tail of a SIMD block differently)
+    return lambda x, out=None: torch.mean(x if x.is_contiguous() else x.contiguous(), dim=_spatial(x),
+                                          keepdim=True, out=out)
 
 
 @register("GlobalMaxPool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer,

@@ -37,7 +37,7 @@ NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
 AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"), ("", "LRN"),
                       ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"),
                       ("fusegraph", "ChannelShuffle")})
-ANY_INPUT = frozenset({("", "GlobalAveragePool"), ("", "GlobalMaxPool")})  # read either at full speed
+ANY_INPUT = frozenset({("", "GlobalMaxPool")})  # reads either layout at full speed, exactly
 
 
 @dataclass(frozen=True)

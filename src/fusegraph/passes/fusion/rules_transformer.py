@@ -23,8 +23,9 @@ recognisers in ``attention_forms.py`` / ``transformer_forms.py``.
 - skip_layer_norm (25): ``LayerNorm(a + b)`` -> ``SkipLayerNorm``, which also outputs the
   sum when the Add has other users (pre-LN residual streams).
 - linear_act (20): ``act(Linear | MatMul by a 2-D weight)`` -> ``LinearAct``.
-- linear_layer (-50, after every other rule): a MatMul / Linear by a constant 2-D weight left
-  over -> ``LinearAct`` with no activation (its kernel splits one-row products over 2 threads).
+- linear_layer (-50, after every other rule): a MatMul / Linear by a constant 2-D weight of at
+  least ``SPLIT_MIN_WORK`` elements left over -> ``LinearAct`` with no activation (its kernel
+  may split one-row products over two threads).
 - elementwise_chain (0): a linear chain of float elementwise ops -> ``ElementwiseChain``.
 
 Every rewrite keeps the replaced value's symbolic shape where it knew more (``keep_shape``),
@@ -34,10 +35,11 @@ from __future__ import annotations
 
 import torch
 
+from ...ops.fused_transformer import SPLIT_MIN_WORK
 from ..facts import const_of, producer
 from ..rewrite import FUSEGRAPH_DOMAIN as FG
 from .engine import FusionRule
-from .pattern import Pat, Var
+from .pattern import Const, Pat, Var
 from .attention_forms import (LINEARS, absorb_heads, attention_form, merge_heads_reason, pack_qkv_form,
                               reshape_linear_form)
 from .transformer_forms import (CHAIN_OPS, chain_form, fg_node, gelu_form, interior_reason, keep_shape,
@@ -290,10 +292,15 @@ def _linear_rewrite(m, ctx):
                        m.root)
 
 
+def _big_matrix(t) -> bool:
+    """Weights worth the two-thread one-row product (smaller ones stay as they are, unrecorded)."""
+    return t.dim() == 2 and t.is_floating_point() and t.numel() >= SPLIT_MIN_WORK
+
+
 def _layer_check(m, ctx):
     mm, w = m.root, m.root.inputs[1]
-    if const_of(w) is None or w.shape is None or len(w.shape) != 2 or not w.dtype.is_float:
-        return "the weight is not a constant 2-D float"
+    if w.shape is None or len(w.shape) != 2 or not w.dtype.is_float:
+        return "the weight is not a 2-D float"
     if mm.inputs[0].shape is None or len(mm.inputs[0].shape) < 1 or mm.outputs[0].shape is None:
         return "the input rank is unknown"
     return None
@@ -407,7 +414,8 @@ RULES = [
                                                       name="mm"), Var("target")),
                _reshape_linear_check, _reshape_linear_rewrite, 35,
                "Reshape(linear(Reshape(x, [-1, K])), x.shape[:-1] + [N]) with both targets read symbolically"),
-    FusionRule("linear_layer", Pat(("MatMul", "fusegraph::Linear"), Var("x"), Var("w"), Var("b", optional=True)),
+    FusionRule("linear_layer", Pat(("MatMul", "fusegraph::Linear"), Var("x"), Const("w", _big_matrix),
+                                   Var("b", optional=True)),
                _layer_check, _layer_rewrite, -50, "constant 2-D float weight: the linear kernel (one-row "
                "products split over two threads)"),
     FusionRule("elementwise_chain", _BINARY_CHAIN, _chain_check, _chain_rewrite, 0,
