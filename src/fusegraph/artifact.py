@@ -28,7 +28,6 @@ format version, a part that escapes the file, absurd sizes, malformed JSON, a gr
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import mmap
@@ -43,6 +42,7 @@ from typing import Any
 import torch
 
 from . import compiler
+from .artifact_machine import HINT, check_machine as _check_machine, cpu_requirements, machine
 from .compiler import CompiledModel
 from .config_file import config_from_mapping
 from .errors import ArtifactError, FusegraphError, VerifyError
@@ -68,61 +68,8 @@ _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, 
               "C64": torch.complex64}
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 # torch CPU capability -> the /proc/cpuinfo flags its kernels need (x86); rank orders them.
-_CAP_FLAGS = {"AVX2": ["avx2", "fma"], "AVX512": ["avx2", "fma", "avx512f", "avx512bw", "avx512vl",
-                                                  "avx512dq"]}
-_CAP_RANK = {"DEFAULT": 0, "NO AVX": 0, "AVX2": 1, "AVX512": 2}
-_HINT = "recompile the model on this machine (fusegraph compile MODEL -o OUT.fgm)"
-
-
 def _align(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
-
-
-# ----- the machine ---------------------------------------------------------------------------
-def _cpu_flags() -> set[str] | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def machine() -> dict[str, Any]:
-    """What this process can run: architecture, torch CPU capability, CPU flags, CUDA (cached)."""
-    cuda = torch.cuda.is_available()
-    return {"arch": platform.machine().lower(), "capability": torch.backends.cpu.get_cpu_capability(),
-            "flags": _cpu_flags(),
-            "cuda": list(torch.cuda.get_device_capability()) if cuda else None}
-
-
-def _check_machine(header: dict, here: dict, where: str) -> None:
-    dev, cpu = header["device"], header["cpu"]
-    req = cpu.get("requires", [])
-    _want(isinstance(req, list) and all(isinstance(x, str) for x in req),
-          f"{where}: cpu.requires is malformed")
-    if dev.get("kind") not in ("cpu", "cuda"):
-        raise ArtifactError(f"{where}: built for device {dev.get('kind')!r}, which fusegraph does not know; "
-                            f"{_HINT}")
-    if dev["kind"] == "cuda" and here["cuda"] is None:
-        raise ArtifactError(f"{where}: built for CUDA but this machine has no usable CUDA device; {_HINT} "
-                            f"with device='cpu'")
-    if dev["kind"] == "cuda" and tuple(here["cuda"]) < tuple(dev.get("capability") or (0, 0)):
-        raise ArtifactError(f"{where}: built for CUDA capability {dev['capability']}, this GPU has "
-                            f"{here['cuda']}; {_HINT}")
-    if cpu.get("arch") != here["arch"]:
-        raise ArtifactError(f"{where}: built for a {cpu.get('arch')} CPU, this machine is {here['arch']}; "
-                            f"{_HINT}")
-    missing = sorted(set(req) - here["flags"]) if here["flags"] is not None else []
-    built, have = cpu.get("capability"), here["capability"]
-    if missing or (built != have and _CAP_RANK.get(built, 99) > _CAP_RANK.get(have, -1)):
-        needs = f" (needs {', '.join(missing)})" if missing else ""
-        raise ArtifactError(f"{where}: built for CPU instruction set {built}{needs}, which this machine "
-                            f"lacks (it runs {have}); {_HINT}, or build for older CPUs by compiling with "
-                            f"ATEN_CPU_CAPABILITY=default")
 
 
 # ----- container ------------------------------------------------------------------------------
@@ -183,11 +130,11 @@ def _read_header(f, size: int, where: str) -> tuple[dict, int]:
     version = header.get("format_version")
     _want(_is_int(version) and version >= 1, f"{where}: invalid format version {version!r}")
     _want(version <= FORMAT_VERSION, f"{where}: format version {version} is newer than this fusegraph "
-                                     f"reads ({FORMAT_VERSION}); upgrade fusegraph or {_HINT}")
+                                     f"reads ({FORMAT_VERSION}); upgrade fusegraph or {HINT}")
     for key, typ in (("device", dict), ("cpu", dict), ("config", dict), ("parts", dict)):
         _want(isinstance(header.get(key), typ), f"{where}: header field {key!r} missing or malformed")
     _want(header.get("byteorder") == sys.byteorder, f"{where}: built on a {header.get('byteorder')}-endian "
-                                                    f"machine, this one is {sys.byteorder}-endian; {_HINT}")
+                                                    f"machine, this one is {sys.byteorder}-endian; {HINT}")
     return header, _align(_PREFIX.size + hlen)
 
 
@@ -388,7 +335,7 @@ def save(model: CompiledModel, path: str | Path) -> None:
         "device": {"kind": "cuda", "capability": here["cuda"], "weights": weights_dev} if on_cuda
         else {"kind": "cpu", "weights": "cpu"},
         "cpu": {"arch": here["arch"], "capability": cap,
-                "requires": sorted(set(_CAP_FLAGS.get(cap, [])) & (here["flags"] or set()))},
+                "requires": cpu_requirements(cap, here["flags"])},
         "config": model.config.to_dict(),
     }
     parts = {"graph": json.dumps(data, separators=(",", ":"), allow_nan=False).encode(),
@@ -473,7 +420,7 @@ def load(path: str | Path) -> CompiledModel:
     except ArtifactError:
         raise
     except FusegraphError as exc:  # ConfigError, UnsupportedOpError ...
-        raise ArtifactError(f"{where}: artifact refused: {type(exc).__name__}: {exc}; {_HINT}") from exc
+        raise ArtifactError(f"{where}: artifact refused: {type(exc).__name__}: {exc}; {HINT}") from exc
     except MemoryError:
         raise
     except Exception as exc:  # a hostile file must never escape as anything but ArtifactError
