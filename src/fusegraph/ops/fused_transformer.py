@@ -4,9 +4,7 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 - ``LinearAct(x, w, b?)``: ``act(x @ w + b)`` — addmm into the output buffer, then the
   activation in place on it (measured faster than oneDNN ``_linear_pointwise`` and MKL's
   packed sgemm at the BERT / GPT-2 sizes, see benchmarks/RESULTS.md). ``trans_b`` as
-  ``Linear``; ``activation`` ``none`` or one of ``ACTIVATIONS``. A one-row product on two or
-  more threads may split its columns over two threads (``_gemv_split.py``; MKL runs it on one),
-  whichever of the two ways has been faster lately on this node.
+  ``Linear``; ``activation`` one of ``ACTIVATIONS``.
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
 - ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon``.
 - ``SkipLayerNorm(a, b, gamma?, beta?)``: ``s = a + b``; outputs ``layer_norm(s)`` and,
@@ -14,7 +12,9 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 - ``MaskedSoftmax(x, mask?)``: ``softmax(x * scale + mask)`` over the last axis;
   ``nan_to_zero`` maps NaN rows to 0 (the exporters' ``Where(IsNaN(p), 0, p)``).
 - ``ScaledDotProductAttention(q, k, v, mask?)``: ``softmax(q @ k^T * scale + mask) @ v``;
-  ``k_transposed`` says ``k`` comes as ``[..., D, S]``; ``nan_to_zero`` as above. One query
+  ``k_transposed`` says ``k`` comes as ``[..., D, S]``; ``nan_to_zero`` as above. The mask
+  must not enlarge the scores (a typed error at run time otherwise, never a silently
+  different shape: the output shape is inferred from q, k, v). One query
   row (decoding, L = 1) runs ``F.scaled_dot_product_attention``; longer ones run matmul,
   one add, in-place softmax, matmul (measured faster on CPU there). Any NaN from the SDPA
   path falls back to the composed path, so fully-masked and non-finite rows follow the graph.
@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
-from ._gemv_split import Chooser
 from .common import same_as_input
 from .registry import FusionKind, NodeContext, register
 
@@ -76,9 +75,6 @@ def _linear_act_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
 
 
-SPLIT_MIN_WORK = 1 << 18   # K * N below which a one-row product is not worth a hand-off
-
-
 def _mm_into(x, w, b, out):
     return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
 
@@ -88,25 +84,17 @@ def _mm_into(x, w, b, out):
 def _linear_act(ctx: NodeContext):
     trans_b = bool(ctx.attr("trans_b", 0))
     name = ctx.attr("activation")
-    if name != "none" and name not in ACTIVATIONS:
-        raise ctx.unsupported(f"activation {name!r} (expected none or one of {sorted(ACTIVATIONS)})")
-    act = ACTIVATIONS.get(name)
-    chooser = Chooser()
+    if name not in ACTIVATIONS:
+        raise ctx.unsupported(f"activation {name!r} (expected one of {sorted(ACTIVATIONS)})")
+    act = ACTIVATIONS[name]
 
     def kernel(x, w, b=None, out=None):
         wt = w.t() if trans_b else w
         k, n = wt.shape
         x2 = x.reshape(-1, k)
         o2 = x2.new_empty((x2.shape[0], n)) if out is None else out.view(-1, n)
-        if x2.shape[0] == 1 and k * n >= SPLIT_MIN_WORK and x2.device.type == "cpu" and _get_threads() > 1:
-            h = n // 2   # one output row: half the columns here, half on the helper thread
-            lo, hi = (None, None) if b is None else (b[:h], b[h:])
-            chooser.run(lambda: _mm_into(x2, wt, b, o2), lambda: _mm_into(x2, wt[:, :h], lo, o2[:, :h]),
-                        lambda: _mm_into(x2, wt[:, h:], hi, o2[:, h:]))
-        else:
-            _mm_into(x2, wt, b, o2)
-        if act is not None:
-            small_serial(act, o2.numel(), o2)
+        _mm_into(x2, wt, b, o2)
+        small_serial(act, o2.numel(), o2)
         return out if out is not None else o2.view(*x.shape[:-1], n)
     return kernel
 
@@ -223,11 +211,26 @@ def _sdpa_infer(ctx: NodeContext):
     v = _heads_shape(v_in, ctx.attr("v_heads", 0))
     if q is None or v is None:
         return [(ctx.dtype(0) or None, None)]
-    out = broadcast_shapes(tuple(q[:-2]), tuple(v[:-2])) + (q[-2], v[-1])
+    batch = broadcast_shapes(tuple(q[:-2]), tuple(v[:-2]))
+    k = None if split is not None else _heads_shape(ctx.shape(1), ctx.attr("k_heads", 0))
+    if k is not None and tuple(k[:-2]) != tuple(q[:-2]):
+        batch = broadcast_shapes(batch, tuple(k[:-2]))
+    out = tuple(batch) + (q[-2], v[-1])
     if ctx.attr("merge_heads", 0):
         h, d = out[-3], out[-1]
         out = tuple(out[:-3]) + (out[-2], h * d if isinstance(h, int) and isinstance(d, int) else None)
     return [(ctx.dtype(0) or None, out)]
+
+
+def _mask_fits(mask, q, kt) -> bool:
+    """The mask broadcasts into the scores ``[batch(q, k^T)..., L, S]`` without enlarging them
+    (the fused node's output shape is inferred from q, k and v alone)."""
+    scores = q[:-1] + kt[-1:]
+    if len(kt) > 2 and kt[:-2] != q[:-2]:
+        scores = tuple(torch.broadcast_shapes(q[:-2], kt[:-2])) + scores[-2:]
+    if len(mask) > len(scores):
+        return False
+    return all(m == 1 or m == s for m, s in zip(mask[::-1], scores[::-1]))
 
 
 def split_heads(x, heads):
@@ -255,10 +258,8 @@ def _sdpa(ctx: NodeContext):
         if mask is None:
             if scale != 1.0:
                 s.mul_(scale)
-        elif broadcast_shapes(tuple(mask.shape), tuple(s.shape)) == tuple(s.shape):
-            torch.add(mask, s, alpha=scale, out=s)      # in place: s is this node's own temporary
-        else:
-            s = torch.add(mask, s, alpha=scale)
+        else:     # in place: s is this node's own temporary, and the mask never enlarges it
+            torch.add(mask, s, alpha=scale, out=s)
         return torch.matmul(_softmax_(s, nan_to_zero), v)
 
     def attention(q, k, v, mask=None):
@@ -269,6 +270,10 @@ def _sdpa(ctx: NodeContext):
         if vh:
             v = split_heads(v, vh)
         kt = split_heads(k, kh).transpose(-1, -2) if kh else (k if k_transposed else k.transpose(-1, -2))
+        if mask is not None and not _mask_fits(tuple(mask.shape), tuple(q.shape), tuple(kt.shape)):
+            raise RuntimeError(f"the attention mask {tuple(mask.shape)} broadcasts the scores of q "
+                               f"{tuple(q.shape)} and k^T {tuple(kt.shape)} to a larger shape, which the fused "
+                               f"attention does not take; compile with disabled_passes=('attention',)")
         y = None
         if (nan_to_zero and q.dim() == 4 and q.shape[-2] == 1 and v.dim() == 4 and q.shape[:2] == v.shape[:2]
                 and (mask is None or (mask.dim() <= 4 and mask.is_floating_point()))):

@@ -56,34 +56,6 @@ def test_gemm_bias_gelu_becomes_one_linear():
     assert n.attrs == {"trans_b": 1, "activation": "gelu"} and len(n.inputs) == 3
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("rows", [1, 3])
-def test_linear_layer(threads, rows):
-    """A plain MatMul / Gemm by a constant weight -> LinearAct without activation; one row on
-    two threads splits the columns over two threads (same result)."""
-    m = model([node("MatMul", ["x", "w"], "a"), node("Gemm", ["a", "w2", "b"], "y", transB=1)],
-              [("x", F, [rows, 256])], ["y"], [const("w", rnd(256, 1024, scale=0.1)),
-                                              const("w2", rnd(600, 1024, seed=1, scale=0.1)), const("b", rnd(600))])
-    import torch
-    before = torch.get_num_threads()
-    try:
-        c = check(m, oracle="ort", threads=threads, feeds={"x": rnd(rows, 256)})
-    finally:
-        torch.set_num_threads(before)
-    assert ops(c) == ["LinearAct", "LinearAct"]
-    assert [n.attrs["activation"] for n in c.graph.nodes] == ["none", "none"]
-
-
-def test_linear_layer_leaves_small_or_runtime_weights_and_declines_unknown_rank():
-    small = model([node("MatMul", ["x", "w"], "a"), node("MatMul", ["a", "v"], "y")],
-                  [("x", F, [2, 8]), ("v", F, [4, 3])], ["y"], [const("w", rnd(8, 4))])
-    assert ops(check(small, oracle="ort")) == ["MatMul", "MatMul"]
-    m = model([node("MatMul", ["x", "w"], "y")], [("x", F, None)], ["y"], [const("w", rnd(256, 1024))])
-    c = check(m, oracle="ort", feeds={"x": rnd(3, 256)})
-    assert ops(c) == ["MatMul"]
-    assert declined(c, "linear_layer") == ["the input rank is unknown"]
-
-
 def test_linear_act_declines_batched_weight():
     m = model([node("MatMul", ["x", "w"], "mm"), node("Relu", ["mm"], "y")], [("x", F, [2, 3, 16])], ["y"],
               [const("w", rnd(2, 16, 8))])
@@ -399,28 +371,3 @@ def test_linear_reshapes_decline_a_permuted_target():
     c = check(_reshaped_linear(restore=False), oracle="ort", feeds={"x": rnd(3, 3, 8)})
     assert "Reshape" in ops(c)
     assert "the outer Reshape does not provably restore the leading dims" in declined(c, "linear_reshapes")
-
-
-def test_split_gemv_and_chooser():
-    """The two-thread hand-off computes both halves (here or on the helper), re-raises the
-    helper's error, and the chooser settles on the faster way while still exploring."""
-    import time
-
-    import torch
-
-    from fusegraph.ops._gemv_split import EXPLORE, Chooser, split_gemv
-    x, w, out = torch.randn(1, 64), torch.randn(64, 32), torch.empty(1, 32)
-    with torch.inference_mode():
-        split_gemv(lambda: torch.mm(x, w[:, :16], out=out[:, :16]), lambda: torch.mm(x, w[:, 16:], out=out[:, 16:]))
-    torch.testing.assert_close(out, x @ w)
-
-    def boom():
-        raise ValueError("helper failed")
-    with pytest.raises(ValueError):
-        for _ in range(20):   # whichever thread runs it, the error reaches the caller
-            split_gemv(lambda: time.sleep(0.001), boom)
-    runs = []
-    chooser = Chooser()
-    for _ in range(4 * EXPLORE):
-        chooser.run(lambda: (runs.append("whole"), time.sleep(0.002)), lambda: runs.append("split"), lambda: None)
-    assert runs.count("split") > 3 * EXPLORE and runs.count("whole") >= 4

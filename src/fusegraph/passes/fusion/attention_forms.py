@@ -284,11 +284,8 @@ def pack_qkv_form(sdpa):
         sizes = [o.shape[-1] if o.shape else None for o in qkv]
         return {"split": sp, "sizes": sizes} if all(isinstance(n, int) for n in sizes) else "split sizes unknown"
     mms = [v.producer for v in qkv]
-    kinds = {(m.domain, m.op_type, int(m.attrs.get("trans_b", 0)), m.attrs.get("activation", "none"))
-             if m is not None else None for m in mms}
-    kind = next(iter(kinds))
-    if len(kinds) != 1 or kind is None or kind[:2] not in (("", "MatMul"), (FG, "Linear"), (FG, "LinearAct")) \
-            or kind[3] != "none" or (kind[0] == "" and kind[2]):
+    kinds = {(m.domain, m.op_type, int(m.attrs.get("trans_b", 0))) if m is not None else None for m in mms}
+    if len(kinds) != 1 or next(iter(kinds)) not in (("", "MatMul", 0), (FG, "Linear", 0), (FG, "Linear", 1)):
         return "q, k, v are not three MatMul / Linear of one kind"
     if len({id(m.inputs[0]) for m in mms}) != 1:
         return "q, k, v are not projections of one input"

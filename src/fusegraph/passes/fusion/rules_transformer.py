@@ -23,9 +23,6 @@ recognisers in ``attention_forms.py`` / ``transformer_forms.py``.
 - skip_layer_norm (25): ``LayerNorm(a + b)`` -> ``SkipLayerNorm``, which also outputs the
   sum when the Add has other users (pre-LN residual streams).
 - linear_act (20): ``act(Linear | MatMul by a 2-D weight)`` -> ``LinearAct``.
-- linear_layer (-50, after every other rule): a MatMul / Linear by a constant 2-D weight of at
-  least ``SPLIT_MIN_WORK`` elements left over -> ``LinearAct`` with no activation (its kernel
-  may split one-row products over two threads).
 - elementwise_chain (0): a linear chain of float elementwise ops -> ``ElementwiseChain``.
 
 Every rewrite keeps the replaced value's symbolic shape where it knew more (``keep_shape``),
@@ -35,11 +32,10 @@ from __future__ import annotations
 
 import torch
 
-from ...ops.fused_transformer import SPLIT_MIN_WORK
 from ..facts import const_of, producer
 from ..rewrite import FUSEGRAPH_DOMAIN as FG
 from .engine import FusionRule
-from .pattern import Const, Pat, Var
+from .pattern import Pat, Var
 from .attention_forms import (LINEARS, absorb_heads, attention_form, merge_heads_reason, pack_qkv_form,
                               reshape_linear_form)
 from .transformer_forms import (CHAIN_OPS, chain_form, fg_node, gelu_form, interior_reason, keep_shape,
@@ -292,27 +288,6 @@ def _linear_rewrite(m, ctx):
                        m.root)
 
 
-def _big_matrix(t) -> bool:
-    """Weights worth the two-thread one-row product (smaller ones stay as they are, unrecorded)."""
-    return t.dim() == 2 and t.is_floating_point() and t.numel() >= SPLIT_MIN_WORK
-
-
-def _layer_check(m, ctx):
-    mm, w = m.root, m.root.inputs[1]
-    if w.shape is None or len(w.shape) != 2 or not w.dtype.is_float:
-        return "the weight is not a 2-D float"
-    if mm.inputs[0].shape is None or len(mm.inputs[0].shape) < 1 or mm.outputs[0].shape is None:
-        return "the input rank is unknown"
-    return None
-
-
-def _layer_rewrite(m, ctx):
-    mm = m.root
-    trans_b = int(mm.attrs.get("trans_b", 0)) if mm.domain == FG else 0
-    return keep_shape(ctx.emit("LinearAct", list(mm.inputs), {"trans_b": trans_b, "activation": "none"}, domain=FG),
-                      mm)
-
-
 def _reshape_linear_check(m, ctx):
     form = reshape_linear_form(m.root)
     if isinstance(form, str):
@@ -375,8 +350,7 @@ _SOFTMAX = Pat("Softmax", Var("x", _scaled_or_masked))
 _NAN = Pat("Where", Pat("IsNaN", Var("s", lambda v: v.producer is not None), name="isnan"), Var("zero"), Var("s"))
 _ATTENTION = Pat(("MatMul", "fusegraph::BatchMatMul"), Var("p", _softmaxish), Var("v"))
 _LINEAR = Pat(("Relu", "Sigmoid", "Tanh", "fusegraph::Gelu"),
-              Pat(("fusegraph::Linear", "MatMul", "fusegraph::LinearAct"), Var("x"), Var("w"), Var("b", optional=True),
-                  name="mm", attrs={"activation": lambda a: a in (None, "none")}),
+              Pat(("fusegraph::Linear", "MatMul"), Var("x"), Var("w"), Var("b", optional=True), name="mm"),
               Var("bias", optional=True))
 _BINARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
                     Var("p", _chain_link), Var("o"), commutative=True)
@@ -414,10 +388,6 @@ RULES = [
                                                       name="mm"), Var("target")),
                _reshape_linear_check, _reshape_linear_rewrite, 35,
                "Reshape(linear(Reshape(x, [-1, K])), x.shape[:-1] + [N]) with both targets read symbolically"),
-    FusionRule("linear_layer", Pat(("MatMul", "fusegraph::Linear"), Var("x"), Const("w", _big_matrix),
-                                   Var("b", optional=True)),
-               _layer_check, _layer_rewrite, -50, "constant 2-D float weight: the linear kernel (one-row "
-               "products split over two threads)"),
     FusionRule("elementwise_chain", _BINARY_CHAIN, _chain_check, _chain_rewrite, 0,
                "float chain, every step of the final shape, each link used once"),
     FusionRule("elementwise_chain", _UNARY_CHAIN, _chain_check, _chain_rewrite, 0,
