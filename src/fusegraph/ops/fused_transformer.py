@@ -4,7 +4,9 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 - ``LinearAct(x, w, b?)``: ``act(x @ w + b)`` — addmm into the output buffer, then the
   activation in place on it (measured faster than oneDNN ``_linear_pointwise`` and MKL's
   packed sgemm at the BERT / GPT-2 sizes, see benchmarks/RESULTS.md). ``trans_b`` as
-  ``Linear``; ``activation`` one of ``ACTIVATIONS``.
+  ``Linear``; ``activation`` ``none`` or one of ``ACTIVATIONS``. Products under
+  ``SERIAL_MACS`` multiply-adds (every batch-1, one-token product) run on one thread: MKL does
+  not split them anyway, and a fork/join stalls whenever the other core is busy.
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
 - ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon``.
 - ``SkipLayerNorm(a, b, gamma?, beta?)``: ``s = a + b``; outputs ``layer_norm(s)`` and,
@@ -43,10 +45,10 @@ SERIAL_BELOW = 1 << 15
 _get_threads, _set_threads = torch.get_num_threads, torch.set_num_threads
 
 
-def small_serial(fn, numel, *args, **kwargs):
-    """``fn(*args, **kwargs)`` on one intra-op thread when ``numel`` is small."""
+def serial_if(small: bool, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, on one intra-op thread when ``small``."""
     n = _get_threads()
-    if n == 1 or numel >= SERIAL_BELOW:
+    if n == 1 or not small:
         return fn(*args, **kwargs)
     _set_threads(1)
     try:
@@ -75,6 +77,13 @@ def _linear_act_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
 
 
+# A product of fewer multiply-adds runs on one intra-op thread: a one-row product (batch 1,
+# one token) is memory-bound and MKL gains nothing from a second thread, while the fork/join
+# costs a scheduler tick whenever that thread's core is busy (measured on 2 shared cores,
+# alternating with onnxruntime: BERT 5.7 ms one-threaded vs 10-12 ms two-threaded).
+SERIAL_MACS = 1 << 23
+
+
 def _mm_into(x, w, b, out):
     return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
 
@@ -84,17 +93,18 @@ def _mm_into(x, w, b, out):
 def _linear_act(ctx: NodeContext):
     trans_b = bool(ctx.attr("trans_b", 0))
     name = ctx.attr("activation")
-    if name not in ACTIVATIONS:
-        raise ctx.unsupported(f"activation {name!r} (expected one of {sorted(ACTIVATIONS)})")
-    act = ACTIVATIONS[name]
+    if name != "none" and name not in ACTIVATIONS:
+        raise ctx.unsupported(f"activation {name!r} (expected none or one of {sorted(ACTIVATIONS)})")
+    act = ACTIVATIONS.get(name)
 
     def kernel(x, w, b=None, out=None):
         wt = w.t() if trans_b else w
         k, n = wt.shape
         x2 = x.reshape(-1, k)
         o2 = x2.new_empty((x2.shape[0], n)) if out is None else out.view(-1, n)
-        _mm_into(x2, wt, b, o2)
-        small_serial(act, o2.numel(), o2)
+        serial_if(x2.shape[0] * k * n < SERIAL_MACS, _mm_into, x2, wt, b, o2)
+        if act is not None:
+            serial_if(o2.numel() < SERIAL_BELOW, act, o2)
         return out if out is not None else o2.view(*x.shape[:-1], n)
     return kernel
 
@@ -117,7 +127,7 @@ def _gelu(ctx: NodeContext):
         return torch._C._nn.gelu_(y, approximate=approx)
 
     def kernel(x, b=None, out=None):
-        return small_serial(gelu, x.numel(), x, b, out=out)
+        return serial_if(x.numel() < SERIAL_BELOW, gelu, x, b, out=out)
     return kernel
 
 
@@ -151,7 +161,7 @@ def _skip_layer_norm(ctx: NodeContext):
         return (y, s) if both else y
 
     def kernel(a, b, gamma=None, beta=None):
-        return small_serial(skip_ln, a.numel(), a, b, gamma, beta)
+        return serial_if(a.numel() < SERIAL_BELOW, skip_ln, a, b, gamma, beta)
     return kernel
 
 
@@ -186,7 +196,7 @@ def _masked_softmax(ctx: NodeContext):
         return _softmax_(_scaled_plus_mask(x, mask, scale, out), nan_to_zero)
 
     def kernel(x, mask=None, out=None):
-        return small_serial(masked_softmax, x.numel(), x, mask, out=out)
+        return serial_if(x.numel() < SERIAL_BELOW, masked_softmax, x, mask, out=out)
     return kernel
 
 
@@ -292,7 +302,7 @@ def _sdpa(ctx: NodeContext):
     def kernel(q, k, v, mask=None):
         s_len = q.shape[-2] if split is not None else k.shape[-2 if kh or not k_transposed else -1]
         work = q.numel() * s_len
-        return small_serial(attention, work, q, k, v, mask)
+        return serial_if(work < SERIAL_BELOW, attention, q, k, v, mask)
     return kernel
 
 
@@ -359,6 +369,7 @@ def _chain(ctx: NodeContext):
     chain = env["chain"]
 
     def kernel(*xs, out=None):
-        return small_serial(chain, xs[0].numel() if out is None else out.numel(), *xs, out=out)
+        numel = xs[0].numel() if out is None else out.numel()
+        return serial_if(numel < SERIAL_BELOW, chain, *xs, out=out)
     kernel.source = source
     return kernel

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import fusegraph as fg
 from passes_util import F, check, compile_with, const, model, node, ops
 
 H, D = 4, 8          # heads, head size of the small attention graphs
@@ -54,6 +55,27 @@ def test_gemm_bias_gelu_becomes_one_linear():
     assert ops(c) == ["LinearAct"]
     n = fused(c, "LinearAct")[0]
     assert n.attrs == {"trans_b": 1, "activation": "gelu"} and len(n.inputs) == 3
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_linear_layer(rows):
+    """A plain MatMul / Gemm by a large constant weight -> LinearAct without activation (one-row
+    products on one thread); small weights stay as they are."""
+    m = model([node("MatMul", ["x", "w"], "a"), node("Gemm", ["a", "w2", "b"], "g", transB=1),
+               node("MatMul", ["g", "small"], "y")],
+              [("x", F, [rows, 256])], ["y"], [const("w", rnd(256, 512, scale=0.1)),
+                                              const("w2", rnd(300, 512, seed=1, scale=0.1)), const("b", rnd(300)),
+                                              const("small", rnd(300, 4, seed=2))])
+    c = check(m, oracle="ort", threads=2, feeds={"x": rnd(rows, 256)})
+    assert ops(c) == ["LinearAct", "LinearAct", "MatMul"]
+    assert [n.attrs.get("activation") for n in c.graph.nodes[:2]] == ["none", "none"]
+
+
+def test_linear_layer_declines_unknown_rank():
+    m = model([node("MatMul", ["x", "w"], "y")], [("x", F, None)], ["y"], [const("w", rnd(256, 512))])
+    c = check(m, oracle="ort", feeds={"x": rnd(3, 256)})
+    assert ops(c) == ["MatMul"]
+    assert declined(c, "linear_layer") == ["the input rank is unknown"]
 
 
 def test_linear_act_declines_batched_weight():
@@ -296,6 +318,24 @@ def test_attention_fully_masked_rows_follow_the_guard():
     c = check(_attention(S=1), oracle="ort", feeds=feeds)
     assert "ScaledDotProductAttention" in ops(c)
     assert np.all(c.run(feeds)["y"] == 0)
+
+
+def test_attention_mask_that_enlarges_the_scores():
+    """A mask of batch 2 over q, k, v of batch 1: declined when the shapes say so; when they are
+    symbolic the fused kernel refuses at run time instead of returning another shape."""
+    m = _attention(S=3)
+    for vi in list(m.graph.input)[:3]:
+        vi.type.tensor_type.shape.dim[0].dim_value = 1
+    feeds = {k: v[:1] if k != "mask" else v for k, v in _attention_feeds(S=3).items()}
+    c = check(m, oracle="ort", feeds=feeds)
+    assert "ScaledDotProductAttention" not in ops(c)
+    assert "the mask broadcasts the scores to a larger shape" in declined(c, "attention")
+    for vi in m.graph.input:
+        vi.type.tensor_type.shape.dim[0].dim_param = "batch" if vi.name != "mask" else "mb"
+    c = fg.compile(m)
+    assert "ScaledDotProductAttention" in ops(c)
+    with pytest.raises(fg.errors.KernelError, match="mask"):
+        c.run(feeds)
 
 
 def test_attention_causal_where_mask():

@@ -1,6 +1,6 @@
 """BERT- and GPT-2-style exports (tests/conftest.py's ``transformer_models``) at O2: the
 transformer fusions apply (one SDPA node per layer, LayerNorms with their residual Add, the
-FFN's linear + GELU as one node), outputs match onnxruntime (ORT_DISABLE_ALL) at rtol 1e-4,
+FFN's linear + GELU as one node, every weight product a LinearAct), outputs match onnxruntime (ORT_DISABLE_ALL) at rtol 1e-4,
 and the kernels launched per run are no more than onnxruntime's node count at
 ORT_ENABLE_EXTENDED (its optimised model, written through ``optimized_model_filepath``)."""
 import onnx
@@ -31,7 +31,9 @@ def test_fused_export_matches_onnxruntime(transformer_models, name, tmp_path):
     hist = compiled.graph.op_histogram()
     assert hist.get("ScaledDotProductAttention") == LAYERS
     assert hist.get("SkipLayerNorm", 0) >= 2 * LAYERS
-    assert hist.get("LinearAct") == LAYERS                          # the FFN's linear + GELU
+    acts = [n.attrs["activation"] for n in compiled.graph.nodes if n.op_type == "LinearAct"]
+    assert sum(a.startswith("gelu") for a in acts) == LAYERS       # the FFN's linear + GELU
+    assert not {"MatMul", "Linear", "Gemm"} & set(hist)             # every weight product is one LinearAct
     assert not {"Softmax", "IsNaN", "Erf", "Tanh", "Pow", "LayerNormalization"} & set(hist), hist
     applied = {f.rule for f in compiled.report.fusions if f.applied}
     assert {"attention", "skip_layer_norm", "linear_act", "gelu"} <= applied

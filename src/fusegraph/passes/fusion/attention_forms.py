@@ -16,6 +16,7 @@ from ..facts import const_of, producer, shapes_equal
 from ..rewrite import FUSEGRAPH_DOMAIN as FG
 from .transformer_forms import fg_node, scalar
 
+LINEARS = (("", "MatMul"), (FG, "Linear"), (FG, "LinearAct"))
 BIG_FILL = -1e30   # a Where fill at or below this is absorbed by any |score| < 1e22 in fp32
 
 
@@ -98,6 +99,11 @@ def attention_form(root):
     if form["mask"] is not None and (form["mask"].dtype != q.dtype or form["mask"].shape is None
                                      or len(form["mask"].shape) > len(q.shape)):
         return "the mask is not a float of the scores' type and rank"
+    scores = mm.outputs[0].shape
+    if form["mask"] is not None and scores is not None and any(
+            isinstance(m, int) and m > 1 and isinstance(d, int) and d != m
+            for m, d in zip(form["mask"].shape[::-1], scores[::-1])):
+        return "the mask broadcasts the scores to a larger shape"
     return form
 
 
@@ -284,8 +290,11 @@ def pack_qkv_form(sdpa):
         sizes = [o.shape[-1] if o.shape else None for o in qkv]
         return {"split": sp, "sizes": sizes} if all(isinstance(n, int) for n in sizes) else "split sizes unknown"
     mms = [v.producer for v in qkv]
-    kinds = {(m.domain, m.op_type, int(m.attrs.get("trans_b", 0))) if m is not None else None for m in mms}
-    if len(kinds) != 1 or next(iter(kinds)) not in (("", "MatMul", 0), (FG, "Linear", 0), (FG, "Linear", 1)):
+    kinds = {(m.domain, m.op_type, int(m.attrs.get("trans_b", 0)), m.attrs.get("activation", "none"))
+             if m is not None else None for m in mms}
+    kind = next(iter(kinds))
+    if (len(kinds) != 1 or kind is None or (kind[0], kind[1]) not in LINEARS or kind[3] != "none"
+            or (kind[0] == "" and kind[2])):
         return "q, k, v are not three MatMul / Linear of one kind"
     if len({id(m.inputs[0]) for m in mms}) != 1:
         return "q, k, v are not projections of one input"
@@ -297,8 +306,6 @@ def pack_qkv_form(sdpa):
         return "the projection biases are not all constant vectors"
     return {"mms": mms}
 
-
-LINEARS = (("", "MatMul"), (FG, "Linear"), (FG, "LinearAct"))
 
 
 def reshape_linear_form(root):

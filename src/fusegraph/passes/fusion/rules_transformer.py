@@ -23,6 +23,9 @@ recognisers in ``attention_forms.py`` / ``transformer_forms.py``.
 - skip_layer_norm (25): ``LayerNorm(a + b)`` -> ``SkipLayerNorm``, which also outputs the
   sum when the Add has other users (pre-LN residual streams).
 - linear_act (20): ``act(Linear | MatMul by a 2-D weight)`` -> ``LinearAct``.
+- linear_layer (-50, after every other rule): a MatMul / Linear by a constant 2-D weight of at
+  least ``LAYER_MIN_WEIGHT`` elements left over -> ``LinearAct`` without activation, whose
+  kernel runs one-row (batch-1, one-token) products on one thread.
 - elementwise_chain (0): a linear chain of float elementwise ops -> ``ElementwiseChain``.
 
 Every rewrite keeps the replaced value's symbolic shape where it knew more (``keep_shape``),
@@ -35,7 +38,7 @@ import torch
 from ..facts import const_of, producer
 from ..rewrite import FUSEGRAPH_DOMAIN as FG
 from .engine import FusionRule
-from .pattern import Pat, Var
+from .pattern import Const, Pat, Var
 from .attention_forms import (LINEARS, absorb_heads, attention_form, merge_heads_reason, pack_qkv_form,
                               reshape_linear_form)
 from .transformer_forms import (CHAIN_OPS, chain_form, fg_node, gelu_form, interior_reason, keep_shape,
@@ -288,6 +291,24 @@ def _linear_rewrite(m, ctx):
                        m.root)
 
 
+def _big_matrix(t) -> bool:
+    """A weight worth its own kernel choice (smaller ones stay as they are, unrecorded)."""
+    return t.dim() == 2 and t.is_floating_point() and t.numel() >= LAYER_MIN_WEIGHT
+
+
+def _layer_check(m, ctx):
+    if m.root.inputs[0].shape is None or len(m.root.inputs[0].shape) < 1 or m.root.outputs[0].shape is None:
+        return "the input rank is unknown"
+    return None
+
+
+def _layer_rewrite(m, ctx):
+    mm = m.root
+    trans_b = int(mm.attrs.get("trans_b", 0)) if mm.domain == FG else 0
+    return keep_shape(ctx.emit("LinearAct", list(mm.inputs), {"trans_b": trans_b, "activation": "none"}, domain=FG),
+                      mm)
+
+
 def _reshape_linear_check(m, ctx):
     form = reshape_linear_form(m.root)
     if isinstance(form, str):
@@ -334,6 +355,7 @@ def _ln_pattern(square: str, tail: str) -> Pat:
 
 
 _SDPA = "fusegraph::ScaledDotProductAttention"
+LAYER_MIN_WEIGHT = 1 << 16   # linear_layer leaves smaller weights to the plain kernels
 
 
 def _splittable(v) -> bool:
@@ -388,6 +410,10 @@ RULES = [
                                                       name="mm"), Var("target")),
                _reshape_linear_check, _reshape_linear_rewrite, 35,
                "Reshape(linear(Reshape(x, [-1, K])), x.shape[:-1] + [N]) with both targets read symbolically"),
+    FusionRule("linear_layer", Pat(("MatMul", "fusegraph::Linear"), Var("x"), Const("w", _big_matrix),
+                                   Var("b", optional=True)),
+               _layer_check, _layer_rewrite, -50, "constant 2-D float weight of at least LAYER_MIN_WEIGHT "
+               "elements: LinearAct, which runs one-row products on one thread"),
     FusionRule("elementwise_chain", _BINARY_CHAIN, _chain_check, _chain_rewrite, 0,
                "float chain, every step of the final shape, each link used once"),
     FusionRule("elementwise_chain", _UNARY_CHAIN, _chain_check, _chain_rewrite, 0,

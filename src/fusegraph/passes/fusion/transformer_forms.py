@@ -94,12 +94,10 @@ def softmax_form(root):
         return "Softmax is not over the last axis"
     x, mask, scale, nodes = root.inputs[0], None, 1.0, [root]
     add = producer(x, "Add")
-    if add is not None:
-        for side in (0, 1):
-            inner, other = add.inputs[side], add.inputs[1 - side]
-            if producer(inner, "Mul", "Div") is not None or side == 1:
-                x, mask = inner, other
-                break
+    if add is not None:   # the scores are the side a product or a scale makes (else the first)
+        side = next((i for i in (0, 1) if producer(add.inputs[i], "Mul", "Div", "MatMul") is not None
+                     or fg_node(add.inputs[i].producer, "BatchMatMul")), 0)
+        x, mask = add.inputs[side], add.inputs[1 - side]
         nodes.append(add)
     p = producer(x, "Mul", "Div")
     if p is not None:
