@@ -216,12 +216,16 @@ def _weights_part(tensors: dict[str, torch.Tensor]) -> list:
     """A safetensors blob as buffers. The data section starts 64-aligned in the file and each
     tensor sits at the address the compiled model's tensor had modulo 64 (SIMD kernels can round
     differently on differently aligned data), gaps being filled by padding entries."""
-    entries, perms, pads, bufs, offset = {}, {}, [], [], 0
+    entries, perms, pads, bufs, offset, broadcast = {}, {}, [], [], 0, {}
     for key in sorted(tensors):
         src = tensors[key].detach()
         t = src.cpu()
         if t.dtype not in _ST_NAMES:
             raise ArtifactError(f"cannot save tensor {key!r}: dtype {t.dtype} has no safetensors form")
+        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):  # a folded fill: its base only
+            broadcast[key] = list(t.shape)
+            t = t[tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())]
+            t = torch.empty(t.shape, dtype=t.dtype).copy_(t)   # real strides, even on size-1 axes
         if not t.is_contiguous():  # keep a permuted layout as it is (same kernels, same bits)
             perm = sorted(range(t.dim()), key=lambda d: -t.stride(d))
             if t.permute(perm).is_contiguous():
@@ -245,13 +249,13 @@ def _weights_part(tensors: dict[str, torch.Tensor]) -> list:
             bufs.append(t.reshape(-1).view(torch.uint8).numpy())
         offset += nbytes
     entries["__metadata__"] = {"format": "pt", "fusegraph.perms": json.dumps(perms),
-                               "fusegraph.padding": json.dumps(pads)}
+                               "fusegraph.padding": json.dumps(pads), "fusegraph.broadcast": json.dumps(broadcast)}
     head = json.dumps(entries, separators=(",", ":")).encode()
     head += b" " * (-(8 + len(head)) % _ALIGN)
     return [struct.pack("<Q", len(head)) + head] + bufs
 
 
-def _read_weights(mm, start: int, length: int, where: str) -> dict[str, torch.Tensor]:
+def _read_weights(mm, start: int, length: int, where: str, broadcast_limit: int) -> dict[str, torch.Tensor]:
     _want(length >= 8, f"{where}: weights part is truncated")
     n = struct.unpack_from("<Q", mm, start)[0]
     _want(n <= min(length - 8, _MAX_HEADER * 8), f"{where}: weights header declares absurd length {n}")
@@ -262,8 +266,9 @@ def _read_weights(mm, start: int, length: int, where: str) -> dict[str, torch.Te
           f"{where}: weights metadata is malformed")
     perms = _json(meta.get("fusegraph.perms", "{}").encode(), where, "weights metadata")
     pads = _json(meta.get("fusegraph.padding", "[]").encode(), where, "weights metadata")
-    _want(isinstance(perms, dict) and isinstance(pads, list) and all(isinstance(p, str) for p in pads),
-          f"{where}: weights metadata is malformed")
+    broadcast = _json(meta.get("fusegraph.broadcast", "{}").encode(), where, "weights metadata")
+    _want(isinstance(perms, dict) and isinstance(pads, list) and all(isinstance(p, str) for p in pads)
+          and isinstance(broadcast, dict), f"{where}: weights metadata is malformed")
     data0, data_len = start + 8 + n, length - 8 - n
     spans, out = [], {}
     for key, e in head.items():
@@ -292,6 +297,8 @@ def _read_weights(mm, start: int, length: int, where: str) -> dict[str, torch.Te
             _want(isinstance(perm, list) and sorted(perm) == list(range(len(shape))),
                   f"{where}: weights entry {key[:80]!r} has a malformed permutation")
             t = t.permute([perm.index(i) for i in range(len(perm))])
+        if key in broadcast:
+            t = _broadcast(t, broadcast[key], broadcast_limit, f"{where}: weights entry {key[:80]!r}")
         out[key] = t
     spans.sort()
     for (_, e0), (b1, _) in zip(spans, spans[1:]):
@@ -299,6 +306,21 @@ def _read_weights(mm, start: int, length: int, where: str) -> dict[str, torch.Te
     for pad in pads:
         out.pop(pad, None)
     return out
+
+
+def _broadcast(base: torch.Tensor, shape, limit: int, where: str) -> torch.Tensor:
+    """``base`` (size 1 on the repeated axes) broadcast to ``shape``, the stored form of a folded
+    fill; its logical size must be within the config's ``fold_broadcast_limit`` (it is
+    materialised when the model is bound)."""
+    _want(isinstance(shape, list) and len(shape) == base.dim() and all(_is_int(d) and d >= 0 for d in shape)
+          and all(b in (1, d) for b, d in zip(base.shape, shape)),
+          f"{where}: broadcast shape {str(shape)[:80]} does not extend {list(base.shape)}")
+    numel = 1
+    for d in shape:
+        numel *= d
+    _want(numel * base.element_size() <= limit, f"{where}: broadcast to {shape} is {numel} elements, over "
+                                                f"the config's fold_broadcast_limit of {limit} bytes")
+    return base.expand(shape)
 
 
 # ----- save / load -----------------------------------------------------------------------------
@@ -392,14 +414,14 @@ def load(path: str | Path) -> CompiledModel:
         header, mm, parts = _open(Path(path), check_machine=True)
         base = _align(_PREFIX.size + _header_len(mm))
         start, length = base + parts["weights"]["offset"], parts["weights"]["length"]
-        tensors = _read_weights(mm, start, length, where)
+        config = config_from_mapping(header["config"], f"{where}: config")
+        _want(config.threads is None or config.threads <= _MAX_THREADS, f"{where}: absurd thread count")
+        tensors = _read_weights(mm, start, length, where, config.fold_broadcast_limit)
         blobs = {}
         for name in ("graph", "report"):
             off, length = base + parts[name]["offset"], parts[name]["length"]
             _want(length <= _MAX_JSON_PART, f"{where}: part {name!r} declares absurd length {length}")
             blobs[name] = _json(mm[off:off + length], where, f"part {name!r}")
-        config = config_from_mapping(header["config"], f"{where}: config")
-        _want(config.threads is None or config.threads <= _MAX_THREADS, f"{where}: absurd thread count")
         graph = graph_from_dict(blobs["graph"], tensors)
         try:
             graph.verify()

@@ -31,6 +31,10 @@ class Config:
         each stream gets ``threads // streams`` of them.
     cuda_graph: on CUDA, capture the whole run as one CUDA graph and replay it (default off).
     fold_size_limit: largest tensor, in bytes, that constant folding may materialise.
+    fold_broadcast_limit: largest logical size, in bytes, of a folded constant that is one value
+        broadcast (a ConstantOfShape, an Expand of a scalar): it is kept as that value plus a
+        shape (stride 0, a few bytes in the artifact) and materialised once when the model is
+        bound to its kernels; anything larger stays a node.
     verify_each: verify the graph after every pass (tests turn it on).
     fast_math: allow rewrites that are exact only away from NaN / Inf / zero (x*0, x/x,
         log(exp(x)) outside the provable domain), as -ffast-math does.
@@ -44,6 +48,7 @@ class Config:
     device: str = "cpu"
     threads: int | None = None
     fold_size_limit: int = 64 * 1024 * 1024
+    fold_broadcast_limit: int = 4 * 1024 ** 3
     verify_each: bool = False
     fast_math: bool = False
     aggressive_fusion: bool = False
@@ -69,8 +74,10 @@ class Config:
             raise ConfigError(f"Config.threads must be a positive integer or None, got {self.threads!r}")
         if not isinstance(self.cuda_graph, bool):
             raise ConfigError(f"Config.cuda_graph must be true or false, got {self.cuda_graph!r}")
-        if not isinstance(self.fold_size_limit, int) or self.fold_size_limit < 0:
-            raise ConfigError(f"Config.fold_size_limit must be a non-negative integer, got {self.fold_size_limit!r}")
+        for name in ("fold_size_limit", "fold_broadcast_limit"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"Config.{name} must be a non-negative integer, got {value!r}")
         for name in ("disabled_passes", "exclusive_tensors", "external_tensors"):
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):

@@ -39,14 +39,44 @@ def test_whole_graph_constant_keeps_output_name():
 
 
 def test_size_limit_declines_and_reports():
-    cos, shp = _cos([64, 64])
-    m = model([cos, node("Add", ["x2", "w"], "y")], [("x2", F, [64, 64])], ["y"], [shp])
+    m = model([node("Range", ["r0", "rn", "r1"], "w"), node("Add", ["x2", "w"], "y")], [("x2", F, [4096])],
+              ["y"], [const("r0", 0.0), const("rn", 4096.0), const("r1", 1.0)])
     compiled = check(m, level="O1", fold_size_limit=1000)
-    assert "ConstantOfShape" in ops(compiled)
+    assert ops(compiled) == ["Range", "Add"]
     (entry,) = compiled.report.unfolded
-    assert entry["node"] == "w" or entry["op"] == "ConstantOfShape"
+    assert entry["node"] == "w" or entry["op"] == "Range"
     assert "16.0 KiB" in entry["reason"] and "fold limit" in entry["reason"]
     assert ops(check(m, level="O1", fold_size_limit=16384)) == ["Add"]  # the limit is inclusive
+
+
+def test_oversized_fill_folds_as_a_stride0_broadcast(tmp_path):
+    """A ConstantOfShape over the fold limit is one value repeated: it folds to one element of
+    storage broadcast with stride 0, runs as the materialised tensor and saves as one element."""
+    cos, shp = _cos([64, 64], value=0.25)
+    m = model([cos, node("Add", ["x2", "w"], "y")], [("x2", F, [64, 64])], ["y"], [shp])
+    compiled = check(m, level="O1", fold_size_limit=1000)
+    assert ops(compiled) == ["Add"] and compiled.report.unfolded == []
+    (w,) = [v.const for v in compiled.graph.constants.values() if tuple(v.const.shape) == (64, 64)]
+    assert w.untyped_storage().nbytes() == 4 and w.stride() == (0, 0) and float(w[5, 7]) == 0.25
+    path = tmp_path / "fill.fgm"
+    compiled.save(path)
+    assert path.stat().st_size < 64 * 64 * 4
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    np.testing.assert_array_equal(fg.load(path).run({"x2": x})["y"], x + np.float32(0.25))
+    declined = check(m, level="O1", fold_size_limit=1000, fold_broadcast_limit=1000)
+    assert ops(declined) == ["ConstantOfShape", "Add"]
+    (entry,) = declined.report.unfolded
+    assert "16.0 KiB" in entry["reason"] and "broadcast limit" in entry["reason"]
+
+
+def test_expand_of_a_scalar_folds_as_a_broadcast_and_other_expands_do_not():
+    shape = const("shape", [128, 64], np.int64)
+    m = model([node("Expand", ["s", "shape"], "w"), node("Expand", ["row", "shape"], "w2"),
+               node("Add", ["x2", "w"], "t"), node("Add", ["t", "w2"], "y")], [("x2", F, [128, 64])], ["y"],
+              [shape, const("s", [1.5]), const("row", np.arange(64, dtype=np.float32))])
+    compiled = check(m, level="O1", fold_size_limit=1000)
+    assert ops(compiled) == ["Expand", "Add", "Add"]
+    assert "not one value repeated" in compiled.report.unfolded[0]["reason"]
 
 
 def test_impure_op_is_not_folded():
@@ -113,6 +143,7 @@ def _bomb(stage):
     assert result["grew_kib"] < 256 * 1024, result  # far below anything tensor-sized
     (entry,) = [u for u in result["unfolded"] if u["op"] == "ConstantOfShape"]
     assert entry["node"] == "the_bomb" and "PiB" in entry["reason"] and "fold limit" in entry["reason"]
+    assert "broadcast limit" in entry["reason"]
 
 
 def test_constant_of_shape_bomb_passes_stage_is_fast_and_bounded():

@@ -41,7 +41,7 @@ def _cos_infer(ctx: NodeContext):
     return [(dt, None)]
 
 
-@register("ConstantOfShape", since=9, infer=_cos_infer)
+@register("ConstantOfShape", since=9, infer=_cos_infer, splat=lambda ctx, xs: _cos_value(ctx))
 def _constant_of_shape(ctx: NodeContext):
     value = _cos_value(ctx)
     fill, dtype = value.item(), value.dtype

@@ -109,6 +109,9 @@ class OpDef:
     inplace: tuple[tuple[int, int], ...] = field(default=())  # (input, output) pairs a kernel may alias
     writes_out: bool = False   # built kernels accept ``out=`` (see module doc)
     alias: tuple[tuple[int, int], ...] = field(default=())    # (input, output): output views input
+    # (ctx, constant inputs) -> the one value every element of the single output holds, or None
+    # when it is not one value; lets folding keep an oversized fill as a stride-0 broadcast
+    splat: Callable | None = None
 
 
 _REGISTRY: dict[tuple[str, str], list[OpDef]] = {}
@@ -117,7 +120,7 @@ _REGISTRY: dict[tuple[str, str], list[OpDef]] = {}
 def register(op_type: str, *, since: int = 1, domain: str = "", infer: Infer | None = None,
              pure: bool = True, fusion: FusionKind = FusionKind.OPAQUE, layout_sensitive: bool = False,
              foldable: bool = True, inplace: tuple = (), writes_out: bool = False,
-             alias: tuple = ()) -> Callable[[Builder], Builder]:
+             alias: tuple = (), splat: Callable | None = None) -> Callable[[Builder], Builder]:
     """Decorator: register ``build`` as the kernel builder of ``op_type`` from opset ``since``.
 
     A later registration of the same op with a higher ``since`` takes over from that opset on.
@@ -127,7 +130,7 @@ def register(op_type: str, *, since: int = 1, domain: str = "", infer: Infer | N
         defs[:] = [d for d in defs if d.since != since]
         defs.append(OpDef(op_type, domain, since, build, infer, pure, fusion, layout_sensitive,
                           foldable, tuple(inplace), bool(writes_out),
-                          tuple(tuple(p) for p in alias)))
+                          tuple(tuple(p) for p in alias), splat))
         defs.sort(key=lambda d: d.since)
         return build
     return deco

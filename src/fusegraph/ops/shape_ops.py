@@ -312,7 +312,11 @@ def _expand_infer(ctx: NodeContext):
     return [(dt, broadcast_shapes(tuple(src), tuple(shape)))]
 
 
-@register("Expand", since=8, fusion=INJ, infer=_expand_infer, layout_sensitive=True)
+def _expand_splat(ctx: NodeContext, xs):
+    return xs[0].reshape(()) if xs[0].numel() == 1 else None
+
+
+@register("Expand", since=8, fusion=INJ, infer=_expand_infer, layout_sensitive=True, splat=_expand_splat)
 def _expand(ctx: NodeContext):
     shape = const_ints(ctx, 1)
     if shape is None:

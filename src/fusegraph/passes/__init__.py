@@ -23,7 +23,8 @@ def options_from_config(config) -> PassOptions:
     return PassOptions(fold_size_limit=config.fold_size_limit,
                        fast_math=config.fast_math,
                        disabled=frozenset(config.disabled_passes),
-                       aggressive_fusion=bool(getattr(config, "aggressive_fusion", False)))
+                       aggressive_fusion=bool(getattr(config, "aggressive_fusion", False)),
+                       fold_broadcast_limit=config.fold_broadcast_limit)
 
 
 def optimize(graph, config, report, options: PassOptions | None = None) -> None:

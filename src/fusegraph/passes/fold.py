@@ -8,7 +8,10 @@ so a 10^15-element ConstantOfShape gets a shape without allocating) and no large
 ``fold_size_limit``. Ops that are impure or not foldable per the registry, nodes whose
 outputs are flagged, unknown sizes and oversize outputs are declined, and each decline is
 kept in ``FoldLog`` with its reason for the compile report. The result is checked again
-after the run. Nothing here knows any particular op.
+after the run. An oversized output that the registry says is one value repeated (``splat``:
+ConstantOfShape, Expand of a scalar) is folded as a stride-0 broadcast of that value when its
+logical size is within ``fold_broadcast_limit``; the runtime materialises it once at bind time
+and the artifact stores one element. Nothing here knows any particular op.
 """
 from __future__ import annotations
 
@@ -84,6 +87,8 @@ class ConstantFold:
         for (dtype, shape), out in zip(expected, node.outputs):
             size = numel(shape) * max(dtype.itemsize, 1)
             if size > limit:
+                if opdef.splat is not None and len(node.outputs) == 1:
+                    return self._fold_splat(graph, node, opdef, dtype, shape, size)
                 return (f"output %{out.name} would be {_human(size)} ({numel(shape)} elements), over "
                         f"the fold limit of {_human(limit)} (Config.fold_size_limit)")
         try:
@@ -102,6 +107,28 @@ class ConstantFold:
                         f"inference said {dtype.name}{list(shape)}")
             tensors.append(_own(t, node))
         graph.fold_to_constants(node, tensors)
+        return None
+
+    def _fold_splat(self, graph: Graph, node: Node, opdef, dtype: DType, shape: tuple, size: int) -> str | None:
+        """Fold a one-value output over the size limit as that value broadcast with stride 0
+        (one element of storage), when its logical size is within ``fold_broadcast_limit``."""
+        out, cap = node.outputs[0], self.options.fold_broadcast_limit
+        over = (f"output %{out.name} would be {_human(size)} ({numel(shape)} elements), over the fold "
+                f"limit of {_human(self.options.fold_size_limit)} (Config.fold_size_limit)")
+        if size > cap:
+            return (f"{over} and over the broadcast limit of {_human(cap)} for one value repeated "
+                    f"(Config.fold_broadcast_limit)")
+        try:
+            with torch.no_grad():
+                value = opdef.splat(NodeContext(node), [None if v is None else v.const for v in node.inputs])
+        except Exception as exc:
+            return f"{over}; its fill value failed at compile time: {type(exc).__name__}: {exc}"
+        if value is None:
+            return f"{over}, and it is not one value repeated"
+        if DType.from_torch(value.dtype) != dtype:
+            return f"{over}; its fill value is {DType.from_torch(value.dtype).name}, inference said {dtype.name}"
+        base = value.detach().reshape((1,) * len(shape)).clone()
+        graph.fold_to_constants(node, [base.expand(shape)])
         return None
 
     @staticmethod

@@ -41,6 +41,8 @@ class PassOptions:
     """Options every pass may read; built once from ``fg.Config`` by ``passes.optimize``.
 
     fold_size_limit: largest tensor (bytes) that folding or a rewrite may materialise.
+    fold_broadcast_limit: largest logical size (bytes) of a folded one-value broadcast
+    (kept as a stride-0 view of one element, see ``fold.py``).
     fast_math: assume no NaN / Inf / division by zero occurs (enables x*0 -> 0 and x/x -> 1
     on floats, and log/exp rewrites outside provable domains). Off unless asked for.
     disabled: pass and rule names not to run.
@@ -50,6 +52,7 @@ class PassOptions:
     fast_math: bool = False
     disabled: frozenset[str] = frozenset()
     aggressive_fusion: bool = False
+    fold_broadcast_limit: int = 4 * 1024 ** 3
 
 
 @dataclass

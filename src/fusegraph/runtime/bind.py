@@ -11,6 +11,7 @@ For each node of the execution order a ``NodeCall`` says:
   and the planner did not treat its output as a view; some kernels return a view of their
   input (a ``select``, a same-dtype ``Cast``), which would outlive the input's slot, so the
   generated code copies such a result when it lands in the arena.
+Constants folded as stride-0 broadcasts are materialised here, once (``Binding.dense``).
 Nothing here generates code or runs a kernel.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Binding:
     calls: list[NodeCall]
     arena: Arena | None = None
     not_writable: list[dict] = field(default_factory=list)   # {node, op, bytes}
+    dense: dict[int, torch.Tensor] = field(default_factory=dict)  # id(value) -> broadcast constant materialised
 
     @property
     def order(self) -> list[Node]:
@@ -113,4 +115,15 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu") -> Binding
                 written[id(o)] = view
                 views.append(view)
             call.out = tuple(views)
-    return Binding(calls, arena, not_writable)
+    return Binding(calls, arena, not_writable, dense_constants(graph))
+
+
+def is_broadcast(t: torch.Tensor) -> bool:
+    """A tensor that repeats elements through a zero stride (a folded one-value fill)."""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+
+
+def dense_constants(graph: Graph) -> dict[int, torch.Tensor]:
+    """Broadcast constants materialised once, so no kernel re-expands them on every run."""
+    return {id(v): v.const.contiguous() for v in graph.constants.values()
+            if v.const is not None and is_broadcast(v.const)}

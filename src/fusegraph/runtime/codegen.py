@@ -39,7 +39,8 @@ class GeneratedCode:
 class Names:
     """Value -> name in the generated module, and the module's globals; shared by its functions."""
 
-    def __init__(self):
+    def __init__(self, constants: dict[int, object] | None = None):
+        self.constants = constants or {}   # id(value) -> the tensor to use instead of value.const
         self.env: dict[str, object] = {}
         self._names: dict[int, str] = {}
         self._globals: set[int] = set()
@@ -63,7 +64,7 @@ class Names:
         key = id(v)
         if key not in self._names:
             if v.is_const:
-                self._names[key] = self.add_global("c", v.const)
+                self._names[key] = self.add_global("c", self.constants.get(key, v.const))
                 self._globals.add(key)
             else:
                 self._names[key] = f"v{self._n}"
@@ -168,7 +169,7 @@ def generate_module(specs: list[FunctionSpec], names: Names, filename: str,
 
 def arena_names(binding: Binding) -> Names:
     """A ``Names`` where every value written with ``out=`` is its arena view (a global)."""
-    names = Names()
+    names = Names(binding.dense)
     for call in binding.calls:
         if call.out is not None:
             for o, view in zip(call.node.outputs, call.out):

@@ -72,7 +72,8 @@ class Executor:
         else:
             self._runner = _SingleRunner(graph, self.binding, filename)
         self._lock = threading.Lock()
-        self._const_storages = {_storage(v.const) for v in graph.constants.values() if v.const.numel()}
+        self._const_storages = {_storage(t) for t in [v.const for v in graph.constants.values()]
+                                + list(self.binding.dense.values()) if t.numel()}
 
     @property
     def code(self) -> GeneratedCode:
