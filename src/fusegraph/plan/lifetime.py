@@ -27,6 +27,8 @@ Nothing here mutates the graph.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -93,9 +95,24 @@ def value_bytes(v: Value) -> int | None:
     return n * v.dtype.itemsize
 
 
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 40
+
+
+# A tensor larger than the machine's memory is never put in the arena (which is allocated when
+# the model is bound): it is left to its kernel, which then fails at run time naming the node.
+MAX_PLANNED_BYTES = _physical_memory()
+
+
 def _why_unplannable(v: Value) -> str:
     if v.dtype in (DType.UNDEFINED, DType.STRING):
         return f"dtype {v.dtype.name} has no fixed size"
+    size = value_bytes(v)
+    if size is not None:
+        return f"{size} bytes is more than this machine's memory ({MAX_PLANNED_BYTES} bytes)"
     return f"shape {list(v.shape) if v.shape is not None else '*'} is not static"
 
 
@@ -181,7 +198,7 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
             lives[name] = ValueLife(name, first[name], last[name], sizes[name],
                                     "input" if r == name else "view", None)
             continue
-        if sizes[r] is None:
+        if sizes[r] is None or sizes[r] > MAX_PLANNED_BYTES:
             unplannable.append((name, _why_unplannable(vals[r]) if r == name
                                 else f"lives in %{r}, which is unplannable"))
             lives[name] = ValueLife(name, first[name], last[name], None, "unplannable", None)
