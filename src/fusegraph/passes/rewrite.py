@@ -118,12 +118,7 @@ class RuleSetPass:
                 applied[rule.name] = applied.get(rule.name, 0) + 1
                 self._record(rule, None, True, "", names)
                 break
-        stats: dict[str, Any] = {}
-        if applied:
-            stats["applied"] = applied
-        if declined:
-            stats["declined"] = declined
-        return PassResult(bool(applied), stats)
+        return counts_result(applied, declined)
 
     def _record(self, rule: Rule, node: Node | None, applied: bool, reason: str, names=None) -> None:
         if self.log is None:
@@ -136,18 +131,41 @@ class RuleSetPass:
         self.log.append({"rule": rule.name, "applied": applied, "nodes": names, "reason": reason})
 
     def _apply(self, graph: Graph, root: Node, new, ctx: RuleContext) -> None:
-        news = new if isinstance(new, (list, tuple)) else [new]
-        for out, repl in zip(root.outputs, news):
-            if repl is None or repl is out:
-                continue
-            _check_compatible(ctx.rule, out, repl)
-            if out.is_graph_output and repl.is_graph_output:
-                repl = ctx.emit("Identity", [repl])  # two graph outputs must not alias one tensor
-            out.replace_all_uses_with(repl)
+        rewire(ctx, root, new)
         if all(not o.uses and not o.is_graph_output for o in root.outputs):
             inputs = [v for v in root.inputs if v is not None]
             graph.remove(root)
             sweep_dead(graph, inputs)
+
+
+def counts_result(applied: dict[str, int], declined: dict[str, int]) -> PassResult:
+    """The result of a rule-driven pass: changed when a rule applied, with per-rule counts."""
+    stats: dict[str, Any] = {}
+    if applied:
+        stats["applied"] = applied
+    if declined:
+        stats["declined"] = declined
+    return PassResult(bool(applied), stats)
+
+
+def rewire(ctx, root: Node, new) -> tuple[list, list[tuple[Value, str]]]:
+    """Point every use of ``root``'s outputs at its replacement in ``new`` (one value or one per
+    output; None keeps the output). Replacements must keep dtype and shape; two graph outputs
+    never alias one tensor; flags move to the replacement, which takes the replaced name once
+    the root is gone (returned as (value, name) renames)."""
+    news = list(new) if isinstance(new, (list, tuple)) else [new]
+    renames: list[tuple[Value, str]] = []
+    for out, repl in zip(root.outputs, news):
+        if repl is None or repl is out:
+            continue
+        _check_compatible(ctx.rule, out, repl)
+        if out.is_graph_output and repl.is_graph_output:
+            repl = ctx.emit("Identity", [repl])
+        if out.flags:
+            repl.flags |= out.flags
+            renames.append((repl, out.name))
+        out.replace_all_uses_with(repl)
+    return news, renames
 
 
 def _check_compatible(rule: Rule, old: Value, new: Value) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from ...ir import Graph, Node, Value
 from ..manager import PassOptions, PassResult
-from ..rewrite import RuleContext, _check_compatible, sweep_dead
+from ..rewrite import RuleContext, counts_result, rewire, sweep_dead
 from .pattern import Match, Pat, explain, match
 
 RULE_MODULES = ("rules_cnn", "rules_transformer")
@@ -110,12 +110,7 @@ class FusionPass:
                     changed = True
             if not changed:
                 break
-        stats: dict[str, Any] = {}
-        if applied:
-            stats["applied"] = applied
-        if declined:
-            stats["declined"] = declined
-        return PassResult(bool(applied), stats)
+        return counts_result(applied, declined)
 
     # ------------------------------------------------------------------ helpers
 
@@ -140,18 +135,7 @@ class FusionPass:
 
     def _apply(self, graph: Graph, m: Match, new, ctx: FusionContext) -> str:
         root = m.root
-        news = list(new) if isinstance(new, (list, tuple)) else [new]
-        renames: list[tuple[Value, str]] = []
-        for out, repl in zip(root.outputs, news):
-            if repl is None or repl is out:
-                continue
-            _check_compatible(ctx.rule, out, repl)
-            if out.is_graph_output and repl.is_graph_output:
-                repl = ctx.emit("Identity", [repl])  # two graph outputs must not alias one tensor
-            if out.flags:
-                repl.flags |= out.flags
-                renames.append((repl, out.name))
-            out.replace_all_uses_with(repl)
+        news, renames = rewire(ctx, root, new)
         inputs: list[Value] = []
         for node in reversed(m.matched):
             if node.graph is graph and all(not o.uses and not o.is_graph_output for o in node.outputs):
