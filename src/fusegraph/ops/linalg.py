@@ -90,8 +90,19 @@ def _matmul_infer(ctx: NodeContext):
 def _matmul(ctx: NodeContext):
     tdt = ctx.dtype(0)
     if tdt and tdt.to_torch() not in _VIA_INT64:
-        return torch.matmul
+        return _matmul_out
     return no_out(_mm)
+
+
+def _matmul_out(a, b, out=None):
+    """``torch.matmul``; a 1-D left operand writes through a [1, N] view of ``out`` (torch
+    would otherwise resize the caller's buffer, which it deprecates)."""
+    if out is None:
+        return torch.matmul(a, b)
+    if a.dim() == 1 and b.dim() == 2:
+        torch.mm(a.unsqueeze(0), b, out=out.unsqueeze(0))
+        return out
+    return torch.matmul(a, b, out=out)
 
 
 # ----------------------------------------------------------------------------- MatMulInteger
