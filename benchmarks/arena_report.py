@@ -4,7 +4,9 @@ sum, how much of it the kernels really write (``out=``), and the bytes a run sti
     python benchmarks/arena_report.py [--models a,b] [--json out.json]
 
 Per model (batch 1, random weights): arena, lower bound and naive bytes for ``balanced`` and
-``tight``; the nodes (and bytes) writing into the arena vs those whose kernel allocates
+``tight``, the order tight chose, and the order floor (``report.memory.order_floor_bytes``: no
+execution order's lower bound is below it, so where the default order meets it, tight cannot
+lower the lower bound by reordering); the nodes (and bytes) writing into the arena vs those whose kernel allocates
 (``report.memory.not_writable_into_arena``); the bytes allocated during one run (torch
 profiler, ``profile_memory``) with memory off and balanced; and a check that every
 arena-written result sits at the same in-arena address on two runs. For the record
@@ -52,7 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     rows = []
-    print(f"{'model':14s} {'arena':>8s} {'lower':>8s} {'ratio':>6s} {'naive':>8s} {'tight-lb':>8s}  "
+    print(f"{'model':14s} {'arena':>8s} {'lower':>8s} {'ratio':>6s} {'naive':>8s} {'tight-lb':>8s} "
+          f"{'floor':>8s} {'tight order':>16s}  "
           f"{'out= nodes':>10s} {'MiB':>6s}  {'kernel-alloc':>12s} {'MiB':>6s}  {'alloc/run off':>13s} "
           f"{'balanced':>8s}  stable")
     for name in args.models.split(","):
@@ -70,6 +73,8 @@ def main(argv=None) -> int:
         row = {"model": name, "arena_mb": mem.arena_bytes / MB, "lower_bound_mb": mem.lower_bound_bytes / MB,
                "naive_mb": mem.naive_bytes / MB, "tight_lower_bound_mb": tight.report.memory.lower_bound_bytes / MB,
                "tight_arena_mb": tight.report.memory.arena_bytes / MB,
+               "tight_order": tight.report.memory.order,
+               "order_floor_mb": (mem.order_floor_bytes or 0) / MB, "order_floor_node": mem.order_floor_node,
                "out_nodes": len(written), "out_mb": written_mb, "kernel_alloc_nodes": len(slow),
                "kernel_alloc_mb": sum(d["bytes"] for d in slow) / MB,
                "alloc_per_run_off_mb": allocated_per_run(off, feeds),
@@ -78,7 +83,8 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"{name:14s} {row['arena_mb']:8.2f} {row['lower_bound_mb']:8.2f} "
               f"{row['arena_mb'] / max(row['lower_bound_mb'], 1e-9):6.3f} {row['naive_mb']:8.2f} "
-              f"{row['tight_lower_bound_mb']:8.2f}  {row['out_nodes']:10d} {row['out_mb']:6.2f}  "
+              f"{row['tight_lower_bound_mb']:8.2f} {row['order_floor_mb']:8.2f} {row['tight_order']:>16s}  "
+              f"{row['out_nodes']:10d} {row['out_mb']:6.2f}  "
               f"{row['kernel_alloc_nodes']:12d} {row['kernel_alloc_mb']:6.2f}  {row['alloc_per_run_off_mb']:13.2f} "
               f"{row['alloc_per_run_balanced_mb']:8.2f}  {row['stable']}", flush=True)
     if args.json:

@@ -54,3 +54,29 @@ def random_dag(seed: int, n: int = 12, max_in: int = 3) -> Graph:
         if v.name not in used:
             g.outputs.append(v)
     return g
+
+
+def typed_dag(seed: int, n: int = 7) -> Graph:
+    """Random DAG mixing opaque ops, Relu / Add (in place when an input dies there) and Identity
+    (a view), over a few tensor sizes; sinks become outputs."""
+    rng = random.Random(seed)
+    g = Graph(f"typed{seed}")
+    values = [g.add_input("x", DType.FLOAT, (1, 16))]
+    used = set()
+    for i in range(n):
+        kind = rng.choice(["Op", "Op", "Relu", "Add", "Identity"])
+        if kind == "Add":
+            a = rng.choice(values)
+            same = [v for v in values if v.shape == a.shape]
+            ins = [a, rng.choice(same)]
+        elif kind in ("Relu", "Identity"):
+            ins = [rng.choice(values)]
+        else:
+            ins = rng.sample(values, rng.randint(1, min(3, len(values))))
+        shape = ins[0].shape if kind != "Op" else (1, rng.choice([4, 16, 64, 256]))
+        used.update(v.name for v in ins)
+        values.append(op(g, kind, ins, shape, name=f"n{i}"))
+    for v in values[1:]:
+        if v.name not in used:
+            g.outputs.append(v)
+    return g

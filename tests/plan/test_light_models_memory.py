@@ -1,5 +1,6 @@
 """The nine onnx light models: in the default order the arena is at most 1.02 x the lower bound,
-no two simultaneously live tensors overlap, and ``tight`` never raises the lower bound.
+no two simultaneously live tensors overlap, ``tight`` never raises the lower bound, and no order
+goes below the order floor (plan/order_bound.py; where the default order meets it, it is optimal).
 
 Two loaders (see plan_light_models.py): the real one (import + registry inference; skipped while
 an op lacks a kernel) and one on onnx's own shape hints that needs no kernel. Run with ``-s`` to
@@ -29,9 +30,15 @@ def _check_and_print(name, plans):
     assert r.order == "default"
     assert r.arena_bytes <= 1.02 * r.lower_bound_bytes, r.summary()
     assert tight.report.lower_bound_bytes <= r.lower_bound_bytes
+    floor = r.order_floor_bytes
+    assert floor is not None and floor == tight.report.order_floor_bytes
+    assert floor <= tight.report.lower_bound_bytes  # no order beats the floor
+    if r.lower_bound_bytes == floor:  # the default order is proven optimal: tight keeps it
+        assert tight.report.order == "default"
     print(f"\n{name:14s} default: arena {r.arena_bytes / MB:.3f} MB, lower bound {r.lower_bound_bytes / MB:.3f} MB, "
           f"naive {r.naive_bytes / MB:.2f} MB (x{r.naive_over_arena:.1f}); tight ({tight.report.order}): "
-          f"arena {tight.report.arena_bytes / MB:.3f} MB, lower bound {tight.report.lower_bound_bytes / MB:.3f} MB")
+          f"arena {tight.report.arena_bytes / MB:.3f} MB, lower bound {tight.report.lower_bound_bytes / MB:.3f} MB; "
+          f"order floor {floor / MB:.3f} MB (at {r.order_floor_node})")
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)

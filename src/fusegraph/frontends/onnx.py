@@ -17,6 +17,7 @@ from onnx import helper
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..ir import DType, Graph, Value
 from .onnx_data import tensor_to_torch
+from .onnx_weights import parse_without_weights
 
 DEFAULT_OPSET = 7
 _MAX_MODEL_BYTES = 1 << 34
@@ -35,7 +36,8 @@ def load_model_proto(model: Any) -> tuple[onnx.ModelProto, Path | None, str]:
             raise ModelLoadError(f"model file {str(path)!r} does not exist")
         if path.stat().st_size > _MAX_MODEL_BYTES:
             raise ModelLoadError(f"model file {str(path)!r} is larger than 16 GiB")
-        return _parse(path.read_bytes(), str(path)), path.parent, str(path)
+        data = parse_without_weights(path)  # large inline weights stay in the file until read
+        return _parse(data if data is not None else path.read_bytes(), str(path)), path.parent, str(path)
     raise ModelLoadError(f"cannot load a model from a {type(model).__name__}; give a path, bytes or "
                          f"an onnx.ModelProto")
 

@@ -72,10 +72,14 @@ def _read_external(t: onnx.TensorProto, base_dir: Path | None, where: str) -> np
         raise ModelLoadError(f"{where}: tensor {t.name!r} declares {need} bytes (dims {list(t.dims)}, "
                              f"{dtype.name}) but its external data holds {length} bytes at offset "
                              f"{offset} of a {size}-byte file")
+    arr = np.empty(numel, dtype=np_dtype)  # read straight into the tensor's memory: one copy
     with open(path, "rb") as f:
         f.seek(offset)
-        raw = f.read(length)
-    return np.frombuffer(raw, dtype=np_dtype).reshape(tuple(t.dims)).copy()
+        got = f.readinto(arr.view(np.uint8)) if need else 0
+    if got != need:
+        raise ModelLoadError(f"{where}: external data file {path.name!r} ended after {got} of the "
+                             f"{need} bytes of tensor {t.name!r}")
+    return arr.reshape(tuple(t.dims))
 
 
 def tensor_to_torch(t: onnx.TensorProto, base_dir: Path | None, where: str) -> torch.Tensor:

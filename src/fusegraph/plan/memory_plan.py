@@ -3,7 +3,9 @@
 Modes (``Config.memory``):
 - ``off``: the default order, no in-place, every buffer its own bytes (the baseline);
 - ``balanced``: the default order, views and in-place, every offset algorithm, smallest kept;
-- ``tight``: as balanced, after choosing among memory-aware orders the one with the lowest peak.
+- ``tight``: as balanced, after choosing among memory-aware orders the one with the lowest peak
+  (no search when the default order's peak equals the order floor of ``order_bound.py``, which
+  no order can go below; the floor is reported in every mode).
 
 Sizes come from static shapes x dtype itemsize; values without them are listed as unplannable
 (the runtime allocates them per run). The result is pure data: the runtime later binds each
@@ -19,9 +21,10 @@ from typing import Callable
 
 from ..ir import Graph, Node, Value
 from .lifetime import LifetimeOptions, Lifetimes, compute_lifetimes, value_bytes
-from .memory import DEFAULT_ALGORITHMS, Assignment, Buffer, Constraints, conflict_graph, plan
+from .memory import DEFAULT_ALGORITHMS, Assignment, Buffer, Constraints, conflict_graph, live_bytes, plan
 from .memory_report import MemoryReport, TensorPlan
 from .order import check_order, choose_order
+from .order_bound import order_floor
 
 
 @dataclass(frozen=True)
@@ -90,12 +93,18 @@ def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions())
     def score(order: list[Node]) -> int:
         return compute_lifetimes(graph, order, lt_opts).lower_bound_bytes
 
+    def live(order: list[Node]) -> list[int]:
+        lt = compute_lifetimes(graph, order, lt_opts)
+        return live_bytes(lt.buffers, lt.constraints())
+
+    floor = order_floor(graph, lt_opts)
     if options.order is not None:
         order = list(options.order)
         check_order(graph, order)
         order_name, order_scores = "given", {"given": score(order)}
     else:
-        choice = choose_order(graph, score, mode, options.dp_state_limit)
+        choice = choose_order(graph, score, mode, options.dp_state_limit,
+                              floor.bytes if floor is not None else None, live)
         order, order_name, order_scores = choice.order, choice.name, choice.scores
     lifetimes = compute_lifetimes(graph, order, lt_opts)
     constraints = lifetimes.constraints(alignment=options.alignment,
@@ -104,6 +113,8 @@ def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions())
     algorithms = options.algorithms or (("naive",) if mode == "off" else DEFAULT_ALGORITHMS)
     assignment = plan(lifetimes.buffers, constraints, algorithms)
     report = _report(graph, mode, order_name, order_scores, lifetimes, constraints, assignment)
+    if floor is not None:
+        report.order_floor_bytes, report.order_floor_node = floor.bytes, floor.node
     report.seconds = time.perf_counter() - t0
     return MemoryPlan(order, order_name, lifetimes, constraints, assignment, report)
 

@@ -2,8 +2,10 @@
 timeline plot behind ``fusegraph inspect MODEL --memory-plot out.png``.
 
 The report puts the planned arena beside the lower bound (max over steps of bytes live at once,
-for the chosen order, views and in-place counted) and the naive sum (every activation in its own
-buffer, views included). matplotlib is imported only when a plot is drawn.
+for the chosen order, views and in-place counted), the order floor (what no order's lower bound
+can go below; None with lifetime overrides, reuse groups or stream hooks) and the naive sum
+(every activation in its own buffer, views included). matplotlib is imported only when a plot
+is drawn.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ class MemoryReport:
     inplace: list[dict[str, str]] = field(default_factory=list)
     algorithms: dict[str, int] = field(default_factory=dict)      # algorithm -> arena bytes
     orders: dict[str, int] = field(default_factory=dict)          # order -> lower bound bytes
+    order_floor_bytes: int | None = None  # no execution order's lower bound is below this
+    order_floor_node: str | None = None   # the node whose step forces the floor
     warnings: list[str] = field(default_factory=list)
     not_writable_into_arena: list[dict[str, Any]] = field(default_factory=list)  # filled by the runtime
     seconds: float = 0.0

@@ -7,12 +7,19 @@ arena, computed by the caller's ``score``) is smallest; the default order wins t
   smallest first, in input order, or heaviest subtree first (Sethi-Ullman style);
 - ``greedy``: list scheduling that always runs the ready node that grows live memory least;
 - ``serenity``: the dynamic program of Serenity (Ahn et al. 2020) over sets of scheduled nodes,
-  split at cut nodes (every other node is an ancestor or a descendant), beam-capped per segment.
+  split at cut nodes (every other node is an ancestor or a descendant), beam-capped per segment;
+  ``serenity_lazy`` leaves free nodes out of the DP (smaller states when many free nodes make
+  weights, as in unfolded graphs) and inserts them before their first consumer;
+- ``exhaustive``: the best of the above, refined by trying every order of each small segment,
+  scored with the real lower bound (``exhaustive.py``; only when the caller passes ``live``).
 
 *Free* nodes (no producer among the graph's nodes: they read only constants and graph inputs)
-are scheduled lazily, right before their first consumer, in every order but the default.
+are scheduled lazily, right before their first consumer, in every order but the default and
+``serenity`` (its DP places them, counting their bytes).
 ``OrderModel`` is the simplified memory model these heuristics use (views cost nothing and
-extend their source; in-place is ignored). Nothing here mutates the graph.
+extend their source; in-place is ignored). When the default order's peak already equals the
+order floor (``order_bound.py``), no order can beat it and ``tight`` keeps it without searching.
+Nothing here mutates the graph.
 """
 from __future__ import annotations
 
@@ -205,18 +212,37 @@ def candidate_orders(graph: Graph, dp_state_limit: int = 1000,
     }
     from .serenity import serenity_order
     orders["serenity"] = serenity_order(m, state_limit=dp_state_limit, budget=dp_budget)
+    if any(m.free):  # without free nodes the lazy variant is the same DP
+        orders["serenity_lazy"] = serenity_order(m, state_limit=dp_state_limit, budget=dp_budget,
+                                                 lazy_free=True)
     for name, order in orders.items():
         check_order(graph, order)
     return orders
 
 
 def choose_order(graph: Graph, score: Callable[[list[Node]], int], mode: str = "balanced",
-                 dp_state_limit: int = 1000) -> OrderChoice:
-    """``balanced`` / ``off``: the default order. ``tight``: the candidate with the lowest score."""
+                 dp_state_limit: int = 1000, floor: int | None = None,
+                 live: Callable[[list[Node]], list[int]] | None = None) -> OrderChoice:
+    """``balanced`` / ``off``: the default order. ``tight``: the candidate with the lowest score,
+    unless the default order's score already equals ``floor`` (``order_bound.order_floor``: no
+    order can score lower), which proves it optimal and skips the search. With ``live`` (bytes
+    live per step of an order, the real model behind ``score``), small segments are also
+    searched exhaustively (``exhaustive.py``): candidate ``exhaustive`` when every segment was,
+    ``exhaustive_partial`` otherwise."""
+    order = default_order(graph)
     if mode != "tight":
-        order = default_order(graph)
         return OrderChoice("default", order, {"default": score(order)})
+    first = score(order)
+    if floor is not None and first <= floor:
+        return OrderChoice("default", order, {"default": first})
     orders = candidate_orders(graph, dp_state_limit)
-    scores = {name: score(order) for name, order in orders.items()}
+    scores = {name: (first if name == "default" else score(o)) for name, o in orders.items()}
     best = min(scores, key=lambda k: (scores[k], k != "default"))
+    if live is not None:
+        from .exhaustive import exhaustive_order
+        searched, exact = exhaustive_order(OrderModel(graph), live, base=orders[best])
+        check_order(graph, searched)
+        name = "exhaustive" if exact else "exhaustive_partial"
+        orders[name], scores[name] = searched, score(searched)
+        best = min(scores, key=lambda k: (scores[k], k != "default"))
     return OrderChoice(best, orders[best], scores)

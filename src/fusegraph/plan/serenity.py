@@ -11,7 +11,8 @@ the best ones (by peak, then live bytes) are kept, which makes it a beam search 
 exact; the beam also narrows to keep the total number of transitions within ``budget``, so
 ``serenity_order`` stays bounded in time on any graph (exact on small or well-cut graphs).
 
-Works on ``order.OrderModel`` (free nodes are excluded and inserted lazily afterwards).
+Works on ``order.OrderModel``. Free nodes (they read no arena buffer) join the DP in the segment
+of their first consumer, so their outputs' bytes count (see ``_with_free_nodes``).
 """
 from __future__ import annotations
 
@@ -62,15 +63,16 @@ def _solve_segment(m: "OrderModel", seg: list[int], prefix: int, state_limit: in
     pred_mask = {i: sum(1 << p for p in m.preds[i] if p in in_seg) for i in seg}
     succs = {i: [x for x in m.succs[i] if x in in_seg] for i in seg}
     per_level = max(1, budget // len(seg))
-    # state: mask -> (peak, live, parent_mask, node, ready)
-    level = {0: (0, 0, None, None, tuple(i for i in seg if not pred_mask[i]))}
+    # state: mask -> (peak, live, parent_mask, node, ready): ready is a bitset, so a transition
+    # costs O(1) set operations however many nodes are ready (free nodes can make hundreds)
+    level = {0: (0, 0, None, None, sum(1 << i for i in seg if not pred_mask[i]))}
     levels = [level]
     work = 0
     for _ in range(len(seg)):
         nxt: dict[int, tuple] = {}
         for mask, (peak, live, _, _, ready) in level.items():
             done = prefix | mask
-            for v in ready:
+            for v in _bits(ready):
                 work += 1
                 bit = 1 << v
                 step_peak = live + m.out_bytes[v]
@@ -82,10 +84,12 @@ def _solve_segment(m: "OrderModel", seg: list[int], prefix: int, state_limit: in
                     continue
                 new_done = done | bit
                 new_live = live + m.out_bytes[v] - m.freed_by(v, new_done)
-                new_ready = [r for r in ready if r != v]
-                new_ready += [x for x in succs[v] if not pred_mask[x] & ~new_done]
-                nxt[new_mask] = (step_peak, new_live, mask, v, tuple(sorted(new_ready)))
-        fanout = max(1, sum(len(st[4]) for st in nxt.values()) // max(1, len(nxt)))
+                new_ready = ready & ~bit
+                for x in succs[v]:
+                    if not pred_mask[x] & ~new_done:
+                        new_ready |= 1 << x
+                nxt[new_mask] = (step_peak, new_live, mask, v, new_ready)
+        fanout = max(1, sum(st[4].bit_count() for st in nxt.values()) // max(1, len(nxt)))
         width = max(1, min(state_limit, per_level // fanout))
         if len(nxt) > width:
             nxt = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))[:width])
@@ -101,13 +105,32 @@ def _solve_segment(m: "OrderModel", seg: list[int], prefix: int, state_limit: in
     return order, work
 
 
-def serenity_order(m: "OrderModel", state_limit: int = 1000, budget: int = 200_000) -> list["Node"]:
-    """``budget`` bounds the DP's transitions over the whole graph; segments share it by size."""
+def _with_free_nodes(m: "OrderModel", segments: list[list[int]]) -> list[list[int]]:
+    """Put each free node in the segment of its first consumer (unread ones in the last).
+
+    Running a free node (it reads no arena buffer) earlier than the segment of its first
+    consumer only keeps its output live longer, so no order is lost: the segment's DP then
+    places it exactly. (Leaving free nodes out of the DP, as before, ignored their bytes.)"""
+    where = {i: k for k, seg in enumerate(segments) for i in seg}
+    out = [list(seg) for seg in segments] or [[]]
+    for i in range(len(m.nodes)):
+        if m.free[i]:
+            ks = [where[s] for s in m.succs[i] if s in where]
+            out[min(ks) if ks else len(out) - 1].insert(0, i)
+    return [seg for seg in out if seg]
+
+
+def serenity_order(m: "OrderModel", state_limit: int = 1000, budget: int = 200_000,
+                   lazy_free: bool = False) -> list["Node"]:
+    """``budget`` bounds the DP's transitions over the whole graph; segments share it by size.
+    ``lazy_free``: leave free nodes out of the DP (their bytes uncounted) and run each right
+    before its first consumer; smaller DP states, not exact."""
     core = [i for i in range(len(m.nodes)) if not m.free[i]]
-    prefix = sum(1 << i for i in range(len(m.nodes)) if m.free[i])
+    segments = _segments(m, core) if lazy_free else _with_free_nodes(m, _segments(m, core))
+    prefix = sum(1 << i for i in range(len(m.nodes)) if m.free[i]) if lazy_free else 0
     result: list[int] = []
-    remaining_nodes, remaining = len(core), budget
-    for seg in _segments(m, core):
+    remaining_nodes, remaining = sum(len(seg) for seg in segments), budget
+    for seg in segments:
         share = max(len(seg), remaining * len(seg) // max(1, remaining_nodes))
         part, work = _solve_segment(m, seg, prefix, state_limit, share)
         remaining = max(0, remaining - work)
@@ -115,4 +138,11 @@ def serenity_order(m: "OrderModel", state_limit: int = 1000, budget: int = 200_0
         result.extend(part)
         for i in part:
             prefix |= 1 << i
-    return m.with_free_nodes(result)
+    return m.with_free_nodes(result) if lazy_free else [m.nodes[i] for i in result]
+
+
+def _bits(mask: int):
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
