@@ -4,8 +4,10 @@ Invariants on random DAGs, checked by code independent of the planner: every nod
 one stream; per-stream order consistent with the given order; every cross-stream edge ordered
 by waits (happens-before reachability); no wait removable; a time-driven simulation of the plan
 (streams as workers, events fire when their producer finishes) never starts a consumer before
-its producers finish, never deadlocks, and finishes within the sequential sum. Then hand-made
-graphs, the cost model, the branchy light models and ``fusegraph inspect --streams``.
+its producers finish, never deadlocks, and finishes within the sequential sum; hybrid plans
+(measured per-thread costs) also keep every wide node alone (ordered against every node of
+the other streams, and alone in the simulation). Then hand-made graphs, the cost model, the
+branchy light models and ``fusegraph inspect --streams``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 from plan_graphs import branchy, chain, op
 
 from fusegraph.ir import DType, Graph
-from fusegraph.plan.cost import CostModel, node_work
+from fusegraph.plan.cost import CostModel, MeasuredCosts, node_work
 from fusegraph.plan.streams import plan_streams
 
 SHAPE = (1, 4, 8, 8)
@@ -56,9 +58,17 @@ def happens_before(order, plan, waits):
 
 
 def uncovered(order, plan, waits):
+    """Cross-stream data edges not ordered, and (hybrid plans) pairs of a wide node and a node
+    on another stream that are not ordered either way (they could run at the same time)."""
     reach = happens_before(order, plan, waits)
-    return [(p, c) for p, c in data_edges(order)
-            if plan.stream_of[order[p].name] != plan.stream_of[order[c].name] and not reach[c] >> p & 1]
+    bad = [(p, c) for p, c in data_edges(order)
+           if plan.stream_of[order[p].name] != plan.stream_of[order[c].name] and not reach[c] >> p & 1]
+    wide = set(getattr(plan, "wide", ()))
+    for w, node in enumerate(order):
+        if node.name in wide:
+            bad += [(x, w) for x in range(len(order)) if plan.stream_of[order[x].name] != plan.stream_of[node.name]
+                    and not reach[w] >> x & 1 and not reach[x] >> w & 1]
+    return bad
 
 
 def simulate(order, plan, cost):
@@ -116,6 +126,11 @@ def check_plan(graph, order, plan, cost=None):
     start, finish = simulate(order, plan, cost)
     for p, c in data_edges(order):
         assert start[names[c]] >= finish[names[p]], f"{names[c]} started before {names[p]} finished"
+    for w in getattr(plan, "wide", ()):           # a wide node has the machine to itself
+        assert plan.stream_of[w] == 0
+        for x in names:
+            if x != w and cost[w] > 0 and cost[x] > 0:
+                assert finish[x] <= start[w] or start[x] >= finish[w], f"{x} runs beside the wide node {w}"
     assert max(finish.values(), default=0.0) <= sum(cost[n] for n in names) + 1e-6
     json.dumps(plan.to_dict())
 
@@ -145,7 +160,8 @@ def random_dags(draw):
         order.append(m)
         done.add(id(m))
     costs = {m.name: draw(st.floats(0.0, 100.0)) for m in g.nodes}
-    return g, order, costs
+    wide = {m.name: costs[m.name] * draw(st.floats(0.3, 1.5)) for m in g.nodes}
+    return g, order, costs, wide
 
 
 def snapshot(graph):
@@ -153,11 +169,15 @@ def snapshot(graph):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_dags(), st.sampled_from([1, 2, 3, 5, "auto"]), st.booleans())
-def test_random_dags_invariants(dag, streams, fixed):
-    graph, order, costs = dag
+@given(random_dags(), st.sampled_from([1, 2, 3, 5, "auto"]), st.sampled_from(["fixed", "model", "measured"]),
+       st.sampled_from([2, 4]))
+def test_random_dags_invariants(dag, streams, kind, cores):
+    """Also hybrid plans ("measured": per-thread costs, "auto"): wide nodes run alone."""
+    graph, order, costs, wide = dag
     before = snapshot(graph)
-    cost = costs if fixed else CostModel(device="cpu", cores=4, threads=4, sync_us=5.0)
+    fixed = kind == "fixed"
+    cost = {"fixed": costs, "model": CostModel(device="cpu", cores=4, threads=4, sync_us=5.0),
+            "measured": MeasuredCosts({1: costs, cores: wide}, cores=cores, sync_us=3.0, contention=1.0)}[kind]
     plan = plan_streams(graph, order, streams, cost)
     assert snapshot(graph) == before, "the planner never mutates the graph"
     check_plan(graph, order, plan, costs if fixed else None)
@@ -214,6 +234,52 @@ def test_auto_uses_streams_when_branches_are_heavy():
     assert plan.num_streams == 4 and plan.estimated_time < plan.sequential_time / 3
     for i in range(4):                           # each branch is a chain: one stream
         assert plan.stream_of[f"expand{i}"] == plan.stream_of[f"reduce{i}"]
+
+
+def fork_join(width: int = 4):
+    """stem -> ``width`` two-node branches -> Concat -> head."""
+    g = Graph("forkjoin")
+    x = g.add_input("x", DType.FLOAT, SHAPE)
+    h = op(g, "Relu", [x], SHAPE, name="stem")
+    ends = [op(g, "Relu", [op(g, "Relu", [h], SHAPE, name=f"a{i}")], SHAPE, name=f"b{i}") for i in range(width)]
+    cat = op(g, "Concat", ends, SHAPE, name="cat")
+    g.outputs.append(op(g, "Relu", [cat], SHAPE, name="head"))
+    return g
+
+
+def test_auto_hybrid_runs_big_nodes_wide_and_branches_narrow():
+    """Stem and head scale with threads (2x on 2 cores), the branches do not: the stem and
+    head run alone with both threads, the branches on two one-thread streams."""
+    g = fork_join()
+    one = {n.name: (200.0 if n.name in ("stem", "head") else 20.0) for n in g.nodes}
+    two = {n.name: (100.0 if n.name in ("stem", "head") else 19.0) for n in g.nodes}
+    cost = MeasuredCosts({1: one, 2: two}, cores=2, sync_us=2.0, contention=1.0)
+    plan = plan_streams(g, g.nodes, "auto", cost)
+    check_plan(g, g.nodes, plan)
+    assert plan.num_streams == 2 and plan.algorithm.startswith("hybrid")
+    assert {"stem", "head"} <= set(plan.wide)
+    assert not {f"a{i}" for i in range(4)} & set(plan.wide)
+    assert {plan.stream_of[f"a{i}"] for i in range(4)} == {0, 1}
+    assert plan.estimated_time < plan.sequential_time == pytest.approx(sum(cost.node_us_at(n, 2) for n in g.nodes))
+    assert cost.node_us_at(g.nodes[1], 2) < 19.0        # 2 threads capped by the one-thread time's scaling
+    assert plan.to_dict()["wide"] == plan.wide
+
+
+def test_region_cuts_are_where_the_graph_narrows_to_one_value():
+    from fusegraph.plan.stream_hybrid import region_cuts
+    from fusegraph.plan.streams import Dag
+    g = fork_join()
+    names = [n.name for n in g.nodes]
+    assert names[0] == "stem" and names[-2:] == ["cat", "head"]
+    assert region_cuts(Dag(g.nodes)) == [0, 1, len(names) - 1, len(names)]
+
+
+def test_auto_keeps_one_stream_when_every_node_scales():
+    g = fork_join()
+    one = {n.name: 100.0 for n in g.nodes}
+    two = {n.name: 52.0 for n in g.nodes}
+    plan = plan_streams(g, g.nodes, "auto", MeasuredCosts({1: one, 2: two}, cores=2, sync_us=10.0))
+    assert plan.num_streams == 1 and not plan.events and not plan.wide
 
 
 def test_bad_arguments():

@@ -2,6 +2,9 @@
 repetitions each), every consumer starts after its producers finish on random DAGs with random
 stream counts (recorded timestamps), buffers that share arena bytes are never in use at the same
 time, failures surface as KernelError without hanging, and the thread budget is restored.
+Hybrid plans (``streams="auto"`` on CPU): wide nodes run with every thread and nothing beside
+them, narrow nodes on one thread, results equal to one stream; the calibrated ``auto`` on
+inception_v1 matches the O0 graph and repeats bit-identically.
 
 Bit-identity is compared at one intra-op thread per kernel: oneDNN splits a convolution's
 reduction by thread count, so 2 threads and 1 thread differ in the last bits, whatever the
@@ -205,6 +208,93 @@ def test_thread_budget_is_split_and_restored():
         model.run(feeds, hook=hook)
         assert torch.get_num_threads() == 2
     assert set(seen.values()) == {1}
+    model.close()
+
+
+def _hybrid_model(seed: int, memory: str = "balanced"):
+    """A random DAG compiled with streams="auto" and fabricated calibration costs under which
+    the planner makes a hybrid plan: a few nodes wide (alone, both threads), the rest on two
+    one-thread streams."""
+    from fusegraph.compiler import _plan
+    from fusegraph.plan.cost import CostModel, MeasuredCosts
+    from fusegraph.runtime import stream_calibrate
+    proto, feeds = _random_dag(seed)
+    base = fg.compile(proto, fg.Config(memory="off", level="O0"))
+    rng = random.Random(seed)
+    names = [n.name for n in base.graph.nodes]
+    one = {n: rng.uniform(50, 400) for n in names}
+    two = {n: one[n] * (0.5 if rng.random() < 0.3 else 0.97) for n in names}
+    flat = CostModel(device="cpu", cores=2, threads=2, efficiency=0.0)     # no cap on the 2-thread times
+    fake = MeasuredCosts({1: one, 2: two}, cores=2, sync_us=1.0, contention=1.0, fallback=flat)
+    original = stream_calibrate.calibrate_costs
+    stream_calibrate.calibrate_costs = lambda *a, **k: fake
+    try:
+        config = base.config.replace(memory=memory, threads=2, streams="auto")
+        report = fg.report.CompileReport(model=base.name)
+        model = fg.compiler.CompiledModel(base.graph, config, report, _plan(base.graph, config, report))
+    finally:
+        stream_calibrate.calibrate_costs = original
+    return base, model, feeds
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_hybrid_plans_run_wide_nodes_alone_with_every_thread(seed):
+    """Wide nodes see both threads and nothing runs beside them (recorded timestamps); narrow
+    nodes see one thread; outputs equal the one-stream run; the caller's setting is restored."""
+    base, model, feeds = _hybrid_model(seed, ("off", "balanced", "tight")[seed % 3])
+    with _threads(1):
+        want = base.run(feeds)
+    sp = model.plan.streams
+    assert sp is not None and sp.num_streams == 2
+    order = model.plan.order
+    wide = {order.index(n) for n in sp.wide}
+    for _ in range(3):
+        stamps: dict[int, list] = {}
+
+        def hook(i, phase, outs):
+            stamps.setdefault(i, [0, 0, 0])[phase] = time.perf_counter_ns()
+            stamps[i][2] = torch.get_num_threads()
+
+        with _threads(2):
+            got = model.run(feeds, hook=hook)
+            assert torch.get_num_threads() == 2
+        _equal(want, got, f"seed {seed}")
+        for i, (t0, t1, threads) in stamps.items():
+            assert threads == (2 if i in wide else 1), f"{order[i]} ran with {threads} threads"
+        for w in wide:
+            for i, (t0, t1, _) in stamps.items():
+                if i != w:
+                    assert t1 <= stamps[w][0] or t0 >= stamps[w][1], f"{order[i]} ran beside wide {order[w]}"
+    assert any(i not in wide for i in stamps)
+    model.close()
+
+
+def test_hybrid_plans_are_made():
+    """The fabricated costs above do give hybrid plans (wide and narrow nodes) for some DAGs."""
+    hybrid = 0
+    for seed in range(12):
+        _, model, _ = _hybrid_model(seed)
+        hybrid += bool(model.plan.streams.wide)
+        model.close()
+    assert hybrid >= 2
+
+
+def test_auto_calibrated_branchy_model_matches_the_unoptimised_graph():
+    """streams="auto" with the timed calibration on inception_v1: whatever plan it makes,
+    outputs match the O0 graph (rtol 1e-4) and are bit-identical over 10 runs."""
+    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path("inception_v1")),
+                                                    seed=0, calibrate=False))
+    feeds = zoo.random_feeds(proto, seed=1)
+    with _threads(2):
+        oracle = fg.compile(proto, fg.Config(level="O0", memory="off")).run(feeds)
+        model = fg.compile(proto, fg.Config(streams="auto", threads=2))
+        sp = model.plan.streams
+        assert sp is None or set(sp.wide) <= set(sp.stream_of)
+        first = model.run(feeds)
+        for k in oracle:
+            np.testing.assert_allclose(first[k], oracle[k], rtol=1e-4, atol=1e-5)
+        for _ in range(REPS - 1):
+            _equal(first, model.run(feeds), "auto run-to-run")
     model.close()
 
 

@@ -164,15 +164,75 @@ class CostModel:
         """Kernel time without the dispatch overhead, at ``self.threads`` threads."""
         w = node_work(node)
         single = max(w.flops / self.flops_per_us, w.bytes / self.bytes_per_us, w.window / self.window_per_us)
-        if self.threads <= 1 or single <= 0:
-            return single
-        speedup = 1.0 + (self.threads - 1) * self.efficiency * single / (single + self.grain_us)
-        return single / speedup
+        return self.scaled_us(single, self.threads)
+
+    def scaled_us(self, single_us: float, threads: int) -> float:
+        """A one-thread time ``single_us`` at ``threads`` intra-op threads (the module doc's
+        speedup). The planner uses it for a measured one-thread time when the measured
+        several-thread time is larger: that one was disturbed (see ``MeasuredCosts``)."""
+        if threads <= 1 or single_us <= 0:
+            return single_us
+        return single_us / (1.0 + (threads - 1) * self.efficiency * single_us / (single_us + self.grain_us))
 
     def node_us(self, node: Node) -> float:
         return self.dispatch_us + self.compute_us(node)
 
+    def node_us_at(self, node: Node, threads: int) -> float:
+        """``node_us`` with ``threads`` intra-op threads (hybrid plans: narrow and wide nodes)."""
+        return dataclasses.replace(self, threads=max(1, threads)).node_us(node)
+
     __call__ = node_us
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """Per-node microseconds measured on this machine (``runtime/stream_calibrate.py``).
+
+    us: ``{threads: {node name: µs}}`` for 1 thread and for ``cores`` threads, dispatch
+    included; a node missing from it (or a thread count not measured) falls back to
+    ``fallback`` (the static model). A several-thread time is capped by the static model's
+    thread speedup applied to the measured one-thread time (``CostModel.scaled_us``): with
+    another process on the cores an OpenMP team waits at every barrier for a descheduled
+    thread, so a disturbed calibration would otherwise plan for a loaded machine.
+    sync_us: a cross-stream handoff (event + thread wake-up). wide_us / wake_us: see
+    ``node_us_wide``.
+    contention: slowdown of a one-thread kernel while another stream runs beside it (shared
+    caches, memory bandwidth, the GIL between kernels), applied to narrow nodes of plans
+    with several streams.
+    """
+    us: dict
+    cores: int
+    sync_us: float = 40.0
+    contention: float = 1.1
+    device: str = "cpu"
+    fallback: CostModel | None = None
+    wide_us: dict | None = None     # {name: µs} at ``cores`` threads in the stream workers' regime
+    wake_us: float = 0.0            # added to a capped wide time (team threads sleep between kernels)
+
+    @property
+    def dispatch_us(self) -> float:
+        return 0.0
+
+    def node_us_wide(self, node: Node) -> float:
+        """A hybrid plan's wide node: ``cores`` threads while the stream workers exist (their
+        OpenMP teams make libgomp's idle threads sleep instead of spin, see
+        ``runtime/streams_cpu.py``), capped like ``node_us_at``."""
+        if not self.wide_us or node.name not in self.wide_us:
+            return self.node_us_at(node, self.cores)
+        model = self.fallback or CostModel.for_device("cpu", self.cores)
+        measured = float(self.wide_us[node.name])
+        single = self.us.get(1, {}).get(node.name)
+        if single is None:
+            return measured
+        return min(measured, model.scaled_us(float(single), self.cores) + self.wake_us)
+
+    def node_us_at(self, node: Node, threads: int) -> float:
+        model = self.fallback or CostModel.for_device("cpu", self.cores)
+        table, single = self.us.get(threads), self.us.get(1, {}).get(node.name)
+        if table is None or node.name not in table:
+            return model.node_us_at(node, threads) if single is None else model.scaled_us(float(single), threads)
+        measured = float(table[node.name])
+        return measured if single is None or threads <= 1 else min(measured, model.scaled_us(float(single), threads))
 
 
 def _cpu_cores() -> int:

@@ -18,6 +18,11 @@
    can be dropped without leaving a cross-stream edge unordered);
 5. ``"auto"`` tries 1..k streams (k: the estimated parallelism, capped by the CPU cores or 4 on
    CUDA) and keeps more than one only when its estimate beats one stream by ``min_gain``.
+   On CPU it also tries *hybrid* plans (``stream_hybrid.py``): a node runs either wide (alone,
+   every core as intra-op threads) or narrow (``cores // n`` threads beside other streams);
+   ``wide`` lists the wide nodes, and extra events keep each of them alone. With measured
+   costs (``cost.MeasuredCosts``, from ``runtime/stream_calibrate.py``) this is what pays on
+   a 2-core CPU: big sequential kernels keep both threads, small branch kernels overlap.
 
 Empty streams are dropped, so ``num_streams`` may be below the number asked for.
 Nothing here mutates the graph or runs a kernel.
@@ -29,7 +34,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..ir import Graph, Node
-from .cost import CostModel, fixed_costs
+from .cost import CostModel, MeasuredCosts, fixed_costs
+from .stream_hybrid import exclusion_edges, hybrid_schedule, region_schedule
 
 MAX_AUTO_CUDA = 4
 
@@ -63,6 +69,7 @@ class StreamPlan:
     op_of: dict[str, str] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
     start: dict[str, float] = field(default_factory=dict)        # simulated start (µs)
+    wide: list[str] = field(default_factory=list)   # hybrid: nodes run alone with every thread
 
     @property
     def estimated_speedup(self) -> float:
@@ -81,11 +88,12 @@ class StreamPlan:
                  f"{self.threads_per_stream} thread(s) each, {self.algorithm}); events: {len(self.events)}",
                  f"estimated: work {self.total_work:.0f} us, critical path {self.critical_path:.0f} us, "
                  f"parallelism {self.estimated_parallelism:.2f}; time {self.estimated_time:.0f} us vs "
-                 f"{self.sequential_time:.0f} us on one stream (x{self.estimated_speedup:.2f})"]
+                 f"{self.sequential_time:.0f} us on one stream (x{self.estimated_speedup:.2f})"
+                 + (f"; {len(self.wide)} wide node(s)" if self.wide else "")]
         if self.candidates:
             lines.append("candidates: " + ", ".join(f"{k}: {v:.0f} us" for k, v in sorted(self.candidates.items())))
         producer = {e.id: e.producer for e in self.events}
-        critical = set(self.critical_nodes)
+        critical, wide = set(self.critical_nodes), set(self.wide)
         width = max([len(n) for n in self.stream_of] + [8])
         lines.append(f"{'start us':>9} {'cost us':>8}  " + "  ".join(f"{'s' + str(k):<{width}}"
                                                                    for k in range(self.num_streams)))
@@ -98,11 +106,13 @@ class StreamPlan:
                 notes.append("waits " + ", ".join(f"e{e}<{producer[e]}" for e in self.waits[name]))
             if name in self.records:
                 notes.append(f"records e{self.records[name]}")
+            if name in wide:
+                notes.append("wide")
             if name in critical:
                 notes.append("*")
             lines.append(f"{self.start.get(name, 0.0):>9.0f} {self.cost.get(name, 0.0):>8.1f}  "
                          + "  ".join(f"{c:<{width}}" for c in cells) + "  " + " ".join(notes))
-        lines.append("(* on the critical path; eN<p: event N recorded after p)")
+        lines.append("(* on the critical path; eN<p: event N recorded after p; wide: runs alone with every thread)")
         return "\n".join(lines)
 
 
@@ -195,8 +205,9 @@ def list_schedule(dag: Dag, cost: list[float], n: int, sync: float, priority: st
     return stream
 
 
-def reduce_waits(dag: Dag, stream: list[int], n: int) -> list[list[int]]:
-    """Per node, the producers on other streams it must wait on (vector-clock reduction)."""
+def reduce_waits(dag: Dag, stream: list[int], n: int, extra: list[list[int]] | None = None) -> list[list[int]]:
+    """Per node, the producers on other streams it must wait on (vector-clock reduction);
+    ``extra``: ordering edges beyond the data edges (hybrid plans' exclusion edges)."""
     position = [0] * len(dag)
     count = [0] * n
     for i in range(len(dag)):
@@ -207,7 +218,8 @@ def reduce_waits(dag: Dag, stream: list[int], n: int) -> list[list[int]]:
     for i in range(len(dag)):
         s = stream[i]
         known = clock[s]
-        for p in sorted((p for p in dag.preds[i] if stream[p] != s), reverse=True):
+        preds = dag.preds[i] if extra is None else set(dag.preds[i]) | set(extra[i])
+        for p in sorted((p for p in preds if stream[p] != s), reverse=True):
             if known[stream[p]] >= position[p]:
                 continue
             waits[i].append(p)
@@ -240,10 +252,15 @@ class _Candidate:
     cost: list[float]
     threads: int
     algorithm: str
+    wide: list[bool] | None = None
 
 
 def _costs(dag: Dag, cost, n: int) -> tuple[list[float], float, float, int]:
     """(costs, sync µs, serial µs per node, threads per stream) for ``n`` streams."""
+    if isinstance(cost, MeasuredCosts):
+        t = max(1, cost.cores // n)
+        scale = cost.contention if n > 1 else 1.0
+        return [cost.node_us_at(x, t) * scale for x in dag.nodes], cost.sync_us, 0.0, t
     if cost is None or isinstance(cost, CostModel):
         model = (cost or CostModel.for_device()).for_streams(n)
         return [model.node_us(x) for x in dag.nodes], model.sync_us, model.dispatch_us, model.threads
@@ -269,6 +286,40 @@ def _plan_n(dag: Dag, cost, n: int) -> _Candidate:
     return best
 
 
+def _plan_hybrid(dag: Dag, cost, n: int) -> _Candidate | None:
+    """The hybrid plan on ``n`` CPU streams (see ``stream_hybrid.py``), or None when it is
+    not one (every node wide, or a cost without per-thread figures)."""
+    model = cost or CostModel.for_device()
+    if not isinstance(model, (CostModel, MeasuredCosts)) or model.device != "cpu" or model.cores < n or n < 2:
+        return None
+    narrow, sync, serial, threads = _costs(dag, model, n)
+    wide = [model.node_us_wide(x) if isinstance(model, MeasuredCosts) else model.node_us_at(x, model.cores)
+            for x in dag.nodes]
+    best = None
+    for priority in ("regions", "critical", "order"):
+        if priority == "regions":
+            stream, is_wide = region_schedule(dag, narrow, wide, n, sync)
+        else:
+            stream, is_wide = hybrid_schedule(dag, narrow, wide, n, sync, priority)
+        if all(is_wide):
+            continue
+        stream = _compact(stream)
+        used = max(stream) + 1
+        if used < 2:
+            continue
+        first = stream[is_wide.index(True)] if any(is_wide) else 0
+        if first != 0:                      # wide nodes on stream 0 (the calling thread)
+            stream = [0 if k == first else (first if k == 0 else k) for k in stream]
+        costs = [w if f else c for w, c, f in zip(wide, narrow, is_wide)]
+        extra = exclusion_edges(stream, is_wide, used)
+        waits = reduce_waits(dag, stream, used, extra)
+        start = simulate(stream, waits, costs, used, sync)
+        estimate = max(max((s + c for s, c in zip(start, costs)), default=0.0), serial * len(dag))
+        if best is None or estimate < best.estimate:
+            best = _Candidate(used, stream, waits, start, estimate, costs, threads, f"hybrid-{priority}", is_wide)
+    return best
+
+
 def _compact(stream: list[int]) -> list[int]:
     """Renumber streams 0.. in order of first use (drops empty ones)."""
     remap: dict[int, int] = {}
@@ -279,7 +330,7 @@ def _auto_limit(dag: Dag, cost) -> int:
     costs, _, _, _ = _costs(dag, cost, 1)
     total, (cp, _) = sum(costs), dag.critical_path(costs)
     width = math.ceil(total / cp - 1e-9) if cp > 0 else 1
-    if cost is None or isinstance(cost, CostModel):
+    if cost is None or isinstance(cost, (CostModel, MeasuredCosts)):
         model = cost or CostModel.for_device()
         cap = model.cores if model.device == "cpu" else MAX_AUTO_CUDA
     else:
@@ -288,22 +339,25 @@ def _auto_limit(dag: Dag, cost) -> int:
 
 
 def plan_streams(graph: Graph, order: list, n_streams: int | str, cost=None, *,
-                 min_gain: float = 0.05) -> StreamPlan:
+                 min_gain: float | None = None) -> StreamPlan:
     """Plan ``order`` (a topological order of ``graph``'s nodes) onto up to ``n_streams`` streams.
 
     ``cost``: None (``CostModel.for_device()``: this machine), a ``CostModel``, a callable
     ``node -> µs`` or a mapping ``name -> µs`` (fixed costs: no sync or dispatch model).
     ``"auto"`` keeps more than one stream only when its estimate beats one stream by
-    ``min_gain`` (a fraction), so it is never worse than one stream by the model's estimate.
+    ``min_gain`` (a fraction), so it is never worse than one stream by the model's estimate;
+    by default 5 % with a static model, 2 % with measured costs (``MeasuredCosts``).
     """
     del graph  # the order carries the nodes; kept for the agreed signature
+    if min_gain is None:
+        min_gain = 0.02 if isinstance(cost, MeasuredCosts) else 0.05
     dag = Dag(order)
     if n_streams == "auto":
         candidates = {1: _plan_n(dag, cost, 1)}
         for n in range(2, _auto_limit(dag, cost) + 1):
-            c = _plan_n(dag, cost, n)
-            if c.n not in candidates or c.estimate < candidates[c.n].estimate:
-                candidates[c.n] = c
+            for c in (_plan_n(dag, cost, n), _plan_hybrid(dag, cost, n)):
+                if c is not None and (c.n not in candidates or c.estimate < candidates[c.n].estimate):
+                    candidates[c.n] = c
         base = candidates[1].estimate
         best = min(c.estimate for c in candidates.values())
         chosen = candidates[1]
@@ -330,7 +384,7 @@ def _to_plan(dag: Dag, c: _Candidate, requested, sequential: float, estimates: d
     events = [StreamEvent(e, names[p], c.stream[p]) for e, p in enumerate(producers)]
     total = sum(c.cost)
     cp, path = dag.critical_path(c.cost)
-    device = cost.device if isinstance(cost, CostModel) else (
+    device = cost.device if isinstance(cost, (CostModel, MeasuredCosts)) else (
         CostModel.for_device().device if cost is None else "fixed")
     return StreamPlan(
         num_streams=c.n, stream_of={names[i]: k for i, k in enumerate(c.stream)}, per_stream=per_stream,
@@ -340,4 +394,5 @@ def _to_plan(dag: Dag, c: _Candidate, requested, sequential: float, estimates: d
         estimated_time=c.estimate, sequential_time=sequential, requested=requested, device=device,
         threads_per_stream=c.threads, algorithm=c.algorithm, candidates=dict(sorted(estimates.items())),
         op_of={names[i]: n.op_type for i, n in enumerate(dag.nodes)},
-        cost={names[i]: x for i, x in enumerate(c.cost)}, start={names[i]: s for i, s in enumerate(c.start)})
+        cost={names[i]: x for i, x in enumerate(c.cost)}, start={names[i]: s for i, s in enumerate(c.start)},
+        wide=[names[i] for i, w in enumerate(c.wide or ()) if w])

@@ -12,8 +12,16 @@ at the start of each run. Stream 0 runs on the calling thread, stream k > 0 on p
 worker k (threads made at the first run, stopped by ``close()`` or when the runner is
 collected). torch's intra-op thread count is per thread for its OpenMP pool: during a run
 every stream thread uses ``max(1, threads // streams)``, and the caller's setting is restored
-afterwards. A failing stream sets the abort flag and opens every event, so the other streams
-stop at their next wait instead of blocking; the first real error is re-raised.
+afterwards. A hybrid plan's *wide* nodes (``plan.wide``, all on stream 0) run with every
+thread: the generated code sets the count before a node whose budget differs from the
+previous one on its stream (``torch.set_num_threads`` is ~0.2 us), after its waits, and the
+plan's events keep every other stream idle meanwhile. With wide nodes, each worker owns an
+idle OpenMP team (``_own_openmp_team``), which makes libgomp throttle its spin-waiting,
+process-wide, while the workers live (other models in the process included: see
+benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for milliseconds
+after each wide node on a core the other stream needs (inception_v2: 1.35x slower).
+A failing stream sets the abort flag and opens every event, so the other streams stop at
+their next wait instead of blocking; the first real error is re-raised.
 This file plans nothing: streams, waits and records come from the plan.
 """
 from __future__ import annotations
@@ -37,7 +45,8 @@ class _Aborted(Exception):
 class _Worker:
     """A persistent thread that runs one function per run, handed over through two locks."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, team: int = 0):
+        self.team = team
         self._go = threading.Lock()
         self._go.acquire()
         self._done = threading.Lock()
@@ -49,6 +58,7 @@ class _Worker:
 
     def _loop(self) -> None:
         budget = None
+        _own_openmp_team(self.team)
         with torch.inference_mode():
             while True:
                 self._go.acquire()
@@ -82,6 +92,24 @@ class _Worker:
     def stop(self) -> None:
         self.job = None
         self._go.release()
+
+
+def _own_openmp_team(threads: int) -> None:
+    """Make this thread the master of an (idle) OpenMP team of ``threads`` threads.
+
+    libgomp spin-waits ~300,000 iterations (milliseconds) in an idle team thread after every
+    parallel region, unless it manages more threads than there are CPUs; then it spins 100
+    (GOMP_SPINCOUNT in the libgomp manual). A stream worker's team puts the process in that
+    regime while the workers live: the calling thread's team no longer burns a core that the
+    other stream needs after a wide node, and a team thread waiting at a barrier for a
+    descheduled partner sleeps instead of spinning. The team stays idle: kernels on this
+    thread run at the budget set per run."""
+    if threads < 2:
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    torch.ones(1 << 17).add_(1.0)           # above ATen's grain size: one parallel region
+    torch.set_num_threads(before)
 
 
 def _stop_all(workers: list[_Worker]) -> None:
@@ -145,12 +173,29 @@ def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: boo
     return specs, template, out_slots
 
 
+def _thread_switches(spec: FunctionSpec, wide: frozenset) -> None:
+    """Hybrid plans: set the intra-op thread count before a node whose budget differs from
+    the previous node's on this stream (after its waits: a wide node's waits are what keep
+    the other streams idle). Each stream starts a run at the narrow budget."""
+    current = False
+    for pos, call in enumerate(spec.calls):
+        is_wide = call.node.name in wide
+        if is_wide != current:
+            spec.before.setdefault(pos, []).append(f"_snt(_tb[{0 if is_wide else 1}])")
+            current = is_wide
+
+
 class CpuStreamRunner:
     def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None):
         self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
         self.n = plan.num_streams
         self.threads = threads
         self.events = {e.id: threading.Lock() for e in plan.events}
+        wide = getattr(plan, "wide", None) or ()
+        if not isinstance(wide, (list, tuple, set, frozenset)) or not all(isinstance(n, str) for n in wide):
+            raise PlanError(f"{graph.name}: the stream plan's wide nodes must be a list of node names")
+        self.wide = frozenset(wide)
+        self._budgets = [1, 1]                 # [wide, narrow] intra-op threads of this run
         self._abort_flag = [False]
         self.code = self._generate(None)
         self.codes = [self.code]
@@ -171,8 +216,12 @@ class CpuStreamRunner:
         specs, self.template, self.out_slots = build_stream_specs(
             self.graph, self.binding, self.plan, names, hook=hook is not None,
             wait_lines=wait_lines, record_lines=record_lines)
+        if self.wide:
+            for spec in specs:
+                _thread_switches(spec, self.wide)
         extra = arena_globals(self.binding)
-        extra.update({"_ab": self._abort_flag, "_Aborted": _Aborted})
+        extra.update({"_ab": self._abort_flag, "_Aborted": _Aborted, "_snt": torch.set_num_threads,
+                      "_tb": self._budgets})
         if hook is not None:
             extra["_hook"] = hook
         filename = self.filename + (":hook" if hook is not None else "")
@@ -181,7 +230,8 @@ class CpuStreamRunner:
         return code
 
     def _start_workers(self) -> None:
-        self._workers = [_Worker(f"fusegraph-stream-{k}") for k in range(1, self.n)]
+        team = max(2, self.threads or torch.get_num_threads()) if self.wide else 0   # hybrid plans only
+        self._workers = [_Worker(f"fusegraph-stream-{k}", team) for k in range(1, self.n)]
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
 
     def _abort(self) -> None:
@@ -211,6 +261,7 @@ class CpuStreamRunner:
         self._reset()
         before = torch.get_num_threads()
         budget = max(1, (self.threads or before) // self.n)
+        self._budgets[:] = [self.threads or before, budget]
         torch.set_num_threads(budget)
         try:
             for w, fn in zip(self._workers, fns[1:]):
