@@ -58,24 +58,26 @@ def _device(config: Config) -> str:
 
 
 class CompiledModel:
-    def __init__(self, graph: Graph, config: Config, report: CompileReport, plan: ExecutionPlan | None = None):
+    def __init__(self, graph: Graph, config: Config, report: CompileReport, plan: ExecutionPlan | None = None,
+                 strides: dict | None = None):
         self.graph = graph
         self.config = config
         self.report = report
         self.plan = plan
         self.name = str(graph.meta.get("source", graph.name))
         self._executor = Executor(graph, self.name, plan, device=_device(config), threads=config.threads,
-                                  cuda_graph=getattr(config, "cuda_graph", False))
+                                  cuda_graph=getattr(config, "cuda_graph", False), strides=strides)
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(self._executor.binding.not_writable)
         report.kernel_count = len(graph.nodes)
 
     @classmethod
     def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,
-                       plan: ExecutionPlan | None = None) -> "CompiledModel":
+                       plan: ExecutionPlan | None = None, strides: dict | None = None) -> "CompiledModel":
         """Bind an already optimised and planned graph: runs no pass and no planning
-        (without a stored ``plan``, every tensor gets its own allocation, as memory "off")."""
-        return cls(graph, config, report, plan)
+        (without a stored ``plan``, every tensor gets its own allocation, as memory "off";
+        ``strides``: the arena view layouts the compile's probe found, so binding probes nothing)."""
+        return cls(graph, config, report, plan, strides)
 
     def save(self, path: str | Path) -> None:
         """Write the offline ``.fgm`` artifact (see ``fusegraph.artifact``)."""
@@ -115,7 +117,12 @@ def _plan(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:
     if config.streams == "auto" or config.streams > 1:
         from .plan.streams import plan_streams
         from .plan.stream_memory import stream_hooks
-        sp = plan_streams(graph, list(mplan.order), config.streams)
+        cost = None
+        if config.streams == "auto" and _device(config) == "cpu":   # hybrid plans need measured costs
+            from .runtime.stream_calibrate import calibrate_costs
+            cost = calibrate_costs(graph, ExecutionPlan.from_memory_plan(mplan, config.memory),
+                                   config.threads or torch.get_num_threads())
+        sp = plan_streams(graph, list(mplan.order), config.streams, cost)
         if sp.num_streams > 1:
             streams = sp
             if config.memory != "off":

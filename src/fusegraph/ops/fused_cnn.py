@@ -10,13 +10,20 @@ Kernels, chosen once at bind time:
 - CPU, float32, 2-D conv with static spatial sizes and constant weights: oneDNN through
   ``torch.ops.mkldnn._convolution_pointwise`` (``.binary`` "add" for the residual), with the
   weights reordered once into oneDNN's blocked format for the known input size
-  (``_reorder_convolution_weight``). The input is read channels-last (converted inside the
-  kernel when it is not) and the output is channels-last. With ``out=`` given and ``z``
+  (``prepack.conv_weight``; a loaded artifact provides the blocked form it stored). The
+  input is read channels-last (converted inside the kernel when it is not) and the output
+  is channels-last. With ``out=`` given and ``z``
   living in ``out`` (the planner's in-place choice), ``_convolution_pointwise_.binary``
   accumulates straight into it. Without a residual the kernel allocates (oneDNN has no
-  ``out=`` form); copying into a planned buffer would cost more than it saves.
+  ``out=`` form) — except for outputs of ``FRESH_OUT_BYTES`` or more, which are zeroed in
+  their planned buffer and accumulated into the same way: a fresh allocation that large comes
+  from the OS as new pages whenever malloc has trimmed its heap (shufflenet: 650 page faults,
+  ~20 % of a run); the memset costs tens of us.
 - Otherwise (CUDA, other dtypes, 1-D / 3-D, no mkldnn): ``F.conv*`` then the activation in
   place on the fresh result.
+Convolutions under ``PARALLEL_MACS`` multiply-adds (tens of us) run on one intra-op thread
+(``threading_policy.serial``): a fork/join is most of their time, and it stalls whenever a
+core is busy. Higher thresholds measured slower on a quiet machine (threading_policy.py).
 Small 1x1 stride-1 convolutions (at most ``GEMM_MACS`` multiply-adds) run instead as one
 GEMM on the channels-last data (``addmm`` into the output, with ``out=``) and the activation
 in place: oneDNN's fixed cost per call (~30 us) exceeds their arithmetic.
@@ -31,12 +38,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import prepack
 from .conv import ConvGeometry, auto_pads, conv_call, ints_attr, torch_pad_list
 from .registry import FusionKind, NodeContext, register
+from .threading_policy import serial
 
 DOMAIN = "fusegraph"
 CL = torch.channels_last
 GEMM_MACS = 8_000_000
+PARALLEL_MACS = 1 << 20    # smaller convolutions run on one thread (threading_policy.py)
+FRESH_OUT_BYTES = 1 << 20  # larger outputs go into the planned buffer, not a fresh allocation
 
 # activation -> (oneDNN unary attr, algorithm, in-place torch fallback(y, params))
 ACTIVATIONS = {
@@ -95,8 +106,24 @@ def _fused_conv(ctx: NodeContext):
     params = [float(p) for p in ctx.attr("activation_params", [])]
     w = ctx.const(1)
     if _mkldnn_ok(ctx, w, activation):
-        return _mkldnn_kernel(ctx, w, activation, params)
-    return _fallback_kernel(ctx, activation, params)
+        kernel = _mkldnn_kernel(ctx, w, activation, params)
+    else:
+        kernel = _fallback_kernel(ctx, activation, params)
+    macs = conv_macs(ctx, w)
+    if macs is not None and w.device.type == "cpu" and macs < PARALLEL_MACS:
+        kernel = serial(kernel)
+    return kernel
+
+
+def conv_macs(ctx: NodeContext, w) -> int | None:
+    """Multiply-adds of one call (static output shape and constant weights), else None."""
+    ys = ctx.node.outputs[0].shape
+    if w is None or ys is None or not all(isinstance(d, int) for d in ys):
+        return None
+    n = 1
+    for d in tuple(ys) + tuple(w.shape[1:]):
+        n *= d
+    return n
 
 
 def _fallback_kernel(ctx: NodeContext, activation: str, params: list[float]):
@@ -129,16 +156,18 @@ def _mkldnn_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: l
     else:
         padding, sizes = list(begin), list(xs[2:])
     batch = xs[0] if isinstance(xs[0], int) else 1
-    packed = torch.ops.mkldnn._reorder_convolution_weight(
-        w.contiguous(), padding, list(s), list(d), g, [batch, xs[1]] + sizes)
     b = ctx.const(2)
     bias = None if b is None else b.contiguous()
+    if not ctx.has_input(3) and _gemm_ok(xs, w, s, d, g, begin, end):   # before prepacking: GEMM needs none
+        return _gemm_kernel(w, bias, ACTIVATIONS[activation][2], params)
+    packed = prepack.conv_weight(ctx.node.inputs[1].name, w, padding, list(s), list(d), g,
+                                 [batch, xs[1]] + sizes)   # or the artifact's stored form
     attr, algorithm, _ = ACTIVATIONS[activation]
     scalars = list(params) if attr in ("leaky_relu", "hardtanh") else []
     stride, dil = list(s), list(d)
 
-    if not ctx.has_input(3) and _gemm_ok(xs, w, s, d, g, begin, end):
-        return _gemm_kernel(w, bias, ACTIVATIONS[activation][2], params)
+    binary = torch.ops.mkldnn._convolution_pointwise.binary
+    binary_ = torch.ops.mkldnn._convolution_pointwise_.binary
     if not ctx.has_input(3):
         unary = torch.ops.mkldnn._convolution_pointwise.default
         uattr = attr or "none"
@@ -148,11 +177,20 @@ def _mkldnn_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: l
             if pre_pad is not None:
                 x = F.pad(x, pre_pad).contiguous(memory_format=CL)
             return unary(x, packed, bias, padding, stride, dil, g, uattr, scalars, algorithm)
-        conv.writes_out = False
-        return conv
+        if _out_bytes(ctx) < FRESH_OUT_BYTES:
+            conv.writes_out = False
+            return conv
 
-    binary = torch.ops.mkldnn._convolution_pointwise.binary
-    binary_ = torch.ops.mkldnn._convolution_pointwise_.binary
+        def conv_into(x, w=None, b=None, out=None):
+            if out is None or not out.is_contiguous(memory_format=CL):
+                return _copy_into(conv(x), out)
+            x = x.contiguous(memory_format=CL)
+            if pre_pad is not None:
+                x = F.pad(x, pre_pad).contiguous(memory_format=CL)
+            out.zero_()    # act(conv + b + 0) == act(conv + b): the sum post-op writes in place
+            binary_(out, x, packed, bias, padding, stride, dil, g, "add", None, attr, scalars, algorithm)
+            return out
+        return conv_into
 
     def conv_add(x, w, b, z, out=None):
         x = x.contiguous(memory_format=CL)
@@ -165,6 +203,21 @@ def _mkldnn_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: l
         binary_(out, x, packed, bias, padding, stride, dil, g, "add", None, attr, scalars, algorithm)
         return out
     return conv_add
+
+
+def _out_bytes(ctx: NodeContext) -> int:
+    ys = ctx.node.outputs[0].shape
+    n = ctx.node.outputs[0].dtype.itemsize
+    for d in ys or ():
+        n *= d if isinstance(d, int) else 0
+    return n
+
+
+def _copy_into(y, out):
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
 
 
 def _gemm_ok(xs, w, s, d, g, begin, end) -> bool:

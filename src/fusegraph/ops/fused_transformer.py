@@ -35,26 +35,11 @@ import torch.nn.functional as F
 from ..ir.shape import broadcast_shapes
 from .common import same_as_input
 from .registry import FusionKind, NodeContext, register
+from .threading_policy import SERIAL_BELOW, serial_if
 
 DOMAIN = "fusegraph"
 
-# Elementwise work below this many elements runs on one intra-op thread: torch's VML-backed
-# unary kernels (tanh, erf, exp, gelu) fork at 2048 elements, and on a busy machine the
-# fork/join waits a scheduler tick (~8 ms measured on 2 shared cores) for a few us of work.
-SERIAL_BELOW = 1 << 15
-_get_threads, _set_threads = torch.get_num_threads, torch.set_num_threads
-
-
-def serial_if(small: bool, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, on one intra-op thread when ``small``."""
-    n = _get_threads()
-    if n == 1 or not small:
-        return fn(*args, **kwargs)
-    _set_threads(1)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        _set_threads(n)
+# Elementwise work below SERIAL_BELOW elements runs on one intra-op thread (threading_policy.py).
 
 
 ACTIVATIONS = {

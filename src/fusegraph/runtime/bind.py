@@ -3,7 +3,8 @@ arena plan, where its outputs go.
 
 For each node of the execution order a ``NodeCall`` says:
 - ``out``: the arena views the kernel writes into with ``out=`` (with the strides the kernel
-  gives its results, found by one probe run, ``layout_probe.py``) — only when the op is
+  gives its results, found by one probe run, ``layout_probe.py``, or given: a loaded
+  artifact passes the strides its compile found, ``Binding.strides``) — only when the op is
   ``writes_out``, this kernel has the out form, and every output has a slot of its own
   (planned or in-place, per ``ExecutionPlan.slots``); otherwise the kernel allocates its
   result, and a node whose outputs the planner gave arena bytes is listed as not writable;
@@ -49,6 +50,7 @@ class Binding:
     arena: Arena | None = None
     not_writable: list[dict] = field(default_factory=list)   # {node, op, bytes}
     dense: dict[int, torch.Tensor] = field(default_factory=dict)  # id(value) -> broadcast constant materialised
+    strides: dict[str, tuple[int, ...]] = field(default_factory=dict)  # probed (or given) arena view strides
 
     @property
     def order(self) -> list[Node]:
@@ -68,8 +70,10 @@ def execution_order(graph: Graph, names: list[str] | None) -> list[Node]:
     return [by_name[n] for n in names]
 
 
-def bind(graph: Graph, plan=None, device: str | torch.device = "cpu") -> Binding:
-    """Kernels and output placement for ``plan`` (an ``ExecutionPlan`` or None: no arena)."""
+def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
+         strides: dict[str, tuple[int, ...]] | None = None) -> Binding:
+    """Kernels and output placement for ``plan`` (an ``ExecutionPlan`` or None: no arena);
+    ``strides`` (value name -> strides of its arena view) replaces the probe run when given."""
     order = execution_order(graph, plan.order if plan is not None else None)
     use_arena = plan is not None and plan.uses_arena
     arena = Arena(plan.arena_bytes, device) if use_arena else None
@@ -100,7 +104,8 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu") -> Binding
         calls.append(call)
     if writing:
         wanted = {o.name for c in writing for o in c.node.outputs}
-        strides = probe_strides(graph, calls, wanted, device)
+        if strides is None:
+            strides = probe_strides(graph, calls, wanted, device)
         written: dict[int, torch.Tensor] = {}  # id(value) -> its arena view
         for call in writing:
             views = []
@@ -115,7 +120,7 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu") -> Binding
                 written[id(o)] = view
                 views.append(view)
             call.out = tuple(views)
-    return Binding(calls, arena, not_writable, dense_constants(graph))
+    return Binding(calls, arena, not_writable, dense_constants(graph), dict(strides or {}))
 
 
 def is_broadcast(t: torch.Tensor) -> bool:

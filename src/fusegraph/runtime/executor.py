@@ -48,7 +48,7 @@ class _SingleRunner:
 
 class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
-                 threads: int | None = None, cuda_graph: bool = False):
+                 threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -60,7 +60,7 @@ class Executor:
             for v in graph.constants.values():
                 if v.const.device != self.device:
                     v.const = v.const.to(self.device)
-        self.binding = bind(graph, plan, self.device)
+        self.binding = bind(graph, plan, self.device, strides)  # strides: a loaded artifact's
         filename = f"<fusegraph:{graph.name}>"
         streams = getattr(plan, "streams", None)
         if self.device.type == "cuda":

@@ -9,7 +9,8 @@ runs the bound kernels once, in order, on zero inputs of the graph's static inpu
 no arena, and records the strides of the requested values whose result is dense. It stops
 quietly at the first kernel that fails on zeros (data-dependent shapes or indices) or when an
 input has no static shape: those values keep contiguous views, which are always correct.
-Nothing here plans or generates code.
+The result is kept (``bind.Binding.strides``) and stored in a saved artifact, so a loaded
+model binds the same views without probing again. Nothing here plans or generates code.
 """
 from __future__ import annotations
 
