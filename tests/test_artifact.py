@@ -314,7 +314,7 @@ def test_large_weights_hash_in_chunks(tmp_path):
     model = fg.compile(g)
     model.save(tmp_path / "b.fgm")
     header, _ = A.unpack(tmp_path / "b.fgm")
-    chunks = header["parts"]["weights"]["sha256"]
+    chunks = header["parts"]["weights"]["xxh3_128"]
     assert len(chunks) == -(-header["parts"]["weights"]["length"] // CHUNK) >= 3
     data = (tmp_path / "b.fgm").read_bytes()
     end = len(data)
@@ -332,7 +332,7 @@ def test_large_weights_hash_in_chunks(tmp_path):
     lambda p: p["graph"].update(offset=-64),
     lambda p: p["report"].update(length=1 << 62),
     lambda p: p["weights"].update(length=p["weights"]["length"] + 1),
-    lambda p: p.update({"../../etc/passwd": {"offset": 0, "length": 1, "sha256": "0" * 64}}),
+    lambda p: p.update({"../../etc/passwd": {"offset": 0, "length": 1, "xxh3_128": "0" * 32}}),
     lambda p: p.pop("report"),
     lambda p: p["graph"].update(offset="0"),
 ])
