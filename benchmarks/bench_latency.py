@@ -47,6 +47,13 @@ def ort_extended_nodes(path: Path) -> int:
     return len(onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node)
 
 
+def print_footer(ratios: list[float]) -> None:
+    """The geometric mean of the ratios and the load average, under a table."""
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    print(f"\ngeometric mean ratio over {len(ratios)} models: {geo:.3f}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -64,9 +71,7 @@ def main() -> int:
             ratios.append(r.ratio("onnxruntime"))
             print(f"| {name} | {r.fusegraph_ms:.2f} | {r.peers_ms['onnxruntime']:.2f} | "
                   f"{r.ratio('onnxruntime'):.2f} | {r.kernels} | {ort_extended_nodes(path)} |", flush=True)
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    print(f"\ngeometric mean ratio over {len(ratios)} models: {geo:.3f}")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print_footer(ratios)
     return 0
 
 

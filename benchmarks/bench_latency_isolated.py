@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -53,7 +52,7 @@ def _times(engine: str, path: Path, threads: int, runs: int, warmup: int) -> lis
 
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_latency import model_files
+    from bench_latency import model_files, print_footer
     from fusegraph import zoo
 
     ap = argparse.ArgumentParser()
@@ -77,9 +76,7 @@ def main() -> int:
             fg_ms, ort_ms = statistics.median(samples["fusegraph"]), statistics.median(samples["onnxruntime"])
             ratios.append(fg_ms / ort_ms)
             print(f"| {name} | {fg_ms:.2f} | {ort_ms:.2f} | {fg_ms / ort_ms:.2f} |", flush=True)
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    print(f"\ngeometric mean ratio over {len(ratios)} models: {geo:.3f}")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print_footer(ratios)
     return 0
 
 

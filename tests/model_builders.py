@@ -56,3 +56,14 @@ def transformer_feeds(seed: int = 0, batch: int = 1, seq: int = SEQ, pad: int = 
     if pad:
         mask[:, -pad:] = 0
     return {"input_ids": rng.integers(0, VOCAB, (batch, seq)).astype(np.int64), "attention_mask": mask}
+
+
+def static_shapes(path, batch: int = 1, seq: int = 16):
+    """The export at ``path`` with its (batch, sequence) input axes fixed."""
+    import onnx
+    m = onnx.load(str(path))
+    for inp in m.graph.input:
+        for d, v in zip(inp.type.tensor_type.shape.dim, (batch, seq)):
+            d.ClearField("dim_param")
+            d.dim_value = v
+    return m

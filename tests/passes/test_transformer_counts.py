@@ -7,21 +7,12 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from model_builders import transformer_feeds
+from model_builders import static_shapes, transformer_feeds
 from oracle import assert_outputs_close, ort_run
 from passes_util import ort_basic_node_count
 
 pytestmark = pytest.mark.slow
 SHAPE_CHAIN_OPS = {"Shape", "Size", "Concat", "Unsqueeze", "ConstantOfShape", "Range", "Equal"}
-
-
-def _static(path, batch=1, seq=16):
-    m = onnx.load(str(path))
-    for inp in m.graph.input:
-        for d, v in zip(inp.type.tensor_type.shape.dim, (batch, seq)):
-            d.ClearField("dim_param")
-            d.dim_value = v
-    return m
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
@@ -44,7 +35,7 @@ def test_dynamic_export_count_and_outputs(transformer_models, name, tmp_path):
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_static_export_folds_every_shape_chain(transformer_models, name, tmp_path):
-    m = _static(transformer_models[name])
+    m = static_shapes(transformer_models[name])
     compiled = fg.compile(m, fg.Config(level="O1", verify_each=True))
     left = SHAPE_CHAIN_OPS & set(compiled.graph.op_histogram())
     assert not left, f"shape-chain ops left: {left}"

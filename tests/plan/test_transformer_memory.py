@@ -5,31 +5,21 @@ sequence the activations are listed as unplannable): in the default order the ar
 lower bound nor goes below the order floor, and outputs are identical with memory off,
 balanced and tight, and match onnxruntime (ORT_DISABLE_ALL)."""
 import numpy as np
-import onnx
 import pytest
 
 import fusegraph as fg
 from fusegraph.plan import plan_memory
 from fusegraph.plan.memory import check_assignment
-from model_builders import transformer_feeds
+from model_builders import static_shapes, transformer_feeds
 from oracle import assert_outputs_close, ort_run
 
 pytestmark = pytest.mark.slow
 MB = 1e6
 
 
-def _static(path, batch=1, seq=16):
-    m = onnx.load(str(path))
-    for inp in m.graph.input:
-        for d, v in zip(inp.type.tensor_type.shape.dim, (batch, seq)):
-            d.ClearField("dim_param")
-            d.dim_value = v
-    return m
-
-
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_transformer_arena_within_2_percent_of_the_lower_bound(transformer_models, name):
-    proto = _static(transformer_models[name])
+    proto = static_shapes(transformer_models[name])
     models = {mode: fg.compile(proto, fg.Config(memory=mode)) for mode in ("off", "balanced", "tight")}
     bal, tight = models["balanced"].report.memory, models["tight"].report.memory
     assert not bal.unplannable, bal.unplannable

@@ -46,14 +46,7 @@ def serial(fn: Callable) -> Callable:
     """``fn`` made to run on one intra-op thread (keeps its ``writes_out`` mark)."""
     @functools.wraps(fn)
     def on_one_thread(*args, **kwargs):
-        n = _get_threads()
-        if n == 1:
-            return fn(*args, **kwargs)
-        _set_threads(1)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _set_threads(n)
+        return serial_if(True, fn, *args, **kwargs)
     if hasattr(fn, "writes_out"):
         on_one_thread.writes_out = fn.writes_out
     return on_one_thread
