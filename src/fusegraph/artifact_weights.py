@@ -22,6 +22,7 @@ import torch
 
 from .artifact_container import is_int, json_value, want
 from .errors import ArtifactError
+from .ir import is_broadcast
 from .ops import prepack
 
 _ALIGN = 64
@@ -56,7 +57,7 @@ def weights_part(tensors: dict[str, torch.Tensor], packed: dict[str, list] | Non
         t = src.cpu()
         if t.dtype not in _ST_NAMES:
             raise ArtifactError(f"cannot save tensor {key!r}: dtype {t.dtype} has no safetensors form")
-        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):  # a folded fill: its base only
+        if is_broadcast(t):  # a folded fill: its base only
             broadcast[key] = list(t.shape)
             t = t[tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())]
             t = torch.empty(t.shape, dtype=t.dtype).copy_(t)   # real strides, even on size-1 axes

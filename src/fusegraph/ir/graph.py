@@ -192,3 +192,10 @@ class Graph:
         """Check invariants; ``infer(node)`` (from the op registry) also checks types."""
         from .verify import verify_graph
         verify_graph(self, infer)
+
+
+def is_broadcast(t) -> bool:
+    """A tensor that repeats elements through a zero stride: how constant folding keeps a
+    one-value fill too large to materialise (``passes/fold.py``); the runtime materialises it
+    once when binding, and the artifact stores its base only."""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))

@@ -10,6 +10,8 @@ MaxRoiPool loops over regions (their count and boxes are data).
 """
 from __future__ import annotations
 
+import functools
+
 import math
 
 import torch
@@ -255,6 +257,12 @@ def _gap(x, out=None):
     return torch.mean(x, dim=_spatial(x), keepdim=True, out=out)
 
 
+@functools.lru_cache(maxsize=64)
+def _mean_row(hw: int, dtype: torch.dtype) -> torch.Tensor:
+    """The read-only ``[1, hw]`` row of ``1/hw`` (made once per size, not on every run)."""
+    return torch.full((1, hw), 1.0 / hw, dtype=dtype)
+
+
 def _gap_channels_last(x, out):
     """Mean of channels-last data as one product ``(1/HW) [1 x HW] @ x [HW x C]`` per image.
 
@@ -264,7 +272,7 @@ def _gap_channels_last(x, out):
     is avoided."""
     n, c, h, w = x.shape
     hw = h * w
-    ones = torch.full((1, hw), 1.0 / hw, dtype=x.dtype)
+    ones = _mean_row(hw, x.dtype)
     y = out if out is not None and out.is_contiguous() else torch.empty((n, c, 1, 1), dtype=x.dtype)
     xs = x.permute(0, 2, 3, 1).reshape(n, hw, c)
     for i in range(n):

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from ..errors import PlanError
-from ..ir import Graph, Node
+from ..ir import Graph, Node, is_broadcast
 from ..ops import opdef_for
 from ..ops.registry import NodeContext, kernel_writes_out
 from .arena import Arena
@@ -121,11 +121,6 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
                 views.append(view)
             call.out = tuple(views)
     return Binding(calls, arena, not_writable, dense_constants(graph), dict(strides or {}))
-
-
-def is_broadcast(t: torch.Tensor) -> bool:
-    """A tensor that repeats elements through a zero stride (a folded one-value fill)."""
-    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
 
 
 def dense_constants(graph: Graph) -> dict[int, torch.Tensor]:
