@@ -122,7 +122,8 @@ def cmd_inspect(args) -> int:
     print(model.graph)
     print()
     print(f"nodes: {model.report.nodes_imported} imported, {model.report.nodes_final} after passes; "
-          f"kernels per run: {model.report.kernel_count}")
+          f"kernels per run: {model.report.kernel_count}"
+          + (f" (+{model.report.shape_kernels} once per input shapes)" if model.report.shape_kernels else ""))
     print("op histogram:")
     for op, count in model.report.op_histogram.items():
         print(f"  {op:<28} {count}")

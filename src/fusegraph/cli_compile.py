@@ -58,7 +58,8 @@ def compile_command(args) -> int:
     mem = r.memory
     console.print(f"[bold]{args.output}[/bold] written ({save_s * 1000:.0f} ms)")
     console.print(f"  nodes: {r.nodes_imported} imported -> {r.nodes_final} after passes; "
-                  f"kernels per run: {r.kernel_count}")
+                  f"kernels per run: {r.kernel_count}"
+                  + (f" (+{r.shape_kernels} once per input shapes)" if r.shape_kernels else ""))
     arena, bound = _field(mem, "arena_bytes"), _field(mem, "lower_bound_bytes")
     if arena is not None and bound:
         console.print(f"  activation arena: {arena / 1e6:.2f} MB (lower bound {bound / 1e6:.2f} MB, "

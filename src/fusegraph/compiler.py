@@ -69,7 +69,8 @@ class CompiledModel:
                                   cuda_graph=getattr(config, "cuda_graph", False), strides=strides)
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(self._executor.binding.not_writable)
-        report.kernel_count = len(graph.nodes)
+        report.shape_kernels = self._executor.code.shape_kernels
+        report.kernel_count = len(graph.nodes) - report.shape_kernels
 
     @classmethod
     def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,

@@ -1,12 +1,14 @@
 """Fused transformer ops in domain ``fusegraph`` (version 1), made by the transformer fusion
 rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 
-- ``LinearAct(x, w, b?)``: ``act(x @ w + b)`` — addmm into the output buffer, then the
-  activation in place on it (measured faster than oneDNN ``_linear_pointwise`` and MKL's
-  packed sgemm at the BERT / GPT-2 sizes, see benchmarks/RESULTS.md). ``trans_b`` as
-  ``Linear``; ``activation`` ``none`` or one of ``ACTIVATIONS``. Products under
-  ``SERIAL_MACS`` multiply-adds (every batch-1, one-token product) run on one thread: MKL does
-  not split them anyway, and a fork/join stalls whenever the other core is busy.
+- ``LinearAct(x, w, b?)``: ``act(x @ w + b)``; ``trans_b`` as ``Linear``; ``activation``
+  ``none`` or one of ``ACTIVATIONS``. A constant float32 CPU weight stored ``[N, K]``
+  (``trans_b``; the fusion rules store constant weights that way) runs through oneDNN's inner
+  product (``mkldnn._linear_pointwise``) with the bias and activation as post-ops, on every
+  intra-op thread: MKL's sgemm takes its slow generic path on AMD CPUs (batch-1 products
+  1.4-1.6x slower, BERT's 16-token products 1.9x; benchmarks/RESULTS.md). It allocates its
+  result (oneDNN has no ``out=``). Otherwise addmm into the output buffer, then the activation
+  in place on it; products under ``SERIAL_MACS`` multiply-adds run on one thread.
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
 - ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon``.
 - ``SkipLayerNorm(a, b, gamma?, beta?)``: ``s = a + b``; outputs ``layer_norm(s)`` and,
@@ -62,15 +64,41 @@ def _linear_act_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
 
 
-# A product of fewer multiply-adds runs on one intra-op thread: a one-row product (batch 1,
-# one token) is memory-bound and MKL gains nothing from a second thread, while the fork/join
-# costs a scheduler tick whenever that thread's core is busy (measured on 2 shared cores,
-# alternating with onnxruntime: BERT 5.7 ms one-threaded vs 10-12 ms two-threaded).
+# A product of fewer multiply-adds on the addmm path runs on one intra-op thread: a one-row
+# product is memory-bound and MKL does not split it, while the fork/join costs a scheduler
+# tick whenever that thread's core is busy.
 SERIAL_MACS = 1 << 23
+# activation -> (oneDNN post-op, its algorithm) for mkldnn._linear_pointwise
+ONEDNN_ACTIVATIONS = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"),
+                      "gelu_tanh": ("gelu", "tanh"), "sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""),
+                      "silu": ("swish", "")}
 
 
 def _mm_into(x, w, b, out):
     return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
+
+
+def _onednn_ok(ctx: NodeContext, trans_b: bool) -> bool:
+    w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
+    return (trans_b and w is not None and w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"
+            and w.is_contiguous() and ctx.dtype(0) is not None and ctx.dtype(0).to_torch() == torch.float32
+            and torch.backends.mkldnn.is_available()
+            and (not ctx.has_input(2) or (b is not None and b.dtype == torch.float32 and b.dim() == 1)))
+
+
+def _onednn_linear(w: torch.Tensor, b, activation: str):
+    n, k = w.shape
+    attr, algorithm = ONEDNN_ACTIVATIONS[activation]
+    bias = None if b is None else b.contiguous()
+    linear = torch.ops.mkldnn._linear_pointwise
+
+    def kernel(x, w_=None, b_=None):
+        x2 = x.reshape(-1, k)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        return linear(x2, w, bias, attr, [], algorithm).view(*x.shape[:-1], n)
+    kernel.writes_out = False
+    return kernel
 
 
 @register("LinearAct", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_act_infer,
@@ -80,6 +108,8 @@ def _linear_act(ctx: NodeContext):
     name = ctx.attr("activation")
     if name != "none" and name not in ACTIVATIONS:
         raise ctx.unsupported(f"activation {name!r} (expected none or one of {sorted(ACTIVATIONS)})")
+    if _onednn_ok(ctx, trans_b):
+        return _onednn_linear(ctx.const(1), ctx.const(2) if ctx.has_input(2) else None, name)
     act = ACTIVATIONS.get(name)
 
     def kernel(x, w, b=None, out=None):

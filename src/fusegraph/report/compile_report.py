@@ -28,7 +28,8 @@ class CompileReport:
     model: str = ""
     nodes_imported: int = 0
     nodes_final: int = 0
-    kernel_count: int = 0
+    kernel_count: int = 0          # kernels launched per run (with the input shapes seen before)
+    shape_kernels: int = 0         # kernels run once per input shapes instead (runtime/shape_memo.py)
     op_histogram: dict[str, int] = field(default_factory=dict)
     passes: list[PassStat] = field(default_factory=list)
     fusions: list[FusionRecord] = field(default_factory=list)

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from ..errors import PlanError
-from ..ir import Graph, Node, is_broadcast
+from ..ir import Graph, Node, Value, is_broadcast
 from ..ops import opdef_for
 from ..ops.registry import NodeContext, kernel_writes_out
 from .arena import Arena
@@ -42,6 +42,11 @@ class NodeCall:
     kernel: Callable
     out: tuple[torch.Tensor, ...] | None = None  # arena views written with out=
     guard: bool = False
+    args: list[Value] | None = None             # the values the kernel reads, when not the node's inputs
+
+    @property
+    def inputs(self) -> list:
+        return list(self.node.inputs) if self.args is None else list(self.args)
 
 
 @dataclass

@@ -15,6 +15,9 @@ layer needs (event waits before a call, event records after it, stream switches)
 precede the ``after`` lines, so a record always publishes the value first. With ``hook``,
 every call is bracketed by ``_hook(index, 0, None)`` and ``_hook(index, 1, outputs)`` (debug
 runs: allocation checks, timestamps). The source is readable (``fusegraph inspect --code``).
+The single-stream ``run`` leaves the nodes that depend only on the input shapes to a second
+function, ``_memo_fill``, called when those shapes are new (``shape_memo.py``); a call may
+read other values than its node's inputs (``NodeCall.args``: a Shape derived from them).
 This file decides nothing about placement or streams; ``bind.py`` and ``streams_*.py`` do.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Callable
 
 from ..ir import Node, Value
 from .bind import Binding, NodeCall
+from .shape_memo import fill_epilogue, memo_globals, memo_prologue, shape_only_calls
 
 
 @dataclass
@@ -34,6 +38,7 @@ class GeneratedCode:
     filename: str = "<fusegraph>"
     functions: dict[str, Callable] = field(default_factory=dict)
     env: dict[str, object] = field(default_factory=dict)
+    shape_kernels: int = 0                    # calls in ``_memo_fill`` (run once per input shapes)
 
 
 class Names:
@@ -96,7 +101,7 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
     lines.extend("    " + s for s in spec.prologue)
     last_use: dict[int, int] = {}
     for pos, call in enumerate(spec.calls):
-        for v in call.node.inputs:
+        for v in call.inputs:
             if v is not None:
                 last_use[id(v)] = pos
     keep = {id(v) for v in spec.returns or ()}
@@ -104,7 +109,7 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
     for pos, call in enumerate(spec.calls):
         node = call.node
         lines.extend("    " + s for s in spec.before.get(pos, ()))
-        for v in node.inputs:
+        for v in call.inputs:
             if v is not None and id(v) in spec.imports and id(v) not in loaded:
                 loaded.add(id(v))
                 slot = spec.imports[id(v)]
@@ -113,7 +118,7 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
         if spec.hook:
             lines.append(f"    _hook({call.index}, 0, None)")
         kname = names.add_global("k", call.kernel)
-        args = ", ".join("None" if v is None else names(v) for v in node.inputs)
+        args = ", ".join("None" if v is None else names(v) for v in call.inputs)
         outs = [names(o) for o in node.outputs]
         line_to_node[len(lines) + 1] = node
         if call.out is not None:
@@ -134,7 +139,7 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
         lines.extend("    " + s for s in spec.after.get(pos, ()))
         dead: list[str] = []
         out_ids = {id(o) for o in node.outputs}
-        for v in list(node.inputs) + list(node.outputs):
+        for v in list(call.inputs) + list(node.outputs):
             if v is None or not names.is_local(v) or id(v) in keep or names(v) in dead:
                 continue
             lu = last_use.get(id(v))
@@ -167,10 +172,11 @@ def generate_module(specs: list[FunctionSpec], names: Names, filename: str,
     return GeneratedCode(source, functions[specs[0].name], line_to_node, filename, functions, env)
 
 
-def arena_names(binding: Binding) -> Names:
-    """A ``Names`` where every value written with ``out=`` is its arena view (a global)."""
+def arena_names(binding: Binding, calls: list[NodeCall] | None = None) -> Names:
+    """A ``Names`` where every value written with ``out=`` (by ``calls``, default the
+    binding's) is its arena view (a global)."""
     names = Names(binding.dense)
-    for call in binding.calls:
+    for call in binding.calls if calls is None else calls:
         if call.out is not None:
             for o, view in zip(call.node.outputs, call.out):
                 names.set_global(o, view)
@@ -186,11 +192,24 @@ def arena_globals(binding: Binding) -> dict:
 
 def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None) -> GeneratedCode:
     """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order."""
-    names = arena_names(binding)
+    memo = shape_only_calls(graph, binding.calls) if hook is None else None
+    memo_ids = {id(c.node) for c in memo.calls} if memo else set()
+    calls = [c for c in binding.calls if id(c.node) not in memo_ids]
+    names = arena_names(binding, calls)
     params = [names(v) for v in graph.inputs]
-    spec = FunctionSpec("run", binding.calls, params=params, param_values=list(graph.inputs),
+    spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
                         returns=list(graph.outputs), hook=hook is not None)
     extra = arena_globals(binding)
+    specs = [spec]
+    if memo:    # shape-only nodes run once per input shapes (shape_memo.py)
+        result_names = [names(v) for v in memo.results]
+        spec.prologue = memo_prologue(params, result_names)
+        specs.append(FunctionSpec("_memo_fill", memo.calls, params=params + ["_key"],
+                                  param_values=list(graph.inputs), returns=memo.results,
+                                  epilogue=fill_epilogue(result_names)))
+        extra.update(memo_globals())
     if hook is not None:
         extra["_hook"] = hook
-    return generate_module([spec], names, filename, extra)
+    code = generate_module(specs, names, filename, extra)
+    code.shape_kernels = len(memo.calls) if memo else 0
+    return code

@@ -59,8 +59,8 @@ def test_gemm_bias_gelu_becomes_one_linear():
 
 @pytest.mark.parametrize("rows", [1, 6])
 def test_linear_layer(rows):
-    """A plain MatMul / Gemm by a large constant weight -> LinearAct without activation (one-row
-    products on one thread); small weights stay as they are."""
+    """A plain MatMul / Gemm by a large constant weight -> LinearAct without activation (oneDNN's
+    inner product); small weights stay as they are."""
     m = model([node("MatMul", ["x", "w"], "a"), node("Gemm", ["a", "w2", "b"], "g", transB=1),
                node("MatMul", ["g", "small"], "y")],
               [("x", F, [rows, 256])], ["y"], [const("w", rnd(256, 512, scale=0.1)),
@@ -69,6 +69,27 @@ def test_linear_layer(rows):
     c = check(m, oracle="ort", threads=2, feeds={"x": rnd(rows, 256)})
     assert ops(c) == ["LinearAct", "LinearAct", "MatMul"]
     assert [n.attrs.get("activation") for n in c.graph.nodes[:2]] == ["none", "none"]
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "sigmoid", "tanh"])
+def test_linear_weights_stored_rows_first_for_onednn(act):
+    """A constant [K, N] MatMul weight becomes a [N, K] constant with trans_b=1 (the layout
+    oneDNN's inner product reads without a reorder) and the kernel is oneDNN's, with the bias
+    and activation as post-ops; outputs match onnxruntime for one row and for several."""
+    tail = {"none": [], "relu": [node("Relu", ["mb"], "y")], "sigmoid": [node("Sigmoid", ["mb"], "y")],
+            "tanh": [node("Tanh", ["mb"], "y")], "gelu": _gelu_erf("(x*a)*h"), "gelu_tanh": _gelu_tanh()}[act]
+    first = "x" if act.startswith("gelu") else "mb"
+    nodes = [node("MatMul", ["x_in", "w"], "mm"), node("Add", ["mm", "b"], first)] + tail
+    out = "y" if act != "none" else first
+    m = model(nodes, [("x_in", F, ["n", 64])], [out],
+              [const("w", rnd(64, 1100, scale=0.2)), const("b", rnd(1100, seed=1))] + GELU_CONSTS)
+    for rows in (1, 7):
+        c = check(m, oracle="ort", threads=2, feeds={"x_in": rnd(rows, 64, seed=rows)})
+        n = fused(c, "LinearAct")[0]
+        assert n.attrs == {"trans_b": 1, "activation": act}
+        assert tuple(n.inputs[1].shape) == (1100, 64) and n.inputs[1].const.is_contiguous()
+        call = next(k for k in c._executor.binding.calls if k.node is n)
+        assert getattr(call.kernel, "writes_out", True) is False and call.out is None   # oneDNN allocates
 
 
 def test_linear_layer_declines_unknown_rank():

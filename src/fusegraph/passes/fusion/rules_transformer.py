@@ -25,7 +25,7 @@ recognisers in ``attention_forms.py`` / ``transformer_forms.py``.
 - linear_act (20): ``act(Linear | MatMul by a 2-D weight)`` -> ``LinearAct``.
 - linear_layer (-50, after every other rule): a MatMul / Linear by a constant 2-D weight of at
   least ``LAYER_MIN_WEIGHT`` elements left over -> ``LinearAct`` without activation, whose
-  kernel runs one-row (batch-1, one-token) products on one thread.
+  kernel runs them through oneDNN's inner product.
 - elementwise_chain (0): a linear chain of float elementwise ops -> ``ElementwiseChain``.
 
 Every rewrite keeps the replaced value's symbolic shape where it knew more (``keep_shape``),
@@ -286,9 +286,21 @@ def _linear_rewrite(m, ctx):
     if b2 is not None:
         bias = b2 if bias is None else ctx.const(const_of(bias) + const_of(b2), "bias")
     ins = [mm.inputs[0], mm.inputs[1]] + ([bias] if bias is not None else [])
-    trans_b = int(mm.attrs.get("trans_b", 0)) if mm.domain == FG else 0
+    ins[1], trans_b = _weight_rows(ctx, mm)
     return keep_shape(ctx.emit("LinearAct", ins, {"trans_b": trans_b, "activation": _act_name(act)}, domain=FG),
                        m.root)
+
+
+def _weight_rows(ctx, mm):
+    """(the weight, trans_b) for a LinearAct replacing ``mm``: a constant ``[K, N]`` weight is
+    stored transposed, ``[N, K]`` contiguous, the layout oneDNN's inner product reads directly
+    (given ``[K, N]`` it reorders on every call); other weights stay as they are."""
+    w = mm.inputs[1]
+    trans_b = int(mm.attrs.get("trans_b", 0)) if mm.domain == FG else 0
+    t = const_of(w)
+    if trans_b or t is None or t.dim() != 2:
+        return w, trans_b
+    return ctx.const(t.t(), "weight_t"), 1
 
 
 def _big_matrix(t) -> bool:
@@ -304,9 +316,9 @@ def _layer_check(m, ctx):
 
 def _layer_rewrite(m, ctx):
     mm = m.root
-    trans_b = int(mm.attrs.get("trans_b", 0)) if mm.domain == FG else 0
-    return keep_shape(ctx.emit("LinearAct", list(mm.inputs), {"trans_b": trans_b, "activation": "none"}, domain=FG),
-                      mm)
+    ins = list(mm.inputs)
+    ins[1], trans_b = _weight_rows(ctx, mm)
+    return keep_shape(ctx.emit("LinearAct", ins, {"trans_b": trans_b, "activation": "none"}, domain=FG), mm)
 
 
 def _reshape_linear_check(m, ctx):
@@ -413,7 +425,7 @@ RULES = [
     FusionRule("linear_layer", Pat(("MatMul", "fusegraph::Linear"), Var("x"), Const("w", _big_matrix),
                                    Var("b", optional=True)),
                _layer_check, _layer_rewrite, -50, "constant 2-D float weight of at least LAYER_MIN_WEIGHT "
-               "elements: LinearAct, which runs one-row products on one thread"),
+               "elements: LinearAct, which runs them through oneDNN's inner product"),
     FusionRule("elementwise_chain", _BINARY_CHAIN, _chain_check, _chain_rewrite, 0,
                "float chain, every step of the final shape, each link used once"),
     FusionRule("elementwise_chain", _UNARY_CHAIN, _chain_check, _chain_rewrite, 0,
