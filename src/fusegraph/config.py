@@ -38,6 +38,9 @@ class Config:
     verify_each: verify the graph after every pass (tests turn it on).
     fast_math: allow rewrites that are exact only away from NaN / Inf / zero (x*0, x/x,
         log(exp(x)) outside the provable domain), as -ffast-math does.
+    keep_freed_memory: on CPU with glibc, raise malloc's mmap / trim thresholds once per
+        process so memory a run frees is reused by the next run instead of being faulted in
+        again (process-wide; ``runtime/host_memory.py``). Default on.
     """
 
     level: str = "O2"
@@ -58,6 +61,7 @@ class Config:
     external_tensors: tuple[str, ...] = ()
     op_precision: tuple[tuple[str, str], ...] = field(default=())
     cuda_graph: bool = False
+    keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:

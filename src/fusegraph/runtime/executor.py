@@ -8,6 +8,7 @@ Outputs that live in the arena, in a constant or in a feed are copied before the
 out, so the next run cannot change what a caller holds. Runs of one executor are serialised
 (the arena is shared by all runs). ``run(feeds, hook=...)`` runs a variant of the code that
 calls ``hook(index, phase, outputs)`` around every node (tests: allocation checks, timing).
+On CPU it first lets malloc keep freed memory (``host_memory.py``, unless the config says no).
 Kernel failures surface as ``KernelError`` naming the node and op, found through the line
 map of the generated source, so the hot path carries no per-node bookkeeping.
 """
@@ -21,6 +22,7 @@ import torch
 
 from ..errors import FusegraphError, KernelError
 from ..ir import Graph
+from . import host_memory
 from .bind import Binding, bind
 from .codegen import GeneratedCode, generate_run_function
 from .convert import to_numpy
@@ -48,7 +50,8 @@ class _SingleRunner:
 
 class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
-                 threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None):
+                 threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
+                 keep_freed_memory: bool = True):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -60,6 +63,8 @@ class Executor:
             for v in graph.constants.values():
                 if v.const.device != self.device:
                     v.const = v.const.to(self.device)
+        if keep_freed_memory and self.device.type == "cpu":
+            host_memory.keep_freed_memory()
         self.binding = bind(graph, plan, self.device, strides)  # strides: a loaded artifact's
         filename = f"<fusegraph:{graph.name}>"
         streams = getattr(plan, "streams", None)

@@ -1,0 +1,43 @@
+"""Per-run allocations reuse freed heap memory instead of faulting in fresh pages
+(runtime/host_memory.py). Page faults are counted, not timed: each configuration runs in a
+fresh process, since the malloc setting is process-wide and cannot be undone."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fusegraph.runtime import host_memory
+
+WORKER = r"""
+import json, resource, sys
+import fusegraph as fg
+from fusegraph import zoo
+from fusegraph.bench import random_feeds_for
+model = fg.compile(zoo.light_model_path("inception_v1"), fg.Config(threads=1, keep_freed_memory=sys.argv[1] == "1"))
+feeds = random_feeds_for(model)
+for _ in range(8):
+    model.run(feeds)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    model.run(feeds)
+print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10))
+"""
+
+
+def _faults_per_run(keep: bool) -> float:
+    out = subprocess.run([sys.executable, "-c", WORKER, "1" if keep else "0"], capture_output=True, text=True,
+                         check=True, timeout=600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc only")
+def test_runs_stop_faulting_in_fresh_pages():
+    kept, default = _faults_per_run(True), _faults_per_run(False)
+    print(f"inception_v1 minor page faults per run: {kept:.0f} kept, {default:.0f} with malloc's defaults")
+    assert kept < 100 and kept * 5 < default
+
+
+def test_setting_is_made_once():
+    first = host_memory.keep_freed_memory()
+    assert host_memory.keep_freed_memory() is first and len(host_memory._done) == 1
