@@ -38,3 +38,8 @@ def keep_freed_memory() -> bool:
             ok = False
     _done.append(ok)
     return ok
+
+
+def freed_memory_kept() -> bool:
+    """Whether ``keep_freed_memory()`` has taken effect in this process."""
+    return bool(_done and _done[0])
