@@ -81,7 +81,7 @@ def _mm_into(x, w, b, out):
 def _onednn_ok(ctx: NodeContext, trans_b: bool) -> bool:
     w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
     return (trans_b and w is not None and w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"
-            and w.is_contiguous() and ctx.dtype(0) is not None and ctx.dtype(0).to_torch() == torch.float32
+            and w.is_contiguous() and w.numel() > 0 and ctx.dtype(0) is not None and ctx.dtype(0).to_torch() == torch.float32
             and torch.backends.mkldnn.is_available()
             and (not ctx.has_input(2) or (b is not None and b.dtype == torch.float32 and b.dim() == 1)))
 
