@@ -105,3 +105,11 @@ def test_debug_runs_see_every_node(transformer_models):
     seen = []
     model.run(transformer_feeds(batch=1, seq=4, pad=1), hook=lambda i, phase, outs: phase and seen.append(i))
     assert sorted(seen) == list(range(len(model._executor.binding.calls)))
+
+
+def test_a_caller_cannot_write_into_a_remembered_value():
+    model = fg.compile(_nonzero_model())
+    x = np.arange(5, dtype=np.float32)
+    first = model.run({"x": x})["sr"]            # Shape(x): a remembered value, handed out as a copy
+    first[0] = 999
+    np.testing.assert_array_equal(model.run({"x": x})["sr"], [5])

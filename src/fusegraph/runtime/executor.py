@@ -4,8 +4,9 @@ It binds the graph once (``bind.py``: kernels, arena views), then picks a runner
 - one stream on CPU: the single generated ``run`` function, called directly;
 - several streams on CPU: ``streams_cpu.CpuStreamRunner`` (one function per stream, workers);
 - CUDA: ``streams_cuda.CudaRunner`` (torch streams and events, one issuing thread).
-Outputs that live in the arena, in a constant or in a feed are copied before they are handed
-out, so the next run cannot change what a caller holds. Runs of one executor are serialised
+Outputs that live in the arena, in a constant, in a feed or in a remembered shape-only value
+(``shape_memo.py``) are copied before they are handed out, so the next run cannot change what
+a caller holds, nor a caller what the next run reads. Runs of one executor are serialised
 (the arena is shared by all runs). ``run(feeds, hook=...)`` runs a variant of the code that
 calls ``hook(index, phase, outputs)`` around every node (tests: allocation checks, timing).
 On CPU it first lets malloc keep freed memory (``host_memory.py``, unless the config says no).
@@ -101,7 +102,8 @@ class Executor:
         tensors = convert_feeds(self.model_name, self.inputs, feeds)
         with self._lock:
             outs = self.run_tensors(tensors, hook)
-            shared = self._const_storages | {_storage(t) for t in tensors if t.numel()}
+            shared = self._const_storages | {_storage(t) for t in tensors if t.numel()} | \
+                self.code.env.get("_MEMO_STORAGES", set())
             arena = self.binding.arena
             result = {}
             for name, t in zip(self.output_names, outs):

@@ -13,7 +13,8 @@ after the big products have pushed the interpreter's own code and data out of th
 A node is shape-only when it is pure (registry) and either is ``Shape`` / ``Size`` of a graph
 input, a constant or a shape-only value, or reads only constants and shape-only values with
 at least one of the latter. Such a node runs without its planned arena buffer (its result
-must outlive the run); its slot stays unused. The memo keeps ``MEMO_ENTRIES`` shapes; a
+must outlive the run); its slot stays unused. An output sharing memory with a remembered
+value is copied before it is handed out (``Executor.run``). The memo keeps ``MEMO_ENTRIES`` shapes; a
 result set over ``MEMO_BYTES`` is recomputed on every run instead of being kept. Stream
 plans and debug runs (``hook``) run every node as before.
 """
@@ -105,9 +106,13 @@ def fill_epilogue(results: list[str]) -> list[str]:
             "if sum(t.numel() * t.element_size() for t in _r if hasattr(t, 'element_size')) <= _MEMO_BYTES:",
             "    if len(_MEMO) >= _MEMO_ENTRIES:",
             "        _MEMO.clear()",
-            "    _MEMO[_key] = _r"]
+            "        _MEMO_STORAGES.clear()",
+            "    _MEMO[_key] = _r",
+            "    _MEMO_STORAGES.update(t.untyped_storage().data_ptr() for t in _r if hasattr(t, 'untyped_storage'))"]
 
 
 def memo_globals() -> dict:
-    """A fresh memo (one per generated module) and its bounds."""
-    return {"_MEMO": {}, "_MEMO_ENTRIES": MEMO_ENTRIES, "_MEMO_BYTES": MEMO_BYTES}
+    """A fresh memo (one per generated module), its bounds, and the storages of the tensors it
+    holds (``_MEMO_STORAGES``: the executor copies an output that shares one, so a caller can
+    never write into a remembered value)."""
+    return {"_MEMO": {}, "_MEMO_ENTRIES": MEMO_ENTRIES, "_MEMO_BYTES": MEMO_BYTES, "_MEMO_STORAGES": set()}
