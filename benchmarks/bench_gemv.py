@@ -1,0 +1,79 @@
+"""Weight products with cold weights: onnxruntime (MLAS) vs oneDNN's inner product vs MKL.
+
+Each row runs 8 different weights of one shape in turn (so they come from memory, as in a
+model run, not from cache) and reports the median time per product, 2 threads by default:
+onnxruntime as one session of 8 MatMuls (spinning off, so its pool does not hold the cores),
+``torch.ops.mkldnn._linear_pointwise`` with ``[N, K]`` weights (what ``LinearAct`` runs), the
+same with weights reordered for the row count, and ``torch.mm`` (MKL).
+
+    python benchmarks/bench_gemv.py [--threads 2] [--rows 1,16]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+SHAPES = ((768, 768), (768, 2304), (768, 3072), (3072, 768))
+COPIES = 8
+
+
+def _median_us(fn, runs: int = 60) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6 / COPIES
+
+
+def _ort_session(weights, m: int, k: int, threads: int):
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]) for i in range(len(weights))]
+    graph = helper.make_graph(nodes, "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None)
+                               for i in range(len(weights))],
+                              [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="1,16")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    linear, reorder = torch.ops.mkldnn._linear_pointwise, torch.ops.mkldnn._reorder_linear_weight
+    print(f"{args.threads} threads, {COPIES} weights per shape, median us per product\n")
+    print("| rows | K x N | onnxruntime | oneDNN [N, K] | oneDNN reordered | MKL mm |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for m in (int(r) for r in args.rows.split(",")):
+        for k, n in SHAPES:
+            rng = np.random.default_rng(0)
+            weights = [(rng.standard_normal((k, n)) * 0.02).astype(np.float32) for _ in range(COPIES)]
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            sess = _ort_session(weights, m, k, args.threads)
+            t_ort = _median_us(lambda: sess.run(None, {"x": x}))
+            xt = torch.from_numpy(x)
+            rows_first = [torch.from_numpy(w).t().contiguous() for w in weights]
+            packed = [reorder(w, m) for w in rows_first]
+            cols = [torch.from_numpy(w) for w in weights]
+            t_dnn = _median_us(lambda: [linear(xt, w, None, "none", [], "") for w in rows_first])
+            t_packed = _median_us(lambda: [linear(xt, w, None, "none", [], "") for w in packed])
+            t_mkl = _median_us(lambda: [torch.mm(xt, w) for w in cols])
+            print(f"| {m} | {k}x{n} | {t_ort:.0f} | {t_dnn:.0f} | {t_packed:.0f} | {t_mkl:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
