@@ -10,13 +10,13 @@ slow to build: tens of seconds per chain on 2 cores). Chain: the tanh GELU writt
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 
 from fusegraph.ir import Graph, DType
 from fusegraph.ops import NodeContext, lookup
+from fusegraph.timing import measure
 
 STEPS = ["Mul i0 i0", "Mul p i0", "Mul p i1", "Add p i0", "Mul p i2", "Tanh p", "Add p i3", "Mul p i0", "Mul p i4"]
 CONSTS = (0.044715, 0.7978845608028654, 1.0, 0.5)
@@ -37,14 +37,7 @@ def chain_kernel(shape):
 
 
 def median_us(fn, runs):
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return measure(fn, runs=runs, warmup=10).median_ms * 1000.0
 
 
 def main() -> int:

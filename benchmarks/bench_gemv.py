@@ -11,27 +11,21 @@ same with weights reordered for the row count, and ``torch.mm`` (MKL).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from fusegraph.timing import measure
+
 SHAPES = ((768, 768), (768, 2304), (768, 3072), (3072, 768))
 COPIES = 8
 
 
-def _median_us(fn, runs: int = 60) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6 / COPIES
+def _median_us(fn) -> float:
+    """Median us per product of ``fn`` (which runs ``COPIES`` of them)."""
+    return measure(fn, runs=60, warmup=5).median_ms * 1000.0 / COPIES
 
 
 def _ort_session(weights, m: int, k: int, threads: int):

@@ -21,16 +21,11 @@ from pathlib import Path
 
 import torch
 
+from fusegraph.timing import measure
 
-def _median_us(fn, runs: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+
+def _median_us(fn) -> float:
+    return measure(fn, runs=30, warmup=5).median_ms * 1000.0
 
 
 def profile(model, feeds) -> list[tuple[str, str, float, float]]:

@@ -89,7 +89,7 @@ def test_shape_of_a_value_made_by_a_reshape_stays_in_the_run():
     assert "_MEMO" not in model._executor.code.env
 
 
-def test_memo_is_bounded(monkeypatch):
+def test_memo_is_bounded():
     m = _nonzero_model()
     model = fg.compile(m)
     memo = model._executor.code.env["_MEMO"]
