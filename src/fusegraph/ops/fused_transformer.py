@@ -5,8 +5,9 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
   ``none`` or one of ``ACTIVATIONS``. A constant float32 CPU weight stored ``[N, K]``
   (``trans_b``; the fusion rules store constant weights that way) runs through oneDNN's inner
   product (``mkldnn._linear_pointwise``) with the bias and activation as post-ops, on every
-  intra-op thread: MKL's sgemm takes its slow generic path on AMD CPUs (batch-1 products
-  1.4-1.6x slower, BERT's 16-token products 1.9x; benchmarks/RESULTS.md). It allocates its
+  intra-op thread: MKL's sgemm takes a slow generic path on AMD CPUs (cold-weight products of
+  BERT's sizes at 2 threads up to 1.9x slower for one row and 1.2-1.9x for 16 rows;
+  ``benchmarks/bench_gemv.py``, RESULTS.md). It allocates its
   result (oneDNN has no ``out=``). Otherwise addmm into the output buffer, then the activation
   in place on it; products under ``SERIAL_MACS`` multiply-adds run on one thread.
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
@@ -81,8 +82,8 @@ def _mm_into(x, w, b, out):
 def _onednn_ok(ctx: NodeContext, trans_b: bool) -> bool:
     w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
     return (trans_b and w is not None and w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"
-            and w.is_contiguous() and w.numel() > 0 and ctx.dtype(0) is not None and ctx.dtype(0).to_torch() == torch.float32
-            and torch.backends.mkldnn.is_available()
+            and w.is_contiguous() and w.numel() > 0 and torch.backends.mkldnn.is_available()
+            and ctx.dtype(0) is not None and ctx.dtype(0).to_torch() == torch.float32
             and (not ctx.has_input(2) or (b is not None and b.dtype == torch.float32 and b.dim() == 1)))
 
 

@@ -1,14 +1,16 @@
 """A value's run-time shape as a function of other values' shapes, where the ops that made
-it say so: ``shape_function(graph, value, leaves_ok)`` returns ``(f, leaves)`` — ``f(*tensors
-of leaves) -> tuple`` — or None.
+it say so: ``shape_function(graph, value, leaf_ok)`` returns ``(f, leaves)`` — ``f`` maps
+``{id(leaf): tensor}`` to the shape — or None; ``shape_reader`` turns that into the kernel of
+a ``Shape`` / ``Size`` node that reads the leaves instead of the value.
 
-Known: leaves (values the caller holds: graph inputs, shape-only values), constants; values
-whose inferred shape is all integers; outputs of ops whose output shape follows from their input shapes by a fixed rule (``SAME_AS_FIRST``,
-``BROADCAST``, ``Gather``, ``LinearAct`` / ``Linear`` by a constant weight). Anything else —
-a shape read from a tensor's values (Reshape, Expand, Slice …), an unknown op — is None, and
-the caller keeps reading the shape from the tensor itself. Used by ``shape_memo.py`` so that
-``Shape`` of an intermediate (GPT-2 reads the shape of its embeddings) joins the work done
-once per input shapes.
+Known: leaves (values the caller holds: graph inputs, shape-only values), constants, values
+whose inferred shape is all integers, and outputs of ops whose output shape follows from
+their input shapes by a fixed rule (``SAME_AS_FIRST``, ``BROADCAST``, ``Gather``,
+``LinearAct`` / ``Linear`` by a constant weight). Anything else — a shape read from a
+tensor's values (Reshape, Expand, Slice …), an unknown op — is None, and the caller keeps
+reading the shape from the tensor itself. Used by ``shape_memo.py`` so that ``Shape`` of an
+intermediate (GPT-2 reads the shape of its embeddings) joins the work done once per input
+shapes.
 """
 from __future__ import annotations
 
