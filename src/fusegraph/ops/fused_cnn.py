@@ -24,9 +24,13 @@ Kernels, chosen once at bind time:
   39.5 -> 31.7, fresh processes, 2 threads).
 - Otherwise (CUDA, other dtypes, 1-D / 3-D, no mkldnn): ``F.conv*`` then the activation in
   place on the fresh result.
-Convolutions under ``PARALLEL_MACS`` multiply-adds (tens of us) run on one intra-op thread
-(``threading_policy.serial``): a fork/join is most of their time, and it stalls whenever a
-core is busy. Higher thresholds measured slower on a quiet machine (threading_policy.py).
+Convolutions under ``PARALLEL_MACS`` multiply-adds (a few us of work) run on one intra-op
+thread (``threading_policy.serial``): a fork/join is most of their time. The threshold was
+1M until an A/B on a quiet machine (three compiled copies in one process, alternating, 2
+threads, 2026-11-29 17:53, load ~1): shufflenet 8.53 / 7.05 ms at 1M, 8.06 / 6.69 at 256K,
+7.89 / 6.44 with every convolution parallel; inception_v1 31.5 / 31.3 / 30.9; squeezenet
+8.63 / 8.78 / 8.54. (At load 1.3-1.5 the previous round had measured the opposite: a busy
+core stalls every fork/join.)
 Small 1x1 stride-1 convolutions (at most ``GEMM_MACS`` multiply-adds) run instead as one
 GEMM on the channels-last data (``addmm`` into the output, with ``out=``) and the activation
 in place: oneDNN's fixed cost per call (~30 us) exceeds their arithmetic.
@@ -50,7 +54,7 @@ from .threading_policy import serial
 DOMAIN = "fusegraph"
 CL = torch.channels_last
 GEMM_MACS = 8_000_000
-PARALLEL_MACS = 1 << 20    # smaller convolutions run on one thread (threading_policy.py)
+PARALLEL_MACS = 1 << 16    # smaller convolutions run on one thread (threading_policy.py)
 FRESH_OUT_BYTES = 1 << 20  # larger outputs go into the planned buffer, not a fresh allocation
 
 # activation -> (oneDNN unary attr, algorithm, in-place torch fallback(y, params))
