@@ -4,10 +4,10 @@ The oracle is onnxruntime with ORT_DISABLE_ALL (or the reference evaluator): eve
 checked, including runs that reuse a remembered shape after other shapes, and graphs whose
 shapes depend on input *values* (which must never be remembered)."""
 import numpy as np
-from onnx.reference import ReferenceEvaluator
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
 
 import fusegraph as fg
 from fusegraph.runtime import shape_memo
