@@ -113,3 +113,17 @@ def test_a_caller_cannot_write_into_a_remembered_value():
     first = model.run({"x": x})["sr"]            # Shape(x): a remembered value, handed out as a copy
     first[0] = 999
     np.testing.assert_array_equal(model.run({"x": x})["sr"], [5])
+
+
+def test_a_shape_at_the_end_of_a_deep_chain():
+    """Deriving a shape follows producers back a bounded distance (no RecursionError on deep
+    graphs); beyond it the Shape simply stays in the run."""
+    depth = 1500
+    nodes = [helper.make_node("Softmax", ["x" if i == 0 else f"s{i - 1}"], [f"s{i}"], axis=-1) for i in range(depth)]
+    nodes += [helper.make_node("Shape", [f"s{depth - 1}"], ["shape"]),
+              helper.make_node("Cast", ["shape"], ["y"], to=TP.FLOAT)]
+    g = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    model = fg.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    for n in (2, 5):
+        np.testing.assert_array_equal(model.run({"x": np.zeros((n, 3), np.float32)})["y"], [n, 3])

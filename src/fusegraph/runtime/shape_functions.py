@@ -31,13 +31,17 @@ BROADCAST = {("", op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Eq
     {("fusegraph", op) for op in ("SkipLayerNorm", "ElementwiseChain")}
 
 
+MAX_DEPTH = 200     # producers followed back from one value (a deeper chain is left unknown)
+KNOWN = SAME_AS_FIRST | BROADCAST | {("", "Gather"), ("fusegraph", "LinearAct"), ("fusegraph", "Linear")}
+
+
 def shape_function(graph: Graph, value: Value, leaf_ok: Callable[[Value], bool],
-                   _memo: dict | None = None) -> tuple[ShapeFn, list[Value]] | None:
+                   _memo: dict | None = None, _depth: int = 0) -> tuple[ShapeFn, list[Value]] | None:
     memo = {} if _memo is None else _memo
     key = id(value)
     if key not in memo:
         memo[key] = None          # a DAG has no cycle; this also bounds the recursion
-        memo[key] = _derive(graph, value, leaf_ok, memo)
+        memo[key] = _derive(graph, value, leaf_ok, memo, _depth)
     return memo[key]
 
 
@@ -49,7 +53,7 @@ def _leaves(parts) -> list[Value]:
     return list(out.values())
 
 
-def _derive(graph: Graph, v: Value, leaf_ok, memo: dict):
+def _derive(graph: Graph, v: Value, leaf_ok, memo: dict, depth: int):
     if v.is_const:
         fixed = tuple(v.const.shape)
         return (lambda env: fixed), []
@@ -59,10 +63,10 @@ def _derive(graph: Graph, v: Value, leaf_ok, memo: dict):
     if leaf_ok(v):
         return (lambda env, k=id(v): tuple(env[k].shape)), [v]
     node = v.producer
-    if node is None:
+    op = None if node is None else (node.domain, node.op_type)
+    if op not in KNOWN or depth >= MAX_DEPTH:
         return None
-    op = (node.domain, node.op_type)
-    ins = [None if u is None else shape_function(graph, u, leaf_ok, memo) for u in node.inputs]
+    ins = [None if u is None else shape_function(graph, u, leaf_ok, memo, depth + 1) for u in node.inputs]
     if op in SAME_AS_FIRST and ins and ins[0] is not None and v is node.outputs[0]:
         return ins[0]
     if op in BROADCAST and all(f is not None for f, u in zip(ins, node.inputs) if u is not None):
