@@ -402,12 +402,17 @@ def test_cuda_artifact_without_cuda(saved, tmp_path):
     refused(path, "CUDA", "recompile")
 
 
-def _graph_edit(fn):
+def json_part_edit(part: str, fn):
+    """A ``reseal`` ``parts_fn`` that lets ``fn`` edit the decoded JSON part ``part`` in place."""
     def parts_fn(parts):
-        g = json.loads(parts["graph"])
-        fn(g)
-        parts["graph"] = json.dumps(g).encode()
+        doc = json.loads(parts[part])
+        fn(doc)
+        parts[part] = json.dumps(doc).encode()
     return parts_fn
+
+
+def _graph_edit(fn):
+    return json_part_edit("graph", fn)
 
 
 @pytest.mark.parametrize("fn, words", [

@@ -18,7 +18,8 @@ import fusegraph as fg
 from fusegraph import artifact as A
 from fusegraph.errors import ArtifactError
 from fusegraph.ops import prepack
-from test_artifact import FEEDS, _f32, _model, _same, refused, reseal, saved  # noqa: F401 - saved: a fixture
+from test_artifact import FEEDS, _f32, _model, _same, json_part_edit, refused, reseal
+from test_artifact import saved  # noqa: F401 - a fixture
 
 
 def _views(model):
@@ -141,11 +142,7 @@ def test_stream_plan_round_trip(two_streams):
 
 
 def _plan_edit(fn):
-    def parts_fn(parts):
-        r = json.loads(parts["report"])
-        fn(r)
-        parts["report"] = json.dumps(r).encode()
-    return parts_fn
+    return json_part_edit("report", fn)
 
 
 def _deadlock(r):

@@ -67,7 +67,7 @@ class CompiledModel:
         self.name = str(graph.meta.get("source", graph.name))
         self._executor = Executor(graph, self.name, plan, device=_device(config), threads=config.threads,
                                   cuda_graph=getattr(config, "cuda_graph", False), strides=strides,
-                                  keep_freed_memory=getattr(config, "keep_freed_memory", True))
+                                  keep_freed_memory=config.keep_freed_memory)
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(self._executor.binding.not_writable)
         report.shape_kernels = self._executor.code.shape_kernels

@@ -78,6 +78,7 @@ class Executor:
         else:
             self._runner = _SingleRunner(graph, self.binding, filename)
         self._lock = threading.Lock()
+        self._memo_storages = self.code.env.get("_MEMO_STORAGES", frozenset())  # kept current by the code
         self._const_storages = {_storage(t) for t in [v.const for v in graph.constants.values()]
                                 + list(self.binding.dense.values()) if t.numel()}
 
@@ -102,8 +103,7 @@ class Executor:
         tensors = convert_feeds(self.model_name, self.inputs, feeds)
         with self._lock:
             outs = self.run_tensors(tensors, hook)
-            shared = self._const_storages | {_storage(t) for t in tensors if t.numel()} | \
-                self.code.env.get("_MEMO_STORAGES", set())
+            shared = self._const_storages | {_storage(t) for t in tensors if t.numel()} | self._memo_storages
             arena = self.binding.arena
             result = {}
             for name, t in zip(self.output_names, outs):

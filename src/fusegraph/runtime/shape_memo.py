@@ -54,11 +54,7 @@ def shape_only_calls(graph: Graph, calls: list[NodeCall]) -> ShapeMemo | None:
     for call in calls:
         node = call.node
         ins = [v for v in node.inputs if v is not None]
-        try:
-            pure = opdef_for(node).pure
-        except Exception:   # an op the registry cannot name stays on the run's path
-            pure = False
-        if not pure:
+        if not opdef_for(node).pure:     # every bound node has its registry entry
             continue
         known = [v.is_const or id(v) in shape_only for v in ins]
         reads_shape = (node.domain, node.op_type) in SHAPE_READERS and ins and \
