@@ -1,6 +1,8 @@
 """The .fgm artifact's stored plan and prepacked weights: the loaded model binds the compiled
 model's plan (arena, strides, streams) and oneDNN blocked weights without a probe run or a
-reorder; a stored plan or descriptor that could crash, hang or race is refused.
+reorder; a stored plan or descriptor that could crash, hang or race is refused. Prepacked
+weights belong to the ideep convolution kernels (the oneDNN Graph kernels pack their own when
+they compile), so the tests of stored blocked weights run with those kernels (``ideep``).
 Shared helpers and the ``saved`` fixture come from ``test_artifact.py``.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import fusegraph as fg
 from fusegraph import artifact as A
 from fusegraph.errors import ArtifactError
-from fusegraph.ops import prepack
+from fusegraph.ops import onednn_graph, prepack
 from test_artifact import FEEDS, _f32, _model, _same, json_part_edit, refused, reseal
 from test_artifact import saved  # noqa: F401 - a fixture
 
@@ -52,6 +54,12 @@ def test_light_model_round_trip(tmp_path, monkeypatch):
     assert _views(loaded) == _views(model)
 
 
+@pytest.fixture
+def ideep(monkeypatch):
+    """Convolutions through the ideep kernels, whose weights the artifact stores prepacked."""
+    monkeypatch.setattr(onednn_graph, "AVAILABLE", False)
+
+
 @pytest.fixture(scope="module")
 def conv_saved(tmp_path_factory):
     if not prepack.AVAILABLE:
@@ -59,7 +67,9 @@ def conv_saved(tmp_path_factory):
     import onnx
     from fusegraph import zoo
     proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
-    model = fg.compile(proto)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(onednn_graph, "AVAILABLE", False)
+        model = fg.compile(proto)
     path = tmp_path_factory.mktemp("fgm3") / "conv.fgm"
     model.save(path)
     header, parts = A.unpack(path)
@@ -84,14 +94,14 @@ def _poke_descriptor(head, forms, value_at):
 
 @pytest.mark.parametrize("value_at", [[(4, 9)], [(8, 65)], [(334, 1)], [(416, 7)], [(700, 1)]],
                          ids=["ndims", "dims", "strides", "blocks", "tail"])
-def test_tampered_prepacked_descriptor(conv_saved, tmp_path, value_at):
+def test_tampered_prepacked_descriptor(conv_saved, ideep, tmp_path, value_at):
     """A resealed file whose oneDNN descriptor lies is refused before oneDNN reads it."""
     _, path, head, forms, _ = conv_saved
     refused(reseal(path, tmp_path / "d.fgm", parts_fn=_poke_descriptor(head, forms, value_at)),
             "does not match its descriptor")
 
 
-def test_prepacked_forms_only_for_the_same_build(conv_saved, tmp_path, monkeypatch):
+def test_prepacked_forms_only_for_the_same_build(conv_saved, ideep, tmp_path, monkeypatch):
     """Another torch build (or thread count) reorders the plain weights instead: same bits."""
     model, path, _, _, feeds = conv_saved
     used = []
@@ -194,7 +204,7 @@ def test_plan_without_arena_still_runs(saved, tmp_path):
 @settings(max_examples=int(os.environ.get("FG_FUZZ_EXAMPLES", "40")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.integers(0, 771), st.integers(0, 255)), min_size=1, max_size=4))
-def test_fuzz_prepacked_descriptor(conv_saved, tmp_path, edits):
+def test_fuzz_prepacked_descriptor(conv_saved, ideep, tmp_path, edits):
     """Resealed byte edits of a stored oneDNN descriptor: refused, or a run that does not crash
     (only a descriptor whose every access stays inside its bytes reaches oneDNN)."""
     _, path, head, forms, feeds = conv_saved

@@ -7,7 +7,12 @@ residual summand ``z`` of the output's shape (added before the activation), and
 [alpha]; hardtanh: [min, max]).
 
 Kernels, chosen once at bind time:
-- CPU, float32, 2-D conv with static spatial sizes and constant weights: oneDNN through
+- CPU, float32, 2-D conv with static shapes, constant weights, symmetric padding and an
+  activation oneDNN Graph fuses: one oneDNN Graph partition (``onednn_graph_cnn.conv_kernel``:
+  compiled once, ~5 us a call against ideep's ~20 us of primitive set-up), compiled for the
+  thread count it runs at. It allocates its output; when malloc does not keep freed memory,
+  outputs of ``FRESH_OUT_BYTES`` or more take the ideep kernel below instead (planned buffer).
+- Otherwise on CPU (float32, 2-D, static spatial sizes, constant weights): oneDNN through
   ``torch.ops.mkldnn._convolution_pointwise`` (``.binary`` "add" for the residual), with the
   weights reordered once into oneDNN's blocked format for the known input size
   (``prepack.conv_weight``; a loaded artifact provides the blocked form it stored). The
@@ -46,10 +51,11 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime.host_memory import freed_memory_kept
-from . import prepack
+from . import onednn_graph, prepack
 from .conv import ConvGeometry, auto_pads, conv_call, ints_attr, torch_pad_list
+from .onednn_graph_cnn import conv_kernel
 from .registry import FusionKind, NodeContext, register
-from .threading_policy import serial
+from .threading_policy import serial, threads_for
 
 DOMAIN = "fusegraph"
 CL = torch.channels_last
@@ -113,14 +119,33 @@ def _fused_conv(ctx: NodeContext):
         raise ctx.unsupported(f"activation {activation!r} (known: {sorted(ACTIVATIONS)})")
     params = [float(p) for p in ctx.attr("activation_params", [])]
     w = ctx.const(1)
+    macs = conv_macs(ctx, w)
+    one_thread = macs is not None and w.device.type == "cpu" and macs < PARALLEL_MACS
+    kernel = None
     if _mkldnn_ok(ctx, w, activation):
-        kernel = _mkldnn_kernel(ctx, w, activation, params)
+        if onednn_graph.AVAILABLE and (freed_memory_kept() or _out_bytes(ctx) < FRESH_OUT_BYTES):
+            with threads_for(one_thread):   # the partition is compiled for the count it runs at
+                kernel = _graph_kernel(ctx, w, activation, params)
+        if kernel is None:
+            kernel = _mkldnn_kernel(ctx, w, activation, params)
     else:
         kernel = _fallback_kernel(ctx, activation, params)
-    macs = conv_macs(ctx, w)
-    if macs is not None and w.device.type == "cpu" and macs < PARALLEL_MACS:
-        kernel = serial(kernel)
-    return kernel
+    return serial(kernel) if one_thread else kernel
+
+
+def _graph_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: list[float]):
+    """The oneDNN Graph kernel (``onednn_graph_cnn.conv_kernel``), or None when it declines."""
+    xs = tuple(ctx.shape(0))
+    geo = ConvGeometry(ctx)
+    k = geo.kernel_shape or list(w.shape[2:])
+    s, d = geo.strides or [1, 1], geo.dilations or [1, 1]
+    begin, end = auto_pads(geo.auto_pad, list(xs[2:]), [(k[i] - 1) * d[i] + 1 for i in range(2)], s, geo.pads)
+    b = ctx.const(2)
+    if begin != end or min(begin) < 0 or (ctx.has_input(2) and b is None):
+        return None
+    got = conv_kernel(ctx.name, xs, ctx.node.outputs[0].shape, w, b, s, begin, d, geo.group,
+                      ctx.has_input(3), activation, params)
+    return None if isinstance(got, str) else got
 
 
 def conv_macs(ctx: NodeContext, w) -> int | None:

@@ -3,12 +3,13 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 
 - ``LinearAct(x, w, b?)``: ``act(x @ w + b)``; ``trans_b`` as ``Linear``; ``activation``
   ``none`` or one of ``ACTIVATIONS``. A constant float32 CPU weight stored ``[N, K]``
-  (``trans_b``; the fusion rules store constant weights that way) runs through oneDNN's inner
-  product (``mkldnn._linear_pointwise``) with the bias and activation as post-ops, on every
-  intra-op thread: MKL's sgemm takes a slow generic path on AMD CPUs (cold-weight products of
-  BERT's sizes at 2 threads up to 1.9x slower for one row and 1.2-1.9x for 16 rows;
-  ``benchmarks/bench_gemv.py``, RESULTS.md). It allocates its
-  result (oneDNN has no ``out=``). Otherwise addmm into the output buffer, then the activation
+  (``trans_b``; the fusion rules store constant weights that way) runs as a oneDNN 1x1
+  convolution partition (``onednn_graph_linear.py``: the fastest of oneDNN's kernels for
+  these products), else through oneDNN's inner product (``mkldnn._linear_pointwise``), with
+  the bias and activation as post-ops, on every intra-op thread: MKL's sgemm takes a slow
+  generic path on AMD CPUs (cold-weight products of BERT's sizes at 2 threads up to 1.9x
+  slower for one row and 1.2-1.9x for 16 rows; ``benchmarks/bench_gemv.py``, RESULTS.md).
+  Both allocate their result (oneDNN has no ``out=``). Otherwise addmm into the output buffer, then the activation
   in place on it; products under ``SERIAL_MACS`` multiply-adds run on one thread.
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
 - ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon``.
@@ -36,7 +37,9 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
+from . import onednn_graph
 from .common import same_as_input
+from .onednn_graph_linear import linear_kernel
 from .registry import FusionKind, NodeContext, register
 from .threading_policy import SERIAL_BELOW, serial_if
 
@@ -110,7 +113,12 @@ def _linear_act(ctx: NodeContext):
     if name != "none" and name not in ACTIVATIONS:
         raise ctx.unsupported(f"activation {name!r} (expected none or one of {sorted(ACTIVATIONS)})")
     if _onednn_ok(ctx, trans_b):
-        return _onednn_linear(ctx.const(1), ctx.const(2) if ctx.has_input(2) else None, name)
+        w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
+        inner = _onednn_linear(w, b, name)
+        xs = ctx.shape(0)
+        rows = math.prod(xs[:-1]) if xs is not None and all(isinstance(d, int) for d in xs) else None
+        fast = linear_kernel(ctx.name, w, b, name, inner, rows) if onednn_graph.AVAILABLE and rows != 0 else None
+        return fast or inner
     act = ACTIVATIONS.get(name)
 
     def kernel(x, w, b=None, out=None):

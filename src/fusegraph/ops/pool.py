@@ -17,7 +17,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..ir import DType
+from . import onednn_graph
 from .conv import auto_pads, check_rank, ints_attr, torch_pad_list
+from .onednn_graph_cnn import pool_kernel
 from .registry import FusionKind, NodeContext, register
 from .threading_policy import serial_if
 
@@ -109,6 +112,23 @@ def _pad_to_cover(x, begin, cover, value):
     return F.pad(x, torch_pad_list(begin, cover), value=value)
 
 
+def _graph_pool(ctx: NodeContext, geo: PoolGeometry, kind: str, include: bool = False):
+    """The oneDNN Graph kernel for a channels-last float32 CPU 2-D pool of static shape whose
+    geometry torch's symmetric padding expresses, or None."""
+    xs, y = ctx.shape(0), ctx.node.outputs[0]
+    if not (onednn_graph.AVAILABLE and ctx.device == "cpu" and len(geo.kernel) == 2 and y.layout == "nhwc"
+            and ctx.dtype(0) == DType.FLOAT and xs is not None and all(isinstance(v, int) for v in xs)):
+        return None
+    in_sizes = tuple(xs[2:])
+    out, begin, end, _ = geo.resolve(in_sizes)
+    pad = geo.native_pad(in_sizes, out, begin, end, geo.eff if kind == "max" else geo.kernel)
+    if pad is None:
+        return None
+    got = pool_kernel(ctx.name, kind, xs, y.shape, geo.kernel, geo.strides, pad, geo.dil,
+                      geo.ceil and geo.auto_pad == "NOTSET", include)
+    return None if isinstance(got, str) else got
+
+
 # ----------------------------------------------------------------------------- MaxPool
 def _onnx_indices(idx, in_sizes, padded_sizes, begin, storage_order: int):
     """torch per-plane indices (in a padded plane when ``padded_sizes``) -> ONNX flat indices."""
@@ -154,6 +174,9 @@ def _max_pool(ctx: NodeContext):
     storage = int(ctx.attr("storage_order", 0))
     want_idx = ctx.n_outputs > 1
     k, s, d = geo.kernel, geo.strides, geo.dil
+    fast = None if want_idx else _graph_pool(ctx, geo, "max")
+    if fast is not None:
+        return fast
 
     def max_pool(x):
         if not want_idx and x.dim() == 4 and x.device.type == "cpu" and x.is_contiguous() \
@@ -190,6 +213,9 @@ def _average_pool(ctx: NodeContext):
     geo = PoolGeometry(ctx)
     include = bool(ctx.attr("count_include_pad", 0))
     k, s, d = geo.kernel, geo.strides, geo.dil
+    fast = _graph_pool(ctx, geo, "avg", include)
+    if fast is not None:
+        return fast
     counts: dict[tuple, torch.Tensor] = {}
 
     def count(in_sizes, begin, end, cover, like):

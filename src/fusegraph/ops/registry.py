@@ -44,11 +44,12 @@ _MISSING = object()
 class NodeContext:
     """What a kernel builder or an inference function may see of a node."""
 
-    __slots__ = ("node", "version")
+    __slots__ = ("node", "version", "device")
 
-    def __init__(self, node: Node):
+    def __init__(self, node: Node, device: str = "cpu"):
         self.node = node
         self.version = node.version
+        self.device = str(device)          # where the kernel will run: "cpu", "cuda", "cuda:1" ...
 
     @property
     def name(self) -> str:

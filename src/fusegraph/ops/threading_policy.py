@@ -21,6 +21,7 @@ how many threads.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable
 
@@ -50,3 +51,17 @@ def serial(fn: Callable) -> Callable:
     if hasattr(fn, "writes_out"):
         on_one_thread.writes_out = fn.writes_out
     return on_one_thread
+
+
+@contextlib.contextmanager
+def threads_for(one_thread: bool):
+    """Within the block, the thread count a kernel built there runs at (``serial`` or not)."""
+    n = _get_threads()
+    if not one_thread or n == 1:
+        yield
+        return
+    _set_threads(1)
+    try:
+        yield
+    finally:
+        _set_threads(n)

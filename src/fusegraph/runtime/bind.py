@@ -90,7 +90,7 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     writing: list[NodeCall] = []
     for i, node in enumerate(order):
         opdef = opdef_for(node)
-        kernel = opdef.build(NodeContext(node))
+        kernel = opdef.build(NodeContext(node, device))
         call = NodeCall(i, node, kernel)
         outs = node.outputs
         if arena is not None and outs and kernel_writes_out(opdef, kernel) and all(o.name in slots for o in outs):

@@ -91,3 +91,64 @@ def test_serial_runs_on_one_thread_and_restores_the_count():
         assert seen == [1, 1, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def graph_kernels(compiled, op):
+    return [getattr(c.kernel, "onednn_graph", None) is not None
+            for c in compiled._executor.binding.calls if c.node.op_type == op]
+
+
+def conv_stack(src, n, c_in, c, seed=0):
+    """``n`` Conv + Relu pairs (3x3, pad 1) from ``src``: enough convolution work for the layout
+    pass to choose channels-last. Returns (nodes, initializers, last value)."""
+    nodes, inits = [], []
+    for i in range(n):
+        ci = c_in if i == 0 else c
+        nodes += [node("Conv", [src, f"w{seed}_{i}", f"b{seed}_{i}"], f"a{seed}_{i}", pads=[1] * 4),
+                  node("Relu", [f"a{seed}_{i}"], f"r{seed}_{i}")]
+        inits += [const(f"w{seed}_{i}", rnd(c, ci, 3, 3, seed=seed + i, scale=(2 / (9 * ci)) ** 0.5)),
+                  const(f"b{seed}_{i}", rnd(c, seed=seed + 50 + i, scale=0.1))]
+        src = f"r{seed}_{i}"
+    return nodes, inits, src
+
+
+@pytest.mark.parametrize("pool", [
+    dict(kernel_shape=[3, 3], strides=[2, 2]),
+    dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+    dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
+    dict(kernel_shape=[5, 5], strides=[3, 3], pads=[2, 2, 2, 2]),
+], ids=["k3s2", "ceil", "same", "pad-ceil", "include-pad", "k5s3"])
+def test_pools_and_convs_as_onednn_graph_partitions(pool):
+    """Channels-last max / average pools and the fused convolutions around them (residual add
+    included) run as oneDNN Graph partitions; every geometry matches onnxruntime and the
+    unoptimised graph."""
+    from fusegraph.ops import onednn_graph
+    if not onednn_graph.AVAILABLE:
+        pytest.skip("this torch has no oneDNN Graph bridge")
+    mp = {k: v for k, v in pool.items() if k != "count_include_pad"}
+    nodes, inits, src = conv_stack("x", 3, 8, 16)
+    nodes += [node("MaxPool", [src], "m", **mp), node("Conv", ["m", "w1", "b1"], "c", pads=[1] * 4),
+              node("Add", ["c", "m"], "s"), node("Relu", ["s"], "t"), node("AveragePool", ["t"], "p", **pool),
+              node("Conv", ["p", "w2"], "y", pads=[1] * 4)]
+    inits += [const("w1", rnd(16, 16, 3, 3, seed=2, scale=0.1)), const("b1", rnd(16, seed=3, scale=0.1)),
+              const("w2", rnd(16, 16, 3, 3, seed=4, scale=0.1))]
+    compiled = check(model(nodes, [("x", F, [1, 8, 23, 23])], ["y"], inits), oracle="ort")
+    assert all(graph_kernels(compiled, "FusedConv")) and len(graph_kernels(compiled, "FusedConv")) == 5
+    assert graph_kernels(compiled, "MaxPool") == [True] and graph_kernels(compiled, "AveragePool") == [True]
+
+
+def test_small_convolutions_compile_for_one_thread():
+    """A convolution run on one thread (under PARALLEL_MACS) has its partition compiled for one
+    thread: running it makes no second copy."""
+    from fusegraph.ops import onednn_graph
+    if not onednn_graph.AVAILABLE or torch.get_num_threads() < 2:
+        pytest.skip("needs oneDNN Graph and two threads")
+    nodes, inits, src = conv_stack("x", 6, 8, 8)
+    compiled = check(model(nodes, [("x", F, [1, 8, 6, 6])], [src], inits), oracle="ort")
+    convs = [c for c in compiled._executor.binding.calls if c.node.op_type == "FusedConv"]
+    assert len(convs) == 6
+    for call in convs:
+        assert fused_cnn.conv_macs(fused_cnn.NodeContext(call.node), call.node.inputs[1].const) < fused_cnn.PARALLEL_MACS
+        assert list(call.kernel.onednn_graph._fns) == [1]

@@ -1,0 +1,152 @@
+"""oneDNN Graph kernels: small TorchScript graphs whose ops oneDNN compiles into one partition.
+
+PyTorch reaches oneDNN's convolution and pooling two ways. ``torch.ops.mkldnn.*`` (ideep)
+builds the primitive descriptor again on every call — ~15-20 us of fixed cost on this
+class of machine, more than the arithmetic of most convolutions in a mobile network. The
+oneDNN Graph bridge of TorchScript (LLGA) compiles a partition once and then only executes
+it: a call costs ~5 us in all (a 1x1 group convolution of 3.6M multiply-adds: 24 us against
+40 us, ``benchmarks/bench_conv_kernels.py``). This module builds such kernels:
+
+- ``GraphKernel(name, ir, constants, examples, serial)`` parses ``ir`` (TorchScript IR
+  text), replaces the graph inputs named in ``constants`` by those tensors as constants (so
+  oneDNN treats them as weights and keeps its reordered copy), and runs it on ``examples``
+  with the LLGA fuser on until the profiling executor has specialised it. It is usable only
+  when every computing op ended inside one oneDNN partition (``ok``); otherwise ``reason``
+  says what stayed outside and the caller keeps its other kernel.
+- A partition is compiled for the intra-op thread count in force; a call under another
+  count (a stream worker with fewer threads) compiles a copy for that count once, so
+  oneDNN never forks more threads than the caller was given.
+- The executor guards the input sizes and strides the graph was specialised for; another
+  shape runs the unfused TorchScript graph (the same aten ops, correct but slower), so
+  callers only build kernels for static shapes and pass inputs in the layout they promised.
+
+The global TorchScript switches touched while compiling (LLGA on, the profiling executor)
+are put back afterwards. ``AVAILABLE`` is False when this torch has no LLGA bridge; tests
+switch it off to exercise the other kernels. Knows no op semantics: callers write the IR.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+
+_get_threads = torch.get_num_threads
+
+
+def _available() -> bool:
+    try:
+        return (torch.backends.mkldnn.is_available() and hasattr(torch._C, "_jit_set_llga_enabled")
+                and hasattr(torch._C, "parse_ir") and hasattr(torch._C, "_create_function_from_graph"))
+    except Exception:   # noqa: BLE001 - a torch without TorchScript
+        return False
+
+
+AVAILABLE = _available()
+_compile_lock = threading.Lock()
+_NOT_COMPUTE = ("prim::", "aten::size", "aten::dim", "aten::len")
+
+
+def _function(name: str, ir: str, constants: dict[str, torch.Tensor]):
+    graph = torch._C.parse_ir(ir)
+    inputs = list(graph.inputs())
+    by_name = {v.debugName(): v for v in inputs}
+    missing = set(constants) - set(by_name)
+    if missing:
+        raise ValueError(f"{name}: IR has no inputs {sorted(missing)}")
+    first = next(iter(graph.nodes()))
+    for key, tensor in constants.items():
+        c = graph.insertConstant(tensor)
+        c.node().moveBefore(first)
+        by_name[key].replaceAllUsesWith(c)
+    for i in reversed([i for i, v in enumerate(inputs) if v.debugName() in constants]):
+        graph.eraseInput(i)
+    return torch._C._create_function_from_graph(name, graph)
+
+
+def _outside(graph) -> list[str]:
+    """Computing ops of an optimised graph that are not inside a oneDNN partition."""
+    found: list[str] = []
+
+    def walk(block):
+        for node in block.nodes():
+            kind = node.kind()
+            if kind == "prim::oneDNNFusionGroup":
+                continue
+            if not kind.startswith(_NOT_COMPUTE):
+                found.append(kind)
+            for sub in node.blocks():
+                walk(sub)
+    walk(graph)
+    return found
+
+
+def _groups(graph) -> int:
+    n = 0
+
+    def walk(block):
+        nonlocal n
+        for node in block.nodes():
+            n += node.kind() == "prim::oneDNNFusionGroup"
+            for sub in node.blocks():
+                walk(sub)
+    walk(graph)
+    return n
+
+
+class GraphKernel:
+    """A TorchScript graph run through oneDNN Graph partitions; call it with the graph's
+    remaining (non-constant) inputs. Check ``ok`` before using it."""
+
+    def __init__(self, name: str, ir: str, constants: dict[str, torch.Tensor],
+                 examples: Callable[[], list[torch.Tensor]], partitions: int = 1):
+        self.name = name
+        self._ir, self._constants, self._examples, self._partitions = ir, constants, examples, partitions
+        self._fns: dict[int, Callable] = {}
+        self.reason = ""
+        self.ok = AVAILABLE and self._compile() is not None
+
+    def _compile(self):
+        """The function compiled for the current thread count, or None (``reason`` set)."""
+        threads = _get_threads()
+        with _compile_lock:
+            fn = self._fns.get(threads)
+            if fn is not None:
+                return fn
+            fn = _function(self.name, self._ir, self._constants)
+            examples = self._examples()
+            llga = torch._C._jit_llga_enabled()
+            profiling = torch._C._jit_set_profiling_executor(True)
+            runs = torch._C._jit_get_num_profiled_runs() + 2
+            torch._C._jit_set_llga_enabled(True)
+            try:
+                with torch.no_grad():
+                    for _ in range(runs):
+                        fn(*examples)
+                graph = torch.jit.last_executed_optimized_graph()
+            except RuntimeError as exc:      # the bridge rejected the graph: keep the other kernel
+                self.reason = f"oneDNN Graph failed to compile it: {exc}"
+                return None
+            finally:
+                torch._C._jit_set_llga_enabled(llga)
+                torch._C._jit_set_profiling_executor(profiling)
+            outside, groups = _outside(graph), _groups(graph)
+            if outside or groups != self._partitions:
+                self.reason = (f"oneDNN Graph made {groups} partition(s) (wanted {self._partitions})"
+                               + (f"; left outside: {', '.join(sorted(set(outside)))}" if outside else ""))
+                return None
+            self._fns[threads] = fn
+            return fn
+
+    def __call__(self, *inputs):
+        fn = self._fns.get(_get_threads())
+        if fn is None:
+            fn = self._compile()
+            if fn is None:      # cannot happen for a kernel that compiled once; keep it loud
+                raise RuntimeError(f"{self.name}: oneDNN Graph kernel failed to compile: {self.reason}")
+        return fn(*inputs)
+
+
+def ir_list(values) -> str:
+    """``[a, b]`` for an int[] constant in TorchScript IR."""
+    return "[" + ", ".join(str(int(v)) for v in values) + "]"
