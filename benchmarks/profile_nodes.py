@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from fusegraph.ops.registry import resolved
 from fusegraph.timing import measure
 
 
@@ -48,7 +49,8 @@ def profile(model, feeds) -> list[tuple[str, str, float, float]]:
     for c in calls:
         args = [arg(v) for v in c.node.inputs]
         kw = {"out": c.out[0] if len(c.out) == 1 else c.out} if c.out is not None else {}
-        alone.append(_median_us(lambda: c.kernel(*args, **kw)))
+        kernel = resolved(c.kernel)
+        alone.append(_median_us(lambda: kernel(*args, **kw)))
     spans: dict[int, list[float]] = {}
     start: dict[int, float] = {}
 

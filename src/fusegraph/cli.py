@@ -104,6 +104,18 @@ def _memory_summary(model, plot: str | None) -> None:
         print(f"memory timeline written to {plot}")
 
 
+def _segments_summary(report) -> None:
+    segs = report.segments
+    if segs:
+        print(f"script segments: {len(segs)} ({sum(s['nodes'] for s in segs)} nodes, "
+              f"{sum(s['partitions'] for s in segs)} oneDNN Graph partitions); "
+              f"Python calls per run: {report.python_calls}")
+    for d in report.segments_dropped[:5]:     # a dropped run was retried in halves
+        print(f"  segment of {d['nodes']} nodes from {d['first']} not used: {d['reason'].splitlines()[0]}")
+    if len(report.segments_dropped) > 5:
+        print(f"  ... and {len(report.segments_dropped) - 5} more (model.report.segments_dropped)")
+
+
 def cmd_inspect(args) -> int:
     model = _load(args.model, args)
     if getattr(args, "memory_plot", None) and (args.code or getattr(args, "streams", False)):
@@ -124,6 +136,7 @@ def cmd_inspect(args) -> int:
     print(f"nodes: {model.report.nodes_imported} imported, {model.report.nodes_final} after passes; "
           f"kernels per run: {model.report.kernel_count}"
           + (f" (+{model.report.shape_kernels} once per input shapes)" if model.report.shape_kernels else ""))
+    _segments_summary(model.report)
     print("op histogram:")
     for op, count in model.report.op_histogram.items():
         print(f"  {op:<28} {count}")

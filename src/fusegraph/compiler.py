@@ -67,11 +67,19 @@ class CompiledModel:
         self.name = str(graph.meta.get("source", graph.name))
         self._executor = Executor(graph, self.name, plan, device=_device(config), threads=config.threads,
                                   cuda_graph=getattr(config, "cuda_graph", False), strides=strides,
-                                  keep_freed_memory=config.keep_freed_memory)
+                                  keep_freed_memory=config.keep_freed_memory,
+                                  script_segments=config.script_segments and config.level != "O0")
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(self._executor.binding.not_writable)
         report.shape_kernels = self._executor.code.shape_kernels
         report.kernel_count = len(graph.nodes) - report.shape_kernels
+        segs = self._executor.code.segments
+        report.segments = list(segs.made) if segs else []
+        report.segments_dropped = [{k: v for k, v in d.items() if k != "split"} for d in segs.dropped] if segs else []
+        inside = sum(s["nodes"] for s in report.segments)
+        report.python_calls = report.kernel_count - inside + len(report.segments)
+        if segs and hasattr(report.memory, "not_writable_into_arena"):
+            report.memory.not_writable_into_arena += segs.not_writable
 
     @classmethod
     def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,

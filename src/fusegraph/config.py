@@ -41,6 +41,11 @@ class Config:
     keep_freed_memory: on CPU with glibc, raise malloc's mmap / trim thresholds once per
         process so memory a run frees is reused by the next run instead of being faulted in
         again (process-wide; ``runtime/host_memory.py``). Default on.
+    script_segments: on CPU, one stream, static input shapes: run each maximal run of nodes
+        that TorchScript can express as one TorchScript graph whose convolutions, pools and
+        products oneDNN Graph compiles (``runtime/script_segments.py``; one Python call for
+        the run instead of one per node). Their intermediates are allocated by TorchScript,
+        not in the arena. Default on; ``O0`` runs node by node.
     """
 
     level: str = "O2"
@@ -62,6 +67,7 @@ class Config:
     op_precision: tuple[tuple[str, str], ...] = field(default=())
     cuda_graph: bool = False
     keep_freed_memory: bool = True
+    script_segments: bool = True
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -76,8 +82,9 @@ class Config:
             raise ConfigError(f"Config.streams must be an integer 1..64 or 'auto', got {self.streams!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ConfigError(f"Config.threads must be a positive integer or None, got {self.threads!r}")
-        if not isinstance(self.cuda_graph, bool):
-            raise ConfigError(f"Config.cuda_graph must be true or false, got {self.cuda_graph!r}")
+        for name in ("cuda_graph", "script_segments", "keep_freed_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"Config.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("fold_size_limit", "fold_broadcast_limit"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -15,10 +15,18 @@ def light(request):
 
 
 def test_shipped_weights_match_onnxruntime(light):
+    """The shipped (constant) weights give logits of up to ~1e10 whose 1000 classes are all
+    but equal: the last ulp of a logit (512 at 7e9) decides the softmax, so the probabilities
+    are compared only where the logits are small enough for fp32 to rank them; the logits
+    themselves always are (relative to their scale)."""
     name, proto = light
+    proto = zoo.expose_logits(proto)
     feeds = zoo.random_feeds(proto, seed=1)
-    got = fg.compile(proto).run(feeds)
-    assert_outputs_close(got, ort_run(proto, feeds))
+    got, want = fg.compile(proto).run(feeds), ort_run(proto, feeds)
+    logits = "logits" if "logits" in want else next(iter(want))
+    assert_outputs_close({logits: got[logits]}, {logits: want[logits]})
+    if np.abs(want[logits]).max() < 10:
+        assert_outputs_close(got, want)
 
 
 def test_random_weights_match_onnxruntime_logits_too(light):

@@ -54,7 +54,7 @@ from ..runtime.host_memory import freed_memory_kept
 from . import onednn_graph, prepack
 from .conv import ConvGeometry, auto_pads, conv_call, ints_attr, torch_pad_list
 from .onednn_graph_cnn import conv_kernel
-from .registry import FusionKind, NodeContext, register
+from .registry import Deferred, FusionKind, NodeContext, register
 from .threading_policy import serial, threads_for
 
 DOMAIN = "fusegraph"
@@ -121,29 +121,46 @@ def _fused_conv(ctx: NodeContext):
     w = ctx.const(1)
     macs = conv_macs(ctx, w)
     one_thread = macs is not None and w.device.type == "cpu" and macs < PARALLEL_MACS
-    kernel = None
     if _mkldnn_ok(ctx, w, activation):
         if onednn_graph.AVAILABLE and (freed_memory_kept() or _out_bytes(ctx) < FRESH_OUT_BYTES):
-            with threads_for(one_thread):   # the partition is compiled for the count it runs at
-                kernel = _graph_kernel(ctx, w, activation, params)
-        if kernel is None:
-            kernel = _mkldnn_kernel(ctx, w, activation, params)
+            def build():
+                with threads_for(one_thread):   # the partition is compiled for the count it runs at
+                    kernel = _graph_kernel(ctx, w, activation, params)
+                kernel = kernel or _mkldnn_kernel(ctx, w, activation, params)
+                return serial(kernel) if one_thread else kernel
+            return Deferred(_channels_last_input(_fallback_kernel(ctx, activation, params)), build)
+        kernel = _mkldnn_kernel(ctx, w, activation, params)
     else:
         kernel = _fallback_kernel(ctx, activation, params)
     return serial(kernel) if one_thread else kernel
 
 
-def _graph_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: list[float]):
-    """The oneDNN Graph kernel (``onednn_graph_cnn.conv_kernel``), or None when it declines."""
+def _channels_last_input(kernel):
+    """``kernel`` on a channels-last copy of its first input (the layout the oneDNN kernels read)."""
+    def plain(x, *args, **kwargs):
+        return kernel(x.contiguous(memory_format=CL), *args, **kwargs)
+    plain.writes_out = False
+    return plain
+
+
+def conv2d_geometry(ctx: NodeContext, w: torch.Tensor):
+    """(strides, begin pads, end pads, dilations, group) of a 2-D FusedConv of static input
+    spatial size."""
     xs = tuple(ctx.shape(0))
     geo = ConvGeometry(ctx)
     k = geo.kernel_shape or list(w.shape[2:])
     s, d = geo.strides or [1, 1], geo.dilations or [1, 1]
     begin, end = auto_pads(geo.auto_pad, list(xs[2:]), [(k[i] - 1) * d[i] + 1 for i in range(2)], s, geo.pads)
+    return list(s), list(begin), list(end), list(d), geo.group
+
+
+def _graph_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: list[float]):
+    """The oneDNN Graph kernel (``onednn_graph_cnn.conv_kernel``), or None when it declines."""
+    s, begin, end, d, group = conv2d_geometry(ctx, w)
     b = ctx.const(2)
     if begin != end or min(begin) < 0 or (ctx.has_input(2) and b is None):
         return None
-    got = conv_kernel(ctx.name, xs, ctx.node.outputs[0].shape, w, b, s, begin, d, geo.group,
+    got = conv_kernel(ctx.name, tuple(ctx.shape(0)), ctx.node.outputs[0].shape, w, b, s, begin, d, group,
                       ctx.has_input(3), activation, params)
     return None if isinstance(got, str) else got
 

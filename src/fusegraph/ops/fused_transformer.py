@@ -40,7 +40,7 @@ from ..ir.shape import broadcast_shapes
 from . import onednn_graph
 from .common import same_as_input
 from .onednn_graph_linear import linear_kernel
-from .registry import FusionKind, NodeContext, register
+from .registry import Deferred, FusionKind, NodeContext, register
 from .threading_policy import SERIAL_BELOW, serial_if
 
 DOMAIN = "fusegraph"
@@ -117,8 +117,9 @@ def _linear_act(ctx: NodeContext):
         inner = _onednn_linear(w, b, name)
         xs = ctx.shape(0)
         rows = math.prod(xs[:-1]) if xs is not None and all(isinstance(d, int) for d in xs) else None
-        fast = linear_kernel(ctx.name, w, b, name, inner, rows) if onednn_graph.AVAILABLE and rows != 0 else None
-        return fast or inner
+        if not onednn_graph.AVAILABLE or rows == 0:
+            return inner
+        return Deferred(inner, lambda: linear_kernel(ctx.name, w, b, name, inner, rows) or inner)
     act = ACTIVATIONS.get(name)
 
     def kernel(x, w, b=None, out=None):

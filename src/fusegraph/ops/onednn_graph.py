@@ -10,9 +10,11 @@ it: a call costs ~5 us in all (a 1x1 group convolution of 3.6M multiply-adds: 24
 - ``GraphKernel(name, ir, constants, examples, serial)`` parses ``ir`` (TorchScript IR
   text), replaces the graph inputs named in ``constants`` by those tensors as constants (so
   oneDNN treats them as weights and keeps its reordered copy), and runs it on ``examples``
-  with the LLGA fuser on until the profiling executor has specialised it. It is usable only
-  when every computing op ended inside one oneDNN partition (``ok``); otherwise ``reason``
-  says what stayed outside and the caller keeps its other kernel.
+  with the LLGA fuser on until the profiling executor has specialised it. With
+  ``partitions=n`` it is usable only when every computing op ended inside exactly n oneDNN
+  partitions (``ok``); otherwise ``reason`` says what stayed outside and the caller keeps its
+  other kernel. ``partitions=None`` accepts any graph that compiles (a script segment, where
+  the other ops run as TorchScript's aten calls); ``partitions`` then says how many it made.
 - A partition is compiled for the intra-op thread count in force; a call under another
   count (a stream worker with fewer threads) compiles a copy for that count once, so
   oneDNN never forks more threads than the caller was given.
@@ -26,6 +28,7 @@ switch it off to exercise the other kernels. Knows no op semantics: callers writ
 """
 from __future__ import annotations
 
+import re
 import threading
 from typing import Callable
 
@@ -61,7 +64,7 @@ def _function(name: str, ir: str, constants: dict[str, torch.Tensor]):
         by_name[key].replaceAllUsesWith(c)
     for i in reversed([i for i, v in enumerate(inputs) if v.debugName() in constants]):
         graph.eraseInput(i)
-    return torch._C._create_function_from_graph(name, graph)
+    return torch._C._create_function_from_graph(re.sub(r"\W", "_", name) or "kernel", graph)
 
 
 def _outside(graph) -> list[str]:
@@ -99,11 +102,12 @@ class GraphKernel:
     remaining (non-constant) inputs. Check ``ok`` before using it."""
 
     def __init__(self, name: str, ir: str, constants: dict[str, torch.Tensor],
-                 examples: Callable[[], list[torch.Tensor]], partitions: int = 1):
+                 examples: Callable[[], list[torch.Tensor]], partitions: int | None = 1):
         self.name = name
         self._ir, self._constants, self._examples, self._partitions = ir, constants, examples, partitions
         self._fns: dict[int, Callable] = {}
         self.reason = ""
+        self.partitions = 0
         self.ok = AVAILABLE and self._compile() is not None
 
     def _compile(self):
@@ -131,7 +135,8 @@ class GraphKernel:
                 torch._C._jit_set_llga_enabled(llga)
                 torch._C._jit_set_profiling_executor(profiling)
             outside, groups = _outside(graph), _groups(graph)
-            if outside or groups != self._partitions:
+            self.partitions = groups
+            if self._partitions is not None and (outside or groups != self._partitions):
                 self.reason = (f"oneDNN Graph made {groups} partition(s) (wanted {self._partitions})"
                                + (f"; left outside: {', '.join(sorted(set(outside)))}" if outside else ""))
                 return None

@@ -21,7 +21,7 @@ from ..ir import DType
 from . import onednn_graph
 from .conv import auto_pads, check_rank, ints_attr, torch_pad_list
 from .onednn_graph_cnn import pool_kernel
-from .registry import FusionKind, NodeContext, register
+from .registry import Deferred, FusionKind, NodeContext, register
 from .threading_policy import serial_if
 
 _MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -112,21 +112,40 @@ def _pad_to_cover(x, begin, cover, value):
     return F.pad(x, torch_pad_list(begin, cover), value=value)
 
 
-def _graph_pool(ctx: NodeContext, geo: PoolGeometry, kind: str, include: bool = False):
-    """The oneDNN Graph kernel for a channels-last float32 CPU 2-D pool of static shape whose
-    geometry torch's symmetric padding expresses, or None."""
-    xs, y = ctx.shape(0), ctx.node.outputs[0]
-    if not (onednn_graph.AVAILABLE and ctx.device == "cpu" and len(geo.kernel) == 2 and y.layout == "nhwc"
-            and ctx.dtype(0) == DType.FLOAT and xs is not None and all(isinstance(v, int) for v in xs)):
+def _graph_pool(ctx: NodeContext, geo: PoolGeometry, kind: str, plain, include: bool = False):
+    """``plain``, or for a 2-D pool of a channels-last float32 CPU input of static shape whose
+    geometry torch's symmetric padding expresses (or, for max, end-only padding that ceil mode
+    reproduces) a ``Deferred`` kernel that resolves to its oneDNN Graph partition."""
+    x, y = ctx.node.inputs[0], ctx.node.outputs[0]
+    if not (onednn_graph.AVAILABLE and ctx.device == "cpu" and x.layout == "nhwc"):
+        return plain
+    native = native_pool2d(ctx, geo, kind)
+    if native is None:
+        return plain
+    pad, ceil = native
+
+    def build():
+        got = pool_kernel(ctx.name, kind, x.shape, y.shape, geo.kernel, geo.strides, pad, geo.dil, ceil, include)
+        return plain if isinstance(got, str) else got
+    return Deferred(plain, build)
+
+
+def native_pool2d(ctx: NodeContext, geo: PoolGeometry, kind: str):
+    """(symmetric pads, ceil_mode) with which torch's 2-D ``max_pool2d`` / ``avg_pool2d`` on a
+    float32 input of static shape compute this node exactly, or None."""
+    xs = ctx.shape(0)
+    if not (len(geo.kernel) == 2 and ctx.dtype(0) == DType.FLOAT and xs is not None
+            and all(isinstance(v, int) for v in xs)):
         return None
     in_sizes = tuple(xs[2:])
     out, begin, end, _ = geo.resolve(in_sizes)
     pad = geo.native_pad(in_sizes, out, begin, end, geo.eff if kind == "max" else geo.kernel)
-    if pad is None:
+    ceil = geo.ceil and geo.auto_pad == "NOTSET"
+    if pad is None and kind == "max" and not any(begin) and _ceil_covers(in_sizes, out, geo.eff, geo.strides):
+        pad, ceil = [0, 0], True     # end-only padding: ceil mode reads the same windows
+    if pad is None or (kind == "avg" and any(v != 1 for v in geo.dil)):
         return None
-    got = pool_kernel(ctx.name, kind, xs, y.shape, geo.kernel, geo.strides, pad, geo.dil,
-                      geo.ceil and geo.auto_pad == "NOTSET", include)
-    return None if isinstance(got, str) else got
+    return pad, ceil
 
 
 # ----------------------------------------------------------------------------- MaxPool
@@ -174,9 +193,6 @@ def _max_pool(ctx: NodeContext):
     storage = int(ctx.attr("storage_order", 0))
     want_idx = ctx.n_outputs > 1
     k, s, d = geo.kernel, geo.strides, geo.dil
-    fast = None if want_idx else _graph_pool(ctx, geo, "max")
-    if fast is not None:
-        return fast
 
     def max_pool(x):
         if not want_idx and x.dim() == 4 and x.device.type == "cpu" and x.is_contiguous() \
@@ -204,7 +220,7 @@ def _max_pool(ctx: NodeContext):
             return fn(xp, k, s, 0, d)
         y, idx = fn(xp, k, s, 0, d, return_indices=True)
         return y, _onnx_indices(idx, in_sizes, tuple(xp.shape[2:]), begin, storage)
-    return max_pool
+    return max_pool if want_idx else _graph_pool(ctx, geo, "max", max_pool)
 
 
 # ----------------------------------------------------------------------------- AveragePool
@@ -213,9 +229,6 @@ def _average_pool(ctx: NodeContext):
     geo = PoolGeometry(ctx)
     include = bool(ctx.attr("count_include_pad", 0))
     k, s, d = geo.kernel, geo.strides, geo.dil
-    fast = _graph_pool(ctx, geo, "avg", include)
-    if fast is not None:
-        return fast
     counts: dict[tuple, torch.Tensor] = {}
 
     def count(in_sizes, begin, end, cover, like):
@@ -237,7 +250,7 @@ def _average_pool(ctx: NodeContext):
                 return _AVG[x.dim() - 2](x, k, s, pad, geo.ceil and geo.auto_pad == "NOTSET", include)
         sums = sum_pool(_pad_to_cover(x, begin, cover, 0.0), k, s, d)
         return sums / count(in_sizes, begin, end, cover, x)
-    return average_pool
+    return _graph_pool(ctx, geo, "avg", average_pool, include)
 
 
 # ----------------------------------------------------------------------------- LpPool

@@ -147,6 +147,33 @@ def no_out(kernel: Callable) -> Callable:
     return without_out
 
 
+class Deferred:
+    """A kernel whose costly form (a compiled oneDNN Graph partition) is made only for the code
+    that will call it: the generated code calls ``resolve()`` (``runtime/codegen.py``), which
+    builds it once. Called directly — the layout probe, the probe run that script segments
+    take their examples from — it runs ``plain``, a kernel with the same results and output
+    layout that costs nothing to make. Nodes that end up inside a script segment therefore
+    never compile (nor pack weights for) a partition of their own. It has no ``out=`` form."""
+
+    writes_out = False
+
+    def __init__(self, plain: Callable, build: Callable[[], Callable]):
+        self.plain, self._build, self._resolved = plain, build, None
+
+    def __call__(self, *args, **kwargs):
+        return self.plain(*args, **kwargs)
+
+    def resolve(self) -> Callable:
+        if self._resolved is None:
+            self._resolved = self._build()
+        return self._resolved
+
+
+def resolved(kernel: Callable) -> Callable:
+    """The kernel the generated code calls: a ``Deferred`` one resolved, any other as it is."""
+    return kernel.resolve() if isinstance(kernel, Deferred) else kernel
+
+
 def kernel_writes_out(opdef: OpDef, kernel: Callable) -> bool:
     """Whether this built kernel of ``opdef`` accepts ``out=``."""
     return opdef.writes_out and getattr(kernel, "writes_out", True) is not False

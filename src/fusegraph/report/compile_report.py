@@ -31,6 +31,9 @@ class CompileReport:
     kernel_count: int = 0          # kernels launched per run (with the input shapes seen before)
     shape_kernels: int = 0         # kernels run once per input shapes instead (runtime/shape_memo.py)
     op_histogram: dict[str, int] = field(default_factory=dict)
+    python_calls: int = 0          # calls the generated run makes (a script segment is one)
+    segments: list[dict[str, Any]] = field(default_factory=list)          # runtime/script_segments.py
+    segments_dropped: list[dict[str, Any]] = field(default_factory=list)  # with the reason
     passes: list[PassStat] = field(default_factory=list)
     fusions: list[FusionRecord] = field(default_factory=list)
     unfolded: list[dict[str, Any]] = field(default_factory=list)

@@ -17,7 +17,8 @@ every call is bracketed by ``_hook(index, 0, None)`` and ``_hook(index, 1, outpu
 runs: allocation checks, timestamps). The source is readable (``fusegraph inspect --code``).
 The single-stream ``run`` leaves the nodes that depend only on the input shapes to a second
 function, ``_memo_fill``, called when those shapes are new (``shape_memo.py``); a call may
-read other values than its node's inputs (``NodeCall.args``: a Shape derived from them).
+read other values than its node's inputs (``NodeCall.args``: a Shape derived from them). On
+CPU it may call a script segment in place of a run of nodes (``script_segments.py``).
 This file decides nothing about placement or streams; ``bind.py`` and ``streams_*.py`` do.
 """
 from __future__ import annotations
@@ -26,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..ir import Node, Value
+from ..ops.registry import resolved
 from .bind import Binding, NodeCall
+from .script_segments import form_segments
 from .shape_memo import fill_epilogue, memo_globals, memo_prologue, shape_only_calls
 
 
@@ -39,6 +42,7 @@ class GeneratedCode:
     functions: dict[str, Callable] = field(default_factory=dict)
     env: dict[str, object] = field(default_factory=dict)
     shape_kernels: int = 0                    # calls in ``_memo_fill`` (run once per input shapes)
+    segments: object = None                   # script_segments.Segments, when they were formed
 
 
 class Names:
@@ -92,6 +96,7 @@ class FunctionSpec:
     epilogue: list[str] = field(default_factory=list)
     returns: list[Value] | None = None
     hook: bool = False
+    resolve: bool = True      # call deferred kernels' resolved form (False: their plain one)
 
 
 def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict[int, Node]) -> None:
@@ -117,7 +122,7 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
                 lines.append(f"    {names(v)} = E[{slot}]{clear}")
         if spec.hook:
             lines.append(f"    _hook({call.index}, 0, None)")
-        kname = names.add_global("k", call.kernel)
+        kname = names.add_global("k", resolved(call.kernel) if spec.resolve else call.kernel)
         args = ", ".join("None" if v is None else names(v) for v in call.inputs)
         outs = [names(o) for o in node.outputs]
         line_to_node[len(lines) + 1] = node
@@ -190,15 +195,24 @@ def arena_globals(binding: Binding) -> dict:
     return {"_AL": binding.arena.lo, "_AH": binding.arena.hi}
 
 
-def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None) -> GeneratedCode:
-    """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order."""
+def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None,
+                          segments: bool = False, resolve: bool = True) -> GeneratedCode:
+    """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order; with
+    ``segments`` (CPU, no hook), runs of scriptable nodes become script segments; without
+    ``resolve``, deferred kernels run their plain form (the segments' probe run)."""
     memo = shape_only_calls(graph, binding.calls) if hook is None else None
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
     calls = [c for c in binding.calls if id(c.node) not in memo_ids]
+    segs = None
+    if segments and hook is None:
+        def probe(feeds, fn):
+            generate_run_function(graph, binding, filename + ":probe", hook=fn, resolve=False).function(*feeds)
+        segs = form_segments(graph, calls, binding, probe)
+        calls = segs.calls
     names = arena_names(binding, calls)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
-                        returns=list(graph.outputs), hook=hook is not None)
+                        returns=list(graph.outputs), hook=hook is not None, resolve=resolve)
     extra = arena_globals(binding)
     specs = [spec]
     if memo:    # shape-only nodes run once per input shapes (shape_memo.py)
@@ -212,4 +226,5 @@ def generate_run_function(graph, binding: Binding, filename: str, hook: Callable
         extra["_hook"] = hook
     code = generate_module(specs, names, filename, extra)
     code.shape_kernels = len(memo.calls) if memo else 0
+    code.segments = segs
     return code

@@ -1,7 +1,8 @@
 """``Executor``: runs a model's generated code on validated feeds and returns NumPy outputs.
 
 It binds the graph once (``bind.py``: kernels, arena views), then picks a runner:
-- one stream on CPU: the single generated ``run`` function, called directly;
+- one stream on CPU: the single generated ``run`` function, called directly (with script
+  segments: runs of nodes as one TorchScript graph, ``script_segments.py``);
 - several streams on CPU: ``streams_cpu.CpuStreamRunner`` (one function per stream, workers);
 - CUDA: ``streams_cuda.CudaRunner`` (torch streams and events, one issuing thread).
 Outputs that live in the arena, in a constant, in a feed or in a remembered shape-only value
@@ -28,14 +29,15 @@ from .bind import Binding, bind
 from .codegen import GeneratedCode, generate_run_function
 from .convert import to_numpy
 from .feeds import convert_feeds
+from .script_segments import available as segments_available
 
 
 class _SingleRunner:
     """One stream on one device: the generated function itself."""
 
-    def __init__(self, graph: Graph, binding: Binding, filename: str):
+    def __init__(self, graph: Graph, binding: Binding, filename: str, segments: bool = False):
         self.graph, self.binding, self.filename = graph, binding, filename
-        self.code = generate_run_function(graph, binding, filename)
+        self.code = generate_run_function(graph, binding, filename, segments=segments)
         self.codes = [self.code]
 
     def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
@@ -52,7 +54,7 @@ class _SingleRunner:
 class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
-                 keep_freed_memory: bool = True):
+                 keep_freed_memory: bool = True, script_segments: bool = True):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -76,7 +78,8 @@ class Executor:
             from .streams_cpu import CpuStreamRunner
             self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads)
         else:
-            self._runner = _SingleRunner(graph, self.binding, filename)
+            self._runner = _SingleRunner(graph, self.binding, filename,
+                                         segments=script_segments and segments_available(graph, self.device.type))
         self._lock = threading.Lock()
         self._memo_storages = self.code.env.get("_MEMO_STORAGES", frozenset())  # kept current by the code
         self._const_storages = {_storage(t) for t in [v.const for v in graph.constants.values()]
