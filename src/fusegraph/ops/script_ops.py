@@ -3,7 +3,8 @@
 Each writes the same computation as the op's kernel, in functional aten ops, for float32
 tensors of static shape on CPU: the conv-net ops (FusedConv, max / average / global average
 pooling, Concat, ChannelShuffle, the elementwise ops and chains, Relu, Softmax, Reshape,
-Flatten, Identity) and LinearAct (as the 1x1 convolution of ``onednn_graph_linear.py``).
+Flatten, Identity), GELU, and Linear / LinearAct with a constant weight (as the 1x1
+convolution of ``onednn_graph_linear.py``).
 Anything else declines (returns None) and the node keeps its own kernel. GELU's tanh form is
 written out (0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3)))) because the oneDNN Graph bridge
 computes the erf form for ``aten::gelu(..., "tanh")``. No pass logic here.
@@ -194,22 +195,44 @@ def _identity(ctx: NodeContext, b: ScriptBuilder, args):
     return [args[0]]
 
 
-@emitter("fusegraph", "LinearAct")
-def _linear_act(ctx: NodeContext, b: ScriptBuilder, args):
+def _as_conv1x1(ctx: NodeContext, b: ScriptBuilder, args, activation_name: str):
+    """``act(x @ w^T + b)`` for a constant ``w`` [N, K] (``trans_b``) or [K, N]: the 1x1
+    convolution of ``onednn_graph_linear.py`` over the rows of ``x``, or None."""
     w = ctx.const(1)
-    if (w is None or w.dim() != 2 or not int(ctx.attr("trans_b", 0)) or not _float_static(ctx)
-            or w.device.type != "cpu"):
+    if w is None or w.dim() != 2 or not _float_static(ctx) or w.device.type != "cpu":
         return None
+    if not int(ctx.attr("trans_b", 0)):
+        w = w.t()
     xs, ys = ctx.shape(0), ctx.node.outputs[0].shape
     n, k = w.shape
     rows = math.prod(xs[:-1])
-    if rows == 0:
+    if rows == 0 or xs[-1] != k:
         return None
     x = b.op("aten::permute", b.op("aten::reshape", args[0], b.ints([1, 1, rows, k])), b.ints([0, 3, 1, 2]))
     bias = args[2] if ctx.has_input(2) else b.none()
     one, zero = b.ints([1, 1]), b.ints([0, 0])
-    y = b.op("aten::conv2d", x, b.constant(w.reshape(n, k, 1, 1)), bias, one, zero, one, b.int(1))
-    y = activation(b, y, str(ctx.attr("activation")), [])
+    y = b.op("aten::conv2d", x, b.constant(w.reshape(n, k, 1, 1).contiguous()), bias, one, zero, one, b.int(1))
+    y = activation(b, y, activation_name, [])
     if y is None:
         return None
     return [b.op("aten::reshape", b.op("aten::permute", y, b.ints([0, 2, 3, 1])), b.ints(ys))]
+
+
+@emitter("fusegraph", "LinearAct")
+def _linear_act(ctx: NodeContext, b: ScriptBuilder, args):
+    return _as_conv1x1(ctx, b, args, str(ctx.attr("activation")))
+
+
+@emitter("fusegraph", "Linear")
+def _linear(ctx: NodeContext, b: ScriptBuilder, args):
+    return _as_conv1x1(ctx, b, args, "none")
+
+
+@emitter("", "Gelu")
+@emitter("fusegraph", "Gelu")
+def _gelu(ctx: NodeContext, b: ScriptBuilder, args):
+    approx = ctx.attr("approximate", "none")
+    if approx not in ("none", "tanh") or not _float_static(ctx) or (ctx.n_inputs > 1 and args[1] is None):
+        return None
+    x = b.op("aten::add", args[0], args[1], b.int(1)) if ctx.n_inputs > 1 else args[0]
+    return [activation(b, x, "gelu" if approx == "none" else "gelu_tanh", [])]
