@@ -1,10 +1,13 @@
-"""Weight products with cold weights: onnxruntime (MLAS) vs oneDNN's inner product vs MKL.
+"""Weight products with cold weights: onnxruntime (MLAS) vs oneDNN's 1x1 convolution vs its
+inner product vs MKL.
 
 Each row runs 8 different weights of one shape in turn (so they come from memory, as in a
 model run, not from cache) and reports the median time per product, 2 threads by default:
 onnxruntime as one session of 8 MatMuls (spinning off, so its pool does not hold the cores),
-``torch.ops.mkldnn._linear_pointwise`` with ``[N, K]`` weights (what ``LinearAct`` runs), the
-same with weights reordered for the row count, and ``torch.mm`` (MKL).
+the product as a oneDNN Graph 1x1 convolution partition (what ``LinearAct`` runs,
+``ops/onednn_graph_linear.py``), ``torch.ops.mkldnn._linear_pointwise`` with ``[N, K]``
+weights (its fallback), the same with weights reordered for the row count, and ``torch.mm``
+(MKL).
 
     python benchmarks/bench_gemv.py [--threads 2] [--rows 1,16]
 """
@@ -17,6 +20,7 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from fusegraph.ops.onednn_graph_linear import linear_kernel
 from fusegraph.timing import measure
 
 SHAPES = ((768, 768), (768, 2304), (768, 3072), (3072, 768))
@@ -49,8 +53,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     linear, reorder = torch.ops.mkldnn._linear_pointwise, torch.ops.mkldnn._reorder_linear_weight
     print(f"{args.threads} threads, {COPIES} weights per shape, median us per product\n")
-    print("| rows | K x N | onnxruntime | oneDNN [N, K] | oneDNN reordered | MKL mm |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| rows | K x N | onnxruntime | oneDNN Graph 1x1 conv | oneDNN [N, K] | oneDNN reordered | MKL mm |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for m in (int(r) for r in args.rows.split(",")):
         for k, n in SHAPES:
             rng = np.random.default_rng(0)
@@ -65,7 +69,11 @@ def main() -> int:
             t_dnn = _median_us(lambda: [linear(xt, w, None, "none", [], "") for w in rows_first])
             t_packed = _median_us(lambda: [linear(xt, w, None, "none", [], "") for w in packed])
             t_mkl = _median_us(lambda: [torch.mm(xt, w) for w in cols])
-            print(f"| {m} | {k}x{n} | {t_ort:.0f} | {t_dnn:.0f} | {t_packed:.0f} | {t_mkl:.0f} |", flush=True)
+            convs = [linear_kernel("w", w, None, "none", None, rows=m) for w in rows_first]
+            with torch.inference_mode():
+                t_conv = _median_us(lambda: [c(xt) for c in convs])
+            print(f"| {m} | {k}x{n} | {t_ort:.0f} | {t_conv:.0f} | {t_dnn:.0f} | {t_packed:.0f} | {t_mkl:.0f} |",
+                  flush=True)
     return 0
 
 

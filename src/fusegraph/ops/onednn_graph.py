@@ -108,6 +108,7 @@ class GraphKernel:
         self._fns: dict[int, Callable] = {}
         self.reason = ""
         self.partitions = 0
+        self.example_output = None
         self.ok = AVAILABLE and self._compile() is not None
 
     def _compile(self):
@@ -121,12 +122,12 @@ class GraphKernel:
             examples = self._examples()
             llga = torch._C._jit_llga_enabled()
             profiling = torch._C._jit_set_profiling_executor(True)
-            runs = torch._C._jit_get_num_profiled_runs() + 2
+            runs = torch._C._jit_get_num_profiled_runs() + 1   # profile, then specialise and run fused
             torch._C._jit_set_llga_enabled(True)
             try:
                 with torch.no_grad():
                     for _ in range(runs):
-                        fn(*examples)
+                        out = fn(*examples)
                 graph = torch.jit.last_executed_optimized_graph()
             except RuntimeError as exc:      # the bridge rejected the graph: keep the other kernel
                 self.reason = f"oneDNN Graph failed to compile it: {exc}"
@@ -141,6 +142,7 @@ class GraphKernel:
                                + (f"; left outside: {', '.join(sorted(set(outside)))}" if outside else ""))
                 return None
             self._fns[threads] = fn
+            self.example_output = out        # the compiled graph's result on ``examples``
             return fn
 
     def __call__(self, *inputs):

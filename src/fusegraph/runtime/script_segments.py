@@ -12,9 +12,11 @@ Binding a segment (``form_segments``):
 - the per-node code runs once on random inputs (a probe, through the debug hook), which gives
   every segment its example inputs with the exact sizes and strides the run will pass (the
   compiled graph is specialised on them) and the per-node results;
-- the segment compiles on those inputs and must reproduce the per-node results (fp32: rtol
-  1e-4, atol 1e-5 of the output's scale) or it is dropped and its nodes keep their kernels
-  (``Segments.dropped`` says why);
+- the segment compiles on those inputs and its first fused run must reproduce the per-node
+  results (fp32: rtol 1e-4, atol 1e-5 of the output's scale), or it is dropped and its nodes
+  keep their kernels (``Segments.dropped`` says why); a run the bridge fails on or computes
+  wrongly is tried again in halves, and a run ends after a partition anchor whose output
+  feeds a post-op and another op (``ANCHORS``: a bridge bug);
 - its inputs are the non-constant values its nodes read from outside, its outputs the values
   read after it (later calls, graph outputs, ``external`` values); constants become graph
   constants. Its intermediates never reach the arena: the TorchScript allocator holds them
@@ -128,8 +130,8 @@ POST_OPS = {("", "Relu"), ("", "Add"), ("", "Sub"), ("", "Mul"), ("", "Div"), ("
 def _ends_segment(node) -> bool:
     if (node.domain, node.op_type) not in ANCHORS:
         return False
-    users = [u for o in node.outputs for u in o.users]
-    return len(users) > 1 and any((u.domain, u.op_type) in POST_OPS for u in users)
+    users = {id(u): u for o in node.outputs for u, _ in o.uses}
+    return len(users) > 1 and any((u.domain, u.op_type) in POST_OPS for u in users.values())
 
 
 def _candidates(calls: list[NodeCall]) -> list[list[NodeCall]]:
@@ -238,13 +240,12 @@ def _make(graph, calls, position, done, b, names, values, result) -> SegmentCall
     ir = b.source([names[id(o)] for o in outputs])
     examples = [values[id(v)] for v in inputs]
     label = f"segment {nodes[0].name} .. {nodes[-1].name} ({len(nodes)} nodes)"
-    kernel = GraphKernel(label, ir, b.constants, lambda: [t.clone() for t in examples], partitions=None)
+    kernel = GraphKernel(label, ir, b.constants, lambda: examples, partitions=None)
     if not kernel.ok:
         result.dropped.append({"nodes": len(nodes), "first": nodes[0].name, "reason": kernel.reason,
                                "split": True})
         return None
-    with torch.inference_mode():
-        got = kernel(*examples)
+    got = kernel.example_output          # its first fused run, on the probe's values
     got = got if isinstance(got, tuple) else (got,)
     bad = [o.name for o, t in zip(outputs, got) if not _close(t, values[id(o)])]
     if bad:
