@@ -64,15 +64,26 @@ def _ort_runner(model_path: str, threads: int, feeds) -> Callable[[], object]:
     return lambda: sess.run(names, feeds)
 
 
+SETTLE_S = 0.05
+
+
 def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: int = 5,
-              block: int = 5) -> dict[str, list[float]]:
-    """Time each runner in alternating blocks of ``block`` runs until each has ``runs`` samples."""
+              block: int = 5, settle_s: float = SETTLE_S) -> dict[str, list[float]]:
+    """Time each runner in alternating blocks of ``block`` runs until each has ``runs`` samples.
+
+    Before each block the process pauses ``settle_s`` (untimed), so the previous engine's idle
+    worker threads stop spinning first: onnxruntime's pool spins on a core after its block
+    (``session.intra_op.allow_spinning``, on by default), and every 2-thread region of the next
+    engine would wait for that core (squeezenet measured 4.2 ms next to a spinning pool, 1.9 ms
+    alone); OpenMP's team spins after torch's regions the same way."""
     for fn in runners.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {k: [] for k in runners}
     while min(len(s) for s in samples.values()) < runs:
         for name, fn in runners.items():
+            if settle_s:
+                time.sleep(settle_s)
             for _ in range(block):
                 t0 = time.perf_counter()
                 fn()
