@@ -26,6 +26,7 @@ class Column:
     throughput: dict[int, float] = field(default_factory=dict)   # batch -> runs/s * batch
     arena_bytes: int | None = None
     naive_bytes: int | None = None
+    outside_bytes: int | None = None      # allocated by kernels per run, not in the arena
     load_s: float | None = None
 
 
@@ -61,6 +62,9 @@ def compare(model_src: Any, runs: int = 20, budget_s: float = 10.0, big_batch: i
             big = measure(lambda: model.run(fb), runs=max(5, runs // 4), warmup=1, budget_s=budget_s)
             col.throughput[big_batch] = big.per_second * big_batch
         col.arena_bytes, col.naive_bytes = _memory(model)
+        slow = getattr(model.report.memory, "not_writable_into_arena", None)
+        col.outside_bytes = col.naive_bytes if level == "O0" else \
+            (sum(d["bytes"] for d in slow) if slow is not None else None)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.fgm"
             model.save(path)
@@ -96,6 +100,7 @@ def render(columns: list[Column], title: str):
             row(f"throughput, batch {batch}", o0.throughput[batch], o2.throughput[batch],
                 lambda v: f"{v:.1f} /s", better_low=False)
     row("activation memory (O0: own buffers)", o0.naive_bytes, o2.arena_bytes, _mb)
+    row("allocated by kernels per run", o0.outside_bytes, o2.outside_bytes, _mb)
     row("compile from the model", o0.compile_s, o2.compile_s, lambda v: f"{v * 1000:.0f} ms")
     row("load the saved .fgm", o0.load_s, o2.load_s, lambda v: f"{v * 1000:.0f} ms")
     row("kernels per run", o0.kernels, o2.kernels, str)
