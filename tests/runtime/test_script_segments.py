@@ -155,3 +155,21 @@ def test_an_input_in_other_strides_still_computes_right():
     want = ort_run(m, {"x": np.ascontiguousarray(x)})
     assert_outputs_close(compiled.run({"x": x}), want)
     assert_outputs_close(compiled.run({"x": torch.from_numpy(x)}), want)
+
+
+def test_another_thread_count_compiles_its_own_copy():
+    """Run at another intra-op thread count than the one bound for: the segment compiles a copy
+    for it (from zeros of the probe's layouts) and gives the same numbers."""
+    m = convnet()
+    feeds = feeds_for(m, seed=3)
+    compiled = fg.compile(m)
+    want = compiled.run(feeds)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        got = compiled.run(feeds)
+    finally:
+        torch.set_num_threads(threads)
+    seg = next(c for c in compiled._executor.code.segments.calls if hasattr(c.node, "nodes"))
+    assert len(seg.kernel._fns) == 2
+    assert_outputs_close(got, want)

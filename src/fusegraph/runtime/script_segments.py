@@ -23,7 +23,8 @@ Binding a segment (``form_segments``):
   (with malloc keeping freed memory, the same pages run after run), so their planned slots
   stay unused and each node is listed as not writable into the arena.
 Only for CPU single-stream runs of graphs whose inputs all have static shapes; debug runs
-(``hook``) and stream plans run node by node. No pass logic; the ops' emitters know the ops.
+(``hook``) and stream plans run node by node (a debug run compiles the per-node kernels of
+the segments' nodes when it first needs them). No pass logic; the ops' emitters know the ops.
 """
 from __future__ import annotations
 
@@ -150,6 +151,20 @@ def _candidates(calls: list[NodeCall]) -> list[list[NodeCall]]:
     return runs
 
 
+def _examples(values: list[torch.Tensor]):
+    """Example inputs for ``GraphKernel``: the probe's values for the first compile (whose
+    result is checked), then zeros of the same sizes, strides and dtypes (a copy compiled for
+    another thread count), so the segment does not keep the probe's tensors alive."""
+    first = [values]
+    layouts = [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in values]
+
+    def make():
+        if first:
+            return first.pop()
+        return [torch.empty_strided(size, stride, dtype=dtype).zero_() for size, stride, dtype in layouts]
+    return make
+
+
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
         return False
@@ -240,7 +255,7 @@ def _make(graph, calls, position, done, b, names, values, result) -> SegmentCall
     ir = b.source([names[id(o)] for o in outputs])
     examples = [values[id(v)] for v in inputs]
     label = f"segment {nodes[0].name} .. {nodes[-1].name} ({len(nodes)} nodes)"
-    kernel = GraphKernel(label, ir, b.constants, lambda: examples, partitions=None)
+    kernel = GraphKernel(label, ir, b.constants, _examples(examples), partitions=None)
     if not kernel.ok:
         result.dropped.append({"nodes": len(nodes), "first": nodes[0].name, "reason": kernel.reason,
                                "split": True})
