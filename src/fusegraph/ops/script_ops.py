@@ -16,6 +16,7 @@ import math
 from ..ir import DType
 from .conv import torch_pad_list
 from .fused_cnn import conv2d_geometry
+from .fused_transformer import PACKED_COPY_BYTES
 from .pool import PoolGeometry, native_pool2d
 from .registry import NodeContext
 from .script_ir import ScriptBuilder, emitter
@@ -199,8 +200,9 @@ def _as_conv1x1(ctx: NodeContext, b: ScriptBuilder, args, activation_name: str):
     """``act(x @ w^T + b)`` for a constant ``w`` [N, K] (``trans_b``) or [K, N]: the 1x1
     convolution of ``onednn_graph_linear.py`` over the rows of ``x``, or None."""
     w = ctx.const(1)
-    if w is None or w.dim() != 2 or not _float_static(ctx) or w.device.type != "cpu":
-        return None
+    if (w is None or w.dim() != 2 or not _float_static(ctx) or w.device.type != "cpu"
+            or w.numel() * w.element_size() > PACKED_COPY_BYTES):
+        return None        # (a larger weight keeps its kernel: no reordered copy of it)
     if not int(ctx.attr("trans_b", 0)):
         w = w.t()
     xs, ys = ctx.shape(0), ctx.node.outputs[0].shape
