@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from onnx import TensorProto
 
 import fusegraph as fg
 from fusegraph.ops import onednn_graph, script_ir
@@ -173,3 +174,18 @@ def test_another_thread_count_compiles_its_own_copy():
     seg = next(c for c in compiled._executor.code.segments.calls if hasattr(c.node, "nodes"))
     assert len(seg.kernel._fns) == 2
     assert_outputs_close(got, want)
+
+
+def test_a_model_that_fails_on_random_inputs_runs_node_by_node():
+    """The probe runs on random floats and zero integers; a graph one of whose kernels rejects
+    them (an integer division by a zero divisor) keeps every node's own kernel, says why, and
+    runs on real data."""
+    nodes = [node("Conv", ["x", "w0", "b0"], "a", pads=[1] * 4), node("Relu", ["a"], "r"),
+             node("Sigmoid", ["r"], "y"), node("Div", ["n", "d"], "y2")]
+    inits = [const("w0", rnd(4, 3, 3, 3, scale=0.3)), const("b0", rnd(4, seed=1))]
+    m = model(nodes, [("x", F, [1, 3, 4, 4]), ("n", TensorProto.INT64, [2]), ("d", TensorProto.INT64, [2])],
+              ["y", "y2"], inits)
+    compiled = fg.compile(m)
+    assert segments(compiled) == [] and "probe run" in compiled.report.segments_dropped[0]["reason"]
+    feeds = {"x": rnd(1, 3, 4, 4, seed=2), "n": np.array([7, -9], np.int64), "d": np.array([2, 4], np.int64)}
+    assert_outputs_close(compiled.run(feeds), ort_run(m, feeds))

@@ -198,8 +198,13 @@ def form_segments(graph: Graph, calls: list[NodeCall], binding: Binding,
         if phase == 1:
             for v, t in zip(by_index[i].node.outputs, outs):
                 values[id(v)] = t.clone() if isinstance(t, torch.Tensor) else t
-    with torch.inference_mode():
-        probe(feeds, capture)
+    try:
+        with torch.inference_mode():
+            probe(feeds, capture)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot run on random inputs: node by node
+        result.dropped.append({"nodes": sum(len(r) for r in runs), "first": runs[0][0].node.name, "split": False,
+                               "reason": f"the probe run on random inputs failed: {type(exc).__name__}: {exc}"})
+        return result
     position = {id(c.node): i for i, c in enumerate(calls)}
     replace: dict[int, SegmentCall] = {}
     pending = list(reversed(runs))
@@ -248,7 +253,9 @@ def _make(graph, calls, position, done, b, names, values, result) -> SegmentCall
                     (v.producer is None or id(v.producer) not in inside):
                 seen.add(id(v))
                 inputs.append(v)
-    if not outputs:
+    if not outputs:       # nothing after it reads its results (dead code the passes left)
+        result.dropped.append({"nodes": len(nodes), "first": nodes[0].name, "split": False,
+                               "reason": "no value of it is read afterwards"})
         return None
     order = {names[id(v)]: i for i, v in enumerate(inputs)}
     b.inputs = sorted(b.inputs, key=lambda n: order[n])
