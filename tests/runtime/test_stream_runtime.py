@@ -10,8 +10,8 @@ Bit-identity is compared at one intra-op thread per kernel: oneDNN splits a conv
 reduction by thread count, so 2 threads and 1 thread differ in the last bits, whatever the
 streams (and one thread per kernel keeps these runs quick on a loaded 2-core machine). The
 reference runs node by node, as stream plans do (no script segments: oneDNN Graph may pick
-other convolution algorithms inside a segment, equal only to rounding). Light models use ``plan/streams.py`` (the toy planner of ``stream_plans.py`` when it is
-absent); random DAGs use the toy planner (random assignments, unpruned events).
+other convolution algorithms inside a segment, equal only to rounding). Light models use
+``plan/streams.py`` (the toy planner of ``stream_plans.py`` when it is absent); random DAGs use the toy planner (random assignments, unpruned events).
 """
 import importlib.util
 import random

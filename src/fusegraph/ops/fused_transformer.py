@@ -9,8 +9,9 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
   the bias and activation as post-ops, on every intra-op thread: MKL's sgemm takes a slow
   generic path on AMD CPUs (cold-weight products of BERT's sizes at 2 threads up to 1.9x
   slower for one row and 1.2-1.9x for 16 rows; ``benchmarks/bench_gemv.py``, RESULTS.md).
-  Both allocate their result (oneDNN has no ``out=``). Otherwise addmm into the output buffer, then the activation
-  in place on it; products under ``SERIAL_MACS`` multiply-adds run on one thread.
+  Both allocate their result (oneDNN has no ``out=``); weights over ``PACKED_COPY_BYTES``
+  take the inner product (no reordered copy). Otherwise addmm into the output buffer, then the
+  activation in place on it; products under ``SERIAL_MACS`` multiply-adds run on one thread.
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
 - ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon``.
 - ``SkipLayerNorm(a, b, gamma?, beta?)``: ``s = a + b``; outputs ``layer_norm(s)`` and,

@@ -11,8 +11,9 @@ has an *emitter* (``ops/script_ops.py``) registered here with ``@emitter(domain,
 come as IR names too, see ``ScriptBuilder.constant``); it returns the IR names of the node's
 outputs, or None when this node is not one it can express (it must decline before adding
 lines; the builder is rolled back anyway). An emitter writes only functional aten ops: no
-op writes into an input. Names in ``ScriptBuilder.inputs`` are the segment's inputs. ``ScriptBuilder.source()`` is the graph text, whose inputs are the
-segment's inputs followed by its constants (``constants`` maps their names to the tensors,
+op writes into an input. Names in ``ScriptBuilder.inputs`` are the segment's inputs.
+``ScriptBuilder.source()`` is the graph text, whose inputs are the segment's inputs followed
+by its constants (``constants`` maps their names to the tensors,
 which ``onednn_graph.GraphKernel`` turns into graph constants). No pass logic here.
 """
 from __future__ import annotations
@@ -120,5 +121,6 @@ class ScriptBuilder:
         ret = outputs[0]
         if len(outputs) > 1:      # a function returns one value: several go back as a tuple
             ret = "%results"
-            lines.append(f"  {ret} : ({', '.join(['Tensor'] * len(outputs))}) = prim::TupleConstruct({', '.join(outputs)})")
+            types = ", ".join(["Tensor"] * len(outputs))
+            lines.append(f"  {ret} : ({types}) = prim::TupleConstruct({', '.join(outputs)})")
         return "graph(" + ", ".join(params) + "):\n" + "\n".join(lines) + f"\n  return ({ret})\n"
