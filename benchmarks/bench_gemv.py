@@ -9,7 +9,12 @@ the product as a oneDNN Graph 1x1 convolution partition (what ``LinearAct`` runs
 weights (its fallback), the same with weights reordered for the row count, and ``torch.mm``
 (MKL).
 
-    python benchmarks/bench_gemv.py [--threads 2] [--rows 1,16]
+With ``--bert-set``: the eight one-row products of the 2-layer BERT export (QKV, output,
+FFN up, FFN down, twice; with bias) in model order, as onnxruntime one session of eight
+MatMul + Add against the eight ``LinearAct`` partitions, alternating blocks in one process:
+what the products of a whole run cost, with nothing else between them.
+
+    python benchmarks/bench_gemv.py [--threads 2] [--rows 1,16] [--bert-set]
 """
 from __future__ import annotations
 
@@ -45,12 +50,53 @@ def _ort_session(weights, m: int, k: int, threads: int):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def bert_set(threads: int) -> None:
+    import statistics
+
+    from fusegraph.bench import alternate
+
+    shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768)] * 2
+    rng = np.random.default_rng(0)
+    weights = [(rng.standard_normal((k, n)) * 0.02).astype(np.float32) for k, n in shapes]
+    biases = [(rng.standard_normal(n) * 0.02).astype(np.float32) for _, n in shapes]
+    feeds = {f"x{k}": rng.standard_normal((1, k)).astype(np.float32) for k in (768, 3072)}
+    nodes, inits = [], []
+    for i, ((k, _), w, b) in enumerate(zip(shapes, weights, biases)):
+        nodes += [helper.make_node("MatMul", [f"x{k}", f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"])]
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(x.shape)) for n, x in feeds.items()]
+    outputs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(8)]
+    graph = helper.make_graph(nodes, "bert_products", inputs, outputs, inits)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    kernels = [linear_kernel("w", torch.from_numpy(w).t().contiguous(), torch.from_numpy(b), "none", None, rows=1)
+               for w, b in zip(weights, biases)]
+    xs = [torch.from_numpy(feeds[f"x{k}"]) for k, _ in shapes]
+
+    def ours():
+        with torch.inference_mode():
+            for kernel, x in zip(kernels, xs):
+                kernel(x)
+    samples = alternate({"onnxruntime": lambda: sess.run(None, feeds), "oneDNN Graph 1x1 conv": ours},
+                        runs=400, warmup=30, block=10)
+    print(f"{threads} threads, the eight products of bert in order, median ms per set of eight\n")
+    for name, times in samples.items():
+        print(f"{name}: {statistics.median(times):.3f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,16")
+    ap.add_argument("--bert-set", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.bert_set:
+        bert_set(args.threads)
+        return 0
     linear, reorder = torch.ops.mkldnn._linear_pointwise, torch.ops.mkldnn._reorder_linear_weight
     print(f"{args.threads} threads, {COPIES} weights per shape, median us per product\n")
     print("| rows | K x N | onnxruntime | oneDNN Graph 1x1 conv | oneDNN [N, K] | oneDNN reordered | MKL mm |")

@@ -75,19 +75,26 @@ def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: 
     worker threads stop spinning first: onnxruntime's pool spins on a core after its block
     (``session.intra_op.allow_spinning``, on by default), and every 2-thread region of the next
     engine would wait for that core (squeezenet measured 4.2 ms next to a spinning pool, 1.9 ms
-    alone); OpenMP's team spins after torch's regions the same way."""
+    alone); OpenMP's team spins after torch's regions the same way.
+
+    Rounds run the runners forwards and backwards in turn (A B, B A, A B ...), so no runner
+    always follows the same one: a pause too short for some pool would otherwise tax the
+    same runner every round (measured: the block after onnxruntime's ran 0.15 ms slower on
+    bert in one run, and not at all in the next)."""
     for fn in runners.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {k: [] for k in runners}
+    order = list(runners.items())
     while min(len(s) for s in samples.values()) < runs:
-        for name, fn in runners.items():
+        for name, fn in order:
             if settle_s:
                 time.sleep(settle_s)
             for _ in range(block):
                 t0 = time.perf_counter()
                 fn()
                 samples[name].append((time.perf_counter() - t0) * 1000.0)
+        order.reverse()
     return samples
 
 
