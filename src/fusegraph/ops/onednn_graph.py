@@ -7,7 +7,7 @@ oneDNN Graph bridge of TorchScript (LLGA) compiles a partition once and then onl
 it: a call costs ~5 us in all (a 1x1 group convolution of 3.6M multiply-adds: 24 us against
 40 us, ``benchmarks/bench_conv_kernels.py``). This module builds such kernels:
 
-- ``GraphKernel(name, ir, constants, examples, serial)`` parses ``ir`` (TorchScript IR
+- ``GraphKernel(name, ir, constants, examples, partitions)`` parses ``ir`` (TorchScript IR
   text), replaces the graph inputs named in ``constants`` by those tensors as constants (so
   oneDNN treats them as weights and keeps its reordered copy), and runs it on ``examples``
   with the LLGA fuser on until the profiling executor has specialised it. With
@@ -24,7 +24,8 @@ it: a call costs ~5 us in all (a 1x1 group convolution of 3.6M multiply-adds: 24
 
 The global TorchScript switches touched while compiling (LLGA on, the profiling executor)
 are put back afterwards. ``AVAILABLE`` is False when this torch has no LLGA bridge; tests
-switch it off to exercise the other kernels. Knows no op semantics: callers write the IR.
+switch it off to exercise the other kernels. Knows no op semantics: callers write the IR,
+ending it with ``with_post_op`` (the activations oneDNN fuses after an anchor, ``POST_OP_IR``).
 """
 from __future__ import annotations
 
@@ -67,34 +68,25 @@ def _function(name: str, ir: str, constants: dict[str, torch.Tensor]):
     return torch._C._create_function_from_graph(re.sub(r"\W", "_", name) or "kernel", graph)
 
 
-def _outside(graph) -> list[str]:
-    """Computing ops of an optimised graph that are not inside a oneDNN partition."""
-    found: list[str] = []
+def _scan(graph) -> tuple[list[str], int]:
+    """(computing ops of an optimised graph that are not inside a oneDNN partition, number of
+    partitions)."""
+    outside: list[str] = []
+    groups = 0
 
     def walk(block):
+        nonlocal groups
         for node in block.nodes():
             kind = node.kind()
             if kind == "prim::oneDNNFusionGroup":
+                groups += 1
                 continue
             if not kind.startswith(_NOT_COMPUTE):
-                found.append(kind)
+                outside.append(kind)
             for sub in node.blocks():
                 walk(sub)
     walk(graph)
-    return found
-
-
-def _groups(graph) -> int:
-    n = 0
-
-    def walk(block):
-        nonlocal n
-        for node in block.nodes():
-            n += node.kind() == "prim::oneDNNFusionGroup"
-            for sub in node.blocks():
-                walk(sub)
-    walk(graph)
-    return n
+    return outside, groups
 
 
 class GraphKernel:
@@ -135,7 +127,7 @@ class GraphKernel:
             finally:
                 torch._C._jit_set_llga_enabled(llga)
                 torch._C._jit_set_profiling_executor(profiling)
-            outside, groups = _outside(graph), _groups(graph)
+            outside, groups = _scan(graph)
             self.partitions = groups
             if self._partitions is not None and (outside or groups != self._partitions):
                 self.reason = (f"oneDNN Graph made {groups} partition(s) (wanted {self._partitions})"
@@ -152,6 +144,31 @@ class GraphKernel:
             if fn is None:      # cannot happen for a kernel that compiled once; keep it loud
                 raise RuntimeError(f"{self.name}: oneDNN Graph kernel failed to compile: {self.reason}")
         return fn(*inputs)
+
+
+# activation -> IR lines computing %r from %y (%p0, %p1: its parameters), for the activations
+# oneDNN Graph fuses into a partition as post-ops ("" and "none": no activation). FusedConv and
+# LinearAct name theirs differently (swish / silu); GELU's tanh form is absent (the bridge
+# computes it as the erf form), and so is hardsigmoid (left outside the partition).
+POST_OP_IR = {
+    "": [],
+    "none": [],
+    "relu": ["%r : Tensor = aten::relu(%y)"],
+    "sigmoid": ["%r : Tensor = aten::sigmoid(%y)"],
+    "tanh": ["%r : Tensor = aten::tanh(%y)"],
+    "hardswish": ["%r : Tensor = aten::hardswish(%y)"],
+    "swish": ["%sg : Tensor = aten::sigmoid(%y)", "%r : Tensor = aten::mul(%y, %sg)"],
+    "silu": ["%sg : Tensor = aten::sigmoid(%y)", "%r : Tensor = aten::mul(%y, %sg)"],
+    "leaky_relu": ["%r : Tensor = aten::leaky_relu(%y, %p0)"],
+    "hardtanh": ["%r : Tensor = aten::hardtanh(%y, %p0, %p1)"],
+    "gelu": ['%ga : str = prim::Constant[value="none"]()', "%r : Tensor = aten::gelu(%y, %ga)"],
+}
+
+
+def with_post_op(lines: list[str], activation: str) -> str:
+    """IR text: ``lines`` (which compute ``%y``), then ``activation`` of it, returned."""
+    act = POST_OP_IR[activation]
+    return "\n".join(lines + ["  " + s for s in act] + ["  return (%r)" if act else "  return (%y)"])
 
 
 def ir_list(values) -> str:

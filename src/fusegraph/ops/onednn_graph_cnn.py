@@ -9,29 +9,16 @@ asymmetric pad would be an op outside the partition), static shapes, more than o
 and more than one spatial position (a channels-last tensor with one of those has two valid
 stride patterns, and the partition is specialised on one). Inputs are made channels-last
 before the call (a no-op for the layout pass's choice; the graph input of a network's first
-convolution is converted once). The activations oneDNN Graph fuses are in ``ACTIVATION_IR``;
-hardsigmoid is not one of them. No pass logic here.
+convolution is converted once). The activations oneDNN Graph fuses are
+``onednn_graph.POST_OP_IR``; hardsigmoid is not one of them. No pass logic here.
 """
 from __future__ import annotations
 
 import torch
 
-from .onednn_graph import GraphKernel, ir_list
+from .onednn_graph import POST_OP_IR, GraphKernel, ir_list, with_post_op
 
 CL = torch.channels_last
-
-# activation -> (IR lines computing %r from %y, with %p0, %p1 the activation's parameters)
-ACTIVATION_IR = {
-    "": [],
-    "relu": ["%r : Tensor = aten::relu(%y)"],
-    "sigmoid": ["%r : Tensor = aten::sigmoid(%y)"],
-    "tanh": ["%r : Tensor = aten::tanh(%y)"],
-    "hardswish": ["%r : Tensor = aten::hardswish(%y)"],
-    "swish": ["%sg : Tensor = aten::sigmoid(%y)", "%r : Tensor = aten::mul(%y, %sg)"],
-    "leaky_relu": ["%r : Tensor = aten::leaky_relu(%y, %p0)"],
-    "hardtanh": ["%r : Tensor = aten::hardtanh(%y, %p0, %p1)"],
-    "gelu": ['%ga : str = prim::Constant[value="none"]()', "%r : Tensor = aten::gelu(%y, %ga)"],
-}
 
 
 def _static_cl(shape) -> bool:
@@ -46,7 +33,7 @@ def _zeros(shape):
 def conv_kernel(name: str, x_shape, y_shape, w: torch.Tensor, bias: torch.Tensor | None, stride, padding,
                 dilation, groups: int, residual: bool, activation: str, params: list[float]):
     """``act(conv(x, w) + bias [+ z])`` as one partition: a kernel ``(x[, z]) -> y``, or a reason."""
-    if activation not in ACTIVATION_IR:
+    if activation not in POST_OP_IR:
         return f"activation {activation!r} is not fused by oneDNN Graph"
     if not (_static_cl(x_shape) and _static_cl(y_shape)):
         return "needs static 4-D shapes with more than one channel and position"
@@ -64,14 +51,12 @@ def conv_kernel(name: str, x_shape, y_shape, w: torch.Tensor, bias: torch.Tensor
     lines.append(f"  {conv} : Tensor = aten::conv2d(%x, %w, %b, %st, %pd, %dl, %gr)")
     if residual:
         lines += ["  %one : int = prim::Constant[value=1]()", "  %y : Tensor = aten::add(%c, %z, %one)"]
-    act = ACTIVATION_IR[activation]
-    lines += ["  " + s for s in act]
-    lines.append("  return (%r)" if act else "  return (%y)")
+    ir = with_post_op(lines, activation)
     constants = {"w": w.contiguous()}
     if bias is not None:
         constants["b"] = bias.contiguous()
     examples = (lambda: [_zeros(x_shape), _zeros(y_shape)]) if residual else (lambda: [_zeros(x_shape)])
-    kernel = GraphKernel(name, "\n".join(lines), constants, examples)
+    kernel = GraphKernel(name, ir, constants, examples)
     if not kernel.ok:
         return kernel.reason
     if residual:

@@ -21,20 +21,10 @@ import threading
 
 import torch
 
-from .onednn_graph import GraphKernel
+from .onednn_graph import GraphKernel, with_post_op
 
 MAX_SHAPES = 2
 CL = torch.channels_last
-# activation -> IR lines computing %r from %y inside the partition (None: applied after it)
-ACTIVATION_IR = {
-    "none": [],
-    "relu": ["%r : Tensor = aten::relu(%y)"],
-    "gelu": ['%ga : str = prim::Constant[value="none"]()', "%r : Tensor = aten::gelu(%y, %ga)"],
-    "sigmoid": ["%r : Tensor = aten::sigmoid(%y)"],
-    "tanh": ["%r : Tensor = aten::tanh(%y)"],
-    "silu": ["%sg : Tensor = aten::sigmoid(%y)", "%r : Tensor = aten::mul(%y, %sg)"],
-    "gelu_tanh": None,
-}
 
 
 def _as_positions(x2: torch.Tensor) -> torch.Tensor:
@@ -51,10 +41,7 @@ def _ir(bias: bool, activation: str) -> str:
               "  %zero : int[] = prim::Constant[value=[0, 0]]()",
               "  %g : int = prim::Constant[value=1]()",
               "  %y : Tensor = aten::conv2d(%x, %w, %b, %one, %zero, %one, %g)"]
-    act = ACTIVATION_IR[activation] or []
-    lines += ["  " + s for s in act]
-    lines.append("  return (%r)" if act else "  return (%y)")
-    return "\n".join(lines)
+    return with_post_op(lines, activation)
 
 
 def linear_kernel(name: str, w: torch.Tensor, b: torch.Tensor | None, activation: str, fallback,
@@ -65,7 +52,7 @@ def linear_kernel(name: str, w: torch.Tensor, b: torch.Tensor | None, activation
     constants = {"w": w.reshape(n, k, 1, 1)}
     if b is not None:
         constants["b"] = b.contiguous()
-    ir = _ir(b is not None, activation)
+    ir = _ir(b is not None, "none" if activation == "gelu_tanh" else activation)   # tanh: after it
     after = torch._C._nn.gelu_ if activation == "gelu_tanh" else None
     kernels: dict[int, GraphKernel | None] = {}
     lock = threading.Lock()

@@ -151,20 +151,29 @@ def _candidates(calls: list[NodeCall]) -> list[list[NodeCall]]:
     return runs
 
 
-def _boundary(graph: Graph, run: list[NodeCall]) -> set[int]:
-    """ids of the values a run of calls reads from outside it or hands to nodes outside it
-    (or to the caller): what a segment made of it takes and must give back."""
+def _edges(graph: Graph, run: list[NodeCall], calls: list[NodeCall]) -> tuple[list[Value], list[Value]]:
+    """The values a run of calls reads from outside it (in first-use order) and the ones it
+    hands to the other ``calls``, to the caller or to ``external`` readers (in node order):
+    what a segment made of it takes and gives back."""
     inside = {id(c.node) for c in run}
-    outs = {id(v) for v in graph.outputs}
-    edge: set[int] = set()
+    read_after = {id(v) for c in calls if id(c.node) not in inside for v in c.inputs if v is not None}
+    graph_outs = {id(v) for v in graph.outputs}
+    inputs, seen, outputs = [], set(), []
     for call in run:
         for v in call.node.inputs:
-            if v is not None and not v.is_const and (v.producer is None or id(v.producer) not in inside):
-                edge.add(id(v))
-        for o in call.node.outputs:
-            if id(o) in outs or "external" in o.flags or any(id(u) not in inside for u, _ in o.uses):
-                edge.add(id(o))
-    return edge
+            if v is not None and not v.is_const and id(v) not in seen and \
+                    (v.producer is None or id(v.producer) not in inside):
+                seen.add(id(v))
+                inputs.append(v)
+        outputs += [o for o in call.node.outputs
+                    if id(o) in read_after or id(o) in graph_outs or "external" in o.flags]
+    return inputs, outputs
+
+
+def _boundary(graph: Graph, run: list[NodeCall], calls: list[NodeCall]) -> set[int]:
+    """ids of a run's edge values (``_edges``): the ones a probe run must keep."""
+    inputs, outputs = _edges(graph, run, calls)
+    return {id(v) for v in inputs + outputs}
 
 
 def _examples(values: list[torch.Tensor]):
@@ -221,12 +230,11 @@ def form_segments(graph: Graph, calls: list[NodeCall], binding: Binding,
         with torch.inference_mode():
             probe(feeds, capture)
     try:
-        run_probe(set().union(*(_boundary(graph, r) for r in runs)))
+        run_probe(set().union(*(_boundary(graph, r, calls) for r in runs)))
     except Exception as exc:  # noqa: BLE001 - a model that cannot run on random inputs: node by node
         result.dropped.append({"nodes": sum(len(r) for r in runs), "first": runs[0][0].node.name, "split": False,
                                "reason": f"the probe run on random inputs failed: {type(exc).__name__}: {exc}"})
         return result
-    position = {id(c.node): i for i, c in enumerate(calls)}
     replace: dict[int, SegmentCall] = {}
     pending = list(reversed(runs))
     while pending:
@@ -237,10 +245,10 @@ def form_segments(graph: Graph, calls: list[NodeCall], binding: Binding,
         pending.append(run[max(len(done), 1):])      # what follows the first declining node
         if len(done) < MIN_NODES:
             continue
-        missing = _boundary(graph, done) - values.keys()
+        missing = _boundary(graph, done, calls) - values.keys()
         if missing:                                  # a part of a run: its own edges, once more
             run_probe(missing)
-        seg = _make(graph, calls, position, done, b, names, values, result)
+        seg = _make(graph, calls, done, b, names, values, result)
         if seg is not None:
             replace[id(done[0].node)] = seg
         elif result.dropped[-1]["split"]:           # the bridge failed on it: try each half
@@ -262,21 +270,9 @@ def form_segments(graph: Graph, calls: list[NodeCall], binding: Binding,
     return result
 
 
-def _make(graph, calls, position, done, b, names, values, result) -> SegmentCall | None:
+def _make(graph, calls, done, b, names, values, result) -> SegmentCall | None:
     nodes = [c.node for c in done]
-    inside = {id(n) for n in nodes}
-    last = position[id(nodes[-1])]
-    later = {id(v) for c in calls[last + 1:] for v in c.inputs if v is not None}
-    graph_outs = {id(v) for v in graph.outputs}
-    outputs = [o for n in nodes for o in n.outputs
-               if id(o) in later or id(o) in graph_outs or "external" in o.flags]
-    inputs, seen = [], set()
-    for n in nodes:
-        for v in n.inputs:
-            if v is not None and not v.is_const and id(v) not in seen and \
-                    (v.producer is None or id(v.producer) not in inside):
-                seen.add(id(v))
-                inputs.append(v)
+    inputs, outputs = _edges(graph, done, calls)
     if not outputs:       # nothing after it reads its results (dead code the passes left)
         result.dropped.append({"nodes": len(nodes), "first": nodes[0].name, "split": False,
                                "reason": "no value of it is read afterwards"})
