@@ -213,3 +213,60 @@ def test_fuzz_prepacked_descriptor(conv_saved, ideep, tmp_path, edits):
     except ArtifactError:
         return
     loaded.run(feeds)
+
+
+def _squeezenet(streams: int):
+    import onnx
+    from fusegraph import zoo
+    proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
+    return proto, fg.compile(proto, fg.Config(streams=streams))
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_overlapping_arena_slots_are_refused(tmp_path, streams):
+    """A plan re-sealed with one slot moved onto bytes another live value holds is refused
+    naming both values; the untouched plan (with streams, in-place tenants) loads."""
+    from fusegraph import zoo
+    proto, model = _squeezenet(streams)
+    path = tmp_path / "m.fgm"
+    model.save(path)
+    feeds = zoo.random_feeds(proto)
+    _same(model.run(feeds), fg.load(path).run(feeds))
+    slots = model.plan.slots
+    # move the value with the biggest slot to offset 0 and to its neighbour's offset
+    big = max(slots, key=lambda k: slots[k][1])
+    refusals = 0
+    for target in sorted({off for off, _ in slots.values()})[:6]:
+        if target == slots[big][0]:
+            continue
+        edit = _plan_edit(lambda r, t=target: r["plan"]["slots"].update({big: [t, slots[big][1]]}))
+        bad = reseal(path, tmp_path / f"o{target}.fgm", parts_fn=edit)
+        try:
+            loaded = fg.load(bad)
+        except ArtifactError as exc:
+            assert "overlapping arena bytes" in str(exc) and repr(big) in str(exc)
+            refusals += 1
+            continue
+        _same(model.run(feeds), loaded.run(feeds))   # a move onto bytes free meanwhile is fine
+    assert refusals
+
+
+def test_slot_shifted_by_64_bytes_is_refused(saved, tmp_path):
+    """The issue's case: shifting one slot by 64 bytes used to load and compute wrong numbers."""
+    model, path = saved["diamond"][:2]
+    slots = model.plan.slots
+    moved = 0
+    for name, (off, size) in slots.items():
+        others = [(o, s) for n, (o, s) in slots.items() if n != name]
+        if off + 64 + size <= model.plan.arena_bytes and any(o < off + 64 + size and off + 64 < o + s
+                                                             for o, s in others):
+            edit = _plan_edit(lambda r, n=name, o=off, s=size: r["plan"]["slots"].update({n: [o + 64, s]}))
+            try:
+                loaded = fg.load(reseal(path, tmp_path / "s.fgm", parts_fn=edit))
+            except ArtifactError as exc:
+                assert "overlapping" in str(exc) or "does not hold" in str(exc)
+                moved += 1
+                continue
+            feeds = FEEDS["diamond"]()
+            _same(model.run(feeds), loaded.run(feeds))
+    assert moved

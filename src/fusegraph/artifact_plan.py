@@ -9,7 +9,8 @@ views in the same arena without running every kernel once more.
 anything that could make the loaded model crash, hang or write outside its buffers: an order
 that is not a topological order of the graph's nodes, an unknown memory mode, a slot outside
 the arena or smaller than its value, an arena larger than all its slots laid end to end,
-strides that are not a dense layout of the value's shape, and a stream plan whose streams do
+strides that are not a dense layout of the value's shape, two values in overlapping arena
+bytes that are live at the same time (``_check_overlap``), and a stream plan whose streams do
 not follow the order, or whose waits name an event that is recorded later (a deadlock) or a
 cross-stream input they do not order (a race). It plans nothing: it only checks.
 """
@@ -21,7 +22,9 @@ from .artifact_container import align, is_int, want
 from .errors import ArtifactError
 from .ir import Graph
 from .ir.shape import is_static
+from .plan.aliasing import view_source
 from .plan.exec_plan import ExecutionPlan
+from .plan.stream_memory import HappensBefore
 
 MEMORY_MODES = ("off", "balanced", "tight")
 _MAX_STREAMS = 256
@@ -147,6 +150,60 @@ def _check_streams(sp: Any, graph: Graph, pos: dict[str, int], where: str) -> No
         want(moved, f"{where}: the stream plan deadlocks: every stream waits on an event never recorded")
 
 
+def _touches(graph: Graph, named: dict[str, Any]) -> dict[str, tuple[set[str], bool]]:
+    """Per arena value: the nodes that read its bytes (its users and, through view ops, the
+    users of its views) and whether it must survive the run (it or a view of it is an output)."""
+    outputs = {id(v) for v in graph.outputs}
+    out = {}
+    for name, v in named.items():
+        readers, pinned, stack = set(), False, [v]
+        while stack:
+            x = stack.pop()
+            pinned |= id(x) in outputs
+            for u in x.users:
+                readers.add(u.name)
+                if view_source(u) is not None and u.inputs[view_source(u)] is x:
+                    stack.append(u.outputs[0])
+        out[name] = (readers, pinned)
+    return out
+
+
+def _check_overlap(plan: ExecutionPlan, graph: Graph, pos: dict[str, int], where: str) -> None:
+    """No two values whose arena bytes overlap are live at once: every node touching one is
+    ordered (by the order, or with streams by stream order and events) before the producer of
+    the other. The one exception is the planner's in-place takeover: an ``inplace`` value may
+    take the bytes of an input of its producer that nothing reads after that producer."""
+    named = {o.name: o for n in graph.nodes for o in n.outputs if o.name in plan.slots}
+    touch = _touches(graph, named)
+    by_name = {n.name: n for n in graph.nodes}
+    if plan.streams is not None:
+        hb = HappensBefore([by_name[n] for n in plan.order], plan.streams)
+        desc = {name: hb.desc[hb.step[name]] for name in pos}
+
+        def before(a: str, b: str) -> bool:
+            return bool(desc[a] >> hb.step[b] & 1)
+    else:
+        def before(a: str, b: str) -> bool:
+            return pos[a] < pos[b]
+
+    def done_before(a: str, b: str) -> bool:   # every touch of a before b is written (or in place)
+        readers, pinned = touch[a]
+        writer = named[b].producer.name
+        if pinned or not before(named[a].producer.name, writer):
+            return False
+        late = [r for r in readers if not before(r, writer)]
+        return not late or (late == [writer] and plan.kinds.get(b) == "inplace")
+
+    spans = sorted((off, off + size, name) for name, (off, size) in plan.slots.items() if size > 0)
+    for i, (lo, hi, a) in enumerate(spans):
+        for lo2, _, b in spans[i + 1:]:
+            if lo2 >= hi:
+                break
+            if not (done_before(a, b) or done_before(b, a)):
+                raise ArtifactError(f"{where}: the stored plan puts {a!r} and {b!r} in overlapping arena "
+                                    f"bytes while both are live (corrupt or tampered plan)")
+
+
 def restore_plan(record: Any, graph: Graph, where: str) -> tuple[ExecutionPlan | None, dict]:
     """The ``ExecutionPlan`` and strides stored in the report part ``record`` (a dict with
     ``plan`` and ``strides``), checked against ``graph``; (None, {}) when no plan was stored."""
@@ -162,4 +219,5 @@ def restore_plan(record: Any, graph: Graph, where: str) -> tuple[ExecutionPlan |
     strides = _check_arena(plan, graph, record.get("strides", {}), where)
     if plan.streams is not None:
         _check_streams(plan.streams, graph, pos, where)
+    _check_overlap(plan, graph, pos, where)
     return plan, strides

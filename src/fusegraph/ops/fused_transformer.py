@@ -363,7 +363,7 @@ def chain_source(steps: list[str], n_inputs: int, scalars: dict[int, float]) -> 
     params = ", ".join(f"x{i}" for i in range(n_inputs))
     lines = [f"def chain({params}, out=None):"]
     for k, step in enumerate(steps):
-        op, *args = step.split()
+        op, *args = str(step).split() or [""]
         form = UNARY.get(op) or BINARY.get(op)
         if form is None or len(args) != (1 if op in UNARY else 2):
             raise ValueError(f"chain step {step!r}")
@@ -371,6 +371,10 @@ def chain_source(steps: list[str], n_inputs: int, scalars: dict[int, float]) -> 
             raise ValueError("every step after the first must use the previous result")
         names = []
         for pos, a in enumerate(args):
+            if a == "p" and not k:
+                raise ValueError(f"chain step {step!r}: the first step has no previous result")
+            if a != "p" and not (a[:1] == "i" and a[1:].isdigit() and int(a[1:]) < n_inputs):
+                raise ValueError(f"chain step {step!r}: operand {a!r} is not 'p' or i0..i{n_inputs - 1}")
             i = None if a == "p" else int(a[1:])
             names.append("p" if i is None else repr(scalars[i]) if pos and i in scalars and op not in _NO_SCALAR
                          else f"x{i}")

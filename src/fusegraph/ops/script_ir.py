@@ -100,6 +100,8 @@ class ScriptBuilder:
         return self._lit("bool", str(int(bool(v))))
 
     def str(self, v: str) -> str:
+        if not v.isidentifier():   # only the emitters' own literals ("none", "tanh"), never a model's
+            raise ValueError(f"script string literal {v[:40]!r} is not a plain identifier")
         return self._lit("str", '"' + v + '"')
 
     def none(self) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..errors import PlanError
 from ..ir import Node, Value
 from ..ops.registry import resolved
 from .bind import Binding, NodeCall
@@ -99,6 +100,12 @@ class FunctionSpec:
     resolve: bool = True      # call deferred kernels' resolved form (False: their plain one)
 
 
+def _label(node: Node) -> str:
+    """The trailing comment of a call line: op type and node name as ``ascii()`` literals, so a
+    string from the model (newlines, U+2028, NUL, quotes) can never leave the comment."""
+    return f"{ascii(node.op_type)} {ascii(node.name)}"
+
+
 def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict[int, Node]) -> None:
     for v, p in zip(spec.param_values, spec.params):
         names._names.setdefault(id(v), p)
@@ -129,10 +136,10 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
         if call.out is not None:
             target = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
             sep = ", " if args else ""
-            lines.append(f"    {kname}({args}{sep}out={target})  # {node.op_type} {node.name}")
+            lines.append(f"    {kname}({args}{sep}out={target})  # {_label(node)}")
         else:
             target = outs[0] if len(outs) == 1 else ", ".join(outs) + ","
-            lines.append(f"    {target} = {kname}({args})  # {node.op_type} {node.name}")
+            lines.append(f"    {target} = {kname}({args})  # {_label(node)}")
             if call.guard:
                 for o in outs:
                     lines.append(f"    if _AL <= {o}.data_ptr() < _AH: {o} = {o}.clone()")
@@ -163,11 +170,17 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
 
 def generate_module(specs: list[FunctionSpec], names: Names, filename: str,
                     extra_globals: dict | None = None) -> GeneratedCode:
-    """Compile the functions of ``specs`` into one module; the first one is the entry."""
+    """Compile the functions of ``specs`` into one module; the first one is the entry.
+    ``filename`` (it names the graph) is kept printable: ``ascii()`` escapes, at most 200 chars."""
+    filename = ascii(filename)[1:-1][:200]
     lines: list[str] = []
     line_to_node: dict[int, Node] = {}
     for spec in specs:
         _emit(spec, names, lines, line_to_node)
+    for line in lines:   # every line is the generator's own: one ASCII line, no control characters
+        if not line.isascii() or any(c < " " for c in line):
+            raise PlanError(f"{filename}: refusing to compile a generated line holding a control or "
+                            f"non-ASCII character: {line[:120]!r}")
     source = "\n".join(lines) + "\n"
     env = names.env
     env.update(extra_globals or {})
