@@ -1,4 +1,4 @@
-"""The .fgm artifact: round trip, no pass on load, mmap'd weights, every refusal, and a fuzz test.
+"""The .fgm artifact: round trip, no pass on load, weights read once into private memory, every refusal, and a fuzz test.
 
 Hostile files are crafted two ways: raw byte edits (caught by layout and checksums) and
 "resealed" edits (parts changed, checksums recomputed), which reach the schema checks.
@@ -154,22 +154,24 @@ def test_load_runs_no_pass_and_no_plan(saved):
     assert A.LOAD_STATS["passes_run"] == stats0["passes_run"] == 0 and A.LOAD_STATS["plans_run"] == 0
 
 
-def test_weights_are_memory_mapped(saved):
+def test_weights_alias_one_private_copy_of_the_file(saved):
+    """Loading reads the file once into private memory: the file is not mapped afterwards, and
+    every weight is a view into that one private region (nothing copied per tensor)."""
     maps = Path("/proc/self/maps")
     if not maps.exists():
         pytest.skip("needs /proc/self/maps")
     path = saved["chain"][1]
     loaded = fg.load(path)
-    spans = []
+    regions = []
     for line in maps.read_text().splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5] == str(path.resolve()):
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            spans.append((lo, hi))
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        regions.append((lo, hi, fields[5] if len(fields) == 6 else ""))
+    assert not [r for r in regions if r[2] == str(path.resolve())], "the artifact file is still mapped"
     consts = [v.const for v in loaded.graph.constants.values()]
-    assert spans and consts
-    for t in consts:
-        assert any(lo <= t.data_ptr() < hi for lo, hi in spans)
+    assert consts
+    homes = {next((lo, hi, name) for lo, hi, name in regions if lo <= t.data_ptr() < hi) for t in consts}
+    assert len(homes) == 1 and next(iter(homes))[2] == "", homes
 
 
 def test_nothing_is_unpickled(saved, monkeypatch):

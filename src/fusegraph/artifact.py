@@ -12,10 +12,12 @@ One file, nothing in it is ever unpickled (container: ``artifact_container.py``)
     weights  a plain safetensors blob, folded and fused constants, and each oneDNN
              convolution weight also in its packed (blocked) form (``artifact_weights.py``)
 
-Weights are memory-mapped copy-on-write (kernels may scribble on their copy, never on the
-file). ``load`` runs no pass, no planning and no probe: it checks the file, rebuilds the
+The whole file is read into private memory on load and the file is closed: a file
+rewritten, truncated or replaced after ``load`` changes nothing the model computes and cannot
+raise SIGBUS (the cost, measured in benchmarks/RESULTS.md: the weights count as private
+memory, RssAnon, instead of file-backed pages). ``load`` runs no pass, no planning and no probe: it checks the file, rebuilds the
 graph and verifies it, restores and checks the stored plan, and binds kernels: a convolution
-takes its stored packed weight, rebuilt over the mapped bytes, when the file comes from the
+takes its stored packed weight, rebuilt over the loaded bytes, when the file comes from the
 same torch build, CPU capability and thread count (else it packs the plain weight), so
 nothing is left for the first run to do but what a compiled model's first run does. The
 weights' digests are computed on worker threads while the JSON parts are decoded; they are
@@ -151,7 +153,8 @@ def _corrupt_first(checks: Checksums | None, exc: Exception) -> None:
 
 
 def load(path: str | Path) -> CompiledModel:
-    """Load a ``.fgm`` artifact: no pass and no planning runs; weights are memory-mapped."""
+    """Load a ``.fgm`` artifact: no pass and no planning runs; the file is read once, into
+private memory, and not touched again."""
     t0 = time.perf_counter()
     where = str(path)
     before = dict(compiler.STAGE_RUNS)

@@ -16,7 +16,7 @@ part digests use a non-cryptographic hash that checks ~15 GB/s on one core (SHA-
 ~1.3 GB/s and was most of the load time of the large models); the header keeps its SHA-256.
 Chunks let a loader check a large weights part while it decodes the other parts (``Checksums``).
 ``pack`` seals parts atomically; ``open_artifact`` checks the prefix, header and layout and
-maps the file copy-on-write; ``Checksums`` verifies padding and digests. Every fault is an
+reads the file into private memory; ``Checksums`` verifies padding and digests. Every fault is an
 ``ArtifactError``. Nothing here knows what the parts hold.
 """
 from __future__ import annotations
@@ -164,7 +164,7 @@ def _check_layout(header: dict, base: int, size: int, where: str) -> dict:
 
 
 class Artifact:
-    """An opened file: checked header, part table, and the copy-on-write map of the file."""
+    """An opened file: checked header, part table, and the file's bytes in private memory."""
 
     def __init__(self, header: dict, parts: dict, mm: mmap.mmap, base: int, where: str):
         self.header, self.parts, self.mm, self.base, self.where = header, parts, mm, base, where
@@ -174,9 +174,27 @@ class Artifact:
         return self.base + self.parts[name]["offset"], self.parts[name]["length"]
 
 
+def _read_private(f, size: int, where: str) -> mmap.mmap:
+    """The whole file in private anonymous memory: what is loaded never depends on the file
+    again (a file rewritten or truncated after ``load`` cannot change a run or raise SIGBUS)."""
+    mm = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE)
+    f.seek(0)
+    with memoryview(mm) as view:
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:size])
+            if not n:
+                break
+            got += n
+    want(got == size and os.fstat(f.fileno()).st_size == size,
+         f"{where}: the file changed while it was being read")
+    return mm
+
+
 def open_artifact(path: Path) -> Artifact:
-    """Check prefix, header and layout, and map the file (copy-on-write: kernels may scribble
-    on their copy of a weight, never on the file). Checksums are ``Checksums``' job."""
+    """Check prefix, header and layout, and read the file into private memory (kernels may
+    scribble on their copy of a weight, and a later change of the file affects nothing).
+    Checksums are ``Checksums``' job."""
     where = str(path)
     try:
         f = open(path, "rb")
@@ -187,8 +205,7 @@ def open_artifact(path: Path) -> Artifact:
         want(size <= _MAX_FILE, f"{where}: absurd file size {size}")
         header, base = _read_header(f, size, where)
         parts = _check_layout(header, base, size, where)
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        want(len(mm) == size, f"{where}: the file changed while it was being read")
+        mm = _read_private(f, size, where)
     return Artifact(header, parts, mm, base, where)
 
 

@@ -1,4 +1,4 @@
-"""The weights part of a ``.fgm`` artifact: a plain safetensors blob, read back memory-mapped.
+"""The weights part of a ``.fgm`` artifact: a plain safetensors blob, read back in place.
 
 ``weights_part(tensors)`` writes every constant under its value name. The data section starts
 64-aligned in the file and each tensor sits at its compiled address modulo 64 (SIMD kernels
@@ -10,7 +10,7 @@ descriptor as uint8 entries named ``__fusegraph_packed__...``, listed in the met
 the convolution geometry and thread count they were packed for (``packed_forms``;
 ``provided_forms`` hands them to the kernels at load). ``read_weights`` checks every entry
 (dtype, shape, span, alignment, overlap, bool bytes, permutations, broadcast limits) and
-returns tensors that alias the mapped file: nothing is copied and nothing is unpickled.
+returns tensors that alias the loaded bytes: nothing is copied and nothing is unpickled.
 Faults are ``ArtifactError``.
 """
 from __future__ import annotations

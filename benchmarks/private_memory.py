@@ -1,0 +1,90 @@
+"""Private resident memory (RssAnon) and load time, fresh process per engine and model.
+
+For each light model (random weights) and engine, a new Python process imports its engine,
+reads /proc/self/status, builds the model (``fg.compile(onnx)``, ``fg.load(fgm)`` or an
+onnxruntime ORT_ENABLE_ALL session), runs it 20 times, and reads /proc/self/status again.
+Columns: build seconds, RssAnon after 20 runs minus after import (MiB), and RssFile beside it
+(file-backed pages: a memory map of the artifact counts there, not in RssAnon). 2 threads.
+
+    python benchmarks/private_memory.py [--models squeezenet,resnet50] [--engines compile,load,ort]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from fusegraph import zoo
+
+_CHILD = r"""
+import json, sys, time
+engine, path = sys.argv[1:3]
+def status():
+    out = {}
+    for line in open("/proc/self/status"):
+        k, _, v = line.partition(":")
+        if k in ("RssAnon", "RssFile", "VmHWM"):
+            out[k] = int(v.split()[0]) / 1024
+    return out
+import numpy as np
+if engine == "ort":
+    import onnxruntime as ort
+else:
+    import torch, fusegraph as fg
+    torch.set_num_threads(2)
+base = status()
+t0 = time.perf_counter()
+if engine == "ort":
+    so = ort.SessionOptions(); so.intra_op_num_threads = 2; so.inter_op_num_threads = 1
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    specs = [(i.name, i.shape) for i in s.get_inputs()]
+    run = lambda f: s.run(None, f)
+else:
+    m = fg.load(path) if engine == "load" else fg.compile(path, config=fg.Config(threads=2))
+    specs = [(v.name, v.shape) for v in m.inputs]
+    run = m.run
+build = time.perf_counter() - t0
+feeds = {n: np.random.default_rng(0).random(tuple(int(d) for d in sh), dtype=np.float32) for n, sh in specs}
+for _ in range(20):
+    run(feeds)
+end = status()
+print(json.dumps({"build_s": build, "anon": end["RssAnon"] - base["RssAnon"], "file": end["RssFile"] - base["RssFile"]}))
+"""
+
+
+def measure(engine: str, path: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", _CHILD, engine, path], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(zoo.LIGHT_MODELS))
+    ap.add_argument("--engines", default="compile,load,ort")
+    args = ap.parse_args(argv)
+    engines = args.engines.split(",")
+    print("| model | " + " | ".join(f"{e} build s | {e} RssAnon MiB | {e} RssFile MiB" for e in engines) + " |")
+    print("|---|" + "---:|" * (3 * len(engines)))
+    with tempfile.TemporaryDirectory() as tmp:
+        import fusegraph as fg
+        for name in args.models.split(","):
+            proto = zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0)
+            onnx_path = str(Path(tmp) / f"{name}.onnx")
+            onnx.save(proto, onnx_path)
+            fgm = str(Path(tmp) / f"{name}.fgm")
+            if "load" in engines:
+                fg.compile(onnx_path, config=fg.Config(threads=2)).save(fgm)
+            cells = []
+            for e in engines:
+                r = measure(e, fgm if e == "load" else onnx_path)
+                cells += [f"{r['build_s']:.3f}", f"{r['anon']:.0f}", f"{r['file']:.0f}"]
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
