@@ -3,8 +3,10 @@
 For each light model (random weights) and engine, a new Python process imports its engine,
 reads /proc/self/status, builds the model (``fg.compile(onnx)``, ``fg.load(fgm)`` or an
 onnxruntime ORT_ENABLE_ALL session), runs it 20 times, and reads /proc/self/status again.
-Columns: build seconds, RssAnon after 20 runs minus after import (MiB), and RssFile beside it
-(file-backed pages: a memory map of the artifact counts there, not in RssAnon). 2 threads.
+Columns: build seconds, the median of runs 6..20 (ms; a fresh process each, so for latency
+ratios prefer ``fusegraph bench``, which alternates engines in one process), RssAnon after 20
+runs minus after import (MiB), and RssFile beside it (file-backed pages: a memory map counts
+there, not in RssAnon). 2 threads.
 
     python benchmarks/private_memory.py [--models squeezenet,resnet50] [--engines compile,load,ort]
 """
@@ -50,10 +52,13 @@ else:
     run = m.run
 build = time.perf_counter() - t0
 feeds = {n: np.random.default_rng(0).random(tuple(int(d) for d in sh), dtype=np.float32) for n, sh in specs}
+times = []
 for _ in range(20):
-    run(feeds)
+    t = time.perf_counter(); run(feeds); times.append(time.perf_counter() - t)
 end = status()
-print(json.dumps({"build_s": build, "anon": end["RssAnon"] - base["RssAnon"], "file": end["RssFile"] - base["RssFile"]}))
+run_ms = sorted(times[5:])[len(times[5:]) // 2] * 1e3
+print(json.dumps({"build_s": build, "run_ms": run_ms, "anon": end["RssAnon"] - base["RssAnon"],
+                  "file": end["RssFile"] - base["RssFile"]}))
 """
 
 
@@ -68,8 +73,9 @@ def main(argv=None) -> None:
     ap.add_argument("--engines", default="compile,load,ort")
     args = ap.parse_args(argv)
     engines = args.engines.split(",")
-    print("| model | " + " | ".join(f"{e} build s | {e} RssAnon MiB | {e} RssFile MiB" for e in engines) + " |")
-    print("|---|" + "---:|" * (3 * len(engines)))
+    print("| model | " + " | ".join(f"{e} build s | {e} run ms | {e} RssAnon MiB | {e} RssFile MiB"
+                                    for e in engines) + " |")
+    print("|---|" + "---:|" * (4 * len(engines)))
     with tempfile.TemporaryDirectory() as tmp:
         import fusegraph as fg
         for name in args.models.split(","):
@@ -82,7 +88,7 @@ def main(argv=None) -> None:
             cells = []
             for e in engines:
                 r = measure(e, fgm if e == "load" else onnx_path)
-                cells += [f"{r['build_s']:.3f}", f"{r['anon']:.0f}", f"{r['file']:.0f}"]
+                cells += [f"{r['build_s']:.3f}", f"{r['run_ms']:.2f}", f"{r['anon']:.0f}", f"{r['file']:.0f}"]
             print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 

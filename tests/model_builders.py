@@ -67,3 +67,158 @@ def static_shapes(path, batch: int = 1, seq: int = 16):
             d.ClearField("dim_param")
             d.dim_value = v
     return m
+
+
+# ----- torch-frontend models (issue 17): small transformers configs and plain-torch CNNs -------
+
+def _kwargs_wrapper(model, names, field="last_hidden_state"):
+    import torch
+
+    class KwargsCall(torch.nn.Module):
+        """Calls a `transformers` model with keyword arguments and returns one tensor."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            return getattr(self.model(**dict(zip(names, args))), field)
+
+    import inspect
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    KwargsCall.forward.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + params)
+    return KwargsCall().eval()
+
+
+def small_transformer(name: str, hidden: int = 64, layers: int = 2, heads: int = 4):
+    """(module, example args, input names) for bert | gpt2 | vit | t5 at a small config."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "vit":
+        cfg = tf.ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=hidden,
+                           num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * hidden)
+        model = tf.ViTModel(cfg, add_pooling_layer=False).eval()
+        return _kwargs_wrapper(model, ["pixel_values"]), (torch.randn(1, 3, 32, 32),), ["pixel_values"]
+    if name == "bert":
+        model = tf.BertModel(tf.BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+                                           num_attention_heads=heads, intermediate_size=4 * hidden,
+                                           max_position_embeddings=128), add_pooling_layer=False)
+    elif name == "gpt2":
+        model = tf.GPT2Model(tf.GPT2Config(vocab_size=VOCAB, n_embd=hidden, n_layer=layers, n_head=heads,
+                                           n_positions=128, use_cache=False))
+    elif name == "t5":
+        model = tf.T5EncoderModel(tf.T5Config(vocab_size=VOCAB, d_model=hidden, d_kv=hidden // heads,
+                                              d_ff=4 * hidden, num_layers=layers, num_heads=heads,
+                                              use_cache=False))
+    else:
+        raise ValueError(name)
+    model.eval()
+    ids = torch.randint(0, VOCAB, (2, SEQ))
+    mask = torch.ones(2, SEQ, dtype=torch.int64)
+    mask[1, -3:] = 0
+    names = ["input_ids", "attention_mask"]
+    return _kwargs_wrapper(model, names), (ids, mask), names
+
+
+def _he_init(module, seed: int = 0):
+    """He-scaled conv / linear weights and BN statistics that keep activations O(1)."""
+    import math
+
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                fan_in = m.in_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]
+                m.weight.normal_(0, math.sqrt(2.0 / fan_in), generator=g)
+                if m.bias is not None:
+                    m.bias.uniform_(-0.1, 0.1, generator=g)
+            elif isinstance(m, torch.nn.Linear):
+                m.weight.normal_(0, math.sqrt(1.0 / m.in_features), generator=g)
+                m.bias.uniform_(-0.1, 0.1, generator=g)
+            elif isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.0, generator=g)
+                m.bias.uniform_(-0.1, 0.1, generator=g)
+        # BN statistics from one batch of random images, so every layer's input is O(1) (not
+        # saturated): logits then depend on the input
+        bns = [m for m in module.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        for m in bns:
+            m.reset_running_stats()
+            m.momentum = None
+        module.train()(torch.randn(8, 3, 64, 64, generator=g))
+        for m in bns:
+            m.momentum = 0.1
+    return module.eval()
+
+
+def resnet50_style(num_classes: int = 10, width: int = 16, blocks=(3, 4, 6, 3)):
+    """A ResNet-50-style network (bottlenecks 1x1-3x3-1x1, expansion 4) in plain torch."""
+    import torch
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, mid, stride):
+            super().__init__()
+            cout = mid * 4
+            self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+            self.conv2, self.bn2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid)
+            self.conv3, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=True)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = self.relu(self.bn1(self.conv1(x)))
+            y = self.relu(self.bn2(self.conv2(y)))
+            y = self.bn3(self.conv3(y))
+            return self.relu(y + (x if self.down is None else self.down(x)))
+
+    layers = [nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+              nn.MaxPool2d(3, 2, 1)]
+    cin = width
+    for i, n in enumerate(blocks):
+        mid = width * 2 ** i
+        for j in range(n):
+            layers.append(Bottleneck(cin, mid, 2 if j == 0 and i > 0 else 1))
+            cin = mid * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
+    return _he_init(nn.Sequential(*layers))
+
+
+def mobilenetv2_style(num_classes: int = 10, width: float = 0.5):
+    """A MobileNetV2-style network (inverted residuals, depthwise 3x3, ReLU6) in plain torch."""
+    import torch
+    nn = torch.nn
+
+    def cbr(cin, cout, k, s, groups=1, act=True):
+        mods = [nn.Conv2d(cin, cout, k, s, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+        return mods + ([nn.ReLU6(inplace=True)] if act else [])
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin, cout, stride, expand):
+            super().__init__()
+            hid = cin * expand
+            mods = (cbr(cin, hid, 1, 1) if expand != 1 else []) + cbr(hid, hid, 3, stride, groups=hid) \
+                + cbr(hid, cout, 1, 1, act=False)
+            self.block = nn.Sequential(*mods)
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):
+            return x + self.block(x) if self.residual else self.block(x)
+
+    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                (6, 160, 3, 2), (6, 320, 1, 1)]
+    c = int(32 * width)
+    layers = cbr(3, c, 3, 2)
+    for t, ch, n, s in settings:
+        cout = max(8, int(ch * width))
+        for i in range(n):
+            layers.append(InvertedResidual(c, cout, s if i == 0 else 1, t))
+            c = cout
+    layers += cbr(c, 1280 // 2, 1, 1) + [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2),
+                                         nn.Linear(1280 // 2, num_classes)]
+    return _he_init(nn.Sequential(*layers))

@@ -13,6 +13,7 @@ import fusegraph as fg
 from fusegraph.bench import alternate, bench, random_feeds_for
 from fusegraph.cli import main
 from fusegraph.ir import DType
+from fusegraph.errors import UsageError
 
 
 def _recorder(log: list[str], name: str):
@@ -76,9 +77,9 @@ def test_bench_command_prints_json(small_model, capsys):
 
 
 def test_bench_rejects_an_unknown_peer_and_an_artifact_peer(small_model, tmp_path):
-    with pytest.raises(ValueError, match="unknown peer"):
+    with pytest.raises(UsageError, match="unknown peer"):
         bench(str(small_model), vs=("tensorrt",), runs=1, warmup=0)
     artifact = tmp_path / "small.fgm"
     fg.compile(str(small_model)).save(str(artifact))
-    with pytest.raises(ValueError, match="needs the .onnx model"):
+    with pytest.raises(UsageError, match="run the .onnx model"):
         bench(str(artifact), vs=("onnxruntime",), runs=1, warmup=0)

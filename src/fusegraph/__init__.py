@@ -5,8 +5,7 @@
     outputs = model.run({"input": x})
 """
 from .config import Config
-from .compiler import CompiledModel, TensorSpec, compile
-from .artifact import load
+from .compiler import CompiledModel, TensorSpec, compile, load
 from .config_file import load_config
 from . import errors
 

@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import UsageError
+
 
 @dataclass
 class BenchResult:
@@ -104,24 +106,19 @@ def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int 
 
     config = (config or fg.Config()).replace(threads=threads)
     is_artifact = Path(model_path).suffix == ".fgm"
-    model = fg.load(model_path) if is_artifact else fg.compile(model_path, config)
-    if is_artifact:
-        import torch
-        torch.set_num_threads(threads)
+    if is_artifact and vs:
+        raise UsageError(f"{model_path}: peers ({', '.join(vs)}) run the .onnx model, not an .fgm artifact")
+    model = fg.load(model_path, threads=threads) if is_artifact else fg.compile(model_path, config)
     feeds = random_feeds_for(model)
     runners: dict[str, Callable[[], object]] = {"fusegraph": lambda: model.run(feeds)}
     for peer in vs:
         if peer == "onnxruntime":
-            if is_artifact:
-                raise ValueError("--vs onnxruntime needs the .onnx model, not an .fgm artifact")
             runners[peer] = _ort_runner(model_path, threads, feeds)
         elif peer == "torch":
-            if is_artifact:
-                raise ValueError("--vs torch needs the .onnx model, not an .fgm artifact")
             eager = fg.compile(model_path, config.replace(level="O0", memory="off"))
             runners[peer] = lambda: eager.run(feeds)
         else:
-            raise ValueError(f"unknown peer {peer!r}; choose onnxruntime or torch")
+            raise UsageError(f"unknown peer {peer!r}; choose onnxruntime or torch")
     samples = alternate(runners, runs=runs, warmup=warmup)
     med = {k: statistics.median(v) for k, v in samples.items()}
     return BenchResult(model=str(model_path), threads=threads, runs=runs, fusegraph_ms=med.pop("fusegraph"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import FusegraphError, InputError
+from .errors import FusegraphError, InputError, UsageError
 
 
 def _random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
@@ -46,27 +46,50 @@ def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
+_COMPILE_FLAGS = ("level", "memory")   # options that only mean something when compiling
+
+
 def _load(path: str, args):
-    """An .fgm artifact loads without compiling; anything else is compiled."""
+    """An .fgm artifact loads without compiling (compile options are refused for it, not
+    ignored); anything else is compiled."""
     import fusegraph as fg
     if Path(path).suffix == ".fgm":
-        if getattr(args, "threads", None):
-            import torch
-            torch.set_num_threads(args.threads)
-        return fg.load(path)
-    return fg.compile(path, config=_config(args))
+        given = [f"--{k}" for k in _COMPILE_FLAGS if getattr(args, k, None) is not None]
+        if given:
+            raise UsageError(f"{path}: {' and '.join(given)} applies when compiling a model; an .fgm "
+                             f"artifact is already compiled (recompile the .onnx model instead)")
+        return fg.load(path, threads=getattr(args, "threads", None))
+    from .frontends.python_model import resolve_model_arg
+    source, inputs = resolve_model_arg(path)     # file.py:factory builds a torch model
+    return fg.compile(source, config=_config(args), example_inputs=inputs)
 
 
 def _config(args):
     import fusegraph as fg
-    kwargs = {}
-    if getattr(args, "level", None):
-        kwargs["level"] = args.level
-    if getattr(args, "threads", None):
-        kwargs["threads"] = args.threads
-    if getattr(args, "memory", None):
-        kwargs["memory"] = args.memory
+    kwargs = {k: getattr(args, k) for k in ("level", "threads", "memory") if getattr(args, k, None) is not None}
     return fg.Config(**kwargs)
+
+
+def _threads_arg(text: str) -> int:
+    from .runtime.threads import machine_cores
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= machine_cores():
+        raise argparse.ArgumentTypeError(f"expected an integer 1..{machine_cores()} (this machine's cores), "
+                                         f"got {text!r}")
+    return n
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
 
 
 def cmd_run(args) -> int:
@@ -79,14 +102,24 @@ def cmd_run(args) -> int:
     elapsed = time.perf_counter() - t0
     out_dir = Path(args.output) if args.output else None
     if out_dir:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise UsageError(f"-o {args.output}: exists and is not a directory (outputs are written as "
+                             f"NAME.npy files into a directory)")
         out_dir.mkdir(parents=True, exist_ok=True)
     for name, value in outputs.items():
         checksum = float(np.asarray(value, dtype=np.float64).sum()) if value.dtype != object else 0.0
         print(f"{name}: shape={list(value.shape)} dtype={value.dtype} sum={checksum:.6g}")
         if out_dir:
             np.save(out_dir / f"{name.replace('/', '_')}.npy", value)
-    print(f"time: {elapsed * 1000:.2f} ms")
+    print(f"time: {elapsed * 1000:.2f} ms ({_how(model)})")
     return 0
+
+
+def _how(model) -> str:
+    """Level, kernels and threads a model runs with (what --level / --threads changed)."""
+    import torch
+    threads = model.config.threads or torch.get_num_threads()
+    return f"{model.config.level}, {model.report.kernel_count} kernels per run, {threads} thread(s)"
 
 
 def _memory_summary(model, plot: str | None) -> None:
@@ -104,6 +137,15 @@ def _memory_summary(model, plot: str | None) -> None:
         print(f"memory timeline written to {plot}")
 
 
+def _need_matplotlib(plot: str | None) -> None:
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--memory-plot draws with matplotlib, which is not installed: "
+                             "pip install 'fusegraph[plot]'") from None
+
+
 def _segments_summary(report) -> None:
     segs = report.segments
     if segs:
@@ -116,26 +158,31 @@ def _segments_summary(report) -> None:
         print(f"  ... and {len(report.segments_dropped) - 5} more (model.report.segments_dropped)")
 
 
-def cmd_inspect(args) -> int:
-    model = _load(args.model, args)
-    if getattr(args, "memory_plot", None) and (args.code or getattr(args, "streams", False)):
-        _memory_summary(model, args.memory_plot)
+def cmd_inspect(args, model=None) -> int:
+    """Each of --code, --fusions, --streams prints its section (in that order, any together);
+    with none of them, the IR summary. --memory-plot draws the timeline in every case.
+    ``model``: already compiled or loaded from ``args`` (``inspect --html``)."""
+    _need_matplotlib(args.memory_plot)
+    model = model if model is not None else _load(args.model, args)
+    streams = args.streams or args.num_streams is not None
     if args.code:
         print(model.source)
-        return 0
-    if getattr(args, "fusions", False):
+    if args.fusions:
         from .report.fusion_text import fusion_text
         print(fusion_text(model.report.fusions))
-        return 0
-    if getattr(args, "streams", False):
+    if streams:
         from .plan.streams import plan_streams
-        print(plan_streams(model.graph, model.graph.nodes, args.num_streams).to_text())
+        print(plan_streams(model.graph, model.graph.nodes, args.num_streams or "auto").to_text())
+    if args.code or args.fusions or streams:
+        if args.memory_plot:
+            _memory_summary(model, args.memory_plot)
         return 0
     print(model.graph)
     print()
     print(f"nodes: {model.report.nodes_imported} imported, {model.report.nodes_final} after passes; "
           f"kernels per run: {model.report.kernel_count}"
           + (f" (+{model.report.shape_kernels} once per input shapes)" if model.report.shape_kernels else ""))
+    print(f"runs as: {_how(model)}")
     _segments_summary(model.report)
     print("op histogram:")
     for op, count in model.report.op_histogram.items():
@@ -165,7 +212,10 @@ def cmd_bench(args) -> int:
     import json
 
     from .bench import bench
-    result = bench(args.model, vs=tuple(args.vs or ()), threads=args.threads or 2, runs=args.runs)
+    if Path(args.model).suffix == ".fgm" and args.vs:
+        raise UsageError(f"{args.model}: --vs {' --vs '.join(args.vs)} runs the peer on the .onnx model; "
+                         f"give the .onnx file (an .fgm artifact is fusegraph's own)")
+    result = bench(args.model, vs=tuple(args.vs or ()), threads=args.threads, runs=args.runs)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
@@ -180,8 +230,15 @@ def cmd_compare(args) -> int:
     from rich.console import Console
 
     from .compare import compare, render
-    columns = compare(args.model, runs=args.runs, config=_config(args).replace(level="O2"))
-    Console().print(render(columns, f"{args.model}: unoptimised (O0) vs optimised (O2)"))
+    level = args.level or "O2"
+    if level == "O0":
+        raise UsageError("compare --level sets the optimised side (O1 or O2); the other side is always O0")
+    config = _config(args).replace(level=level)
+    columns = compare(args.model, runs=args.runs, config=config)
+    import torch
+    Console().print(render(columns, f"{args.model}: unoptimised (O0) vs optimised ({level}), "
+                                    f"{config.threads or torch.get_num_threads()} thread(s), "
+                                    f"median of {args.runs} runs"))
     return 0
 
 
@@ -197,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p):
         p.add_argument("model", help="an .onnx model or .fgm artifact")
         p.add_argument("--level", choices=["O0", "O1", "O2"], help="pass pipeline (default O2)")
-        p.add_argument("--threads", type=int, help="intra-op threads")
+        p.add_argument("--threads", type=_threads_arg, help="intra-op threads (1 .. the machine's cores)")
 
     p = sub.add_parser("run", help="run a model once on given or random inputs")
     common(p)
@@ -210,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--code", action="store_true", help="print the generated run function")
     p.add_argument("--streams", action="store_true", help="print the stream assignment and events")
     p.add_argument("--fusions", action="store_true", help="list the fusions applied and declined, with reasons")
-    p.add_argument("--num-streams", type=_stream_count, default="auto", metavar="N|auto",
-                   help="stream count for --streams (default auto)")
+    p.add_argument("--num-streams", type=_stream_count, metavar="N|auto",
+                   help="stream count for --streams (implies --streams; default auto)")
     p.add_argument("--memory", choices=["off", "balanced", "tight"], help="memory mode (default balanced)")
     p.add_argument("--memory-plot", metavar="OUT.png", help="draw the memory plan's timeline (matplotlib)")
     p.set_defaults(func=cmd_inspect)
@@ -223,26 +280,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=["O0", "O1", "O2"])
     p.add_argument("--streams", type=_stream_count, metavar="N|auto")
     p.add_argument("--memory", choices=["off", "balanced", "tight"])
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--threads", type=int)
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], help="fp32 (fp16 / bf16: not yet)")
+    p.add_argument("--threads", type=_threads_arg)
     p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
+    p.add_argument("--example-input", action="append", metavar="1x3x224x224[:int64]",
+                   help="for MODEL given as file.py:factory (a torch model): an input's shape (repeatable)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("bench", help="latency beside onnxruntime / PyTorch eager, same process")
     p.add_argument("model", help="an .onnx model or .fgm artifact")
     p.add_argument("--vs", action="append", choices=["onnxruntime", "torch"], help="peer (repeatable)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--runs", type=int, default=30, help="timed runs per engine (at least 30 advised)")
+    p.add_argument("--threads", type=_threads_arg, default=min(2, _cores()))
+    p.add_argument("--runs", type=_positive_int, default=30, help="timed runs per engine (at least 30 advised)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("compare", help="unoptimised vs optimised: latency, memory, throughput, load time")
     common(p)
-    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--runs", type=_positive_int, default=20)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on a bundled model, with a before/after table")
     p.set_defaults(func=cmd_demo)
+
+    from .cli_serve import add_serve_parser
+    add_serve_parser(sub)
+    from .cli_report import add_report_parsers   # profile, bisect, inspect --html
+    add_report_parsers(sub)
     return ap
 
 
@@ -253,6 +317,15 @@ def main(argv=None) -> int:
     except FusegraphError as exc:
         print(f"fusegraph: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:   # a path the command was given cannot be read or written
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"fusegraph: error:{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def _cores() -> int:
+    from .runtime.threads import machine_cores
+    return machine_cores()
 
 
 if __name__ == "__main__":

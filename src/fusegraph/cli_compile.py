@@ -20,6 +20,19 @@ def _config_from_args(args):
     return config.replace(**changes) if changes else config
 
 
+def _example_inputs(args):
+    """``--example-input`` shapes as random tensors (for a ``file.py:factory`` torch model)."""
+    given = getattr(args, "example_input", None)
+    if not given:
+        return None
+    from .errors import UsageError
+    from .frontends.python_model import is_python_spec, parse_example_input
+    if not is_python_spec(args.model):
+        raise UsageError(f"--example-input applies to a torch model given as file.py:factory, not to "
+                         f"{args.model!r}")
+    return tuple(parse_example_input(text, seed=i) for i, text in enumerate(given))
+
+
 def _field(obj, name):
     if obj is None:
         return None
@@ -48,7 +61,9 @@ def compile_command(args) -> int:
                 progress.start_task(tasks[name])
                 progress.update(tasks[name], description=f"[bold]{name}")
 
-        model = fg.compile(args.model, config, on_stage=on_stage)
+        from .frontends.python_model import resolve_model_arg
+        source, inputs = resolve_model_arg(args.model, _example_inputs(args))
+        model = fg.compile(source, config, on_stage=on_stage, example_inputs=inputs)
         on_stage("save")
         t0 = time.perf_counter()
         model.save(args.output)

@@ -18,20 +18,18 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from . import artifact
 from .config import Config
-from .errors import ModelLoadError
+from .errors import ConfigError, ModelLoadError
 from .ir import DType, Graph
 from .ir.shape import Shape
-from .ops import infer_graph, opdef_for
+from .ops import infer_graph, opdef_for, prepack
 from .passes import optimize
 from .report import CompileReport
 from .plan.exec_plan import ExecutionPlan
 from .plan.memory_plan import PlanOptions, plan_memory
 from .runtime.executor import Executor
-
-# How often compile() ran each stage; artifact.load reads it to show that loading ran none.
-STAGE_RUNS = {"passes": 0, "plan": 0}
-
+from .runtime.threads import intra_op_threads
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -41,9 +39,13 @@ class TensorSpec:
     dtype: DType
 
 
-def _import(model: Any) -> Graph:
+def _import(model: Any, example_inputs: Any = None, dynamic_shapes: Any = None) -> Graph:
     if isinstance(model, Graph):
         return model
+    from .frontends.dispatch import import_other  # torch, TensorFlow, "file.py:factory"
+    graph = import_other(model, example_inputs, dynamic_shapes)
+    if graph is not None:
+        return graph
     if isinstance(model, (str, Path, bytes, bytearray)) or type(model).__name__ == "ModelProto":
         from .frontends.onnx import import_onnx
         return import_onnx(model)
@@ -65,10 +67,15 @@ class CompiledModel:
         self.report = report
         self.plan = plan
         self.name = str(graph.meta.get("source", graph.name))
-        self._executor = Executor(graph, self.name, plan, device=_device(config), threads=config.threads,
-                                  cuda_graph=getattr(config, "cuda_graph", False), strides=strides,
-                                  keep_freed_memory=config.keep_freed_memory,
-                                  script_segments=config.script_segments and config.level != "O0")
+        device = _device(config)
+        if config.cuda_graph and device != "cuda":
+            raise ConfigError(f"{self.name}: Config.cuda_graph captures a CUDA graph, but the model runs on "
+                              f"{device!r}; drop cuda_graph or use device='cuda'")
+        with intra_op_threads(config.threads):    # kernels bind at the thread count they run at
+            self._executor = Executor(graph, self.name, plan, device=device, threads=config.threads,
+                                      cuda_graph=config.cuda_graph, strides=strides,
+                                      keep_freed_memory=config.keep_freed_memory,
+                                      script_segments=config.script_segments and config.level != "O0")
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(self._executor.binding.not_writable)
         report.shape_kernels = self._executor.code.shape_kernels
@@ -91,8 +98,8 @@ class CompiledModel:
 
     def save(self, path: str | Path) -> None:
         """Write the offline ``.fgm`` artifact (see ``fusegraph.artifact``)."""
-        from .artifact import save
-        save(self, path)
+        artifact.save(path, self.name, self.graph, self.config, self.report, self.plan,
+                      getattr(self._executor.binding, "strides", None) or {})
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -110,18 +117,21 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, Any], *, hook=None) -> dict[str, Any]:
         """Run once: ``{input name: array}`` -> ``{output name: numpy array}``.
 
+        Thread-safe: the model's own lock makes concurrent calls run one at a time. Runs at
+        ``config.threads`` intra-op threads when set (the caller's setting is restored).
+
         ``hook(index, phase, outputs)`` (debugging) runs a variant of the generated code that
         calls it before (phase 0) and after (phase 1, with the node's output tensors) the
         node at ``index`` of ``plan.order``, on the thread that runs the node."""
         return self._executor.run(feeds, hook=hook)
 
     def close(self) -> None:
-        """Stop the stream workers now (they also stop when the model is garbage-collected)."""
+        """Stop the stream workers now (they also stop when the model is garbage-collected);
+        ``run`` raises ``ModelClosedError`` afterwards."""
         self._executor.close()
 
 
 def _plan(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:
-    STAGE_RUNS["plan"] += 1
     mplan = plan_memory(graph, config)
     streams = None
     if config.streams == "auto" or config.streams > 1:
@@ -146,24 +156,27 @@ def _plan(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:
 
 
 def compile(model: Any, config: Config | None = None, *,  # noqa: A001 - public API name
-            on_stage: Callable[[str], None] | None = None) -> CompiledModel:
+            on_stage: Callable[[str], None] | None = None, example_inputs: Any = None,
+            dynamic_shapes: Any = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or an IR Graph into a CompiledModel.
 
     ``on_stage(name)`` is called as each stage starts: "import", "passes", "planning".
     """
     config = config or Config()
-    stage = on_stage or (lambda name: None)
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    with intra_op_threads(config.threads):   # the caller's thread count is back when this returns
+        return _compile(model, config, on_stage or (lambda name: None), example_inputs, dynamic_shapes)
+
+
+def _compile(model: Any, config: Config, stage: Callable[[str], None], example_inputs: Any,
+             dynamic_shapes: Any) -> CompiledModel:
     t0 = time.perf_counter()
     stage("import")
-    graph = _import(model)
+    graph = _import(model, example_inputs, dynamic_shapes)
     report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
     t1 = time.perf_counter()
     for node in graph.nodes:  # every node must have a kernel: fail at compile time, not run time
         opdef_for(node)
     infer_graph(graph)
-    STAGE_RUNS["passes"] += 1
     stage("passes")
     optimize(graph, config, report)
     t2 = time.perf_counter()
@@ -175,3 +188,23 @@ def compile(model: Any, config: Config | None = None, *,  # noqa: A001 - public 
     compiled = CompiledModel(graph, config, report, plan)
     report.timings = {"import": t1 - t0, "infer": t2 - t1, "plan": t3 - t2, "bind": time.perf_counter() - t3}
     return compiled
+
+
+def load(path: str | Path, *, threads: int | None = None) -> CompiledModel:
+    """Load a ``.fgm`` artifact (``artifact.read``) and bind its kernels: no pass and no
+    planning runs. The model runs at the stored ``Config.threads`` bounded by this machine's
+    cores, or at ``threads``; the process's own thread count is left as it was."""
+    t0 = time.perf_counter()
+    stored = artifact.read(path, threads=threads)
+    try:
+        with prepack.provide(stored.packed):
+            model = CompiledModel.from_optimized(stored.graph, stored.config, stored.report, stored.plan,
+                                                 stored.strides)
+    except MemoryError:
+        raise
+    except Exception as exc:  # a file whose graph or plan cannot be bound: ArtifactError, never other
+        raise artifact.refusal(str(path), exc) from exc
+    seconds = time.perf_counter() - t0
+    stored.report.timings["load"] = seconds
+    model.load_info = {**stored.info, "seconds": seconds}
+    return model

@@ -10,6 +10,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
+from .runtime.threads import machine_cores
 
 LEVELS = ("O0", "O1", "O2")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -23,18 +24,25 @@ class Config:
 
     level: pass pipeline, ``O0`` (nothing) .. ``O2`` (everything, the default).
     disabled_passes: pass names to skip.
-    precision: ``fp32`` | ``fp16`` | ``bf16``.
+    precision: ``fp32``; ``fp16`` / ``bf16`` (and ``op_precision``) are refused with a
+        ConfigError until reduced precision is implemented.
+    aggressive_fusion: refused when true (no fusion rule reads it yet).
     streams: number of execution streams, or ``"auto"``.
     memory: ``off`` (every tensor its own buffer) | ``balanced`` | ``tight``.
     device: ``cpu`` | ``cuda`` | ``auto``.
-    threads: intra-op threads (None: leave torch's setting alone); with several CPU streams
-        each stream gets ``threads // streams`` of them.
-    cuda_graph: on CUDA, capture the whole run as one CUDA graph and replay it (default off).
+    threads: intra-op threads, 1 .. this machine's cores (None: torch's setting at each call);
+        compile, bind and every run use them and then put the caller's setting back; with
+        several CPU streams each stream gets ``threads // streams`` of them.
+    cuda_graph: on CUDA, capture the whole run as one CUDA graph and replay it (default off;
+        a ConfigError on any other device).
     fold_size_limit: largest tensor, in bytes, that constant folding may materialise.
     fold_broadcast_limit: largest logical size, in bytes, of a folded constant that is one value
         broadcast (a ConstantOfShape, an Expand of a scalar): it is kept as that value plus a
         shape (stride 0, a few bytes in the artifact) and materialised once when the model is
         bound to its kernels; anything larger stays a node.
+    max_arena_bytes: largest activation memory a compile may plan (the arena, plus the broadcast
+        constants materialised at bind time, plus any one graph output), in bytes; over it,
+        compile raises PlanError naming the biggest tensors. Default 8 GiB; None: no cap.
     verify_each: verify the graph after every pass (tests turn it on).
     fast_math: allow rewrites that are exact only away from NaN / Inf / zero (x*0, x/x,
         log(exp(x)) outside the provable domain), as -ffast-math does.
@@ -57,6 +65,7 @@ class Config:
     threads: int | None = None
     fold_size_limit: int = 64 * 1024 * 1024
     fold_broadcast_limit: int = 4 * 1024 ** 3
+    max_arena_bytes: int | None = 8 * 1024 ** 3
     verify_each: bool = False
     fast_math: bool = False
     aggressive_fusion: bool = False
@@ -80,8 +89,11 @@ class Config:
             raise ConfigError(f"Config.device must be one of {DEVICES}, got {self.device!r}")
         if not (self.streams == "auto" or (isinstance(self.streams, int) and 1 <= self.streams <= 64)):
             raise ConfigError(f"Config.streams must be an integer 1..64 or 'auto', got {self.streams!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ConfigError(f"Config.threads must be a positive integer or None, got {self.threads!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                         or not 1 <= self.threads <= machine_cores()):
+            raise ConfigError(f"Config.threads must be an integer 1..{machine_cores()} (this machine's cores) "
+                              f"or None, got {self.threads!r}")
+        _refuse_unavailable(self)
         for name in ("cuda_graph", "script_segments", "keep_freed_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Config.{name} must be true or false, got {getattr(self, name)!r}")
@@ -89,6 +101,10 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"Config.{name} must be a non-negative integer, got {value!r}")
+        if self.max_arena_bytes is not None and (not isinstance(self.max_arena_bytes, int) or
+                                                 isinstance(self.max_arena_bytes, bool) or self.max_arena_bytes < 0):
+            raise ConfigError(f"Config.max_arena_bytes must be a non-negative integer or None, "
+                              f"got {self.max_arena_bytes!r}")
         for name in ("disabled_passes", "exclusive_tensors", "external_tensors"):
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
@@ -118,6 +134,16 @@ class Config:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"unknown config key {key!r}{hint}; known keys: {', '.join(sorted(known))}")
         return cls(**{k: _tuples(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _refuse_unavailable(config: Config) -> None:
+    """Knobs whose feature does not exist yet are refused, never silently ignored."""
+    if config.precision != "fp32" or config.op_precision:
+        raise ConfigError(f"reduced precision is not available yet: fusegraph computes in fp32 only "
+                          f"(got precision={config.precision!r}, op_precision={config.op_precision!r})")
+    if config.aggressive_fusion is not False:
+        raise ConfigError("Config.aggressive_fusion is not available yet: no fusion rule reads it; "
+                          "leave it False")
 
 
 def _plain(value):

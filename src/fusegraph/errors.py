@@ -53,3 +53,12 @@ class PassError(FusegraphError):
 
 class PlanError(FusegraphError):
     """An execution plan (order, memory slots, streams) does not fit its graph or breaks an invariant."""
+
+
+class ModelClosedError(FusegraphError):
+    """``run`` was called on a model after ``close()``."""
+
+
+class UsageError(FusegraphError):
+    """A call (or command line) whose arguments contradict each other or the model given:
+    a compile option for an already compiled artifact, an output path that cannot be written."""

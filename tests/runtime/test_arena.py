@@ -1,6 +1,7 @@
 """The runtime's arena: outputs are bit-identical with memory off / balanced / tight, kernels
 write into their planned slices (same addresses on every run, inside the arena), results
 that alias the arena untracked are copied, and report.memory carries the plan."""
+import ast
 import json
 
 import numpy as np
@@ -74,7 +75,7 @@ def _small_models():
         helper.make_node("Not", ["lt"], ["nl"]), helper.make_node("Where", ["nl", "a", "x"], ["w"]),
         helper.make_node("Clip", ["w", "lo", "hi"], ["cl"]), helper.make_node("Split", ["cl"], ["s1", "s2"], axis=1),
         helper.make_node("Div", ["s1", "s2"], ["q"]), helper.make_node("GlobalAveragePool", ["q"], ["y"])],
-        [x], [_vi("y", None), _vi("nl", None)], [_init("lo", np.float32(-0.5)), _init("hi", np.float32(0.7))]),
+        [x], [_vi("y", None), _vi("nl", None, TensorProto.BOOL)], [_init("lo", np.float32(-0.5)), _init("hi", np.float32(0.7))]),
         {"x": r.standard_normal((2, 8, 6, 6))})
     for k, (model, feeds) in m.items():
         m[k] = (model, {n: a.astype(np.float32) for n, a in feeds.items()})
@@ -168,7 +169,7 @@ def test_tight_generates_code_in_the_planned_order():
     model, feeds = SMALL["branches"]
     c = fg.compile(model, fg.Config(memory="tight", script_segments=False))   # one line per node
     lines = [ln for ln in c.source.splitlines() if "  # " in ln]
-    assert [ln.rsplit(" ", 1)[-1] for ln in lines] == c.plan.order
+    assert [ast.literal_eval(ln.rsplit(" ", 1)[-1]) for ln in lines] == c.plan.order
 
 
 def test_out_form_matches_plain_kernels_on_nan_and_signed_zero():

@@ -119,3 +119,13 @@ def test_resealed_artifact_with_injected_names_runs_nothing(in_tmp, k):
     assert loaded.source.isascii()
     assert_outputs_close(loaded.run({"x": X}), want)
     assert not os.path.exists(in_tmp / SENTINEL)
+
+
+def test_a_model_path_string_is_never_run_as_python(in_tmp):
+    """``file.py:factory`` is the command line's (it runs the file, as ``python file.py`` would);
+    through the API a string is a model path, and a Python file is not a model."""
+    (in_tmp / "evil.py").write_text(f"open({str(in_tmp / SENTINEL)!r}, 'w').close()\ndef make(): pass\n")
+    with pytest.raises(FusegraphError):
+        fg.compile(f"{in_tmp / 'evil.py'}:make")
+    with pytest.raises(FusegraphError):
+        fg.compile(str(in_tmp / "evil.py"))

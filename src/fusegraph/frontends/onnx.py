@@ -16,7 +16,8 @@ from onnx import helper
 
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..ir import DType, Graph, Value
-from .onnx_data import tensor_to_torch
+from .onnx_checks import check_model, check_node, check_opsets, check_types, check_value_dims, small_vectors
+from .onnx_data import check_tensor_bytes, tensor_to_torch
 from .onnx_weights import parse_without_weights
 
 DEFAULT_OPSET = 7
@@ -32,6 +33,9 @@ def load_model_proto(model: Any) -> tuple[onnx.ModelProto, Path | None, str]:
         return _parse(bytes(model), "<bytes>"), None, "<bytes>"
     if isinstance(model, (str, Path)):
         path = Path(model)
+        if path.is_dir():
+            raise ModelLoadError(f"{str(path)!r} is a directory, not a model file: give an .onnx file "
+                                 f"(or a TensorFlow SavedModel folder, which holds saved_model.pb)")
         if not path.is_file():
             raise ModelLoadError(f"model file {str(path)!r} does not exist")
         if path.stat().st_size > _MAX_MODEL_BYTES:
@@ -115,7 +119,14 @@ def import_onnx(model: Any) -> Graph:
         opset[""] = 1 if proto.ir_version < 3 else DEFAULT_OPSET
     if opset[""] < 1:
         raise ModelLoadError(f"{where}: default-domain opset {opset['']} is not a valid opset version")
-    hints = _shape_hints(proto)
+    check_opsets(opset, where)
+    check_model(proto, where)
+    check_value_dims(proto.graph, where)
+    for idx, node in enumerate(proto.graph.node):
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        check_node(node, node.name or (node.output[0] if node.output else f"node{idx}"), domain,
+                   opset.get(domain, 1), where)
+    hints, refusal = _shape_hints(proto, where)
     g = proto.graph
     graph = Graph(g.name or "main", opset)
     graph.meta["source"] = where
@@ -182,6 +193,8 @@ def import_onnx(model: Any) -> Graph:
                 pass
         graph.outputs.append(v)
     graph.meta["output_names"] = [o.name for o in g.output]
+    if refusal is not None:
+        raise refusal
     return graph
 
 
@@ -190,8 +203,11 @@ def _sparse_initializers(g: onnx.GraphProto, base_dir, where: str):
     for sp in g.sparse_initializer:
         try:
             yield numpy_helper.from_array(_densify(sp), sp.values.name)
+        except ModelLoadError:
+            raise
         except Exception as exc:
-            raise ModelLoadError(f"{where}: sparse initializer could not be read: {exc}") from None
+            raise ModelLoadError(f"{where}: sparse initializer {sp.values.name!r} could not be read: "
+                                 f"{type(exc).__name__}: {exc}") from None
 
 
 def _densify(sp):
@@ -199,14 +215,22 @@ def _densify(sp):
     from onnx import numpy_helper
     values = numpy_helper.to_array(sp.values)
     indices = numpy_helper.to_array(sp.indices)
+    numel = 1
+    for d in sp.dims:
+        if d < 0:
+            raise ValueError(f"dims {list(sp.dims)} hold a negative dim")
+        numel *= int(d)
+    check_tensor_bytes(sp.values.name, numel * values.dtype.itemsize, sp.dims, "sparse initializer")
     dense = np.zeros(int(np.prod(sp.dims)), dtype=values.dtype)
     flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, tuple(sp.dims))
     dense[flat] = values
     return dense.reshape(tuple(sp.dims))
 
 
-def _shape_hints(proto: onnx.ModelProto) -> dict[str, tuple[DType, tuple | None]]:
-    """Dtypes and shapes onnx itself infers (with data propagation); hints only.
+def _shape_hints(proto: onnx.ModelProto, where: str):
+    """Dtypes and shapes onnx itself infers (with data propagation), as hints; and the refusal
+    (or None) of onnx's strict type inference (``onnx_checks.check_types``), which the importer
+    raises after its own checks.
 
     Runs on a light copy: large initializers become typed inputs, so weights are not copied.
     """
@@ -219,18 +243,22 @@ def _shape_hints(proto: onnx.ModelProto) -> dict[str, tuple[DType, tuple | None]
             light.graph.initializer.append(init)
         elif init.name not in input_names:
             light.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    checked, refusal = check_types(light, where)
     try:
+        if checked is None or not small_vectors(checked):   # refused, or data propagation would crawl
+            raise ValueError("no data propagation")
         inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
                                                      data_prop=True)
         infos = list(inferred.graph.value_info) + list(inferred.graph.output)
     except Exception:
-        infos = list(proto.graph.value_info) + list(proto.graph.output)
+        src = checked.graph if checked is not None else proto.graph
+        infos = list(src.value_info) + list(src.output)
     for vi in infos:
         try:
             hints[vi.name] = _type_of(vi.type, "", vi.name)
         except Exception:
             continue
-    return hints
+    return hints, refusal
 
 
 def _without_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -16,8 +16,24 @@ from onnx import numpy_helper
 
 from ..errors import ModelLoadError
 from ..ir import DType
+from ..ir.arrays import NUMPY_OK, numpy_to_torch
 
 _MAX_ELEMENTS = 1 << 40
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def check_tensor_bytes(name: str, nbytes: int, dims, where: str) -> None:
+    """Refuse a tensor that could never be held: more bytes than this machine's memory."""
+    limit = _physical_memory()
+    if nbytes > limit:
+        raise ModelLoadError(f"{where}: tensor {name!r} declares {nbytes} bytes (dims {list(dims)}), "
+                             f"more than this machine's {limit} bytes of memory")
 
 
 def _declared_numel(t: onnx.TensorProto, where: str) -> int:
@@ -36,6 +52,9 @@ def _confined_path(base_dir: Path | None, location: str, where: str, tensor: str
     if base_dir is None:
         raise ModelLoadError(f"{where}: tensor {tensor!r} uses external data ({location!r}) but the "
                              f"model was not loaded from a file; load it by path")
+    if "\x00" in location:
+        raise ModelLoadError(f"{where}: tensor {tensor!r} has external data at {location!r}: a path "
+                             f"with a NUL byte is refused")
     if not location or os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
         raise ModelLoadError(f"{where}: tensor {tensor!r} has external data at {location!r}: absolute "
                              f"paths are refused; it must be relative to the model's folder")
@@ -72,10 +91,15 @@ def _read_external(t: onnx.TensorProto, base_dir: Path | None, where: str) -> np
         raise ModelLoadError(f"{where}: tensor {t.name!r} declares {need} bytes (dims {list(t.dims)}, "
                              f"{dtype.name}) but its external data holds {length} bytes at offset "
                              f"{offset} of a {size}-byte file")
-    arr = np.empty(numel, dtype=np_dtype)  # read straight into the tensor's memory: one copy
-    with open(path, "rb") as f:
-        f.seek(offset)
-        got = f.readinto(arr.view(np.uint8)) if need else 0
+    check_tensor_bytes(t.name, need, t.dims, where)
+    try:
+        arr = np.empty(numel, dtype=np_dtype)  # read straight into the tensor's memory: one copy
+        with open(path, "rb") as f:
+            f.seek(offset)
+            got = f.readinto(arr.view(np.uint8)) if need else 0
+    except (MemoryError, OSError) as exc:
+        raise ModelLoadError(f"{where}: external data of tensor {t.name!r} ({need} bytes in "
+                             f"{path.name!r}) could not be read: {type(exc).__name__}: {exc}") from None
     if got != need:
         raise ModelLoadError(f"{where}: external data file {path.name!r} ended after {got} of the "
                              f"{need} bytes of tensor {t.name!r}")
@@ -95,7 +119,7 @@ def tensor_to_torch(t: onnx.TensorProto, base_dir: Path | None, where: str) -> t
         arr = _read_external(t, base_dir, where)
     else:
         if t.raw_data:
-            itemsize = dtype.to_numpy().itemsize if dtype in _NUMPY_OK else None
+            itemsize = dtype.to_numpy().itemsize if dtype in NUMPY_OK else None
             if itemsize is not None and len(t.raw_data) != numel * itemsize:
                 raise ModelLoadError(f"{where}: tensor {t.name!r} declares dims {list(t.dims)} "
                                      f"({numel * itemsize} bytes of {dtype.name}) but holds "
@@ -107,21 +131,3 @@ def tensor_to_torch(t: onnx.TensorProto, base_dir: Path | None, where: str) -> t
     return numpy_to_torch(arr, where, t.name)
 
 
-_NUMPY_OK = frozenset({DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.INT8, DType.INT16, DType.INT32,
-                       DType.INT64, DType.UINT8, DType.UINT16, DType.UINT32, DType.UINT64, DType.BOOL,
-                       DType.COMPLEX64, DType.COMPLEX128})
-
-
-def numpy_to_torch(arr: np.ndarray, where: str = "model", name: str = "") -> torch.Tensor:
-    """NumPy (including ml_dtypes' bfloat16 / float8) to torch, without sharing read-only memory."""
-    dtype = DType.from_numpy(arr.dtype)
-    if not arr.flags.writeable or not arr.flags.c_contiguous:
-        arr = np.array(arr, copy=True, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray doesn't)
-    if dtype in _NUMPY_OK:
-        return torch.from_numpy(arr)
-    try:
-        tdt = dtype.to_torch()
-    except TypeError:
-        raise ModelLoadError(f"{where}: tensor {name!r} has type {dtype.name}, which torch cannot hold") from None
-    raw = torch.from_numpy(arr.view(np.uint8 if arr.dtype.itemsize == 1 else np.int16))
-    return raw.view(tdt)

@@ -4,7 +4,9 @@ HardSigmoid, HardSwish, Softplus, Softsign, Sigmoid, Tanh, Mish, Gelu, Swish, Sh
 Attributes (alpha, beta, gamma, lambd, bias, approximate, Clip-6's min/max) and constant Clip
 bounds are read once at build time; the kernels are plain torch calls. Relu, LeakyRelu,
 Sigmoid, Tanh, Gelu, Swish (alpha 1), Softplus and Clip also write into ``out=`` (their torch
-function's out form, the same kernel); composite formulas do not.
+function's out form, the same kernel); composite formulas do not. ``gelu`` is torch's GELU
+with gelu(+inf) = +inf, as ONNX computes it (torch's vectorised erf form gives NaN there); the
+fused kernels use it too.
 """
 from __future__ import annotations
 
@@ -103,13 +105,29 @@ def _hard_sigmoid(ctx: NodeContext):
     return _precise(ctx, lambda x: torch.clamp(x * alpha + beta, 0.0, 1.0))
 
 
+def gelu(x: torch.Tensor, approximate: str = "none", out: torch.Tensor | None = None) -> torch.Tensor:
+    """GELU of ``x`` into ``out`` (which may be ``x``) or a new tensor. One max over ``x`` says
+    whether a +inf (or a NaN) is there; only then the +inf positions are restored afterwards."""
+    pos = None
+    if approximate == "none" and x.numel() and x.is_floating_point() and not bool(x.amax() < float("inf")):
+        pos = torch.isposinf(x)
+    if out is x:
+        torch._C._nn.gelu_(x, approximate=approximate)
+    elif out is not None:
+        torch._C._nn.gelu(x, approximate=approximate, out=out)
+    else:
+        out = F.gelu(x, approximate=approximate)
+    if pos is not None:
+        out.masked_fill_(pos, float("inf"))
+    return out
+
+
 @register("Gelu", since=20, fusion=_EW, infer=_SAME, writes_out=True)
 def _gelu(ctx: NodeContext):
     approximate = ctx.attr("approximate", "none")
     if approximate not in ("none", "tanh"):
         raise ctx.unsupported(f"approximate={approximate!r} (expected 'none' or 'tanh')")
-    return lambda x, out=None: torch._C._nn.gelu(x, approximate=approximate, out=out) if out is not None \
-        else F.gelu(x, approximate=approximate)
+    return lambda x, out=None: gelu(x, approximate, out)
 
 
 @register("Swish", since=24, fusion=_EW, infer=_SAME, writes_out=True)

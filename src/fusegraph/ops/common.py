@@ -5,8 +5,6 @@ Inference functions take a ``NodeContext`` and return one ``(dtype, shape)`` per
 """
 from __future__ import annotations
 
-import torch
-
 from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from .registry import NodeContext
@@ -33,15 +31,7 @@ def const_ints(ctx: NodeContext, i: int) -> list[int] | None:
     return None if t is None else [int(x) for x in t.reshape(-1).tolist()]
 
 
-def tensor_ints(t: torch.Tensor | None) -> list[int] | None:
-    return None if t is None else [int(x) for x in t.reshape(-1).tolist()]
-
-
 def normalize_axis(axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise ValueError(f"axis {axis} is out of range for rank {rank}")
     return axis + rank if axis < 0 else axis
-
-
-def onnx_to_torch_dtype(code: int) -> torch.dtype:
-    return DType(code).to_torch()

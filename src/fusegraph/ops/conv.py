@@ -8,10 +8,12 @@ on CPU, cuDNN on CUDA); padding torch cannot express symmetrically is applied wi
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import ShapeInferenceError
 from .registry import FusionKind, NodeContext, register
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -19,9 +21,26 @@ _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 # ----------------------------------------------------------------------------- geometry
+_AT_LEAST = {"strides": 1, "dilations": 1, "kernel_shape": 1, "pads": 0}
+
+
 def ints_attr(ctx: NodeContext, name: str) -> list[int] | None:
+    """An ints attribute; window attributes are checked (strides, dilations, kernel_shape >= 1,
+    pads >= 0), so a malformed node (a re-sealed artifact's) is a typed error, not a crash."""
     v = ctx.attr(name, None)
-    return None if v is None else [int(x) for x in v]
+    if v is None:
+        return None
+    n = ctx.node
+    try:
+        v = [operator.index(x) for x in v]
+    except TypeError:
+        raise ShapeInferenceError(f"node {n.name!r} ({n.op_type}): attribute {name!r} must be a list of "
+                                  f"integers, got {str(v)[:80]}") from None
+    low = _AT_LEAST.get(name)
+    if low is not None and any(x < low for x in v):
+        raise ShapeInferenceError(f"node {n.name!r} ({n.op_type}): attribute {name!r} is {list(v)}; "
+                                  f"every entry must be >= {low}")
+    return v
 
 
 def check_rank(ctx: NodeContext, i: int = 0, ranks=(3, 4, 5)) -> None:

@@ -7,17 +7,20 @@ residual summand ``z`` of the output's shape (added before the activation), and
 [alpha]; hardtanh: [min, max]).
 
 Kernels, chosen once at bind time:
-- CPU, float32, 2-D conv with static shapes, constant weights, symmetric padding and an
-  activation oneDNN Graph fuses: one oneDNN Graph partition (``onednn_graph_cnn.conv_kernel``:
-  compiled once, ~5 us a call against ideep's ~20 us of primitive set-up), compiled for the
-  thread count it runs at. It allocates its output; when malloc does not keep freed memory,
-  outputs of ``FRESH_OUT_BYTES`` or more take the ideep kernel below instead (planned buffer).
+- CPU, float32, 2-D conv with static shapes, constant weights and symmetric padding: one
+  oneDNN Graph partition (``onednn_graph_cnn.conv_kernel``: compiled once, ~5 us a call
+  against ideep's ~20 us of primitive set-up), compiled for the thread count it runs at; an
+  activation it does not fuse faithfully (``onednn_graph.POST_OP_IR``) runs after it in
+  place. It allocates its output; when malloc does not keep freed memory, outputs of
+  ``FRESH_OUT_BYTES`` or more take the ideep kernel below instead (planned buffer).
 - Otherwise on CPU (float32, 2-D, static spatial sizes, constant weights): oneDNN through
   ``torch.ops.mkldnn._convolution_pointwise`` (``.binary`` "add" for the residual), with the
   weights reordered once into oneDNN's blocked format for the known input size
   (``prepack.conv_weight``; a loaded artifact provides the blocked form it stored). The
   input is read channels-last (converted inside the kernel when it is not) and the output
-  is channels-last. With ``out=`` given and ``z``
+  is channels-last. The activations whose oneDNN post-op is not what ONNX computes on NaN
+  and +-Inf (``NAN_UNSAFE``: relu and clip give 0 / the bound for NaN, GELU NaN for +inf,
+  hardsigmoid 1 for NaN) run after it in place instead. With ``out=`` given and ``z``
   living in ``out`` (the planner's in-place choice), ``_convolution_pointwise_.binary``
   accumulates straight into it. Without a residual the kernel allocates (oneDNN has no
   ``out=`` form). When malloc keeps freed memory (``runtime/host_memory.py``, the default)
@@ -30,12 +33,8 @@ Kernels, chosen once at bind time:
 - Otherwise (CUDA, other dtypes, 1-D / 3-D, no mkldnn): ``F.conv*`` then the activation in
   place on the fresh result.
 Convolutions under ``PARALLEL_MACS`` multiply-adds (a few us of work) run on one intra-op
-thread (``threading_policy.serial``): a fork/join is most of their time. The threshold was
-1M until an A/B on a quiet machine (three compiled copies in one process, alternating, 2
-threads, 2026-11-29 17:53, load ~1): shufflenet 8.53 / 7.05 ms at 1M, 8.06 / 6.69 at 256K,
-7.89 / 6.44 with every convolution parallel; inception_v1 31.5 / 31.3 / 30.9; squeezenet
-8.63 / 8.78 / 8.54. (At load 1.3-1.5 the previous round had measured the opposite: a busy
-core stalls every fork/join.)
+thread (``threading_policy.serial``): a fork/join is most of their time (the A/B behind
+the threshold: benchmarks/RESULTS.md, "Convolution threading threshold").
 Small 1x1 stride-1 convolutions (at most ``GEMM_MACS`` multiply-adds) run instead as one
 GEMM on the channels-last data (``addmm`` into the output, with ``out=``) and the activation
 in place: oneDNN's fixed cost per call (~30 us) exceeds their arithmetic.
@@ -50,9 +49,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..runtime.host_memory import freed_memory_kept
 from . import onednn_graph, prepack
+from .activations import gelu
 from .conv import ConvGeometry, auto_pads, conv_call, ints_attr, torch_pad_list
+from .onednn_graph import POST_OP_IR
 from .onednn_graph_cnn import conv_kernel
 from .registry import Deferred, FusionKind, NodeContext, register
 from .threading_policy import serial, threads_for
@@ -74,9 +74,13 @@ ACTIVATIONS = {
     "swish": ("swish", None, lambda y, p: F.silu(y, inplace=True)),
     "leaky_relu": ("leaky_relu", None, lambda y, p: F.leaky_relu_(y, p[0])),
     "hardtanh": ("hardtanh", None, lambda y, p: y.clamp_(p[0], p[1])),
-    "gelu": ("gelu", "none", lambda y, p: torch._C._nn.gelu_(y, approximate="none")),
-    "gelu_tanh": ("gelu", "tanh", lambda y, p: torch._C._nn.gelu_(y, approximate="tanh")),
+    "gelu": ("gelu", "none", lambda y, p: gelu(y, "none", y)),
+    "gelu_tanh": ("gelu", "tanh", lambda y, p: gelu(y, "tanh", y)),
 }
+
+
+# activations whose ideep post-op differs from ONNX on NaN / +inf: applied after the convolution
+NAN_UNSAFE = {"relu", "hardtanh", "gelu", "gelu_tanh", "hardsigmoid"}
 
 
 def _out_dim(size, k: int, s: int, d: int, pb: int, pe: int, auto_pad: str):
@@ -122,7 +126,7 @@ def _fused_conv(ctx: NodeContext):
     macs = conv_macs(ctx, w)
     one_thread = macs is not None and w.device.type == "cpu" and macs < PARALLEL_MACS
     if _mkldnn_ok(ctx, w, activation):
-        if onednn_graph.AVAILABLE and (freed_memory_kept() or _out_bytes(ctx) < FRESH_OUT_BYTES):
+        if onednn_graph.AVAILABLE and (ctx.freed_memory_kept or _out_bytes(ctx) < FRESH_OUT_BYTES):
             def build():
                 with threads_for(one_thread):   # the partition is compiled for the count it runs at
                     kernel = _graph_kernel(ctx, w, activation, params)
@@ -160,9 +164,22 @@ def _graph_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: li
     b = ctx.const(2)
     if begin != end or min(begin) < 0 or (ctx.has_input(2) and b is None):
         return None
+    fused = activation if activation in POST_OP_IR else ""
     got = conv_kernel(ctx.name, tuple(ctx.shape(0)), ctx.node.outputs[0].shape, w, b, s, begin, d, group,
-                      ctx.has_input(3), activation, params)
-    return None if isinstance(got, str) else got
+                      ctx.has_input(3), fused, params)
+    if isinstance(got, str):
+        return None
+    return got if fused == activation else _then(got, ACTIVATIONS[activation][2], params)
+
+
+def _then(kernel, act, params):
+    """``kernel`` followed by ``act`` in place on its (fresh or planned) result."""
+    def conv_act(*args, **kwargs):
+        return act(kernel(*args, **kwargs), params)
+    conv_act.__qualname__ = f"{kernel.__qualname__}.then_activation"
+    conv_act.writes_out = getattr(kernel, "writes_out", True)
+    conv_act.onednn_graph = getattr(kernel, "onednn_graph", None)
+    return conv_act
 
 
 def conv_macs(ctx: NodeContext, w) -> int | None:
@@ -192,6 +209,8 @@ def _fallback_kernel(ctx: NodeContext, activation: str, params: list[float]):
 
 
 def _mkldnn_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: list[float]):
+    if activation in NAN_UNSAFE:       # the convolution alone, the activation after it
+        return _then(_mkldnn_kernel(ctx, w, "", params), ACTIVATIONS[activation][2], params)
     xs = tuple(ctx.shape(0))
     geo = ConvGeometry(ctx)
     g = geo.group
@@ -227,7 +246,7 @@ def _mkldnn_kernel(ctx: NodeContext, w: torch.Tensor, activation: str, params: l
             if pre_pad is not None:
                 x = F.pad(x, pre_pad).contiguous(memory_format=CL)
             return unary(x, packed, bias, padding, stride, dil, g, uattr, scalars, algorithm)
-        if _out_bytes(ctx) < FRESH_OUT_BYTES or freed_memory_kept():
+        if _out_bytes(ctx) < FRESH_OUT_BYTES or ctx.freed_memory_kept:
             conv.writes_out = False
             return conv
 

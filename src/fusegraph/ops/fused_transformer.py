@@ -6,14 +6,16 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
   (``trans_b``; the fusion rules store constant weights that way) runs as a oneDNN 1x1
   convolution partition (``onednn_graph_linear.py``: the fastest of oneDNN's kernels for
   these products), else through oneDNN's inner product (``mkldnn._linear_pointwise``), with
-  the bias and activation as post-ops, on every intra-op thread: MKL's sgemm takes a slow
+  the bias and activation as post-ops (relu and GELU in place after it: oneDNN's relu turns
+  NaN into 0, its GELU +inf into NaN), on every intra-op thread: MKL's sgemm takes a slow
   generic path on AMD CPUs (cold-weight products of BERT's sizes at 2 threads up to 1.9x
   slower for one row and 1.2-1.9x for 16 rows; ``benchmarks/bench_gemv.py``, RESULTS.md).
   Both allocate their result (oneDNN has no ``out=``); weights over ``PACKED_COPY_BYTES``
   take the inner product (no reordered copy). Otherwise addmm into the output buffer, then the
   activation in place on it; products under ``SERIAL_MACS`` multiply-adds run on one thread.
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
-- ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon``.
+- ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon`` (again in
+  float64 when float32 sums overflow: ``norm.layer_norm_exact``).
 - ``SkipLayerNorm(a, b, gamma?, beta?)``: ``s = a + b``; outputs ``layer_norm(s)`` and,
   when the node has a second output, ``s`` itself (the residual stream of pre-LN models).
 - ``MaskedSoftmax(x, mask?)``: ``softmax(x * scale + mask)`` over the last axis;
@@ -39,7 +41,9 @@ import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
 from . import onednn_graph
+from .activations import gelu as _gelu_fn
 from .common import same_as_input
+from .norm import layer_norm_exact as layer_norm
 from .onednn_graph_linear import linear_kernel
 from .registry import Deferred, FusionKind, NodeContext, register
 from .threading_policy import SERIAL_BELOW, serial_if
@@ -51,8 +55,8 @@ DOMAIN = "fusegraph"
 
 ACTIVATIONS = {
     "relu": torch.relu_,
-    "gelu": lambda t: torch._C._nn.gelu_(t, approximate="none"),
-    "gelu_tanh": lambda t: torch._C._nn.gelu_(t, approximate="tanh"),
+    "gelu": lambda t: _gelu_fn(t, "none", t),
+    "gelu_tanh": lambda t: _gelu_fn(t, "tanh", t),
     "sigmoid": torch.sigmoid_,
     "tanh": torch.tanh_,
     "silu": lambda t: F.silu(t, inplace=True),
@@ -78,9 +82,9 @@ PACKED_COPY_BYTES = 16 << 20
 # product is memory-bound and MKL does not split it, while the fork/join costs a scheduler
 # tick whenever that thread's core is busy.
 SERIAL_MACS = 1 << 23
-# activation -> (oneDNN post-op, its algorithm) for mkldnn._linear_pointwise
-ONEDNN_ACTIVATIONS = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"),
-                      "gelu_tanh": ("gelu", "tanh"), "sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""),
+# activation -> (oneDNN post-op, its algorithm) for mkldnn._linear_pointwise; the others
+# (relu, gelu, gelu_tanh: not what ONNX computes on NaN / +inf) run after it in place
+ONEDNN_ACTIVATIONS = {"none": ("none", ""), "sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""),
                       "silu": ("swish", "")}
 
 
@@ -98,7 +102,8 @@ def _onednn_ok(ctx: NodeContext, trans_b: bool) -> bool:
 
 def _onednn_linear(w: torch.Tensor, b, activation: str):
     n, k = w.shape
-    attr, algorithm = ONEDNN_ACTIVATIONS[activation]
+    attr, algorithm = ONEDNN_ACTIVATIONS.get(activation, ("none", ""))
+    after = None if activation in ONEDNN_ACTIVATIONS else ACTIVATIONS[activation]
     bias = None if b is None else b.contiguous()
     linear = torch.ops.mkldnn._linear_pointwise
 
@@ -106,7 +111,10 @@ def _onednn_linear(w: torch.Tensor, b, activation: str):
         x2 = x.reshape(-1, k)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        return linear(x2, w, bias, attr, [], algorithm).view(*x.shape[:-1], n)
+        y = linear(x2, w, bias, attr, [], algorithm)
+        if after is not None:
+            after(y)
+        return y.view(*x.shape[:-1], n)
     kernel.writes_out = False
     return kernel
 
@@ -152,10 +160,9 @@ def _gelu(ctx: NodeContext):
 
     def gelu(x, b=None, out=None):
         if b is None:
-            return F.gelu(x, approximate=approx) if out is None else \
-                torch._C._nn.gelu(x, approximate=approx, out=out)
+            return _gelu_fn(x, approx, out)
         y = torch.add(x, b) if out is None else torch.add(x, b, out=out)
-        return torch._C._nn.gelu_(y, approximate=approx)
+        return _gelu_fn(y, approx, y)
 
     def kernel(x, b=None, out=None):
         return serial_if(x.numel() < SERIAL_BELOW, gelu, x, b, out=out)
@@ -170,7 +177,7 @@ def _layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon"))
 
     def kernel(x, gamma=None, beta=None):
-        return F.layer_norm(x, x.shape[-1:], gamma, beta, eps)
+        return layer_norm(x, x.shape[-1:], gamma, beta, eps)
     return kernel
 
 
@@ -188,7 +195,7 @@ def _skip_layer_norm(ctx: NodeContext):
 
     def skip_ln(a, b, gamma=None, beta=None):
         s = torch.add(a, b)
-        y = F.layer_norm(s, s.shape[-1:], gamma, beta, eps)
+        y = layer_norm(s, s.shape[-1:], gamma, beta, eps)
         return (y, s) if both else y
 
     def kernel(a, b, gamma=None, beta=None):

@@ -13,6 +13,7 @@ import torch
 from ..errors import FusegraphError, ShapeInferenceError
 from ..ir import DType, Graph, Node
 from ..ir.shape import Shape
+from .arity import check_arity
 from .registry import NodeContext, opdef_for
 
 # Stand-in sizes for symbolic / unknown dims in the two meta runs: distinct primes that no
@@ -101,8 +102,10 @@ def _merge(old: Shape, new: Shape) -> Shape:
 
 
 def infer_graph(graph: Graph) -> None:
-    """Fill dtype and shape of every node output, in order."""
+    """Fill dtype and shape of every node output, in order (after checking each standard-domain
+    node's input and output counts against its ONNX schema: ``arity.py``)."""
     for node in graph.nodes:
+        check_arity(node)
         inferred = infer_node(node)
         if not inferred:
             continue

@@ -107,6 +107,17 @@ def _ln_infer(ctx: NodeContext):
     return out
 
 
+def layer_norm_exact(x, norm_shape, scale, b, eps: float):
+    """``F.layer_norm``; a float32 result holding a NaN or an Inf is computed again in float64,
+    as onnxruntime accumulates (float32 sums of a finite row of values near 1e37 overflow, and
+    the row comes out NaN); a row with a NaN or an Inf in it stays NaN. One sum decides."""
+    y = F.layer_norm(x, norm_shape, scale, b, eps)
+    if y.dtype == torch.float32 and y.numel() and not bool(torch.isfinite(y.sum())):
+        y = F.layer_norm(x.double(), norm_shape, None if scale is None else scale.double(),
+                         None if b is None else b.double(), eps).float()
+    return y
+
+
 @register("LayerNormalization", since=17, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=_ln_infer)
 def _layer_norm(ctx: NodeContext):
     axis = int(ctx.attr("axis", -1))
@@ -120,7 +131,7 @@ def _layer_norm(ctx: NodeContext):
         ft = torch.promote_types(x.dtype, stash)
         if (n_out == 1 and ft == x.dtype and tuple(scale.shape) == norm_shape
                 and (b is None or tuple(b.shape) == norm_shape)):
-            return F.layer_norm(x, norm_shape, _like(scale, x), _like(b, x), eps)
+            return layer_norm_exact(x, norm_shape, _like(scale, x), _like(b, x), eps)
         dims = tuple(range(a, x.dim()))
         xs = x.to(ft)
         mean = xs.mean(dim=dims, keepdim=True)

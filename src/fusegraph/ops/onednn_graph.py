@@ -25,7 +25,8 @@ it: a call costs ~5 us in all (a 1x1 group convolution of 3.6M multiply-adds: 24
 The global TorchScript switches touched while compiling (LLGA on, the profiling executor)
 are put back afterwards. ``AVAILABLE`` is False when this torch has no LLGA bridge; tests
 switch it off to exercise the other kernels. Knows no op semantics: callers write the IR,
-ending it with ``with_post_op`` (the activations oneDNN fuses after an anchor, ``POST_OP_IR``).
+ending it with ``with_post_op`` (the activations oneDNN fuses after an anchor, ``POST_OP_IR``,
+only those it computes as ONNX does on NaN and +-Inf).
 """
 from __future__ import annotations
 
@@ -147,21 +148,25 @@ class GraphKernel:
 
 
 # activation -> IR lines computing %r from %y (%p0, %p1: its parameters), for the activations
-# oneDNN Graph fuses into a partition as post-ops ("" and "none": no activation). FusedConv and
-# LinearAct name theirs differently (swish / silu); GELU's tanh form is absent (the bridge
-# computes it as the erf form), and so is hardsigmoid (left outside the partition).
+# oneDNN Graph fuses into a partition as post-ops ("" and "none": no activation) and computes
+# as ONNX does on NaN and +-Inf. FusedConv and LinearAct name theirs differently (swish / silu).
+# ReLU is written as ``elu(y, alpha=0)``: oneDNN computes ``aten::relu`` as max(y, 0), which
+# turns NaN into 0, while its ELU (y > 0 ? y : 0 * (exp(y) - 1)) keeps NaN, fuses the same
+# and costs the same (a negative input gives -0.0 instead of 0.0). Absent, so the caller applies
+# them after the partition: hardtanh (oneDNN's clip turns NaN into the lower bound), GELU
+# (+inf gives NaN; its tanh form is computed as the erf form), hardsigmoid (left outside).
+RELU_IR = "aten::elu({y}, {zero}, {one}, {one})"
 POST_OP_IR = {
     "": [],
     "none": [],
-    "relu": ["%r : Tensor = aten::relu(%y)"],
+    "relu": ["%r0 : float = prim::Constant[value=0.]()", "%r1 : float = prim::Constant[value=1.]()",
+             "%r : Tensor = " + RELU_IR.format(y="%y", zero="%r0", one="%r1")],
     "sigmoid": ["%r : Tensor = aten::sigmoid(%y)"],
     "tanh": ["%r : Tensor = aten::tanh(%y)"],
     "hardswish": ["%r : Tensor = aten::hardswish(%y)"],
     "swish": ["%sg : Tensor = aten::sigmoid(%y)", "%r : Tensor = aten::mul(%y, %sg)"],
     "silu": ["%sg : Tensor = aten::sigmoid(%y)", "%r : Tensor = aten::mul(%y, %sg)"],
     "leaky_relu": ["%r : Tensor = aten::leaky_relu(%y, %p0)"],
-    "hardtanh": ["%r : Tensor = aten::hardtanh(%y, %p0, %p1)"],
-    "gelu": ['%ga : str = prim::Constant[value="none"]()', "%r : Tensor = aten::gelu(%y, %ga)"],
 }
 
 

@@ -1,6 +1,7 @@
 """The CNN kernels written as oneDNN Graph partitions (``onednn_graph.py``): a fused
-convolution (bias, residual add, activation) and 2-D max / average pooling over
-channels-last float32 CPU data of static shape.
+convolution (bias, residual add, activation) and 2-D average pooling over channels-last
+float32 CPU data of static shape. Max pooling declines: oneDNN's max pool turns a window of
+NaN (and one of -inf) into -FLT_MAX, where ONNX (and torch's kernel) give NaN (-inf).
 
 Each builder returns a kernel (its ``onednn_graph`` attribute is the ``GraphKernel``), or a
 reason string when the node is not one these kernels
@@ -10,7 +11,8 @@ and more than one spatial position (a channels-last tensor with one of those has
 stride patterns, and the partition is specialised on one). Inputs are made channels-last
 before the call (a no-op for the layout pass's choice; the graph input of a network's first
 convolution is converted once). The activations oneDNN Graph fuses are
-``onednn_graph.POST_OP_IR``; hardsigmoid is not one of them. No pass logic here.
+``onednn_graph.POST_OP_IR`` (the ones it computes as ONNX does on NaN and +-Inf); the caller
+applies any other after the partition. No pass logic here.
 """
 from __future__ import annotations
 
@@ -77,7 +79,9 @@ def conv_kernel(name: str, x_shape, y_shape, w: torch.Tensor, bias: torch.Tensor
 
 def pool_kernel(name: str, kind: str, x_shape, y_shape, kernel_size, stride, padding, dilation,
                 ceil_mode: bool, count_include_pad: bool = False):
-    """2-D ``max`` / ``avg`` pooling as one partition: a kernel ``x -> y``, or a reason."""
+    """2-D ``avg`` pooling as one partition: a kernel ``x -> y``, or a reason (``max``: always)."""
+    if kind == "max":
+        return "oneDNN's max pooling turns NaN and -inf windows into -FLT_MAX"
     if not (_static_cl(x_shape) and y_shape is not None and len(y_shape) == 4
             and all(isinstance(d, int) and d > 0 for d in y_shape)):
         return "needs static 4-D shapes with more than one channel and position"
@@ -87,15 +91,11 @@ def pool_kernel(name: str, kind: str, x_shape, y_shape, kernel_size, stride, pad
              f"  %k : int[] = prim::Constant[value={ir_list(kernel_size)}]()",
              f"  %st : int[] = prim::Constant[value={ir_list(stride)}]()",
              f"  %pd : int[] = prim::Constant[value={ir_list(padding)}]()",
-             f"  %cm : bool = prim::Constant[value={int(bool(ceil_mode))}]()"]
-    if kind == "max":
-        lines += [f"  %dl : int[] = prim::Constant[value={ir_list(dilation)}]()",
-                  "  %r : Tensor = aten::max_pool2d(%x, %k, %st, %pd, %dl, %cm)"]
-    else:
-        lines += [f"  %ci : bool = prim::Constant[value={int(bool(count_include_pad))}]()",
-                  "  %dv : NoneType = prim::Constant()",
-                  "  %r : Tensor = aten::avg_pool2d(%x, %k, %st, %pd, %cm, %ci, %dv)"]
-    lines.append("  return (%r)")
+             f"  %cm : bool = prim::Constant[value={int(bool(ceil_mode))}]()",
+             f"  %ci : bool = prim::Constant[value={int(bool(count_include_pad))}]()",
+             "  %dv : NoneType = prim::Constant()",
+             "  %r : Tensor = aten::avg_pool2d(%x, %k, %st, %pd, %cm, %ci, %dv)",
+             "  return (%r)"]
     kernel = GraphKernel(name, "\n".join(lines), {}, lambda: [_zeros(x_shape)])
     if not kernel.ok:
         return kernel.reason

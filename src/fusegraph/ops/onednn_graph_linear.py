@@ -7,7 +7,8 @@ weight reordered into their blocked layout much faster than its inner product re
 ``[N, K]`` matrix (M = 1, 2 threads: 768x3072 114 us against 159, 3072x768 116 against 239,
 onnxruntime's MLAS 133 / 136; ``benchmarks/bench_gemv.py``), so this is the kernel for
 constant-weight products on CPU. Bias and activation are post-ops of the same partition;
-GELU's tanh form runs after it in place (the bridge would compute the erf form).
+GELU runs after it in place (oneDNN's GELU gives NaN for +inf, and the bridge computes the
+tanh form as the erf form).
 
 A partition is specialised on M, which only the run knows when the model has dynamic axes:
 a kernel compiles one partition for each new M it meets, up to ``MAX_SHAPES`` (each holds its
@@ -21,6 +22,7 @@ import threading
 
 import torch
 
+from .activations import gelu as gelu_
 from .onednn_graph import GraphKernel, with_post_op
 
 MAX_SHAPES = 2
@@ -52,8 +54,8 @@ def linear_kernel(name: str, w: torch.Tensor, b: torch.Tensor | None, activation
     constants = {"w": w.reshape(n, k, 1, 1)}
     if b is not None:
         constants["b"] = b.contiguous()
-    ir = _ir(b is not None, "none" if activation == "gelu_tanh" else activation)   # tanh: after it
-    after = torch._C._nn.gelu_ if activation == "gelu_tanh" else None
+    gelu = {"gelu": "none", "gelu_tanh": "tanh"}.get(activation)     # GELU: after it, in place
+    ir = _ir(b is not None, "none" if gelu else activation)
     kernels: dict[int, GraphKernel | None] = {}
     lock = threading.Lock()
 
@@ -80,8 +82,8 @@ def linear_kernel(name: str, w: torch.Tensor, b: torch.Tensor | None, activation
         if g is None:
             return fallback(x, w_, b_)
         y = g(_as_positions(x2)).permute(0, 2, 3, 1).reshape(*x.shape[:-1], n)
-        if after is not None:
-            after(y, approximate="tanh")
+        if gelu is not None:
+            gelu_(y, gelu, y)
         return y
     kernel.writes_out, kernel.onednn_graph = False, kernels   # M -> GraphKernel (None: declined)
     return kernel

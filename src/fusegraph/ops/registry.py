@@ -44,12 +44,14 @@ _MISSING = object()
 class NodeContext:
     """What a kernel builder or an inference function may see of a node."""
 
-    __slots__ = ("node", "version", "device")
+    __slots__ = ("node", "version", "device", "freed_memory_kept")
 
-    def __init__(self, node: Node, device: str = "cpu"):
+    def __init__(self, node: Node, device: str = "cpu", freed_memory_kept: bool = False):
         self.node = node
         self.version = node.version
         self.device = str(device)          # where the kernel will run: "cpu", "cuda", "cuda:1" ...
+        # the host reuses memory a run frees (the runtime's malloc policy): large fresh outputs are cheap
+        self.freed_memory_kept = freed_memory_kept
 
     @property
     def name(self) -> str:

@@ -114,6 +114,12 @@ class ScriptBuilder:
         self.lines.append(f"  {name} : {type_} = {kind}({', '.join(args)})")
         return name
 
+    def op_n(self, kind: str, n: int, *args: str) -> list[str]:
+        """An op with ``n`` tensor outputs: their names."""
+        names = [self.fresh() for _ in range(n)]
+        self.lines.append(f"  {', '.join(m + ' : Tensor' for m in names)} = {kind}({', '.join(args)})")
+        return names
+
     def tensor_list(self, names: list[str]) -> str:
         return self.op("prim::ListConstruct", *names, type_="Tensor[]")
 

@@ -7,7 +7,16 @@ Flatten, Identity), GELU, and Linear / LinearAct with a constant weight (as the 
 convolution of ``onednn_graph_linear.py``).
 Anything else declines (returns None) and the node keeps its own kernel. GELU's tanh form is
 written out (0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3)))) because the oneDNN Graph bridge
-computes the erf form for ``aten::gelu(..., "tanh")``. No pass logic here.
+computes the erf form for ``aten::gelu(..., "tanh")``.
+
+NaN and +-Inf come out as ONNX says (``tests/runtime/test_nan_inf.py``), so where oneDNN's
+own op differs the IR says it another way: ReLU is ``elu(y, 0)`` (``onednn_graph.POST_OP_IR``:
+oneDNN's relu is max(y, 0), NaN -> 0), max pooling is ``max_pool2d_with_indices``, which the
+bridge leaves to torch's kernel (oneDNN's max pool gives -FLT_MAX for NaN and -inf windows),
+clip is ``clamp_min`` / ``clamp_max`` (left outside; oneDNN's clip gives the bound for NaN),
+GELU keeps +inf where the input has it (torch's and oneDNN's give NaN there), and GELU and
+Exp (oneDNN's: NaN -> inf) decline when oneDNN could fuse them after a convolution, pool,
+concat or product (``_after_partition``). No pass logic here.
 """
 from __future__ import annotations
 
@@ -32,12 +41,44 @@ def _float_static(ctx: NodeContext, *values) -> bool:
                for v in vs)
 
 
+def relu(b: ScriptBuilder, y: str) -> str:
+    """ReLU that keeps NaN when oneDNN fuses it (``onednn_graph.RELU_IR``)."""
+    return b.op("aten::elu", y, b.float(0.0), b.float(1.0), b.float(1.0))
+
+
+# ops oneDNN Graph makes a partition of, and the ones it fuses after them as post-ops (as
+# ``runtime/script_segments.ANCHORS`` / ``POST_OPS``; Linear's IR ends in a permute and a
+# reshape, which the bridge leaves outside, so nothing after it joins its partition)
+_ANCHOR_OPS = {"FusedConv", "AveragePool", "GlobalAveragePool", "Concat"}
+_POST_OPS = {"Relu", "Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg",
+             "Erf", "Reciprocal", "ElementwiseChain"}
+
+
+def _after_partition(ctx: NodeContext) -> bool:
+    """Whether an input of the node may come out of a oneDNN partition through fused post-ops
+    (an op oneDNN computes differently on NaN / Inf must then not join them)."""
+    todo, seen = list(ctx.node.inputs), set()
+    while todo:
+        v = todo.pop()
+        p = None if v is None else v.producer
+        if p is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if p.op_type in _ANCHOR_OPS:
+            return True
+        if p.op_type in _POST_OPS:
+            todo += list(p.inputs)
+    return False
+
+
 def activation(b: ScriptBuilder, y: str, name: str, params: list[float]) -> str | None:
     """IR of ``name(y)`` (FusedConv / LinearAct activation names), or None when unknown."""
-    simple = {"relu": "aten::relu", "sigmoid": "aten::sigmoid", "tanh": "aten::tanh",
+    simple = {"sigmoid": "aten::sigmoid", "tanh": "aten::tanh",
               "hardswish": "aten::hardswish", "hardsigmoid": "aten::hardsigmoid"}
     if name in ("", "none"):
         return y
+    if name == "relu":
+        return relu(b, y)
     if name in simple:
         return b.op(simple[name], y)
     if name in ("swish", "silu"):
@@ -45,9 +86,10 @@ def activation(b: ScriptBuilder, y: str, name: str, params: list[float]) -> str 
     if name == "leaky_relu" and len(params) >= 1:
         return b.op("aten::leaky_relu", y, b.float(params[0]))
     if name == "hardtanh" and len(params) >= 2:
-        return b.op("aten::hardtanh", y, b.float(params[0]), b.float(params[1]))
-    if name == "gelu":
-        return b.op("aten::gelu", y, b.str("none"))
+        return b.op("aten::clamp_max", b.op("aten::clamp_min", y, b.float(params[0])), b.float(params[1]))
+    if name == "gelu":     # torch's erf form gives NaN for +inf: that position keeps its +inf
+        g = b.op("aten::gelu", y, b.str("none"))
+        return b.op("aten::where", b.op("aten::isposinf", y), y, g)
     if name == "gelu_tanh":
         cube = b.op("aten::mul", b.op("aten::mul", y, y), y)
         inner = b.op("aten::add", y, b.op("aten::mul", cube, b.float(0.044715)), b.int(1))
@@ -65,6 +107,8 @@ def _fused_conv(ctx: NodeContext, b: ScriptBuilder, args):
     w = ctx.const(1)
     params = [float(p) for p in ctx.attr("activation_params", [])]
     if w is None or w.dim() != 4 or not _float_static(ctx) or not _valid_params(params):
+        return None
+    if ctx.attr("activation", "") == "gelu":      # a post-op of the convolution: +inf -> NaN
         return None
     s, begin, end, d, group = conv2d_geometry(ctx, w)
     if min(begin + end) < 0:
@@ -97,8 +141,9 @@ def _pool(ctx: NodeContext, b: ScriptBuilder, args):
         return None
     pad, ceil = native
     k, s = b.ints(geo.kernel), b.ints(geo.strides)
-    if kind == "max":
-        return [b.op("aten::max_pool2d", args[0], k, s, b.ints(pad), b.ints(geo.dil), b.bool(ceil))]
+    if kind == "max":       # torch's kernel: the bridge takes aten::max_pool2d (NaN -> -FLT_MAX)
+        return b.op_n("aten::max_pool2d_with_indices", 2, args[0], k, s, b.ints(pad), b.ints(geo.dil),
+                      b.bool(ceil))[:1]
     include = bool(ctx.attr("count_include_pad", 0))
     return [b.op("aten::avg_pool2d", args[0], k, s, b.ints(pad), b.bool(ceil), b.bool(include), b.none())]
 
@@ -125,11 +170,15 @@ def _channel_shuffle(ctx: NodeContext, b: ScriptBuilder, args):
     return [b.op("aten::native_channel_shuffle", args[0], b.int(ctx.attr("groups")))]
 
 
-_UNARY = {"Relu": "aten::relu", "Sigmoid": "aten::sigmoid", "Tanh": "aten::tanh", "Exp": "aten::exp",
+_UNARY = {"Relu": "aten::elu", "Sigmoid": "aten::sigmoid", "Tanh": "aten::tanh", "Exp": "aten::exp",
           "Log": "aten::log", "Sqrt": "aten::sqrt", "Neg": "aten::neg", "Abs": "aten::abs", "Erf": "aten::erf",
           "Reciprocal": "aten::reciprocal"}
 _BINARY = {"Add": "aten::add", "Sub": "aten::sub", "Mul": "aten::mul", "Div": "aten::div",
            "Max": "aten::maximum", "Min": "aten::minimum", "Pow": "aten::pow"}
+
+
+def _unary(b: ScriptBuilder, op: str, x: str) -> str:
+    return relu(b, x) if op == "Relu" else b.op(_UNARY[op], x)
 
 
 def _binary(b: ScriptBuilder, op: str, x: str, y: str) -> str:
@@ -142,7 +191,9 @@ def _binary(b: ScriptBuilder, op: str, x: str, y: str) -> str:
 def _unary_op(ctx: NodeContext, b: ScriptBuilder, args):
     if ctx.n_inputs != 1 or not _float_static(ctx):
         return None
-    return [b.op(_UNARY[ctx.node.op_type], args[0])]
+    if ctx.node.op_type == "Exp" and _after_partition(ctx):    # oneDNN's exp post-op: NaN -> inf
+        return None
+    return [_unary(b, ctx.node.op_type, args[0])]
 
 
 @emitter("", "Add", "Sub", "Mul", "Div")
@@ -156,13 +207,15 @@ def _binary_op(ctx: NodeContext, b: ScriptBuilder, args):
 def _chain(ctx: NodeContext, b: ScriptBuilder, args):
     if None in args or not _float_static(ctx):
         return None
+    if any(str(step).split()[0] == "Exp" for step in ctx.attr("steps")) and _after_partition(ctx):
+        return None
     p = None
     for step in ctx.attr("steps"):
         op, *operands = str(step).split()
         names = [p if a == "p" else args[int(a[1:])] for a in operands]
         if None in names or not ((op in _UNARY and len(names) == 1) or (op in _BINARY and len(names) == 2)):
             return None
-        p = b.op(_UNARY[op], names[0]) if op in _UNARY else _binary(b, op, names[0], names[1])
+        p = _unary(b, op, names[0]) if op in _UNARY else _binary(b, op, names[0], names[1])
     return None if p is None else [p]
 
 
@@ -214,10 +267,12 @@ def _as_conv1x1(ctx: NodeContext, b: ScriptBuilder, args, activation_name: str):
     bias = args[2] if ctx.has_input(2) else b.none()
     one, zero = b.ints([1, 1]), b.ints([0, 0])
     y = b.op("aten::conv2d", x, b.constant(w.reshape(n, k, 1, 1).contiguous()), bias, one, zero, one, b.int(1))
-    y = activation(b, y, activation_name, [])
+    late = activation_name == "gelu"      # a post-op of the product: +inf -> NaN; after the reshape
+    y = activation(b, y, "none" if late else activation_name, [])
     if y is None:
         return None
-    return [b.op("aten::reshape", b.op("aten::permute", y, b.ints([0, 2, 3, 1])), b.ints(ys))]
+    y = b.op("aten::reshape", b.op("aten::permute", y, b.ints([0, 2, 3, 1])), b.ints(ys))
+    return [activation(b, y, activation_name, []) if late else y]
 
 
 @emitter("fusegraph", "LinearAct")
@@ -235,6 +290,8 @@ def _linear(ctx: NodeContext, b: ScriptBuilder, args):
 def _gelu(ctx: NodeContext, b: ScriptBuilder, args):
     approx = ctx.attr("approximate", "none")
     if approx not in ("none", "tanh") or not _float_static(ctx) or (ctx.n_inputs > 1 and args[1] is None):
+        return None
+    if approx == "none" and _after_partition(ctx):   # oneDNN's GELU post-op: +inf -> NaN
         return None
     x = b.op("aten::add", args[0], args[1], b.int(1)) if ctx.n_inputs > 1 else args[0]
     return [activation(b, x, "gelu" if approx == "none" else "gelu_tanh", [])]

@@ -27,8 +27,9 @@ def options_from_config(config) -> PassOptions:
                        fold_broadcast_limit=config.fold_broadcast_limit)
 
 
-def optimize(graph, config, report, options: PassOptions | None = None) -> None:
-    """Run the pipeline for ``config.level`` on ``graph`` in place, recording into ``report``."""
+def optimize(graph, config, report, options: PassOptions | None = None, on_pass=None) -> None:
+    """Run the pipeline for ``config.level`` on ``graph`` in place, recording into ``report``
+    (``on_pass``: the manager's debugging hook, see ``PassManager``)."""
     from ..ops import infer_node
     from ..report.compile_report import FusionRecord
 
@@ -45,7 +46,7 @@ def optimize(graph, config, report, options: PassOptions | None = None) -> None:
     fold_log, rewrite_log = FoldLog(), []
     steps = build_pipeline(config.level, options, fold_log, rewrite_log)
     manager = PassManager(steps, verify_each=config.verify_each, infer=infer_node,
-                          dump_dir=os.environ.get("FUSEGRAPH_DUMP") or None)
+                          dump_dir=os.environ.get("FUSEGRAPH_DUMP") or None, on_pass=on_pass)
     report.passes.extend(manager.run(graph))
     report.unfolded.extend(fold_log.entries(graph))
     alive = {n.name for n in graph.nodes}

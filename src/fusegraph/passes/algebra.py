@@ -31,6 +31,8 @@ from .rewrite import Decline, Rule, nbytes_of
 
 def _identity_operand(node, value, sides):
     """The non-constant operand when the constant on one of ``sides`` equals ``value``."""
+    if len(node.inputs) != 2:      # malformed arity: inference reports it, not a rewrite
+        return None
     for side in sides:
         c, x = node.inputs[side], node.inputs[1 - side]
         if const_all_equal(c, value) and x is not None and not x.is_const:

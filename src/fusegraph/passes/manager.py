@@ -47,12 +47,16 @@ class PassOptions:
     on floats, and log/exp rewrites outside provable domains). Off unless asked for.
     disabled: pass and rule names not to run.
     aggressive_fusion: let fusion rules take the trade-offs they otherwise decline.
+    on_apply: debugging (``fusegraph bisect``): called as ``on_apply(rule, nodes)`` after each
+    rule application of a rule-driven pass, with the names of the nodes it replaced. Off (None)
+    by default; it may raise to stop the pipeline right after that application.
     """
     fold_size_limit: int = 64 * 1024 * 1024
     fast_math: bool = False
     disabled: frozenset[str] = frozenset()
     aggressive_fusion: bool = False
     fold_broadcast_limit: int = 4 * 1024 ** 3
+    on_apply: Callable[[str, list[str]], None] | None = None
 
 
 @dataclass
@@ -73,8 +77,12 @@ def is_locked(value) -> bool:
 
 class PassManager:
     def __init__(self, steps: Sequence[Step], *, verify_each: bool = False,
-                 infer: Callable | None = None, dump_dir: str | Path | None = None):
+                 infer: Callable | None = None, dump_dir: str | Path | None = None,
+                 on_pass: Callable[[PassStat, Graph], None] | None = None):
+        """``on_pass(stat, graph)`` (debugging, ``fusegraph bisect``): called after every pass
+        run, once the graph is verified; it may raise to stop the pipeline there."""
         self.steps = list(steps)
+        self.on_pass = on_pass
         self.verify_each = verify_each
         self.infer = infer
         self.dump_dir = Path(dump_dir) if dump_dir else None
@@ -116,6 +124,8 @@ class PassManager:
                 graph.verify(infer=self.infer)
             except VerifyError as exc:
                 raise PassError(f"pass {p.name!r} left graph {graph.name!r} invalid:\n{exc}") from exc
+        if self.on_pass is not None:
+            self.on_pass(stats[-1], graph)
         return bool(result.changed)
 
     def _dump(self, graph: Graph, label: str) -> None:

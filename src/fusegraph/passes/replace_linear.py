@@ -61,7 +61,9 @@ def _gemm(node, ctx):
     c = node.input(2)
     if c is not None and float(a.get("beta", 1.0)) != 1.0:
         return None
-    w = node.inputs[1]
+    w = node.input(1)
+    if w is None or node.input(0) is None:   # malformed arity: inference reports it
+        return None
     if w.shape is None or len(w.shape) != 2 or not node.outputs[0].dtype.is_float:
         return None
     trans_b = int(a.get("transB", 0))

@@ -39,6 +39,8 @@ def _ranks_ok(*values) -> bool:
 
 
 def _transpose_into(node, ctx):
+    if len(node.inputs) != 2 or None in node.inputs:   # malformed arity: inference reports it
+        return None
     a, b = node.inputs
     ta, tb = _flags(node)
     new, absorbed = [a, b], 0

@@ -117,6 +117,8 @@ class RuleSetPass:
                 self._apply(graph, node, rule.rewrite(node, match, ctx), ctx)
                 applied[rule.name] = applied.get(rule.name, 0) + 1
                 self._record(rule, None, True, "", names)
+                if self.options.on_apply is not None:
+                    self.options.on_apply(rule.name, names)
                 break
         return counts_result(applied, declined)
 

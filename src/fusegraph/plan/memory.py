@@ -66,10 +66,6 @@ def align_up(x: int, alignment: int) -> int:
     return -(-x // alignment) * alignment if alignment > 1 else x
 
 
-def _spans_meet(a: Buffer, b: Buffer) -> bool:
-    return any(s <= e2 and s2 <= e for s, e in a.spans for s2, e2 in b.spans)
-
-
 def conflicts(buffers: list[Buffer], constraints: Constraints = Constraints()) -> list[set[int]]:
     """Adjacency (by index) of the conflict graph; zero-size buffers conflict with nothing."""
     n = len(buffers)

@@ -10,7 +10,8 @@ Modes (``Config.memory``):
 Sizes come from static shapes x dtype itemsize; values without them are listed as unplannable
 (the runtime allocates them per run). The result is pure data: the runtime later binds each
 planned value to ``arena[offset : offset + size]`` viewed with its shape and dtype.
-This module does not touch the graph and does not allocate anything.
+This module does not touch the graph and does not allocate anything; a plan over
+``Config.max_arena_bytes`` is refused (``memory_cap.py``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Callable
 
 from ..ir import Graph, Node, Value
 from .lifetime import LifetimeOptions, Lifetimes, compute_lifetimes, value_bytes
+from .memory_cap import check_memory_cap
 from .memory import DEFAULT_ALGORITHMS, Assignment, Buffer, Constraints, conflict_graph, live_bytes, plan
 from .memory_report import MemoryReport, TensorPlan
 from .order import check_order, choose_order
@@ -116,6 +118,7 @@ def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions())
     if floor is not None:
         report.order_floor_bytes, report.order_floor_node = floor.bytes, floor.node
     report.seconds = time.perf_counter() - t0
+    check_memory_cap(graph, assignment.arena_bytes, getattr(config, "max_arena_bytes", None))
     return MemoryPlan(order, order_name, lifetimes, constraints, assignment, report)
 
 

@@ -27,12 +27,8 @@ from ..ir import Graph, Node, Value, is_broadcast
 from ..ops import opdef_for
 from ..ops.registry import NodeContext, kernel_writes_out
 from .arena import Arena
+from .host_memory import freed_memory_kept
 from .layout_probe import probe_strides
-
-
-def bind_kernels(graph: Graph) -> dict[int, Callable]:
-    """``id(node) -> kernel``; raises UnsupportedOpError naming the first node without one."""
-    return {id(node): opdef_for(node).build(NodeContext(node)) for node in graph.nodes}
 
 
 @dataclass
@@ -90,7 +86,7 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     writing: list[NodeCall] = []
     for i, node in enumerate(order):
         opdef = opdef_for(node)
-        kernel = opdef.build(NodeContext(node, device))
+        kernel = opdef.build(NodeContext(node, device, freed_memory_kept()))
         call = NodeCall(i, node, kernel)
         outs = node.outputs
         if arena is not None and outs and kernel_writes_out(opdef, kernel) and all(o.name in slots for o in outs):

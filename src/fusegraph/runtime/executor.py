@@ -22,10 +22,11 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..errors import FusegraphError, KernelError
+from ..errors import ConfigError, FusegraphError, KernelError, ModelClosedError
 from ..ir import Graph
 from . import host_memory
 from .bind import Binding, bind
+from .threads import intra_op_threads
 from .codegen import GeneratedCode, generate_run_function
 from .convert import to_numpy
 from .feeds import convert_feeds
@@ -62,12 +63,18 @@ class Executor:
         names = graph.meta.get("output_names") or [v.name for v in graph.outputs]
         self.output_names = list(names)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"{model_name}: device {str(device)!r} was asked for, but no CUDA device is "
+                              f"available (torch {torch.__version__}, CUDA build: "
+                              f"{torch.version.cuda or 'no'}); use device='cpu' or 'auto'")
         if self.device.type == "cuda":       # weights live where the kernels run
             for v in graph.constants.values():
                 if v.const.device != self.device:
                     v.const = v.const.to(self.device)
         if keep_freed_memory and self.device.type == "cpu":
             host_memory.keep_freed_memory()
+        self.threads = threads
+        self._closed = False
         self.binding = bind(graph, plan, self.device, strides)  # strides: a loaded artifact's
         filename = f"<fusegraph:{graph.name}>"
         streams = getattr(plan, "streams", None)
@@ -94,8 +101,10 @@ class Executor:
         return self.binding.arena
 
     def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
+        if self._closed:
+            raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), intra_op_threads(self.threads):
                 return self._runner(tensors, hook)
         except FusegraphError:
             raise
@@ -110,13 +119,19 @@ class Executor:
             arena = self.binding.arena
             result = {}
             for name, t in zip(self.output_names, outs):
-                if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared):
-                    t = t.clone()
-                result[name] = to_numpy(t)
+                try:
+                    if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared):
+                        t = t.clone()
+                    result[name] = to_numpy(t)
+                except Exception as exc:   # e.g. an Expand output too large to materialise
+                    raise KernelError(f"{self.model_name}: output {name!r} ({tuple(t.shape)}, {t.dtype}, "
+                                      f"{t.numel() * t.element_size()} bytes) could not be returned: "
+                                      f"{type(exc).__name__}: {str(exc)[:200]}") from exc
             return result
 
     def close(self) -> None:
-        """Stop worker threads (if any); the executor cannot run afterwards."""
+        """Stop worker threads (if any); the executor cannot run afterwards (``ModelClosedError``)."""
+        self._closed = True
         self._runner.close()
 
     def _kernel_error(self, exc: Exception) -> KernelError:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..frontends.onnx_data import numpy_to_torch
+from ..ir.arrays import numpy_to_torch
 from ..ir import DType, Value
 from ..ir.shape import format_shape
 
@@ -79,6 +79,6 @@ def _check_one(model_name: str, v: Value, given: Any, symbols: dict) -> torch.Te
                                      f"input {seen[1]!r} set {want!r} = {seen[0]}")
                 symbols[want] = (got, v.name)
     if tensor is None:
-        tensor = numpy_to_torch(given, model_name, v.name) if given.flags.writeable else \
-            numpy_to_torch(np.array(given), model_name, v.name)
+        tensor = numpy_to_torch(given if given.flags.writeable else np.array(given), model_name, v.name,
+                                error=InputError)
     return tensor

@@ -26,7 +26,8 @@ def written_into_arena(compiled, op):
 def test_large_conv_output_goes_into_its_planned_buffer(monkeypatch, kept):
     """With malloc's defaults a large output is written into its arena slot (a fresh allocation
     would fault in new pages every run); when freed memory is kept, oneDNN allocates it."""
-    monkeypatch.setattr(fused_cnn, "freed_memory_kept", lambda: kept)
+    from fusegraph.runtime import bind as bind_module
+    monkeypatch.setattr(bind_module, "freed_memory_kept", lambda: kept)   # what bind tells the builders
     c_in, c, hw, g = 8, 64, 72, 4            # conv output 64 x 72 x 72 floats: 1.3 MB
     assert c * hw * hw * 4 >= fused_cnn.FRESH_OUT_BYTES
     nodes = [node("Conv", ["x", "w0", "b0"], "a", pads=[1] * 4), node("Relu", ["a"], "r"),
@@ -129,9 +130,9 @@ K3S2 = dict(kernel_shape=[3, 3], strides=[2, 2])
     (dict(K3S2, pads=[0, 0, 1, 1]), dict(kernel_shape=[7, 7]), 14),     # inception_v2's pools
 ], ids=["k3s2", "ceil", "same", "pad-ceil", "include-pad", "k5s3", "end-pad"])
 def test_pools_and_convs_as_onednn_graph_partitions(max_pool, avg_pool, hw):
-    """Channels-last max / average pools and the fused convolutions around them (residual add
-    included) run as oneDNN Graph partitions; every geometry matches onnxruntime and the
-    unoptimised graph."""
+    """Channels-last average pools and the fused convolutions around them (residual add
+    included) run as oneDNN Graph partitions (max pools as torch's kernel); every geometry
+    matches onnxruntime and the unoptimised graph."""
     from fusegraph.ops import onednn_graph
     if not onednn_graph.AVAILABLE:
         pytest.skip("this torch has no oneDNN Graph bridge")
@@ -144,7 +145,8 @@ def test_pools_and_convs_as_onednn_graph_partitions(max_pool, avg_pool, hw):
     compiled = check(model(nodes, [("x", F, [1, 8, hw, hw])], ["y"], inits), oracle="ort",
                      script_segments=False)
     assert graph_kernels(compiled, "FusedConv")[:4] == [True] * 4
-    assert graph_kernels(compiled, "MaxPool") == [True] and graph_kernels(compiled, "AveragePool") == [True]
+    # max pooling keeps torch's kernel: oneDNN's turns NaN and -inf windows into -FLT_MAX
+    assert graph_kernels(compiled, "MaxPool") == [False] and graph_kernels(compiled, "AveragePool") == [True]
 
 
 def test_small_convolutions_compile_for_one_thread():

@@ -108,6 +108,8 @@ class FusionPass:
                     applied[rule.name] = applied.get(rule.name, 0) + 1
                     self._record(rule.name, True, names, fused)
                     changed = True
+                    if self.options.on_apply is not None:
+                        self.options.on_apply(rule.name, names)
             if not changed:
                 break
         return counts_result(applied, declined)

@@ -122,11 +122,6 @@ def explain(pattern: Pat, root: Node) -> str | None:
     return first
 
 
-def root_ops(pattern: Pat) -> frozenset[tuple[str, str]]:
-    """(domain, op_type) pairs a root node must have (lets the engine index candidates)."""
-    return pattern.ops
-
-
 # ----------------------------------------------------------------------- matching
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .errors import ArtifactError
+from ..errors import ArtifactError
 
 _CAP_FLAGS = {"AVX2": ["avx2", "fma"], "AVX512": ["avx2", "fma", "avx512f", "avx512bw", "avx512vl",
                                                   "avx512dq"]}

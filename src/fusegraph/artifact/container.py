@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 import xxhash
 
-from .errors import ArtifactError
+from ..errors import ArtifactError
 
 MAGIC = b"\x89FGM\r\n\x1a\n"
 FORMAT_VERSION = 2            # 2: chunked XXH3-128 part digests, bind strides beside the plan

@@ -20,10 +20,10 @@ import struct
 
 import torch
 
-from .artifact_container import is_int, json_value, want
-from .errors import ArtifactError
-from .ir import is_broadcast
-from .ops import prepack
+from .container import is_int, json_value, want
+from ..errors import ArtifactError
+from ..ir import is_broadcast
+from ..ops import prepack
 
 _ALIGN = 64
 _MAX_HEADER = 1 << 24

@@ -1,6 +1,6 @@
 """The execution plan and the bind strides an artifact stores, checked against its graph on load.
 
-``plan_record(model)`` is what ``save`` writes beside the report: the ``ExecutionPlan``
+``plan_record(plan, strides)`` is what ``save`` writes beside the report: the ``ExecutionPlan``
 (order, memory mode, arena slots, stream plan) and the strides the layout probe found for the
 arena views at compile time (``runtime/layout_probe.py``), so that loading binds the same
 views in the same arena without running every kernel once more.
@@ -18,25 +18,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .artifact_container import align, is_int, want
-from .errors import ArtifactError
-from .ir import Graph
-from .ir.shape import is_static
-from .plan.aliasing import view_source
-from .plan.exec_plan import ExecutionPlan
-from .plan.stream_memory import HappensBefore
+from .container import align, is_int, want
+from ..errors import ArtifactError
+from ..ir import Graph
+from ..ir.shape import is_static
+from ..plan.aliasing import view_source
+from ..plan.exec_plan import ExecutionPlan
+from ..plan.stream_memory import HappensBefore
 
 MEMORY_MODES = ("off", "balanced", "tight")
 _MAX_STREAMS = 256
 
 
-def plan_record(model) -> dict | None:
+def plan_record(plan: ExecutionPlan | None, strides: dict | None) -> dict | None:
     """``{"plan": ..., "strides": {value: [...]}}`` of a compiled model (None: no plan)."""
-    plan = getattr(model, "plan", None)
     if not hasattr(plan, "to_dict"):
         return None
-    strides = getattr(model._executor.binding, "strides", {}) or {}
-    return {"plan": plan.to_dict(), "strides": {k: list(v) for k, v in strides.items()}}
+    return {"plan": plan.to_dict(), "strides": {k: list(v) for k, v in (strides or {}).items()}}
 
 
 def _nbytes(v) -> int | None:

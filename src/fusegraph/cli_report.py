@@ -1,0 +1,128 @@
+"""The report subcommands of ``fusegraph`` (a thin face over ``fusegraph.report``):
+
+    fusegraph profile MODEL [--runs N] [--trace out.json] [--streams N] [--threads N]
+    fusegraph bisect MODEL [--reference onnxruntime|O0] [--rtol R] [--atol A]   (exit 1: divergence found)
+    fusegraph inspect MODEL --html report.html      (adds --html to ``inspect``)
+
+``add_report_parsers(sub)`` is what ``cli.build_parser`` calls; it owns no logic of its own.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .errors import UsageError
+
+
+class _Stages:
+    """A rich spinner on stderr naming the compile stage (only when stderr is a terminal)."""
+
+    def __init__(self, what: str):
+        self.what, self._status = what, None
+
+    def __enter__(self):
+        if sys.stderr.isatty():
+            from rich.console import Console
+            self._status = Console(stderr=True).status(f"{self.what}: compiling")
+            self._status.__enter__()
+        return self
+
+    def stage(self, name: str) -> None:
+        if self._status is not None:
+            self._status.update(f"{self.what}: {name}")
+
+    def __exit__(self, *exc) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+
+def _compile_for(args, **extra):
+    import fusegraph as fg
+
+    from .cli import _config, _load
+    if Path(args.model).suffix == ".fgm":
+        given = [f"--{k}" for k, v in extra.items() if v is not None]
+        if given:
+            raise UsageError(f"{args.model}: {' and '.join(given)} applies when compiling a model; an .fgm "
+                             f"artifact is already compiled (recompile the .onnx model instead)")
+        return _load(args.model, args)
+    config = _config(args).replace(**{k: v for k, v in extra.items() if v is not None})
+    with _Stages(args.model) as status:
+        return fg.compile(args.model, config=config, on_stage=status.stage)
+
+
+def _feeds(model):
+    from .cli import _random_feeds
+    return _random_feeds(model)
+
+
+def cmd_profile(args) -> int:
+    from .report.profile import profile
+    model = _compile_for(args, streams=args.streams)
+    try:
+        prof = profile(model, _feeds(model), runs=args.runs)
+    finally:
+        model.close()
+    print(prof.to_text(top=args.top))
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(prof.to_chrome_trace()))
+        print(f"trace written to {args.trace} (open in chrome://tracing or ui.perfetto.dev)")
+    return 0
+
+
+def cmd_bisect(args) -> int:
+    from .report.bisect import bisect
+    if args.reference == "onnxruntime" and Path(args.model).suffix != ".onnx":
+        raise UsageError(f"{args.model}: --reference onnxruntime runs the .onnx model; give an .onnx file")
+    if Path(args.model).suffix == ".fgm":
+        raise UsageError(f"{args.model}: bisect re-runs the passes on the source model; give the .onnx file")
+    result = bisect(args.model, reference=args.reference, rtol=args.rtol, atol=args.atol,
+                    progress=sys.stderr.isatty())
+    print(result.to_text())
+    return 0 if result.found is None else 1
+
+
+def cmd_inspect_html(args, fallback) -> int:
+    """``inspect --html``: the page, then whatever else ``inspect`` was asked to print (same model)."""
+    if not args.html:
+        return fallback(args)
+    from .report.html import write_html
+    model = _compile_for(args)
+    try:
+        source = args.model if Path(args.model).suffix != ".fgm" else None
+        info = write_html(model, args.html, feeds=_feeds(model), source=source)
+        print(f"report written to {args.html} ({info['bytes'] / 1024:.0f} KiB, {info['nodes']} nodes, "
+              f"{model.report.kernel_count} kernels)")
+        return fallback(args, model=model)
+    finally:
+        model.close()
+
+
+def add_report_parsers(sub) -> None:
+    """Add ``profile`` and ``bisect``, and ``--html`` to ``inspect``."""
+    from .cli import _positive_int, _stream_count, _threads_arg
+
+    p = sub.add_parser("profile", help="per-kernel times of the generated run; Chrome/Perfetto trace")
+    p.add_argument("model", help="an .onnx model or .fgm artifact")
+    p.add_argument("--runs", type=_positive_int, default=10, help="timed runs (default 10)")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome / Perfetto trace (chrome://tracing)")
+    p.add_argument("--streams", type=_stream_count, metavar="N|auto", help="stream count to compile with")
+    p.add_argument("--threads", type=_threads_arg, help="intra-op threads (1 .. the machine's cores)")
+    p.add_argument("--top", type=_positive_int, default=15, help="rows of the top-kernels table (default 15)")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("bisect", help="the first pass and rule application after which outputs diverge")
+    p.add_argument("model", help="an .onnx model")
+    p.add_argument("--reference", choices=["O0", "onnxruntime"], default="O0",
+                   help="what outputs are compared against (default O0: the unoptimised graph)")
+    p.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
+    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
+    p.set_defaults(func=cmd_bisect)
+
+    inspect = sub.choices["inspect"]
+    inspect.add_argument("--html", metavar="REPORT.html",
+                         help="write a self-contained HTML report (graph, fusions, passes, memory, streams, profile)")
+    fallback = inspect.get_default("func")
+    inspect.set_defaults(func=lambda args: cmd_inspect_html(args, fallback))
+

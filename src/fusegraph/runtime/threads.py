@@ -1,0 +1,35 @@
+"""The intra-op thread count a model compiles, binds and runs at, scoped to those calls.
+
+torch's intra-op thread count is process-wide state that belongs to the caller. A model with
+``Config.threads`` set runs (and binds its kernels) at that count inside ``intra_op_threads``
+and puts the caller's count back afterwards, so compiling, loading or running a model never
+changes what the rest of the process sees. ``machine_cores()`` bounds every thread count.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+
+def machine_cores() -> int:
+    """CPUs this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None):
+    """Within the block, torch runs at ``threads`` intra-op threads (None: as it is)."""
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,149 @@
+"""KServe v2 tensors: datatype names, and checking a request's tensors against a model.
+
+Both front ends (HTTP JSON / binary, gRPC typed / raw contents) decode into numpy arrays and
+call ``check_inputs`` here, so a wrong name, datatype, shape or element count is refused with
+the same ``RequestError`` (HTTP 400, gRPC INVALID_ARGUMENT) naming the input and what was
+expected, before the request can join a batch. Nothing here touches a socket or a model run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+# KServe v2 datatype name <-> numpy dtype. BYTES (strings) and BF16 have no fusegraph input here.
+_TO_NUMPY = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+}
+_FROM_IR = {"FLOAT": "FP32", "DOUBLE": "FP64", "FLOAT16": "FP16", "BFLOAT16": "BF16", "STRING": "BYTES"}
+KNOWN_DATATYPES = tuple(_TO_NUMPY) + ("BYTES", "BF16")
+
+
+class RequestError(InputError):
+    """A request the server refuses: ``status`` is the HTTP code (400, 404, 503, 504)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def datatype_of(dtype) -> str:
+    """The KServe datatype name of a fusegraph ``DType``."""
+    return _FROM_IR.get(dtype.name, dtype.name)
+
+
+def numpy_dtype(datatype: str, where: str) -> np.dtype:
+    try:
+        return np.dtype(_TO_NUMPY[datatype])
+    except KeyError:
+        if datatype in KNOWN_DATATYPES:
+            raise RequestError(f"{where}: datatype {datatype} is not supported by this server") from None
+        raise RequestError(f"{where}: unknown datatype {datatype!r}; expected one of "
+                           f"{', '.join(_TO_NUMPY)}") from None
+
+
+def datatype_of_array(array: np.ndarray) -> str:
+    for name, np_type in _TO_NUMPY.items():
+        if array.dtype == np_type:
+            return name
+    raise RequestError(f"output dtype {array.dtype} has no KServe datatype", status=500)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output as the protocol shows it: -1 for a dim of any size."""
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    symbols: tuple[str | None, ...]  # the model's symbolic dim names (None: fixed or batch)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def check_shape(shape, where: str) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise RequestError(f"{where}: 'shape' must be a list of integers, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise RequestError(f"{where}: 'shape' dims must be >= 0, got {list(shape)}")
+    if len(shape) > 16:
+        raise RequestError(f"{where}: 'shape' has {len(shape)} dims, at most 16 are accepted")
+    return tuple(shape)
+
+
+def from_bytes(raw: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """An array from the little-endian bytes of a binary tensor, its size checked first."""
+    dtype = numpy_dtype(datatype, where)
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(raw) != count * dtype.itemsize:
+        raise RequestError(f"{where}: shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, "
+                           f"got {len(raw)}")
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)  # a writable copy
+
+
+def from_values(values, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """An array from a JSON (or gRPC typed) list of numbers, in row-major order."""
+    dtype = numpy_dtype(datatype, where)
+    count = int(np.prod(shape, dtype=np.int64))
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):
+        raise RequestError(f"{where}: 'data' must be a flat or nested list of numbers") from None
+    if array.dtype == object or array.dtype.kind in "USV":
+        raise RequestError(f"{where}: 'data' must hold only numbers of datatype {datatype}")
+    if array.size != count:
+        raise RequestError(f"{where}: shape {list(shape)} needs {count} elements, 'data' has {array.size}")
+    if dtype.kind in "iub" and array.dtype.kind == "f":
+        raise RequestError(f"{where}: datatype {datatype} needs integers, 'data' holds floats")
+    if dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        if array.dtype.kind == "b" or array.min() < info.min or array.max() > info.max:
+            raise RequestError(f"{where}: 'data' values do not fit {datatype}")
+    return array.astype(dtype).reshape(shape)
+
+
+def check_inputs(model: str, specs: list[TensorSpec], arrays: dict[str, np.ndarray],
+                 batch_axis: int | None, max_batch: int) -> int:
+    """Check every input against the model; returns the request's batch size (1 unbatched)."""
+    expected = {s.name: s for s in specs}
+    for name in arrays:
+        if name not in expected:
+            raise RequestError(f"model {model!r} has no input {name!r}; its inputs are "
+                               + ", ".join(repr(s.name) for s in specs))
+    missing = [s for s in specs if s.name not in arrays]
+    if missing:
+        raise RequestError(f"model {model!r}: missing input(s) " + ", ".join(
+            f"{s.name!r} ({s.datatype} {list(s.shape)})" for s in missing))
+    symbols: dict[str, tuple[int, str]] = {}
+    batch: tuple[int, str] | None = None
+    for spec in specs:
+        array = arrays[spec.name]
+        got = datatype_of_array(array) if array.dtype != object else "BYTES"
+        if got != spec.datatype:
+            raise RequestError(f"model {model!r} input {spec.name!r} expects datatype {spec.datatype}, got {got}")
+        if array.ndim != len(spec.shape):
+            raise RequestError(f"model {model!r} input {spec.name!r} expects shape {list(spec.shape)} "
+                               f"(rank {len(spec.shape)}), got {list(array.shape)}")
+        for axis, (want, size, sym) in enumerate(zip(spec.shape, array.shape, spec.symbols)):
+            if batch_axis is not None and axis == batch_axis:
+                if size < 1 or size > max_batch:
+                    raise RequestError(f"model {model!r} input {spec.name!r}: batch dim {axis} must be 1.."
+                                       f"{max_batch} (max_batch_size), got {size}")
+                if batch is not None and batch[0] != size:
+                    raise RequestError(f"model {model!r} input {spec.name!r}: batch dim is {size}, but input "
+                                       f"{batch[1]!r} has batch {batch[0]}")
+                batch = (size, spec.name)
+            elif want >= 0 and size != want:
+                raise RequestError(f"model {model!r} input {spec.name!r} expects shape {list(spec.shape)}, got "
+                                   f"{list(array.shape)} (dim {axis} must be {want})")
+            elif want < 0 and sym is not None:
+                seen = symbols.setdefault(sym, (size, spec.name))
+                if seen[0] != size:
+                    raise RequestError(f"model {model!r} input {spec.name!r} dim {axis} ({sym!r}) is {size}, but "
+                                       f"input {seen[1]!r} has {sym!r} = {seen[0]}")
+    return batch[0] if batch else 1

@@ -1,0 +1,135 @@
+"""``fusegraph inspect --html``: the report page for a light CNN (squeezenet, two streams) and
+a small BERT. The page must be self-contained (no URL, no external ``src`` / ``href``), hold
+every section, and show the figures ``model.report`` has. A screenshot through headless
+Chromium is taken when ``/usr/bin/chromium`` exists (skipped otherwise)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import onnx
+import pytest
+
+import fusegraph as fg
+from fusegraph.report.html import write_html
+from fusegraph.zoo import light_model_path, random_feeds, randomize_weights
+
+SECTIONS = ("summary", "graph-after", "graph-before", "fusions", "passes", "memory", "streams", "precision",
+            "profile")
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def squeezenet(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("html")
+    proto = randomize_weights(onnx.load(str(light_model_path("squeezenet"))))
+    onnx.save(proto, tmp / "squeezenet.onnx")
+    model = fg.compile(str(tmp / "squeezenet.onnx"), config=fg.Config(streams=2, threads=2))
+    write_html(model, tmp / "squeezenet.html", feeds=random_feeds(proto), source=str(tmp / "squeezenet.onnx"),
+               runs=2)
+    yield model, (tmp / "squeezenet.html").read_text()
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    import model_builders as mb
+    tmp = tmp_path_factory.mktemp("html_bert")
+    module, args, names = mb.small_transformer("bert", hidden=32, layers=2, heads=2)
+    path = mb._export(module, args, names, tmp / "bert.onnx")
+    model = fg.compile(str(path), config=fg.Config(threads=2))
+    write_html(model, tmp / "bert.html", feeds=mb.transformer_feeds(batch=2), source=str(path), runs=2)
+    yield model, (tmp / "bert.html").read_text()
+    model.close()
+
+
+def _figures(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="fg-figures">(.*?)</script>', page, re.DOTALL)
+    return json.loads(m.group(1))
+
+
+def _shown(page: str) -> dict[str, str]:
+    return dict(re.findall(r'data-fig="([^"]+)" data-value="([^"]*)"', page))
+
+
+def _check(model, page: str) -> None:
+    assert "http://" not in page and "https://" not in page
+    assert not re.search(r"<(link|img|iframe)\b", page)
+    assert not re.search(r"<script[^>]*\bsrc=", page)
+    for attr in re.findall(r'\b(?:src|href)="([^"]*)"', page):
+        assert attr.startswith("#"), attr
+    for sid in SECTIONS:
+        assert f'<section id="{sid}">' in page, sid
+    r = model.report
+    fig = _figures(page)
+    slow = r.memory.not_writable_into_arena
+    assert fig["kernel_count"] == r.kernel_count and fig["nodes_final"] == r.nodes_final
+    assert fig["nodes_imported"] == r.nodes_imported and fig["pass_runs"] == len(r.passes)
+    assert fig["arena_bytes"] == r.memory.arena_bytes and fig["lower_bound_bytes"] == r.memory.lower_bound_bytes
+    assert fig["order_floor_bytes"] == r.memory.order_floor_bytes and fig["naive_bytes"] == r.memory.naive_bytes
+    assert fig["not_writable_bytes"] == sum(d["bytes"] for d in slow) and fig["not_writable_nodes"] == len(slow)
+    assert fig["fusions_applied"] == sum(f.applied for f in r.fusions)
+    assert fig["fusions_declined"] == sum(not f.applied for f in r.fusions)
+    assert fig["profiled_kernels"] == r.kernel_count
+    shown = _shown(page)
+    for key in ("kernel_count", "arena_bytes", "lower_bound_bytes", "nodes_imported", "fusions_applied"):
+        assert shown[key] == str(fig[key]), key
+    after = page[page.index('<section id="graph-after">'):page.index('<section id="graph-before">')]
+    assert after.count('<tr class="node') == len(model.graph.nodes)
+    assert after.count('<tr class="node fused"') == sum("rule" in n.meta for n in model.graph.nodes) > 0
+    before = page[page.index('<section id="graph-before">'):page.index('<section id="fusions">')]
+    assert before.count('<tr class="node') == r.nodes_imported
+    assert 'oninput="fgSearch(this)"' in after and "<details" in before
+    for p in r.passes:
+        assert f"<td>{p.name}</td>" in page
+    for f in [f for f in r.fusions if not f.applied][:20]:
+        assert f.reason.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;") \
+            .replace("'", "&#x27;") in page
+
+
+def test_squeezenet_page(squeezenet):
+    model, page = squeezenet
+    _check(model, page)
+    assert _figures(page)["streams"] == 2 == model.plan.streams.num_streams
+    assert "planner&#x27;s estimate" in page or "planner's estimate" in page
+    assert page.count("<svg") >= 3   # memory timeline, Gantt, op times
+
+
+def test_bert_page(bert):
+    model, page = bert
+    _check(model, page)
+    assert "/encoder/" in page     # grouped by the exporter's name scopes
+
+
+def test_cli_inspect_html(tmp_path, capsys):
+    from test_knobs import knob_model
+
+    from fusegraph.cli import main
+    onnx.save(knob_model(), tmp_path / "m.onnx")
+    assert main(["inspect", str(tmp_path / "m.onnx"), "--html", str(tmp_path / "r.html")]) == 0
+    assert "report written" in capsys.readouterr().out
+    assert '<section id="memory">' in (tmp_path / "r.html").read_text()
+    fg.compile(str(tmp_path / "m.onnx")).save(tmp_path / "m.fgm")   # a loaded artifact's report too
+    assert main(["inspect", str(tmp_path / "m.fgm"), "--html", str(tmp_path / "a.html")]) == 0
+    page = (tmp_path / "a.html").read_text()
+    assert _figures(page)["kernel_count"] == fg.load(tmp_path / "m.fgm").report.kernel_count
+    assert all(f'<section id="{sid}">' in page for sid in SECTIONS)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None, reason="no /usr/bin/chromium")
+def test_screenshot_in_headless_chromium(squeezenet, tmp_path):
+    from PIL import Image
+    _, page = squeezenet
+    (tmp_path / "r.html").write_text(page)
+    shot = tmp_path / "shot.png"
+    subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,900",
+                    f"--screenshot={shot}", (tmp_path / "r.html").as_uri()], capture_output=True, timeout=120,
+                   check=False)
+    assert shot.exists()
+    image = Image.open(shot).convert("L")
+    assert image.size == (1200, 900)
+    lo, hi = image.getextrema()
+    assert hi - lo > 100     # something was drawn: not a blank page

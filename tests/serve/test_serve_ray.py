@@ -1,0 +1,75 @@
+"""Ray Serve and Ray Data on a local Ray instance (loopback, 2 CPUs, no dashboard): the
+deployment returns what ``model.run`` returns, and a Ray Data job over 1 000 rows matches
+one ``model.run`` of all rows. Ray starts once for the module (the slow part, several seconds)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+pytest.importorskip("ray.data")
+
+import fusegraph as fg  # noqa: E402
+from fusegraph.serve import ray as fgray  # noqa: E402
+
+
+def _mlp(path):
+    """x[batch, 8] -> MatMul -> Add -> Relu -> MatMul -> y[batch, 4] (a symbolic batch axis)."""
+    rng = np.random.default_rng(0)
+    w1, b1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16,), (16, 4)))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["a"]),
+         helper.make_node("Relu", ["a"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fg.compile(model, config=fg.Config(threads=1)).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             configure_logging=False, object_store_memory=200 << 20)
+    yield
+    try:
+        from ray import serve
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    path = _mlp(tmp_path_factory.mktemp("ray") / "mlp.fgm")
+    return path, fg.load(path)
+
+
+def test_ray_serve_deployment_equal_results(local_ray, mlp):
+    from ray import serve
+    path, ref = mlp
+    serve.start(http_options={"host": "127.0.0.1", "port": 0}, proxy_location="Disabled")
+    app = fgray.deployment(path, name="mlp", threads=1, ray_actor_options={"num_cpus": 0.5},
+                           autoscaling_config={"min_replicas": 1, "max_replicas": 1})
+    handle = serve.run(app, name="mlp", route_prefix=None)
+    x = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)
+    got = handle.infer.remote({"x": x}).result(timeout_s=60)
+    np.testing.assert_array_equal(got["y"], ref.run({"x": x})["y"])
+    assert handle.metadata.remote().result(timeout_s=60)["inputs"][0][0] == "x"
+    serve.delete("mlp")
+
+
+def test_ray_data_map_batches_1000_rows(local_ray, mlp):
+    path, ref = mlp
+    x = np.random.default_rng(2).standard_normal((1000, 8)).astype(np.float32)
+    ds = fgray.map_batches(ray.data.from_numpy(x).rename_columns({"data": "x"}), path, batch_size=100,
+                           concurrency=1, num_cpus=1, threads=1)
+    rows = ds.take_all()
+    assert len(rows) == 1000
+    got = np.stack([r["y"] for r in rows])
+    want = np.concatenate([ref.run({"x": x[i:i + 100]})["y"] for i in range(0, 1000, 100)])
+    np.testing.assert_array_equal(got, want)   # the same batches, the same kernels
+    np.testing.assert_allclose(got, ref.run({"x": x})["y"], rtol=1e-5, atol=1e-6)

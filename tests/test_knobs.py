@@ -1,0 +1,172 @@
+"""Every ``fg.Config`` field changes what a compile does, or is refused with a typed error.
+
+``PROBES`` holds, per field, a non-default value and what must differ from the default
+compile of the same model (``changed(default, probe)``), or ``REFUSED`` when the value must
+raise a ``FusegraphError``. The walk fails for a field that has no entry, so a knob added
+later without a test of its effect fails here. The CLI's flags have their own walk in
+``tests/test_cli_flags.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto as T, helper as H, numpy_helper
+
+import fusegraph as fg
+from fusegraph.errors import FusegraphError
+from fusegraph.runtime import host_memory
+
+REFUSED = "refused"
+
+
+def knob_model():
+    """Two conv branches (streams, segments), a duplicated Relu (CSE), a foldable constant
+    product (folding), ``c * 0 + c`` (fast math), a ConstantOfShape (broadcast folding)."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32), n)
+              for n in ("w1", "w2"))
+    k = numpy_helper.from_array(np.full((1, 8, 1, 1), 0.5, np.float32), "k")
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+    shape = numpy_helper.from_array(np.array([1, 8, 16, 16], np.int64), "shape")
+    nodes = [
+        H.make_node("Conv", ["x", "w1"], ["a0"], pads=[1, 1, 1, 1], name="conv1"),
+        H.make_node("Relu", ["a0"], ["a"], name="relu_a"),
+        H.make_node("Relu", ["a0"], ["a2"], name="relu_a_twin"),
+        H.make_node("Conv", ["x", "w2"], ["b0"], pads=[1, 1, 1, 1], name="conv2"),
+        H.make_node("Sigmoid", ["b0"], ["b"], name="sig_b"),
+        H.make_node("Add", ["a", "b"], ["c0"], name="add_ab"),
+        H.make_node("Add", ["c0", "a2"], ["c"], name="add_twin"),
+        H.make_node("Mul", ["k", "two"], ["k2"], name="fold_me"),
+        H.make_node("Mul", ["c", "zero"], ["z"], name="times_zero"),
+        H.make_node("Add", ["z", "c"], ["d"], name="plus_c"),
+        H.make_node("Mul", ["d", "k2"], ["e"], name="scale"),
+        H.make_node("ConstantOfShape", ["shape"], ["ones"], name="ones",
+                    value=numpy_helper.from_array(np.array([1.0], np.float32))),
+        H.make_node("Add", ["e", "ones"], ["y"], name="plus_ones"),
+    ]
+    g = H.make_graph(nodes, "knobs", [H.make_tensor_value_info("x", T.FLOAT, [1, 8, 16, 16])],
+                     [H.make_tensor_value_info("y", T.FLOAT, [1, 8, 16, 16])], [w1, w2, k, two, zero, shape])
+    return H.make_model(g, opset_imports=[H.make_opsetid("", 17)])
+
+
+def _ops(m):
+    return sorted(n.op_type for n in m.graph.nodes)
+
+
+def _names(m):
+    return {n.name for n in m.graph.nodes}
+
+
+def _slot(m, value):
+    return m.plan.slots.get(value)
+
+
+def _verifies(config):
+    """How often Graph.verify runs during a compile with ``config``."""
+    from fusegraph.ir.graph import Graph
+    calls = []
+    real = Graph.verify
+    Graph.verify = lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1]
+    try:
+        fg.compile(knob_model(), config=config)
+    finally:
+        Graph.verify = real
+    return len(calls)
+
+
+def _threads_seen(m):
+    seen = set()
+    m.run({"x": np.ones((1, 8, 16, 16), np.float32)}, hook=lambda i, p, o: seen.add(torch.get_num_threads()))
+    return seen
+
+
+def _lifetime(m, value):
+    return next((t.first, t.last) for t in m.report.memory.tensors if t.name == value)
+
+
+def _kept_freed(config, monkeypatch):
+    calls = []
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1))
+    fg.compile(knob_model(), config=config)
+    return bool(calls)
+
+
+O1 = {"level": "O1"}
+# field -> (value, what must differ from the compile without it, or REFUSED[, the fields both share])
+PROBES = {
+    "level": ("O1", lambda d, p: len(p.graph.nodes) > len(d.graph.nodes)),
+    "disabled_passes": (("cse",), lambda d, p: len(p.graph.nodes) > len(d.graph.nodes)),
+    "precision": ("bf16", REFUSED),
+    "streams": (2, lambda d, p: d.plan.streams is None and p.plan.streams is not None
+                and p.plan.streams.num_streams == 2),
+    "memory": ("off", lambda d, p: p.plan.memory_mode == "off" and d.plan.memory_mode != "off"),
+    "device": ("cuda", REFUSED if not torch.cuda.is_available() else
+               lambda d, p: next(iter(p.graph.constants.values())).const.is_cuda),
+    "threads": (1, lambda d, p: _threads_seen(p) == {1} and _threads_seen(d) == {torch.get_num_threads()}),
+    "fold_size_limit": (0, lambda d, p: "fold_me" in _names(p) and "fold_me" not in _names(d)),
+    "fold_broadcast_limit": (0, lambda d, p: "ConstantOfShape" in _ops(p) and "ConstantOfShape" not in _ops(d),
+                             {"fold_size_limit": 0}),
+    "max_arena_bytes": (1024, REFUSED),
+    "verify_each": (True, None),      # special-cased below: counts Graph.verify calls
+    "fast_math": (True, lambda d, p: len(p.graph.nodes) < len(d.graph.nodes)),
+    "aggressive_fusion": (True, REFUSED),
+    # the memory knobs name values: at O1 (no fusion) the model keeps its value names
+    "tensor_lifetimes": ((("a0", 0, 8),), lambda d, p: p.plan.arena_bytes > d.plan.arena_bytes, O1),
+    "reuse_groups": ((("a0", "b0"),), lambda d, p: _slot(p, "a0")[0] == _slot(p, "b0")[0]
+                     and _slot(d, "a0")[0] != _slot(d, "b0")[0], O1),
+    "exclusive_tensors": (("a0",), lambda d, p: p.plan.arena_bytes > d.plan.arena_bytes, O1),
+    "external_tensors": (("a0",), lambda d, p: _lifetime(p, "a0")[1] > _lifetime(d, "a0")[1], O1),
+    "op_precision": ((("Conv", "bf16"),), REFUSED),
+    "cuda_graph": (True, REFUSED if not torch.cuda.is_available() else None),
+    "keep_freed_memory": (False, None),   # special-cased below: host_memory is not touched
+    "script_segments": (False, lambda d, p: d.report.segments and not p.report.segments),
+}
+
+
+def test_every_field_has_a_probe():
+    assert set(PROBES) == {f.name for f in dataclasses.fields(fg.Config)}
+
+
+@pytest.mark.parametrize("field", sorted(PROBES))
+def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
+    value, changed, *shared = PROBES[field]
+    base = shared[0] if shared else {}
+    if field == "verify_each":
+        assert _verifies(fg.Config(verify_each=True)) > _verifies(fg.Config()) + 5
+        return
+    if field == "keep_freed_memory":
+        assert _kept_freed(fg.Config(), monkeypatch) and not _kept_freed(fg.Config(keep_freed_memory=False),
+                                                                          monkeypatch)
+        return
+    if changed is None:
+        pytest.skip(f"{field}: needs a CUDA device")
+    if changed == REFUSED:
+        with pytest.raises(FusegraphError):
+            fg.compile(knob_model(), config=fg.Config(**{field: value}))
+        return
+    default = fg.compile(knob_model(), config=fg.Config(**base))
+    probe = fg.compile(knob_model(), config=fg.Config(**base, **{field: value}))
+    assert changed(default, probe), f"Config.{field}={value!r} changed nothing observable"
+    x = {"x": np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    np.testing.assert_allclose(probe.run(x)["y"], default.run(x)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_compile_and_run_leave_the_callers_thread_count_alone():
+    before = torch.get_num_threads()
+    model = fg.compile(knob_model(), config=fg.Config(threads=1))
+    assert torch.get_num_threads() == before
+    model.run({"x": np.ones((1, 8, 16, 16), np.float32)})
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_closed_model_refuses_to_run(streams):
+    from fusegraph.errors import ModelClosedError
+    model = fg.compile(knob_model(), config=fg.Config(streams=streams))
+    model.close()
+    with pytest.raises(ModelClosedError, match="closed"):
+        model.run({"x": np.ones((1, 8, 16, 16), np.float32)})
