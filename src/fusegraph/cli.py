@@ -17,20 +17,8 @@ from .errors import FusegraphError, InputError, UsageError
 
 
 def _random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in model.inputs:
-        if spec.shape is None:
-            raise InputError(f"input {spec.name!r} has unknown rank: pass it with --input {spec.name}=FILE.npy")
-        shape = [d if isinstance(d, int) else 1 for d in spec.shape]
-        np_dtype = spec.dtype.to_numpy()
-        if np.issubdtype(np_dtype, np.floating):
-            feeds[spec.name] = rng.standard_normal(shape).astype(np_dtype)
-        elif np_dtype == np.bool_:
-            feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
-        else:
-            feeds[spec.name] = rng.integers(0, 10, shape).astype(np_dtype)
-    return feeds
+    from .runtime.feeds import random_feeds
+    return random_feeds(model.inputs, seed)
 
 
 def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:

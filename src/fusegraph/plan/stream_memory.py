@@ -17,8 +17,6 @@ Nothing here mutates the graph or the plan.
 """
 from __future__ import annotations
 
-from collections import deque
-
 from ..errors import PlanError
 from ..ir import Graph, Node, Value
 

@@ -94,20 +94,8 @@ class BisectResult:
 
 
 def _random_feeds(graph, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for v in graph.inputs:
-        if v.shape is None:
-            raise UsageError(f"input {v.name!r} has unknown rank: bisect needs static ranks")
-        shape = [d if isinstance(d, int) else 1 for d in v.shape]
-        dt = v.dtype.to_numpy()
-        if np.issubdtype(dt, np.floating):
-            feeds[v.name] = rng.standard_normal(shape).astype(dt)
-        elif dt == np.bool_:
-            feeds[v.name] = rng.integers(0, 2, shape).astype(np.bool_)
-        else:
-            feeds[v.name] = rng.integers(0, 10, shape).astype(dt)
-    return feeds
+    from ..runtime.feeds import random_feeds
+    return random_feeds(graph.inputs, seed)
 
 
 def compare_outputs(got: dict, ref: dict, rtol: float, atol: float) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 Every mismatch raises ``InputError`` naming the input, what was expected and what was given.
 Symbolic dims must agree across inputs (two inputs with dim ``batch`` get the same size).
+``random_feeds`` makes inputs for a model's specs (the CLI's and bisect's default inputs).
 """
 from __future__ import annotations
 
@@ -82,3 +83,24 @@ def _check_one(model_name: str, v: Value, given: Any, symbols: dict) -> torch.Te
         tensor = numpy_to_torch(given if given.flags.writeable else np.array(given), model_name, v.name,
                                 error=InputError)
     return tensor
+
+
+def random_feeds(specs, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for ``specs`` (a model's ``inputs``, or a graph's: anything with name,
+    shape, dtype); symbolic dims become 1, integers fall in [0, 10), booleans are random."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in specs:
+        if spec.shape is None:
+            raise InputError(f"input {spec.name!r} has unknown rank: random inputs need it; give this "
+                             f"input explicitly (fusegraph run: --input {spec.name}=FILE.npy)")
+        shape = [d if isinstance(d, int) else 1 for d in spec.shape]
+        np_dtype = spec.dtype.to_numpy()
+        if np.issubdtype(np_dtype, np.floating):
+            feeds[spec.name] = rng.standard_normal(shape).astype(np_dtype)
+        elif np_dtype == np.bool_:
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            feeds[spec.name] = rng.integers(0, 10, shape).astype(np_dtype)
+    return feeds
+

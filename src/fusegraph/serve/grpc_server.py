@@ -21,9 +21,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from ..errors import FusegraphError
 from .core import Core
-from .tensors import RequestError, check_shape, datatype_of_array, from_bytes, from_values
+from .tensors import RequestError, check_shape, datatype_of_array, from_bytes, from_values, status_of
 
 log = logging.getLogger("fusegraph.serve")
 
@@ -55,15 +54,6 @@ def decode_infer(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
         values = getattr(tensor.contents, field)
         arrays[tensor.name] = from_values(np.asarray(values) if len(values) else [], tensor.datatype, shape, where)
     return arrays
-
-
-def _code(exc: Exception) -> tuple[int, str]:
-    if isinstance(exc, RequestError):
-        return exc.status, str(exc)
-    if isinstance(exc, FusegraphError):
-        return 400, str(exc)
-    log.exception("internal error")
-    return 500, f"internal server error: {type(exc).__name__}"
 
 
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -136,7 +126,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 response.raw_output_contents.append(array.tobytes())
             status = 200
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
-            status, message = _code(exc)
+            status, message = status_of(exc)
             log.info("request refused", extra={"model": name, "protocol": "grpc", "code": status, "reason": message})
         finally:
             self.core.metrics.inflight.labels(label).dec()

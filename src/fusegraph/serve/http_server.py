@@ -28,9 +28,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import FusegraphError
 from .core import Core
-from .tensors import RequestError, check_shape, datatype_of_array, from_bytes, from_values
+from .tensors import RequestError, check_shape, datatype_of_array, from_bytes, from_values, status_of
 
 log = logging.getLogger("fusegraph.serve")
 HEADER = "inference-header-content-length"
@@ -144,15 +143,6 @@ def encode_response(model: str, req: dict, outputs: dict[str, np.ndarray], reque
                     headers={"Inference-Header-Content-Length": str(len(head))})
 
 
-def _error(exc: Exception) -> tuple[int, str]:
-    if isinstance(exc, RequestError):
-        return exc.status, str(exc)
-    if isinstance(exc, FusegraphError):
-        return 400, str(exc)
-    log.exception("internal error")
-    return 500, f"internal server error: {type(exc).__name__}"
-
-
 def build_app(core: Core) -> FastAPI:
     app = FastAPI(title="fusegraph", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -182,7 +172,7 @@ def build_app(core: Core) -> FastAPI:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
-            status, message = _error(exc)
+            status, message = status_of(exc)
             return JSONResponse({"error": message}, status)
 
     @app.get("/v2/models/{name}")
@@ -238,7 +228,7 @@ def build_app(core: Core) -> FastAPI:
             response = encode_response(name, req, core.select(model, outputs, names), requested, binary_all)
             status = 200
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
-            status, message = _error(exc)
+            status, message = status_of(exc)
             log.info("request refused", extra={"model": name, "protocol": "http", "code": status, "reason": message})
             response = JSONResponse({"error": message}, status)
         finally:

@@ -7,11 +7,12 @@ expected, before the request can join a batch. Nothing here touches a socket or 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import FusegraphError, InputError
 
 # KServe v2 datatype name <-> numpy dtype. BYTES (strings) and BF16 have no fusegraph input here.
 _TO_NUMPY = {
@@ -29,6 +30,17 @@ class RequestError(InputError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+
+def status_of(exc: Exception) -> tuple[int, str]:
+    """(HTTP status, message) for an exception a request raised: its own status, 400 for any
+    other typed fusegraph error, 500 (logged) for anything else."""
+    if isinstance(exc, RequestError):
+        return exc.status, str(exc)
+    if isinstance(exc, FusegraphError):
+        return 400, str(exc)
+    logging.getLogger("fusegraph.serve").exception("internal error")
+    return 500, f"internal server error: {type(exc).__name__}"
 
 
 def datatype_of(dtype) -> str:

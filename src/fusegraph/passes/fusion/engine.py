@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from ...ir import Graph, Node, Value
 from ..manager import PassOptions, PassResult
