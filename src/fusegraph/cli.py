@@ -70,13 +70,13 @@ def _threads_arg(text: str) -> int:
     return n
 
 
-def _positive_int(text: str) -> int:
+def _positive_int(text: str, what: str = "a positive integer") -> int:
     try:
         n = int(text)
     except ValueError:
         n = 0
     if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return n
 
 
@@ -180,15 +180,7 @@ def cmd_inspect(args, model=None) -> int:
 
 
 def _stream_count(text: str):
-    if text == "auto":
-        return text
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
-    return n
+    return text if text == "auto" else _positive_int(text, "a positive integer or 'auto'")
 
 
 def cmd_compile(args) -> int:
