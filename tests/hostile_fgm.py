@@ -103,23 +103,18 @@ def _set_header(key, value):
     return edit
 
 
-def _value(p, name):
-    return next(v for v in p["graph"]["values"] if v["name"] == name)
-
-
-def _set_value(name, key, value):
-    def edit(h, p):
-        _value(p, name)[key] = value
-    return edit
+def _entry(p, kind, name):
+    """The stored graph's entry ``name`` among its ``kind`` ("values" or "nodes")."""
+    return next(e for e in p["graph"][kind] if e["name"] == name)
 
 
 def _node(p, name):
-    return next(n for n in p["graph"]["nodes"] if n["name"] == name)
+    return _entry(p, "nodes", name)
 
 
-def _set_node(name, key, value):
+def _set(kind, name, key, value):
     def edit(h, p):
-        _node(p, name)[key] = value
+        _entry(p, kind, name)[key] = value
     return edit
 
 
@@ -218,27 +213,27 @@ def _common_cases(name, base, info):
         yield "fgm_header", f"{name}.header_{key}={str(v)[:20]!r}", base, _resealed(_set_header(key, v)), True
     for v in values:
         for key, bad in (("dtype", 7), ("dtype", 11), ("dtype", 0), ("dtype", 9999), ("dtype", 8), ("dtype", "f")):
-            yield "fgm_dtype", f"{name}.{v}.{key}={bad!r}", base, _resealed(_set_value(v, key, bad)), False
+            yield "fgm_dtype", f"{name}.{v}.{key}={bad!r}", base, _resealed(_set("values", v, key, bad)), False
         for bad in ([1], [0, 0, 0, 0], [-1, 4, 3, 3], [10 ** 9, 10 ** 9], ["N", 2], None, "abc", [2.5]):
-            yield "fgm_shape", f"{name}.{v}.shape={bad!r}", base, _resealed(_set_value(v, "shape", bad)), False
+            yield "fgm_shape", f"{name}.{v}.shape={bad!r}", base, _resealed(_set("values", v, "shape", bad)), False
         for k, inj in enumerate(INJECTIONS):
             yield "fgm_inject", f"{name}.value_{v}_inject{k}", base, _resealed(_rename_value(v, inj)), True
     for n in nodes:
         for op in ("Relu", "NoSuchOp", "Sigmoid", INJECTIONS[0], "", 7):
-            yield "fgm_op", f"{name}.{n}.op={str(op)[:12]!r}", base, _resealed(_set_node(n, "op_type", op)), False
+            yield "fgm_op", f"{name}.{n}.op={str(op)[:12]!r}", base, _resealed(_set("nodes", n, "op_type", op)), False
         for dom, ver in (("evil", 1), ("", 99999), ("", -1), ("fusegraph", 0)):
             yield "fgm_op", f"{name}.{n}.domain={dom!r}@{ver}", base, _resealed(
                 lambda h, p, n=n, d=dom, v=ver: _node(p, n).update(domain=d, version=v)), False
         for bad in (["nope"], [], [None, None, None, None, None], "x"):
-            yield "fgm_op", f"{name}.{n}.inputs={bad!r}", base, _resealed(_set_node(n, "inputs", bad)), False
-        yield "fgm_op", f"{name}.{n}.outputs=[]", base, _resealed(_set_node(n, "outputs", [])), False
+            yield "fgm_op", f"{name}.{n}.inputs={bad!r}", base, _resealed(_set("nodes", n, "inputs", bad)), False
+        yield "fgm_op", f"{name}.{n}.outputs=[]", base, _resealed(_set("nodes", n, "outputs", [])), False
         for attr, bad in (("strides", [0, 0]), ("pads", [-3, -3, -3, -3]), ("dilations", [0, 1]),
                           ("kernel_shape", [0, 0]), ("perm", [0, 0, 1]), ("axis", 99), ("axis", "1"),
                           ("activation", INJECTIONS[0]), ("group", 0), ("keepdims", [1]), ("alpha", "nan")):
             yield "fgm_attr", f"{name}.{n}.{attr}={bad!r}", base, _resealed(_set_attr(n, attr, bad)), False
         for k, inj in enumerate(INJECTIONS):
             yield "fgm_inject", f"{name}.node_{n}_inject{k}", base, _resealed(_rename_node(n, inj)), True
-        yield "fgm_inject", f"{name}.{n}.meta_inject", base, _resealed(_set_node(n, "meta", {"rule": INJECTIONS[0]})), True
+        yield "fgm_inject", f"{name}.{n}.meta_inject", base, _resealed(_set("nodes", n, "meta", {"rule": INJECTIONS[0]})), True
     for w in weights:
         for key, bad in (("dtype", "F64"), ("dtype", "I64"), ("dtype", "BOOL"), ("dtype", "EVIL"),
                          ("shape", [1]), ("shape", [10 ** 9]), ("shape", [-1]), ("data_offsets", [0, 10 ** 12]),
