@@ -16,7 +16,7 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from fusegraph.ops.onednn_graph_cnn import conv_kernel
+from fusegraph.runtime.backends.cpu.onednn_graph_cnn import conv_kernel
 from fusegraph.timing import measure
 
 CL = torch.channels_last

@@ -25,7 +25,7 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from fusegraph.ops.onednn_graph_linear import linear_kernel
+from fusegraph.runtime.backends.cpu.onednn_graph_linear import linear_kernel
 from fusegraph.timing import measure
 
 SHAPES = ((768, 768), (768, 2304), (768, 3072), (3072, 768))

@@ -64,6 +64,22 @@ def rss_anon_mib(pid: int) -> float:
     return float("nan")
 
 
+def server_batches(server: ServerProcess, name: str) -> dict:
+    """From the server's ``/metrics``: executed batches, mean rows per batch, mean compute
+    seconds per batch (warm-up requests included)."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{server.http}/metrics", timeout=10).read().decode()
+    got = {}
+    for line in text.splitlines():
+        for metric in ("fusegraph_batch_size_count", "fusegraph_batch_size_sum", "fusegraph_compute_seconds_sum"):
+            if line.startswith(metric + "{") and f'model="{name}"' in line:
+                got[metric] = float(line.rsplit(" ", 1)[1])
+    count = got.get("fusegraph_batch_size_count", 0.0)
+    return {"batches": int(count),
+            "mean_batch": round(got.get("fusegraph_batch_size_sum", 0.0) / count, 2) if count else None,
+            "mean_compute_ms": round(1000 * got.get("fusegraph_compute_seconds_sum", 0.0) / count, 1) if count else None}
+
+
 def load_test(server: ServerProcess, name: str, pool: list, refs: list, exact: bool, requests: int,
               clients: int, max_seconds: float) -> dict:
     import tritonclient.grpc as tg
@@ -131,7 +147,8 @@ def load_test(server: ServerProcess, name: str, pool: list, refs: list, exact: b
     stop.set()
     sampler.join(5)
     lat = np.array(latencies) * 1000
-    return {"requests": state["next"], "answered": len(latencies), "lost": state["lost"], "wrong": state["wrong"],
+    batches = server_batches(server, name)
+    return {**batches, "requests": state["next"], "answered": len(latencies), "lost": state["lost"], "wrong": state["wrong"],
             "wall_s": round(wall, 2), "throughput_rps": round(len(latencies) / wall, 2),
             "p50_ms": round(float(np.percentile(lat, 50)), 2) if len(lat) else None,
             "p99_ms": round(float(np.percentile(lat, 99)), 2) if len(lat) else None,
@@ -181,11 +198,11 @@ def main() -> int:
                 row.update(model=name, setup=setup, threads=threads, exit_code=code)
                 print(json.dumps(row), flush=True)
                 results.append(row)
-    print("\n| model | setup | requests | lost | wrong | p50 ms | p99 ms | req/s | RssAnon peak MiB |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| model | setup | requests | lost | wrong | p50 ms | p99 ms | req/s | RssAnon peak MiB | rows/batch |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r['model']} | {r['setup']} | {r['answered']} | {r['lost']} | {r['wrong']} | {r['p50_ms']} | "
-              f"{r['p99_ms']} | {r['throughput_rps']} | {r['rss_anon_mib_peak']} |")
+              f"{r['p99_ms']} | {r['throughput_rps']} | {r['rss_anon_mib_peak']} | {r['mean_batch']} |")
     for name in args.models.split(","):
         by = {r["setup"]: r for r in results if r["model"] == name}
         for other in ("instances", "batched"):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from fusegraph.ops.registry import resolved
+from fusegraph.runtime.backends import resolved
 from fusegraph.timing import measure
 
 

@@ -222,3 +222,24 @@ def mobilenetv2_style(num_classes: int = 10, width: float = 0.5):
     layers += cbr(c, 1280 // 2, 1, 1) + [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2),
                                          nn.Linear(1280 // 2, num_classes)]
     return _he_init(nn.Sequential(*layers))
+
+
+def mobilenetv2_onnx(path, width: float = 1.0, num_classes: int = 1000, size: int = 224) -> Path:
+    """``mobilenetv2_style`` (random He weights, BatchNorm statistics randomised, eval mode)
+    exported to ONNX (opset 17): Conv + BatchNormalization + Clip(0, 6), depthwise 3x3,
+    inverted residuals; input ``x`` [1, 3, size, size], output ``logits``."""
+    import torch
+    torch.manual_seed(0)
+    net = mobilenetv2_style(num_classes=num_classes, width=width)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.1, 0.1)
+    net.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(1, 3, size, size),), str(path), opset_version=17, dynamo=False,
+                          input_names=["x"], output_names=["logits"])
+    return Path(path)

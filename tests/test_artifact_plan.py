@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import fusegraph as fg
 from fusegraph import artifact as A
 from fusegraph.errors import ArtifactError
-from fusegraph.ops import onednn_graph, prepack
+from fusegraph.runtime.backends.cpu import onednn_graph, prepack
 from test_artifact import FEEDS, _f32, _model, _same, json_part_edit, refused, reseal
 from test_artifact import saved  # noqa: F401 - a fixture
 

@@ -17,7 +17,7 @@ from onnx import TensorProto as T, helper as H, numpy_helper
 
 import fusegraph as fg
 from fusegraph.errors import FusegraphError
-from fusegraph.runtime import host_memory
+from fusegraph.runtime.backends.cpu import host_memory
 
 REFUSED = "refused"
 
@@ -112,7 +112,8 @@ PROBES = {
                              {"fold_size_limit": 0}),
     "max_arena_bytes": (1024, REFUSED),
     "verify_each": (True, None),      # special-cased below: counts Graph.verify calls
-    "fast_math": (True, lambda d, p: len(p.graph.nodes) < len(d.graph.nodes)),
+    "fast_math": (True, lambda d, p: len(p.graph.nodes) < len(d.graph.nodes) and not p._executor.backend.exact
+                  and d._executor.backend.exact),
     "aggressive_fusion": (True, REFUSED),
     # the memory knobs name values: at O1 (no fusion) the model keeps its value names
     "tensor_lifetimes": ((("a0", 0, 8),), lambda d, p: p.plan.arena_bytes > d.plan.arena_bytes, O1),

@@ -137,9 +137,15 @@ def _need_matplotlib(plot: str | None) -> None:
 def _segments_summary(report) -> None:
     segs = report.segments
     if segs:
-        print(f"script segments: {len(segs)} ({sum(s['nodes'] for s in segs)} nodes, "
-              f"{sum(s['partitions'] for s in segs)} oneDNN Graph partitions); "
+        parts = [s["partitions"] for s in segs]
+        counted = f"{sum(parts)} oneDNN Graph partitions" if None not in parts else "compiled at their first call"
+        print(f"script segments: {len(segs)} ({sum(s['nodes'] for s in segs)} nodes, {counted}); "
               f"Python calls per run: {report.python_calls}")
+    kernels = getattr(report, "kernels", None) or {}
+    if kernels.get("declined"):
+        first = kernels["declined"][0]
+        print(f"backend {kernels.get('backend')}: {len(kernels['declined'])} node(s) on the op's portable kernel "
+              f"(first: {first['node']} ({first['op']}): {first['reason']})")
     for d in report.segments_dropped[:5]:     # a dropped run was retried in halves
         print(f"  segment of {d['nodes']} nodes from {d['first']} not used: {d['reason'].splitlines()[0]}")
     if len(report.segments_dropped) > 5:

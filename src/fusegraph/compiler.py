@@ -23,11 +23,12 @@ from .config import Config
 from .errors import ConfigError, ModelLoadError
 from .ir import DType, Graph
 from .ir.shape import Shape
-from .ops import infer_graph, opdef_for, prepack
+from .ops import infer_graph, opdef_for
 from .passes import optimize
 from .report import CompileReport
 from .plan.exec_plan import ExecutionPlan
 from .plan.memory_plan import PlanOptions, plan_memory
+from .runtime.bind import kernel_summary
 from .runtime.executor import Executor
 from .runtime.threads import intra_op_threads
 
@@ -61,7 +62,7 @@ def _device(config: Config) -> str:
 
 class CompiledModel:
     def __init__(self, graph: Graph, config: Config, report: CompileReport, plan: ExecutionPlan | None = None,
-                 strides: dict | None = None):
+                 strides: dict | None = None, backend_state: dict | None = None):
         self.graph = graph
         self.config = config
         self.report = report
@@ -75,13 +76,22 @@ class CompiledModel:
             self._executor = Executor(graph, self.name, plan, device=device, threads=config.threads,
                                       cuda_graph=config.cuda_graph, strides=strides,
                                       keep_freed_memory=config.keep_freed_memory,
-                                      script_segments=config.script_segments and config.level != "O0")
+                                      script_segments=config.script_segments and config.level != "O0",
+                                      backend_state=backend_state, exact=not config.fast_math)
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(self._executor.binding.not_writable)
         report.shape_kernels = self._executor.code.shape_kernels
         report.kernel_count = len(graph.nodes) - report.shape_kernels
-        segs = self._executor.code.segments
+        binding = self._executor.binding
+        report.kernels = kernel_summary(binding)
+        segs = self._executor.code.lowered
+        stored = list(report.segments)      # a loaded model's: what its compile made and counted
         report.segments = list(segs.made) if segs else []
+        if backend_state is not None and len(stored) == len(report.segments) and \
+                all(m["partitions"] is None for m in report.segments) and all(
+                    isinstance(s, dict) and isinstance(s.get("partitions"), int) and isinstance(s.get("nodes"), int)
+                    and isinstance(s.get("name"), str) for s in stored):
+            report.segments = stored        # the same segments, compiled lazily: the compile's counts
         report.segments_dropped = [{k: v for k, v in d.items() if k != "split"} for d in segs.dropped] if segs else []
         inside = sum(s["nodes"] for s in report.segments)
         report.python_calls = report.kernel_count - inside + len(report.segments)
@@ -90,16 +100,18 @@ class CompiledModel:
 
     @classmethod
     def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,
-                       plan: ExecutionPlan | None = None, strides: dict | None = None) -> "CompiledModel":
+                       plan: ExecutionPlan | None = None, strides: dict | None = None,
+                       backend_state: dict | None = None) -> "CompiledModel":
         """Bind an already optimised and planned graph: runs no pass and no planning
         (without a stored ``plan``, every tensor gets its own allocation, as memory "off";
         ``strides``: the arena view layouts the compile's probe found, so binding probes nothing)."""
-        return cls(graph, config, report, plan, strides)
+        return cls(graph, config, report, plan, strides, backend_state)
 
     def save(self, path: str | Path) -> None:
         """Write the offline ``.fgm`` artifact (see ``fusegraph.artifact``)."""
         artifact.save(path, self.name, self.graph, self.config, self.report, self.plan,
-                      getattr(self._executor.binding, "strides", None) or {})
+                      getattr(self._executor.binding, "strides", None) or {},
+                      self._executor.backend.export_state(self.graph))
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -197,14 +209,16 @@ def load(path: str | Path, *, threads: int | None = None) -> CompiledModel:
     t0 = time.perf_counter()
     stored = artifact.read(path, threads=threads)
     try:
-        with prepack.provide(stored.packed):
-            model = CompiledModel.from_optimized(stored.graph, stored.config, stored.report, stored.plan,
-                                                 stored.strides)
+        model = CompiledModel.from_optimized(stored.graph, stored.config, stored.report, stored.plan,
+                                             stored.strides, stored.backend_state)
     except MemoryError:
         raise
     except Exception as exc:  # a file whose graph or plan cannot be bound: ArtifactError, never other
         raise artifact.refusal(str(path), exc) from exc
     seconds = time.perf_counter() - t0
     stored.report.timings["load"] = seconds
-    model.load_info = {**stored.info, "seconds": seconds}
+    model.load_info = {**stored.info, "seconds": seconds,
+                       "backend_state": "stored (kernels compile at their first call)"
+                       if stored.backend_state is not None else
+                       "not used: another torch build or CPU made the file (kernels made at load)"}
     return model

@@ -45,7 +45,9 @@ class Config:
         compile raises PlanError naming the biggest tensors. Default 8 GiB; None: no cap.
     verify_each: verify the graph after every pass (tests turn it on).
     fast_math: allow rewrites that are exact only away from NaN / Inf / zero (x*0, x/x,
-        log(exp(x)) outside the provable domain), as -ffast-math does.
+        log(exp(x)) outside the provable domain), as -ffast-math does, and on CPU the kernels
+        whose only difference from ONNX is NaN / Inf (oneDNN's fused relu, clip, GELU and max
+        pool: NaN becomes 0, the bound, or -FLT_MAX); faster where those fuse.
     keep_freed_memory: on CPU with glibc, raise malloc's mmap / trim thresholds once per
         process so memory a run frees is reused by the next run instead of being faulted in
         again (process-wide; ``runtime/host_memory.py``). Default on.

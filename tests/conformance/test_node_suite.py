@@ -1,6 +1,7 @@
 """The ONNX backend node-test suite through fg.compile / run, with the onnx runner's
 tolerances. Cases listed in FAILURES.md (with their reasons) are expected to fail; every
-other case must pass, and the overall pass rate must stay at or above 75%."""
+other case must pass, and the overall pass rate must stay at or above 92% (88.9% before control
+flow, sequences and optionals, issue 18)."""
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from fusegraph.testing.conformance import collect_cases, run_case
 
 FAILURES = Path(__file__).with_name("FAILURES.md")
-MIN_PASS_RATE = 0.75
+MIN_PASS_RATE = 0.92
 
 
 def _known_failures() -> set[str]:

@@ -143,12 +143,16 @@ def test_unknown_op_fails_at_compile_time_naming_node_and_op():
     assert info.value.node == "frob1"
 
 
-def test_control_flow_is_refused_clearly():
-    body = helper.make_graph([helper.make_node("Identity", ["x"], ["o"])], "b", [], [_vi("o", [2])])
-    m = _model([helper.make_node("If", ["c"], ["y"], name="branch", then_branch=body, else_branch=body)],
+def test_control_flow_bodies_are_imported_with_outer_reads():
+    from oracle import ort_run
+    then_b = helper.make_graph([helper.make_node("Identity", ["x"], ["o"])], "b", [], [_vi("o", [2])])
+    else_b = helper.make_graph([helper.make_node("Neg", ["x"], ["n"])], "e", [], [_vi("n", [2])])
+    m = _model([helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_b, else_branch=else_b)],
                [_vi("c", [], TensorProto.BOOL), _vi("x", [2])], [_vi("y", [2])])
-    with pytest.raises(UnsupportedOpError, match="branch.*If.*control-flow"):
-        fg.compile(m)
+    compiled = fg.compile(m)
+    for c in (True, False):
+        feeds = {"c": np.array(c), "x": np.float32([1, -2])}
+        np.testing.assert_array_equal(compiled.run(feeds)["y"], ort_run(m, feeds)["y"])
 
 
 def test_op_older_than_its_first_implemented_version_is_refused():

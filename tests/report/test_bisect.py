@@ -11,8 +11,8 @@ from fusegraph.passes import algebra, pipeline
 from fusegraph.passes.rewrite import Rule
 from fusegraph.report.bisect import bisect
 
-PLANTED = Rule("relu_to_abs_planted", ("Relu",), lambda node, ctx: True,
-               lambda node, match, ctx: ctx.emit("Abs", [node.inputs[0]]))
+PLANTED = Rule("relu_to_abs_planted", lambda node, ctx: True,
+               lambda node, match, ctx: ctx.emit("Abs", [node.inputs[0]]), ops=("Relu",))
 
 
 def test_clean_pipeline_has_no_divergence():
@@ -41,8 +41,8 @@ def test_planted_fusion_rule_is_named(monkeypatch):
     from fusegraph.passes.fusion.pattern import Pat, Var
 
     real = engine.collect_rules
-    bad = engine.FusionRule("add_as_sub_planted", Pat("Add", Var("a"), Var("b")), lambda m, ctx: None,
-                            lambda m, ctx: ctx.emit("Sub", list(m.root.inputs)), priority=1000)
+    bad = Rule("add_as_sub_planted", lambda m, ctx: True, lambda m, _, ctx: ctx.emit("Sub", list(m.root.inputs)),
+               pattern=Pat("Add", Var("a"), Var("b")), priority=1000)
     monkeypatch.setattr(engine, "collect_rules", lambda: [bad] + real())
     result = bisect(knob_model())
     assert result.found is not None

@@ -1,7 +1,9 @@
-"""``fusegraph inspect --html``: the report page for a light CNN (squeezenet, two streams) and
-a small BERT. The page must be self-contained (no URL, no external ``src`` / ``href``), hold
-every section, and show the figures ``model.report`` has. A screenshot through headless
-Chromium is taken when ``/usr/bin/chromium`` exists (skipped otherwise)."""
+"""``fusegraph inspect --html``: the report page for resnet50 (random weights, two streams) and
+the BERT export (``transformer_models``: 2 layers, hidden 768), as issue 20 asks. The page must
+be self-contained (no URL, no external ``src`` / ``href``), hold every section, and show the
+figures ``model.report`` has. Both pages are opened in headless Chromium when
+``/usr/bin/chromium`` exists (skipped otherwise): a screenshot that is not blank, and the page's
+search script run in the browser."""
 from __future__ import annotations
 
 import json
@@ -20,26 +22,26 @@ from fusegraph.zoo import light_model_path, random_feeds, randomize_weights
 SECTIONS = ("summary", "graph-after", "graph-before", "fusions", "passes", "memory", "streams", "precision",
             "profile")
 CHROMIUM = Path("/usr/bin/chromium")
+HAVE_CHROMIUM = CHROMIUM.exists() and shutil.which(str(CHROMIUM)) is not None
 
 
 @pytest.fixture(scope="module")
-def squeezenet(tmp_path_factory):
+def resnet50(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("html")
-    proto = randomize_weights(onnx.load(str(light_model_path("squeezenet"))))
-    onnx.save(proto, tmp / "squeezenet.onnx")
-    model = fg.compile(str(tmp / "squeezenet.onnx"), config=fg.Config(streams=2, threads=2))
-    write_html(model, tmp / "squeezenet.html", feeds=random_feeds(proto), source=str(tmp / "squeezenet.onnx"),
+    proto = randomize_weights(onnx.load(str(light_model_path("resnet50"))))
+    onnx.save(proto, tmp / "resnet50.onnx")
+    model = fg.compile(str(tmp / "resnet50.onnx"), config=fg.Config(streams=2, threads=2))
+    write_html(model, tmp / "resnet50.html", feeds=random_feeds(proto), source=str(tmp / "resnet50.onnx"),
                runs=2)
-    yield model, (tmp / "squeezenet.html").read_text()
+    yield model, (tmp / "resnet50.html").read_text()
     model.close()
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory):
+def bert(tmp_path_factory, transformer_models):
     import model_builders as mb
     tmp = tmp_path_factory.mktemp("html_bert")
-    module, args, names = mb.small_transformer("bert", hidden=32, layers=2, heads=2)
-    path = mb._export(module, args, names, tmp / "bert.onnx")
+    path = transformer_models["bert"]
     model = fg.compile(str(path), config=fg.Config(threads=2))
     write_html(model, tmp / "bert.html", feeds=mb.transformer_feeds(batch=2), source=str(path), runs=2)
     yield model, (tmp / "bert.html").read_text()
@@ -90,8 +92,8 @@ def _check(model, page: str) -> None:
             .replace("'", "&#x27;") in page
 
 
-def test_squeezenet_page(squeezenet):
-    model, page = squeezenet
+def test_resnet50_page(resnet50):
+    model, page = resnet50
     _check(model, page)
     assert _figures(page)["streams"] == 2 == model.plan.streams.num_streams
     assert "planner&#x27;s estimate" in page or "planner's estimate" in page
@@ -119,17 +121,36 @@ def test_cli_inspect_html(tmp_path, capsys):
     assert all(f'<section id="{sid}">' in page for sid in SECTIONS)
 
 
-@pytest.mark.skipif(not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None, reason="no /usr/bin/chromium")
-def test_screenshot_in_headless_chromium(squeezenet, tmp_path):
+def _chromium(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.skipif(not HAVE_CHROMIUM, reason="no /usr/bin/chromium")
+@pytest.mark.parametrize("which", ["resnet50", "bert"])
+def test_page_in_headless_chromium(which, request, tmp_path):
+    """The page renders (a 1200x900 screenshot with something drawn on it), and its inline
+    search script works in the browser: a search for a kernel's name finds it (the DOM after
+    the script ran says how many rows matched)."""
     from PIL import Image
-    _, page = squeezenet
+    model, page = request.getfixturevalue(which)
     (tmp_path / "r.html").write_text(page)
     shot = tmp_path / "shot.png"
-    subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,900",
-                    f"--screenshot={shot}", (tmp_path / "r.html").as_uri()], capture_output=True, timeout=120,
-                   check=False)
+    _chromium("--window-size=1200,900", f"--screenshot={shot}", (tmp_path / "r.html").as_uri())
     assert shot.exists()
     image = Image.open(shot).convert("L")
     assert image.size == (1200, 900)
     lo, hi = image.getextrema()
     assert hi - lo > 100     # something was drawn: not a blank page
+    assert sum(1 for c in image.histogram() if c) > 16      # text and plots, not a flat colour or two
+    name = model.graph.nodes[len(model.graph.nodes) // 2].name
+    want = sum(name.lower() in n.name.lower() for n in model.graph.nodes)   # rows whose name has it
+    probe = ("<script>var i = document.querySelector('#graph-after input.search'); "
+             f"i.value = {json.dumps(name)}; fgSearch(i);</script></body>")
+    (tmp_path / "s.html").write_text(page.replace("</body>", probe))
+    dom = _chromium("--dump-dom", (tmp_path / "s.html").as_uri()).stdout
+    after = dom[dom.index('<section id="graph-after">'):dom.index('<section id="graph-before">')]
+    hits = re.search(r'<span class="hits muted">(\d+) match\(es\)</span>', after)
+    assert hits, after[:2000]
+    assert int(hits.group(1)) >= want >= 1
+    assert len(re.findall(r'<tr class="node[^"]*\bhit\b"', after)) == int(hits.group(1))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fusegraph.runtime import host_memory
+from fusegraph.runtime.backends.cpu import host_memory
 
 WORKER = r"""
 import json, resource, sys

@@ -19,7 +19,7 @@ import pytest
 
 import fusegraph as fg
 from fusegraph import zoo
-from fusegraph.ops import onednn_graph
+from fusegraph.runtime.backends.cpu import onednn_graph
 from oracle import ort_run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))

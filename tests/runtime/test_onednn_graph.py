@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusegraph.ops import onednn_graph, onednn_graph_cnn, onednn_graph_linear
-from fusegraph.ops.onednn_graph import GraphKernel
+from fusegraph.runtime.backends.cpu import onednn_graph, onednn_graph_cnn, onednn_graph_linear
+from fusegraph.runtime.backends.cpu.onednn_graph import GraphKernel
 
 pytestmark = pytest.mark.skipif(not onednn_graph.AVAILABLE, reason="this torch has no oneDNN Graph bridge")
 CL = torch.channels_last

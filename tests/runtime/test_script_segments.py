@@ -11,8 +11,8 @@ import torch
 from onnx import TensorProto
 
 import fusegraph as fg
-from fusegraph.ops import onednn_graph, script_ir
-from fusegraph.ops.registry import Deferred
+from fusegraph.runtime.backends.cpu import onednn_graph, script_ir
+from fusegraph.runtime.backends import Deferred
 from oracle import assert_outputs_close, ort_run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
@@ -73,7 +73,7 @@ def test_a_convnet_runs_as_one_segment_and_matches_onnxruntime():
 
 def test_nodes_inside_a_segment_compile_no_partition_of_their_own():
     compiled = fg.compile(convnet())
-    inside = {id(n) for s in compiled._executor.code.segments.calls if hasattr(s.node, "nodes")
+    inside = {id(n) for s in compiled._executor.code.lowered.calls if hasattr(s.node, "nodes")
               for n in s.node.nodes}
     deferred = [c.kernel for c in compiled._executor.binding.calls
                 if id(c.node) in inside and isinstance(c.kernel, Deferred)]
@@ -127,7 +127,7 @@ def test_a_segment_that_computes_otherwise_is_dropped(monkeypatch):
     compiled = fg.compile(m)
     dropped = compiled.report.segments_dropped
     assert dropped and all("differs from the per-node kernels" in d["reason"] for d in dropped)
-    inside = [n for s in compiled._executor.code.segments.calls if hasattr(s.node, "nodes") for n in s.node.nodes]
+    inside = [n for s in compiled._executor.code.lowered.calls if hasattr(s.node, "nodes") for n in s.node.nodes]
     assert inside and "ChannelShuffle" not in [n.op_type for n in inside]
     assert_outputs_close(compiled.run(feeds), ort_run(m, feeds))
 
@@ -142,7 +142,7 @@ def test_a_segment_the_bridge_cannot_compile_is_split(monkeypatch):
     feeds = feeds_for(m, seed=3)
     compiled = fg.compile(m)
     assert compiled.report.segments_dropped and len(segments(compiled)) >= 2
-    inside = [n for s in compiled._executor.code.segments.calls if hasattr(s.node, "nodes") for n in s.node.nodes]
+    inside = [n for s in compiled._executor.code.lowered.calls if hasattr(s.node, "nodes") for n in s.node.nodes]
     assert "Concat" not in [n.op_type for n in inside]
     assert_outputs_close(compiled.run(feeds), ort_run(m, feeds))
 
@@ -171,7 +171,7 @@ def test_another_thread_count_compiles_its_own_copy():
         got = compiled.run(feeds)
     finally:
         torch.set_num_threads(threads)
-    seg = next(c for c in compiled._executor.code.segments.calls if hasattr(c.node, "nodes"))
+    seg = next(c for c in compiled._executor.code.lowered.calls if hasattr(c.node, "nodes"))
     assert len(seg.kernel._fns) == 2
     assert_outputs_close(got, want)
 

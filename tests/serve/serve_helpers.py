@@ -13,6 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+# Every model the test server holds: the nine light models and the BERT / GPT-2 exports.
+MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
+          "vgg19", "zfnet512", "bert", "gpt2"]
 BATCHED = "max_batch_size = 4\nmax_queue_delay_ms = 300\nthreads = 1\n"
 
 

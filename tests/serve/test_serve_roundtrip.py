@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from serve_helpers import MODELS, feeds_for
 
-from serve_helpers import feeds_for
-
-MODELS = ["squeezenet", "shufflenet", "resnet50", "bert", "gpt2"]
+from fusegraph import zoo
 
 
 def _http_infer(server, name, feeds, binary=True):
@@ -45,6 +44,11 @@ def _assert_bitwise(got, want):
     for k in want:
         assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
         assert np.array_equal(got[k], want[k]), f"{k}: max diff {np.abs(got[k] - want[k]).max()}"
+
+
+def test_models_are_the_issue_s():
+    """The nine light models and the BERT / GPT-2 exports (issue 19's round trip)."""
+    assert MODELS == [*zoo.LIGHT_MODELS, "bert", "gpt2"]
 
 
 @pytest.mark.parametrize("name", MODELS)

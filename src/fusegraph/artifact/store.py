@@ -27,7 +27,7 @@ from ..runtime.threads import machine_cores
 from .container import FORMAT_VERSION, Checksums, is_int, json_value, open_artifact, pack, want as _want
 from .machine import HINT, check_machine as _check_machine, cpu_requirements, machine
 from .plan import plan_record, restore_plan
-from .weights import packed_forms, provided_forms, read_weights, weights_part
+from .weights import read_weights, weights_part
 
 _MAX_JSON_PART = 1 << 30
 
@@ -47,9 +47,10 @@ def _jsonable(o: Any) -> Any:
 
 
 def save(path: str | Path, name: str, graph: Graph, config, report: CompileReport,
-         plan: ExecutionPlan | None, strides: dict) -> None:
-    """Write a compiled model (its optimised ``graph``, ``config``, ``report``, ``plan`` and
-    the arena view ``strides`` its binding probed) to ``path`` as a ``.fgm`` artifact."""
+         plan: ExecutionPlan | None, strides: dict, backend_state: dict | None = None) -> None:
+    """Write a compiled model (its optimised ``graph``, ``config``, ``report``, ``plan``, the
+    arena view ``strides`` its binding probed, and its backend's ``export_state()``) to
+    ``path`` as a ``.fgm`` artifact."""
     try:
         graph.verify()
     except FusegraphError as exc:
@@ -59,6 +60,8 @@ def save(path: str | Path, name: str, graph: Graph, config, report: CompileRepor
     weights_dev = "cuda" if any(t.is_cuda for t in tensors.values()) else "cpu"
     on_cuda = weights_dev == "cuda" or config.device == "cuda"
     report = {"report": report.to_dict(), **(plan_record(plan, strides) or {"plan": None})}
+    if backend_state and backend_state.get("segments"):
+        report["backend"] = {"segments": backend_state["segments"]}
     cap = here["capability"]
     header = {
         "format": "fusegraph-artifact", "format_version": FORMAT_VERSION, "byteorder": sys.byteorder,
@@ -72,7 +75,7 @@ def save(path: str | Path, name: str, graph: Graph, config, report: CompileRepor
     }
     parts = {"graph": json.dumps(data, separators=(",", ":"), allow_nan=False).encode(),
              "report": json.dumps(report, separators=(",", ":"), default=_jsonable).encode(),
-             "weights": weights_part(tensors, packed_forms(graph))}
+             "weights": weights_part(tensors, (backend_state or {}).get("packed"))}
     pack(path, header, parts)
 
 
@@ -139,14 +142,28 @@ def _threads(mapping: Any, threads: int | None, where: str) -> tuple[Any, int | 
 @dataclass
 class StoredModel:
     """What an artifact holds, checked: everything ``CompiledModel.from_optimized`` binds, the
-    packed weight forms its kernels may take (``ops.prepack.provide``), and where it came from."""
+    backend state stored for this machine (packed weight forms: ``Backend.import_state``; empty
+    when the file comes from another torch build or CPU), and where it came from."""
     graph: Graph
     config: Any
     report: CompileReport
     plan: ExecutionPlan | None
     strides: dict
-    packed: dict
+    backend_state: dict | None    # None: another build or CPU made the file
     info: dict
+
+
+def _backend_record(blob: dict, where: str) -> dict:
+    """The backend's JSON state (its segment layout: lists of node names), shape-checked; the
+    backend checks the names against the graph."""
+    rec = blob.get("backend")
+    if rec is None:
+        return {}
+    segs = rec.get("segments") if isinstance(rec, dict) else None
+    _want(isinstance(segs, list) and len(segs) <= 1 << 20
+          and all(isinstance(s, list) and all(isinstance(n, str) for n in s) for s in segs),
+          f"{where}: the stored backend state is malformed")
+    return {"segments": segs}
 
 
 def refusal(where: str, exc: Exception) -> ArtifactError:
@@ -197,7 +214,7 @@ def read(path: str | Path, *, threads: int | None = None) -> StoredModel:
                 v.const = v.const.to("cuda")
         same_build = (header.get("torch_version") == torch.__version__   # oneDNN's blocked formats
                       and header["cpu"].get("capability") == machine()["capability"])
-        forms = provided_forms(packed, where) if same_build else {}
+        state = {"packed": packed, **_backend_record(blobs["report"], where)} if same_build else None
     except MemoryError:
         raise
     except Exception as exc:  # a hostile file must never escape as anything but ArtifactError
@@ -206,4 +223,4 @@ def read(path: str | Path, *, threads: int | None = None) -> StoredModel:
     info = {"path": where, "format_version": header["format_version"], "threads": config.threads,
             "threads_stored": stored_threads,
             "built_with": {k: header.get(k) for k in ("fusegraph_version", "torch_version")}}
-    return StoredModel(graph, config, report, plan, strides, forms, info)
+    return StoredModel(graph, config, report, plan, strides, state, info)

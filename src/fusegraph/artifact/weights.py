@@ -4,11 +4,11 @@
 64-aligned in the file and each tensor sits at its compiled address modulo 64 (SIMD kernels
 can round differently on differently aligned data), gaps being padding entries named in the
 metadata, as are permuted (transposed) layouts and folded one-value fills (stored as their
-base plus the broadcast shape). Convolution weights also travel in the oneDNN blocked form
-the compiled model's kernels packed them into (``ops/prepack.py``): its bytes and oneDNN's
-descriptor as uint8 entries named ``__fusegraph_packed__...``, listed in the metadata with
-the convolution geometry and thread count they were packed for (``packed_forms``;
-``provided_forms`` hands them to the kernels at load). ``read_weights`` checks every entry
+base plus the broadcast shape). Convolution weights also travel in the blocked form the
+backend packed them into (its ``export_state()``: ``runtime/backends/cpu/prepack.py``): the
+bytes and a descriptor as uint8 entries named ``__fusegraph_packed__...``, listed in the
+metadata with the key (geometry) and thread count they were packed for; ``read_weights``
+returns them as they are, for the backend's ``import_state``. ``read_weights`` checks every entry
 (dtype, shape, span, alignment, overlap, bool bytes, permutations, broadcast limits) and
 returns tensors that alias the loaded bytes: nothing is copied and nothing is unpickled.
 Faults are ``ArtifactError``.
@@ -23,7 +23,6 @@ import torch
 from .container import is_int, json_value, want
 from ..errors import ArtifactError
 from ..ir import is_broadcast
-from ..ops import prepack
 
 _ALIGN = 64
 _MAX_HEADER = 1 << 24
@@ -172,36 +171,3 @@ def _broadcast(base: torch.Tensor, shape, limit: int, where: str) -> torch.Tenso
     want(numel * base.element_size() <= limit, f"{where}: broadcast to {shape} is {numel} elements, over "
                                                 f"the config's fold_broadcast_limit of {limit} bytes")
     return base.expand(shape)
-
-
-def packed_forms(graph) -> dict[str, list]:
-    """The oneDNN blocked forms the compiled model's convolutions made for its weights
-    (``ops.prepack``), ``{weight name: [(key, bytes, descriptor, threads)]}``, for ``weights_part``."""
-    if not prepack.AVAILABLE:
-        return {}
-    out: dict[str, list] = {}
-    for node in graph.nodes:
-        v = node.inputs[1] if node.op_type == "FusedConv" and len(node.inputs) > 1 else None
-        if v is None or not v.is_const or v.name in out:
-            continue
-        forms, seen = [], []
-        for key, p, threads in prepack.packed_for(v.const):
-            if (key, threads) not in seen:       # the same weight bound twice: one copy
-                seen.append((key, threads))
-                forms.append((key, *prepack.to_bytes(p), threads))
-        if forms:
-            out[v.name] = forms
-    return out
-
-
-def provided_forms(packed: dict[str, list], where: str) -> dict[str, list]:
-    """``prepack.provide``'s argument: each stored form rebuilt (over the file's bytes) when a
-    kernel asks for it; a descriptor that does not describe its bytes is an ``ArtifactError``."""
-    def maker(name, key, data, md):
-        def make():
-            t = prepack.rebuild(data, md, key[0])
-            want(t is not None, f"{where}: the prepacked form of {name[:80]!r} does not match its descriptor")
-            return t
-        return make
-    return {name: [(key, maker(name, key, data, md), threads) for key, data, md, threads in lst]
-            for name, lst in packed.items()}

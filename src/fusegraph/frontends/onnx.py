@@ -15,14 +15,14 @@ import onnx
 from onnx import helper
 
 from ..errors import ModelLoadError, UnsupportedOpError
-from ..ir import DType, Graph, Value
+from ..ir import DType, Graph
 from .onnx_checks import check_model, check_node, check_opsets, check_types, check_value_dims, small_vectors
 from .onnx_data import check_tensor_bytes, tensor_to_torch
+from .onnx_nodes import Scope, convert_nodes, set_type, tensor_dims, value_type
 from .onnx_weights import parse_without_weights
 
 DEFAULT_OPSET = 7
 _MAX_MODEL_BYTES = 1 << 34
-_CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
 
 
 def load_model_proto(model: Any) -> tuple[onnx.ModelProto, Path | None, str]:
@@ -66,47 +66,7 @@ def _type_of(type_proto, where: str, name: str) -> tuple[DType, tuple | None]:
         dtype = DType(tt.elem_type)
     except ValueError:
         raise ModelLoadError(f"{where}: value {name!r} has unknown element type {tt.elem_type}") from None
-    if not tt.HasField("shape"):
-        return dtype, None
-    dims = []
-    for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)
-    return dtype, tuple(dims)
-
-
-def _attr_value(attr: onnx.AttributeProto, base_dir, where: str) -> Any:
-    if attr.type == onnx.AttributeProto.TENSOR:
-        return tensor_to_torch(attr.t, base_dir, where)
-    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        return attr.g if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-    value = helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if isinstance(value, list):
-        return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in value]
-    return value
-
-
-def _constant_value(node: onnx.NodeProto, attrs: dict, where: str):
-    import torch
-    if "value" in attrs:
-        return attrs["value"]
-    if "value_float" in attrs:
-        return torch.tensor(attrs["value_float"], dtype=torch.float32)
-    if "value_floats" in attrs:
-        return torch.tensor(attrs["value_floats"], dtype=torch.float32)
-    if "value_int" in attrs:
-        return torch.tensor(attrs["value_int"], dtype=torch.int64)
-    if "value_ints" in attrs:
-        return torch.tensor(attrs["value_ints"], dtype=torch.int64)
-    raise UnsupportedOpError(f"{where}: Constant node {node.name or node.output[0]!r} has "
-                             f"{sorted(attrs)}; only numeric tensors are supported",
-                             node=node.name, op_type="Constant")
+    return dtype, tensor_dims(tt)
 
 
 def import_onnx(model: Any) -> Graph:
@@ -130,7 +90,8 @@ def import_onnx(model: Any) -> Graph:
     g = proto.graph
     graph = Graph(g.name or "main", opset)
     graph.meta["source"] = where
-    by_name: dict[str, Value] = {}
+    scope = Scope(graph)
+    by_name = scope.names
 
     for init in list(g.initializer) + list(_sparse_initializers(g, base_dir, where)):
         tensor = tensor_to_torch(init, base_dir, where)
@@ -138,57 +99,19 @@ def import_onnx(model: Any) -> Graph:
     for inp in g.input:
         if inp.name in by_name:  # an input shadowing an initializer: its default value is used
             continue
-        dtype, shape = _type_of(inp.type, where, inp.name)
-        by_name[inp.name] = graph.add_input(inp.name, dtype, shape)
+        v = graph.add_input(inp.name, DType.UNDEFINED, None)
+        set_type(v, inp.type, where)
+        by_name[inp.name] = v
 
-    for idx, node in enumerate(g.node):
-        label = node.name or (node.output[0] if node.output else f"node{idx}")
-        domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        attrs = {a.name: _attr_value(a, base_dir, f"{where}: node {label!r}") for a in node.attribute}
-        if node.op_type in _CONTROL_FLOW and domain == "":
-            raise UnsupportedOpError(f"{where}: node {label!r} is a {node.op_type}; control-flow ops "
-                                     f"(If, Loop, Scan) are not supported yet", node=label,
-                                     op_type=node.op_type)
-        if node.op_type == "Constant" and domain == "":
-            tensor = _constant_value(node, attrs, f"{where}: node {label!r}")
-            by_name[node.output[0]] = graph.add_constant(node.output[0], tensor)
-            continue
-        inputs = []
-        for name in node.input:
-            if not name:
-                inputs.append(None)
-            elif name not in by_name:
-                raise ModelLoadError(f"{where}: node {label!r} ({node.op_type}) reads {name!r}, which "
-                                     f"no earlier node, input or initializer defines")
-            else:
-                inputs.append(by_name[name])
-        out_names = list(node.output)
-        while out_names and not out_names[-1]:
-            out_names.pop()
-        if domain not in opset:
-            raise ModelLoadError(f"{where}: node {label!r} uses domain {domain!r}, which the model "
-                                 f"does not import")
-        n = graph.add_node(node.op_type, inputs, outputs=[o or f"{label}_unused{k}" for k, o in
-                                                          enumerate(out_names)],
-                           attrs=attrs, domain=domain, name=label)
-        for o, orig in zip(n.outputs, out_names):
-            if orig:
-                if orig in by_name:
-                    raise ModelLoadError(f"{where}: value {orig!r} is defined twice (again by node {label!r})")
-                by_name[orig] = o
-                o.meta["onnx_name"] = orig
-                if orig in hints:
-                    o.dtype, o.shape = hints[orig]
+    convert_nodes(scope, g.node, opset, base_dir, where, hints)
 
     for out in g.output:
         if out.name not in by_name:
             raise ModelLoadError(f"{where}: graph output {out.name!r} is not produced by any node")
         v = by_name[out.name]
-        if v.dtype == DType.UNDEFINED or v.shape is None:
+        if (v.dtype == DType.UNDEFINED or v.shape is None) and "container" not in v.meta:
             try:
-                dtype, shape = _type_of(out.type, where, out.name)
-                v.dtype = v.dtype or dtype
-                v.shape = v.shape if v.shape is not None else shape
+                set_type(v, out.type, where)
             except (UnsupportedOpError, ModelLoadError):
                 pass
         graph.outputs.append(v)
@@ -255,9 +178,10 @@ def _shape_hints(proto: onnx.ModelProto, where: str):
         infos = list(src.value_info) + list(src.output)
     for vi in infos:
         try:
-            hints[vi.name] = _type_of(vi.type, "", vi.name)
+            dtype, shape, container, _ = value_type(vi.type, "", vi.name)
         except Exception:
             continue
+        hints[vi.name] = (dtype, shape) if container is None else vi.type
     return hints, refusal
 
 

@@ -3,6 +3,11 @@
 The node list is kept in a valid topological order; passes insert new nodes next to the
 nodes they replace (``before=``) and remove nodes through ``remove``, which keeps use-def
 links straight. Names are unique within a graph; ``fresh_name`` makes new ones.
+
+A graph can be the body of a node (an ``ir.Graph`` attribute: If branches, Loop and Scan
+bodies). Values of the enclosing graph that a body reads are its ``captures``: placeholder
+values of the body, bound positionally to the owning node's trailing (implicit) inputs, so
+use-def, liveness and ordering in the enclosing graph see every outer read (``subgraphs.py``).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constants: dict[str, Value] = {}
+        self.captures: list[Value] = []   # outer-scope values a body reads (see module doc)
         self.meta: dict[str, Any] = {}
         self._names: set[str] = set()
         self._node_names: set[str] = set()
@@ -58,6 +64,14 @@ class Graph:
         v = Value(self._claim(name), dtype, shape)
         v.graph = self
         self.inputs.append(v)
+        return v
+
+    def add_capture(self, name: str, dtype: DType = DType.UNDEFINED, shape: Shape = None) -> Value:
+        """A placeholder for an outer-scope value this body reads (bound by position to an
+        implicit input of the owning node)."""
+        v = Value(self._claim(name), dtype, shape)
+        v.graph = self
+        self.captures.append(v)
         return v
 
     def add_constant(self, name: str, tensor) -> Value:
@@ -169,7 +183,8 @@ class Graph:
 
     # ----- queries -------------------------------------------------------------------------
     def values(self) -> Iterator[Value]:
-        """Every value: inputs, constants, then node outputs in order."""
+        """Every value: captures, inputs, constants, then node outputs in order."""
+        yield from self.captures
         yield from self.inputs
         yield from self.constants.values()
         for n in self.nodes:

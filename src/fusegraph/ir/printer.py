@@ -29,7 +29,11 @@ def format_node(node: Node) -> str:
 
 
 def format_graph(graph: Graph, max_constants: int = 20) -> str:
+    """The graph's text; bodies of control-flow nodes follow their node, indented."""
+    from .subgraphs import subgraphs
     lines = [f"graph {graph.name} (opset {dict(sorted(graph.opset.items()))})"]
+    for v in graph.captures:
+        lines.append(f"  outer  %{v.name}: {v.type_str()}")
     for v in graph.inputs:
         lines.append(f"  input  %{v.name}: {v.type_str()}")
     consts = list(graph.constants.values())
@@ -39,5 +43,9 @@ def format_graph(graph: Graph, max_constants: int = 20) -> str:
         lines.append(f"  ... {len(consts) - max_constants} more constants")
     for n in graph.nodes:
         lines.append(format_node(n))
+        for attr, body in subgraphs(n):
+            sub = format_graph(body, max_constants).splitlines()
+            lines.append(f"    {attr}: {sub[0]}")
+            lines.extend("      " + ln for ln in sub[1:])
     lines.append("  return " + ", ".join(f"%{v.name}" for v in graph.outputs))
     return "\n".join(lines)

@@ -8,7 +8,9 @@ tensor attributes under ``@<node>/<attr>``). ``graph_from_dict(data, tensors)`` 
 
 Attribute values are encoded losslessly: JSON scalars as themselves, lists as lists, and tagged
 objects for the rest (``$tuple``, ``$dict``, ``$float`` for NaN/inf, ``$bytes``, ``$dtype``,
-``$tensor``/``$ndarray`` references). Meta entries that cannot be encoded are dropped.
+``$tensor``/``$ndarray`` references, ``$graph`` for a body: its own dict, with its tensors
+kept under the attribute's key as a prefix). Meta entries that cannot be encoded are dropped.
+A body's ``captures`` (outer values it reads) are listed by name, like its inputs.
 
 Decoding trusts nothing: every field is type-checked and a malformed dict raises
 ``ArtifactError`` naming the offending entry. The result is not verified here; callers run
@@ -30,6 +32,7 @@ from .nodes import Node, Value
 
 SCHEMA_VERSION = 1
 _MAX_DEPTH = 32
+_MAX_GRAPH_NESTING = 16
 
 
 class _Unencodable(Exception):
@@ -58,6 +61,14 @@ def _encode(x: Any, tensors: dict, key: str, depth: int = 0) -> Any:
             name += "_"
         tensors[name] = t.detach()
         return {tag: name}
+    if isinstance(x, Graph):
+        sub, sub_tensors = graph_to_dict(x)
+        prefix = f"{key}/"
+        if any(k.startswith(prefix) for k in tensors):
+            raise _Unencodable(f"tensor keys under {prefix!r} are taken")
+        for k, t in sub_tensors.items():
+            tensors[prefix + k] = t
+        return {"$graph": {"prefix": prefix, "graph": sub}}
     if isinstance(x, list):
         return [_encode(v, tensors, f"{key}.{i}", depth + 1) for i, v in enumerate(x)]
     if isinstance(x, tuple):
@@ -119,6 +130,7 @@ def graph_to_dict(graph: Graph) -> tuple[dict, dict[str, torch.Tensor]]:
     data = {"schema": SCHEMA_VERSION, "name": graph.name, "opset": dict(graph.opset),
             "meta": _encode_meta(graph.meta, tensors, "@graph/meta"), "values": values,
             "inputs": [v.name for v in graph.inputs], "constants": list(graph.constants),
+            "captures": [v.name for v in graph.captures],
             "nodes": nodes, "outputs": [v.name for v in graph.outputs]}
     return data, tensors
 
@@ -171,6 +183,13 @@ def _decode(x: Any, tensors: dict, where: str, depth: int = 0) -> Any:
             return base64.b64decode(_want(body, str, where, tag), validate=True)
         except ValueError:
             raise _bad(where, "invalid base64 in $bytes") from None
+    if tag == "$graph":
+        body = _want(body, dict, where, tag)
+        prefix = _want(body.get("prefix"), str, where, "$graph prefix")
+        if depth + 1 > _MAX_GRAPH_NESTING:
+            raise _bad(where, "bodies nested too deeply")
+        sub = {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
+        return graph_from_dict(body.get("graph"), sub, _level=depth + 1)
     if tag in ("$tensor", "$ndarray"):
         t = tensors.get(_want(body, str, where, tag))
         if t is None:
@@ -215,8 +234,11 @@ def _make_value(e: Any, tensors: dict) -> Value:
     return v
 
 
-def graph_from_dict(data: Any, tensors: dict[str, torch.Tensor]) -> Graph:
-    """Rebuild a graph; raises ArtifactError on anything malformed. Call ``verify()`` after."""
+def graph_from_dict(data: Any, tensors: dict[str, torch.Tensor], _level: int = 0) -> Graph:
+    """Rebuild a graph; raises ArtifactError on anything malformed. Call ``verify()`` after.
+    (``_level``: how deep this graph is nested in bodies; bounded.)"""
+    if _level > _MAX_GRAPH_NESTING:
+        raise _bad("graph", "bodies nested too deeply")
     _want(data, dict, "graph", "the graph")
     if data.get("schema") != SCHEMA_VERSION:
         raise _bad("graph", f"schema {data.get('schema')!r} is not {SCHEMA_VERSION}")
@@ -252,6 +274,11 @@ def graph_from_dict(data: Any, tensors: dict[str, torch.Tensor]) -> Graph:
         if v.is_const:
             raise _bad("graph inputs", f"%{v.name} is a constant")
         graph.inputs.append(v)
+    for name in _want(data.get("captures", []), list, "graph", "captures"):
+        v = claim(lookup(name, "graph captures"), "graph captures")
+        if v.is_const:
+            raise _bad("graph captures", f"%{v.name} is a constant")
+        graph.captures.append(v)
     for name in _want(data.get("constants"), list, "graph", "constants"):
         v = claim(lookup(name, "graph constants"), "graph constants")
         if not v.is_const:
@@ -269,7 +296,7 @@ def graph_from_dict(data: Any, tensors: dict[str, torch.Tensor]) -> Graph:
         outs = [claim(lookup(x, where), where) for x in _want(e.get("outputs"), list, where, "outputs")]
         if any(o.is_const for o in outs):
             raise _bad(where, "a node output cannot be a constant")
-        attrs = _decode_dict(e.get("attrs", {}), tensors, where, "attrs")
+        attrs = _decode_dict(e.get("attrs", {}), tensors, where, "attrs", _level)
         version = _want(e.get("version"), int, where, "version")
         node = Node(_want(e.get("op_type"), str, where, "op_type"), ins, outs, attrs,
                     domain=_want(e.get("domain", ""), str, where, "domain"), version=version, name=name)

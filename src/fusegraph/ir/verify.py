@@ -2,6 +2,8 @@
 
 Checks single definition, topological order, use-def consistency, defined outputs and, when
 an ``infer`` callback (from the op registry) is given, each node's output dtypes and shapes.
+Bodies (graph attributes) are checked the same way, recursively; a node's bodies must agree
+on their number of captures, which its trailing inputs supply (``subgraphs.py``).
 """
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from .graph import Graph
 from .nodes import Node
 from .printer import format_node
 from .shape import dims_equal
+from .subgraphs import subgraphs
+
+_MAX_NESTING = 16
 
 
 def _context(graph: Graph, index: int, radius: int = 2) -> str:
@@ -26,9 +31,28 @@ def _fail(graph: Graph, index: int | None, msg: str, hint: str) -> VerifyError:
     return VerifyError(f"graph {graph.name!r}: {msg}{ctx}\nhow to fix: {hint}")
 
 
-def verify_graph(graph: Graph, infer=None) -> None:
+def _check_bodies(graph: Graph, idx: int, node: Node, infer, level: int) -> None:
+    bodies = list(subgraphs(node))
+    if not bodies:
+        return
+    if level >= _MAX_NESTING:
+        raise _fail(graph, idx, f"{node.name} nests bodies deeper than {_MAX_NESTING} levels",
+                    "flatten the control flow")
+    counts = {len(g.captures) for _, g in bodies}
+    if len(counts) != 1 or counts.pop() > len(node.inputs):
+        raise _fail(graph, idx, f"the bodies of {node.name} disagree on their captures, or capture "
+                    f"more values than the node's {len(node.inputs)} inputs supply",
+                    "give every body of a node the same captures, bound to its trailing inputs")
+    for attr, g in bodies:
+        try:
+            verify_graph(g, infer, level + 1)
+        except VerifyError as exc:
+            raise VerifyError(f"in body {attr!r} of node {node.name!r}: {exc}") from None
+
+
+def verify_graph(graph: Graph, infer=None, level: int = 0) -> None:
     defined: dict[str, object] = {}
-    for v in list(graph.inputs) + list(graph.constants.values()):
+    for v in list(graph.captures) + list(graph.inputs) + list(graph.constants.values()):
         if v.name in defined:
             raise _fail(graph, None, f"value %{v.name} is defined twice",
                         "give every input and constant a unique name (Graph.fresh_name)")
@@ -56,6 +80,7 @@ def verify_graph(graph: Graph, infer=None) -> None:
                 raise _fail(graph, idx, f"%{out.name} does not record {node.name} as its producer",
                             "create outputs through Graph.add_node")
             defined[out.name] = out
+        _check_bodies(graph, idx, node, infer, level)
     for v in defined.values():
         for n, i in v.uses:
             if n.graph is not graph or i >= len(n.inputs) or n.inputs[i] is not v:

@@ -4,12 +4,14 @@ The ONNX frontend refuses a malformed node at import; a graph built any other wa
 ``Graph`` handed to ``compile``, a frontend of another framework, a re-sealed artifact) meets
 this check in ``infer_graph``, so no pass or kernel indexes past a node's inputs. Ops outside
 the standard domain (fusegraph's fused ops, custom domains) are not checked here. Knows no
-frontend: it reads ``onnx.defs`` only, and skips the check when onnx is not installed.
+frontend: it reads ``onnx.defs`` only, and skips the check when onnx is not installed. A
+node's implicit inputs (outer values its bodies read, ``ir/subgraphs.py``) are not counted.
 """
 from __future__ import annotations
 
 from ..errors import ShapeInferenceError
 from ..ir import Node
+from ..ir.subgraphs import implicit_count
 
 
 def _schema(node: Node):
@@ -31,7 +33,7 @@ def check_arity(node: Node) -> None:
     schema = _schema(node)
     if schema is None:
         return
-    n_in, n_out = len(node.inputs), len(node.outputs)
+    n_in, n_out = len(node.inputs) - implicit_count(node), len(node.outputs)   # not the outer reads
     at = f"node {node.name!r} ({node.op_type}, opset {node.version})"
     if not schema.min_input <= n_in <= schema.max_input:
         raise ShapeInferenceError(f"{at} has {n_in} inputs; the op takes {_range(schema.min_input, schema.max_input)}")

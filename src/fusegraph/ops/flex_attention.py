@@ -7,9 +7,9 @@ precision (float32 for float16 / bfloat16 / float32, float64 for double, unless
 over a contiguous group of query heads. Without modifiers and with the softmax in the input
 type, the kernel is ``scaled_dot_product_attention``.
 
-The modifier subgraphs are imported once at build time through the ONNX frontend, their
-kernels bound through the op registry, and run node by node (``SubgraphRunner``); a subgraph
-that reads outer-scope values is unsupported.
+The modifier subgraphs are ``ir.Graph`` attributes (the frontend converts them at import);
+their kernels are bound once through the op registry and run node by node
+(``SubgraphRunner``); a subgraph that reads outer-scope values is unsupported.
 """
 from __future__ import annotations
 
@@ -25,19 +25,17 @@ from .registry import FusionKind, NodeContext, opdef_for, register
 
 
 class SubgraphRunner:
-    """A GraphProto attribute compiled to a callable over torch tensors (one output)."""
+    """A graph attribute bound to a callable over torch tensors (one output)."""
 
-    def __init__(self, ctx: NodeContext, proto, what: str):
-        import onnx
-        from ..frontends.onnx import import_onnx
+    def __init__(self, ctx: NodeContext, graph, what: str):
+        from ..ir import Graph
         from .infer import infer_graph
 
-        outer = getattr(ctx.node, "graph", None)
-        opsets = dict(getattr(outer, "opset", None) or {"": onnx.defs.onnx_opset_version()})
-        model = onnx.helper.make_model(
-            proto, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+        if not isinstance(graph, Graph):
+            raise ctx.unsupported(f"{what} is not a graph")
+        if graph.captures:
+            raise ctx.unsupported(f"{what} subgraph reads outer-scope values")
         try:
-            graph = import_onnx(model)
             infer_graph(graph)
             self.steps = [(opdef_for(n).build(NodeContext(n)), n) for n in graph.nodes]
         except FusegraphError as exc:

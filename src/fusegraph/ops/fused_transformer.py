@@ -2,17 +2,9 @@
 rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 
 - ``LinearAct(x, w, b?)``: ``act(x @ w + b)``; ``trans_b`` as ``Linear``; ``activation``
-  ``none`` or one of ``ACTIVATIONS``. A constant float32 CPU weight stored ``[N, K]``
-  (``trans_b``; the fusion rules store constant weights that way) runs as a oneDNN 1x1
-  convolution partition (``onednn_graph_linear.py``: the fastest of oneDNN's kernels for
-  these products), else through oneDNN's inner product (``mkldnn._linear_pointwise``), with
-  the bias and activation as post-ops (relu and GELU in place after it: oneDNN's relu turns
-  NaN into 0, its GELU +inf into NaN), on every intra-op thread: MKL's sgemm takes a slow
-  generic path on AMD CPUs (cold-weight products of BERT's sizes at 2 threads up to 1.9x
-  slower for one row and 1.2-1.9x for 16 rows; ``benchmarks/bench_gemv.py``, RESULTS.md).
-  Both allocate their result (oneDNN has no ``out=``); weights over ``PACKED_COPY_BYTES``
-  take the inner product (no reordered copy). Otherwise addmm into the output buffer, then the
-  activation in place on it; products under ``SERIAL_MACS`` multiply-adds run on one thread.
+  ``none`` or one of ``ACTIVATIONS``. The op's own kernel: addmm into the output buffer, then
+  the activation in place on it (the CPU backend's oneDNN kernels for constant weights:
+  ``runtime/backends/cpu/linear.py``).
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
 - ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon`` (again in
   float64 when float32 sums overflow: ``norm.layer_norm_exact``).
@@ -40,17 +32,15 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
-from . import onednn_graph
 from .activations import gelu as _gelu_fn
 from .common import same_as_input
 from .norm import layer_norm_exact as layer_norm
-from .onednn_graph_linear import linear_kernel
-from .registry import Deferred, FusionKind, NodeContext, register
-from .threading_policy import SERIAL_BELOW, serial_if
+from .registry import FusionKind, NodeContext, register
 
 DOMAIN = "fusegraph"
 
-# Elementwise work below SERIAL_BELOW elements runs on one intra-op thread (threading_policy.py).
+# Every kernel here says how much work a call is (``kernel.work(*args)``: elements, or
+# multiply-adds for a product, ``kernel.work_kind``): a backend's threading policy reads it.
 
 
 ACTIVATIONS = {
@@ -65,58 +55,20 @@ ACTIVATIONS = {
 
 # ---------------------------------------------------------------- LinearAct
 
+def _mm_into(x, w, b, out):
+    return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
+
+
+def _numel0(x, *args, **kwargs) -> int:
+    return x.numel()
+
+
 def _linear_act_infer(ctx: NodeContext):
     xs, ws = ctx.shape(0), ctx.shape(1)
     if xs is None or ws is None:
         return [(ctx.dtype(0) or None, None)]
     n = ws[0] if ctx.attr("trans_b", 0) else ws[1]
     return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
-
-
-# A larger constant weight keeps the inner product over the plain weight: the 1x1-convolution
-# partition holds a reordered copy, which for the CNNs' classifiers (VGG's 411 MB, AlexNet's
-# 151 + 67 MB) would nearly double the process's memory (vgg19 peak RSS 1.4x -> 2.4x the
-# weights) for a few percent of their run. BERT-base's products (9.4 MB) stay under it.
-PACKED_COPY_BYTES = 16 << 20
-# A product of fewer multiply-adds on the addmm path runs on one intra-op thread: a one-row
-# product is memory-bound and MKL does not split it, while the fork/join costs a scheduler
-# tick whenever that thread's core is busy.
-SERIAL_MACS = 1 << 23
-# activation -> (oneDNN post-op, its algorithm) for mkldnn._linear_pointwise; the others
-# (relu, gelu, gelu_tanh: not what ONNX computes on NaN / +inf) run after it in place
-ONEDNN_ACTIVATIONS = {"none": ("none", ""), "sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""),
-                      "silu": ("swish", "")}
-
-
-def _mm_into(x, w, b, out):
-    return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
-
-
-def _onednn_ok(ctx: NodeContext, trans_b: bool) -> bool:
-    w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
-    return (trans_b and w is not None and w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"
-            and w.is_contiguous() and w.numel() > 0 and torch.backends.mkldnn.is_available()
-            and ctx.dtype(0) is not None and ctx.dtype(0).to_torch() == torch.float32
-            and (not ctx.has_input(2) or (b is not None and b.dtype == torch.float32 and b.dim() == 1)))
-
-
-def _onednn_linear(w: torch.Tensor, b, activation: str):
-    n, k = w.shape
-    attr, algorithm = ONEDNN_ACTIVATIONS.get(activation, ("none", ""))
-    after = None if activation in ONEDNN_ACTIVATIONS else ACTIVATIONS[activation]
-    bias = None if b is None else b.contiguous()
-    linear = torch.ops.mkldnn._linear_pointwise
-
-    def kernel(x, w_=None, b_=None):
-        x2 = x.reshape(-1, k)
-        if not x2.is_contiguous():
-            x2 = x2.contiguous()
-        y = linear(x2, w, bias, attr, [], algorithm)
-        if after is not None:
-            after(y)
-        return y.view(*x.shape[:-1], n)
-    kernel.writes_out = False
-    return kernel
 
 
 @register("LinearAct", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_act_infer,
@@ -126,14 +78,6 @@ def _linear_act(ctx: NodeContext):
     name = ctx.attr("activation")
     if name != "none" and name not in ACTIVATIONS:
         raise ctx.unsupported(f"activation {name!r} (expected none or one of {sorted(ACTIVATIONS)})")
-    if _onednn_ok(ctx, trans_b):
-        w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
-        inner = _onednn_linear(w, b, name)
-        xs = ctx.shape(0)
-        rows = math.prod(xs[:-1]) if xs is not None and all(isinstance(d, int) for d in xs) else None
-        if not onednn_graph.AVAILABLE or rows == 0 or w.numel() * w.element_size() > PACKED_COPY_BYTES:
-            return inner
-        return Deferred(inner, lambda: linear_kernel(ctx.name, w, b, name, inner, rows) or inner)
     act = ACTIVATIONS.get(name)
 
     def kernel(x, w, b=None, out=None):
@@ -141,10 +85,14 @@ def _linear_act(ctx: NodeContext):
         k, n = wt.shape
         x2 = x.reshape(-1, k)
         o2 = x2.new_empty((x2.shape[0], n)) if out is None else out.view(-1, n)
-        serial_if(x2.shape[0] * k * n < SERIAL_MACS, _mm_into, x2, wt, b, o2)
+        _mm_into(x2, wt, b, o2)
         if act is not None:
-            serial_if(o2.numel() < SERIAL_BELOW, act, o2)
+            act(o2)
         return out if out is not None else o2.view(*x.shape[:-1], n)
+
+    def work(x, w, b=None, out=None):
+        return x.numel() * (w.shape[0] if trans_b else w.shape[1])
+    kernel.work, kernel.work_kind = work, "macs"
     return kernel
 
 
@@ -164,9 +112,8 @@ def _gelu(ctx: NodeContext):
         y = torch.add(x, b) if out is None else torch.add(x, b, out=out)
         return _gelu_fn(y, approx, y)
 
-    def kernel(x, b=None, out=None):
-        return serial_if(x.numel() < SERIAL_BELOW, gelu, x, b, out=out)
-    return kernel
+    gelu.work = _numel0
+    return gelu
 
 
 # ---------------------------------------------------------------- LayerNorm / SkipLayerNorm
@@ -198,9 +145,8 @@ def _skip_layer_norm(ctx: NodeContext):
         y = layer_norm(s, s.shape[-1:], gamma, beta, eps)
         return (y, s) if both else y
 
-    def kernel(a, b, gamma=None, beta=None):
-        return serial_if(a.numel() < SERIAL_BELOW, skip_ln, a, b, gamma, beta)
-    return kernel
+    skip_ln.work = _numel0
+    return skip_ln
 
 
 # ---------------------------------------------------------------- MaskedSoftmax
@@ -233,9 +179,8 @@ def _masked_softmax(ctx: NodeContext):
     def masked_softmax(x, mask=None, out=None):
         return _softmax_(_scaled_plus_mask(x, mask, scale, out), nan_to_zero)
 
-    def kernel(x, mask=None, out=None):
-        return serial_if(x.numel() < SERIAL_BELOW, masked_softmax, x, mask, out=out)
-    return kernel
+    masked_softmax.work = _numel0
+    return masked_softmax
 
 
 # ---------------------------------------------------------------- ScaledDotProductAttention
@@ -337,11 +282,10 @@ def _sdpa(ctx: NodeContext):
             y = y.transpose(-3, -2).reshape(*y.shape[:-3], y.shape[-2], y.shape[-3] * y.shape[-1])
         return y
 
-    def kernel(q, k, v, mask=None):
-        s_len = q.shape[-2] if split is not None else k.shape[-2 if kh or not k_transposed else -1]
-        work = q.numel() * s_len
-        return serial_if(work < SERIAL_BELOW, attention, q, k, v, mask)
-    return kernel
+    def work(q, k, v, mask=None):
+        return q.numel() * (q.shape[-2] if split is not None else k.shape[-2 if kh or not k_transposed else -1])
+    attention.work = work
+    return attention
 
 
 # ---------------------------------------------------------------- ElementwiseChain
@@ -411,7 +355,7 @@ def _chain(ctx: NodeContext):
     chain = env["chain"]
 
     def kernel(*xs, out=None):
-        numel = xs[0].numel() if out is None else out.numel()
-        return serial_if(numel < SERIAL_BELOW, chain, *xs, out=out)
+        return chain(*xs, out=out)
     kernel.source = source
+    kernel.work = lambda *xs, out=None: xs[0].numel() if out is None else out.numel()
     return kernel

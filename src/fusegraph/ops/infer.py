@@ -103,9 +103,12 @@ def _merge(old: Shape, new: Shape) -> Shape:
 
 def infer_graph(graph: Graph) -> None:
     """Fill dtype and shape of every node output, in order (after checking each standard-domain
-    node's input and output counts against its ONNX schema: ``arity.py``)."""
+    node's input and output counts against its ONNX schema: ``arity.py``, and that no op reads a
+sequence or optional where it takes a tensor: ``sequence.py``)."""
+    from .sequence import check_container_inputs
     for node in graph.nodes:
         check_arity(node)
+        check_container_inputs(node)
         inferred = infer_node(node)
         if not inferred:
             continue

@@ -17,11 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType
-from . import onednn_graph
 from .conv import auto_pads, check_rank, ints_attr, torch_pad_list
-from .onednn_graph_cnn import pool_kernel
-from .registry import Deferred, FusionKind, NodeContext, register
-from .threading_policy import serial_if
+from .registry import FusionKind, NodeContext, register
 
 _MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -109,24 +106,6 @@ def sum_pool(xp, kernel, strides, dilations):
 
 def _pad_to_cover(x, begin, cover, value):
     return F.pad(x, torch_pad_list(begin, cover), value=value)
-
-
-def _graph_pool(ctx: NodeContext, geo: PoolGeometry, kind: str, plain, include: bool = False):
-    """``plain``, or for a 2-D pool of a channels-last float32 CPU input of static shape whose
-    geometry torch's symmetric padding expresses (or, for max, end-only padding that ceil mode
-    reproduces) a ``Deferred`` kernel that resolves to its oneDNN Graph partition."""
-    x, y = ctx.node.inputs[0], ctx.node.outputs[0]
-    if not (onednn_graph.AVAILABLE and ctx.device == "cpu" and x.layout == "nhwc"):
-        return plain
-    native = native_pool2d(ctx, geo, kind)
-    if native is None:
-        return plain
-    pad, ceil = native
-
-    def build():
-        got = pool_kernel(ctx.name, kind, x.shape, y.shape, geo.kernel, geo.strides, pad, geo.dil, ceil, include)
-        return plain if isinstance(got, str) else got
-    return Deferred(plain, build)
 
 
 def native_pool2d(ctx: NodeContext, geo: PoolGeometry, kind: str):
@@ -219,7 +198,7 @@ def _max_pool(ctx: NodeContext):
             return fn(xp, k, s, 0, d)
         y, idx = fn(xp, k, s, 0, d, return_indices=True)
         return y, _onnx_indices(idx, in_sizes, tuple(xp.shape[2:]), begin, storage)
-    return max_pool if want_idx else _graph_pool(ctx, geo, "max", max_pool)
+    return max_pool
 
 
 # ----------------------------------------------------------------------------- AveragePool
@@ -249,7 +228,7 @@ def _average_pool(ctx: NodeContext):
                 return _AVG[x.dim() - 2](x, k, s, pad, geo.ceil and geo.auto_pad == "NOTSET", include)
         sums = sum_pool(_pad_to_cover(x, begin, cover, 0.0), k, s, d)
         return sums / count(in_sizes, begin, end, cover, x)
-    return _graph_pool(ctx, geo, "avg", average_pool, include)
+    return average_pool
 
 
 # ----------------------------------------------------------------------------- LpPool
@@ -285,13 +264,21 @@ def _global_infer(ctx: NodeContext):
 @register("GlobalAveragePool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer,
           writes_out=True)
 def _global_average_pool(ctx: NodeContext):
-    return _gap
+    def gap(x, out=None):
+        return _gap(x, out)
+    gap.work = _gap_work
+    return gap
+
+
+def _gap_work(x, out=None) -> int:
+    """The channels-last mean is tens of microseconds (one thread); torch's own mean is not."""
+    return 0 if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) else 1 << 62
 
 
 def _gap(x, out=None):
     if x.dim() == 4 and x.device.type == "cpu" and x.dtype == torch.float32 \
             and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-        return serial_if(True, _gap_channels_last, x, out)   # tens of us: no fork/join
+        return _gap_channels_last(x, out)
     return torch.mean(x, dim=_spatial(x), keepdim=True, out=out)
 
 

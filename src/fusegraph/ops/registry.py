@@ -44,10 +44,14 @@ _MISSING = object()
 class NodeContext:
     """What a kernel builder or an inference function may see of a node."""
 
-    __slots__ = ("node", "version", "device", "freed_memory_kept")
+    __slots__ = ("node", "version", "device", "freed_memory_kept", "run_subgraph_factory")
 
-    def __init__(self, node: Node, device: str = "cpu", freed_memory_kept: bool = False):
+    def __init__(self, node: Node, device: str = "cpu", freed_memory_kept: bool = False,
+                 run_subgraph_factory: Callable | None = None):
         self.node = node
+        # the runtime's body runner maker (runtime/subgraph.py): factory(body, owner name) -> runner;
+        # None where no runtime binds the node (folding, inference): control flow then refuses
+        self.run_subgraph_factory = run_subgraph_factory
         self.version = node.version
         self.device = str(device)          # where the kernel will run: "cpu", "cuda", "cuda:1" ...
         # the host reuses memory a run frees (the runtime's malloc policy): large fresh outputs are cheap
@@ -147,33 +151,6 @@ def no_out(kernel: Callable) -> Callable:
         return kernel(*xs)
     without_out.writes_out = False
     return without_out
-
-
-class Deferred:
-    """A kernel whose costly form (a compiled oneDNN Graph partition) is made only for the code
-    that will call it: the generated code calls ``resolve()`` (``runtime/codegen.py``), which
-    builds it once. Called directly — the layout probe, the probe run that script segments
-    take their examples from — it runs ``plain``, a kernel with the same results and output
-    layout that costs nothing to make. Nodes that end up inside a script segment therefore
-    never compile (nor pack weights for) a partition of their own. It has no ``out=`` form."""
-
-    writes_out = False
-
-    def __init__(self, plain: Callable, build: Callable[[], Callable]):
-        self.plain, self._build, self._resolved = plain, build, None
-
-    def __call__(self, *args, **kwargs):
-        return self.plain(*args, **kwargs)
-
-    def resolve(self) -> Callable:
-        if self._resolved is None:
-            self._resolved = self._build()
-        return self._resolved
-
-
-def resolved(kernel: Callable) -> Callable:
-    """The kernel the generated code calls: a ``Deferred`` one resolved, any other as it is."""
-    return kernel.resolve() if isinstance(kernel, Deferred) else kernel
 
 
 def kernel_writes_out(opdef: OpDef, kernel: Callable) -> bool:

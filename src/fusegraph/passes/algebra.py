@@ -26,7 +26,8 @@ import torch
 
 from ..ir.shape import broadcast_shapes, numel
 from .facts import const_all_equal, const_of, nonnegative, only_use, producer, shapes_equal, unit_bounded
-from .rewrite import Decline, Rule, nbytes_of
+from .rewrite import nbytes_of
+from .rule import Decline, Rule
 
 
 def _identity_operand(node, value, sides):
@@ -45,8 +46,8 @@ def _identity_operand(node, value, sides):
 
 
 def _neutral(name, op, value, sides):
-    return Rule(name, (op,), lambda n, ctx: _identity_operand(n, value, sides),
-                lambda n, x, ctx: x, f"{op} by {value}: result shape equals x's shape")
+    return Rule(name, lambda n, ctx: _identity_operand(n, value, sides), lambda n, x, ctx: x, ops=(op,),
+                doc=f"{op} by {value}: result shape equals x's shape")
 
 
 def _fast_or(ctx, proven: bool):
@@ -210,18 +211,17 @@ RULES = [
     _neutral("add_zero", "Add", 0, (0, 1)),
     _neutral("sub_zero", "Sub", 0, (1,)),
     _neutral("div_one", "Div", 1, (1,)),
-    Rule("mul_zero", ("Mul",), _mul_zero, lambda n, z, ctx: ctx.const(z, "zeros"),
-         "integer/bool x, or fast_math"),
-    Rule("div_self", ("Div",), _div_self, lambda n, o, ctx: ctx.const(o, "ones"), "fast_math only"),
-    Rule("log_exp", ("Log",), _inverse_pair("Log", "Exp", unit_bounded), lambda n, x, ctx: x,
-         "|x| <= 1 provable, or fast_math"),
-    Rule("exp_log", ("Exp",), _inverse_pair("Exp", "Log", nonnegative), lambda n, x, ctx: x,
-         "x >= 0 provable, or fast_math"),
-    Rule("neg_neg", ("Neg",), _inverse_pair("Neg", "Neg", lambda x: True), lambda n, x, ctx: x, "always"),
-    Rule("sqrt_sqrt", ("Mul",), _sqrt_sqrt, lambda n, x, ctx: x, "x >= 0 provable, or fast_math"),
-    Rule("div_const", ("Div",), _div_const,
-         lambda n, r, ctx: ctx.emit("Mul", [n.inputs[0], ctx.const(r, "recip")]),
-         "float x, 1/c finite and normal"),
-    Rule("affine_chain", ("Mul", "Add", "Sub", "Div", "Neg"), _affine_check, _affine_rewrite,
-         "each link used once; integer chains have no Div"),
+    Rule("mul_zero", _mul_zero, lambda n, z, ctx: ctx.const(z, "zeros"), ops=("Mul",),
+         doc="integer/bool x, or fast_math"),
+    Rule("div_self", _div_self, lambda n, o, ctx: ctx.const(o, "ones"), ops=("Div",), doc="fast_math only"),
+    Rule("log_exp", _inverse_pair("Log", "Exp", unit_bounded), lambda n, x, ctx: x, ops=("Log",),
+         doc="|x| <= 1 provable, or fast_math"),
+    Rule("exp_log", _inverse_pair("Exp", "Log", nonnegative), lambda n, x, ctx: x, ops=("Exp",),
+         doc="x >= 0 provable, or fast_math"),
+    Rule("neg_neg", _inverse_pair("Neg", "Neg", lambda x: True), lambda n, x, ctx: x, ops=("Neg",), doc="always"),
+    Rule("sqrt_sqrt", _sqrt_sqrt, lambda n, x, ctx: x, ops=("Mul",), doc="x >= 0 provable, or fast_math"),
+    Rule("div_const", _div_const, lambda n, r, ctx: ctx.emit("Mul", [n.inputs[0], ctx.const(r, "recip")]),
+         ops=("Div",), doc="float x, 1/c finite and normal"),
+    Rule("affine_chain", _affine_check, _affine_rewrite, ops=("Mul", "Add", "Sub", "Div", "Neg"),
+         doc="each link used once; integer chains have no Div"),
 ]

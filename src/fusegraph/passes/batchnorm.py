@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .facts import const_of
-from .rewrite import Decline, Rule
+from .rule import Decline, Rule
 
 
 def _check(node, ctx):
@@ -41,5 +41,5 @@ def _rewrite(node, match, ctx):
     return [ctx.emit("Add", [y, ctx.const(t, "shift")])] + [None] * (len(node.outputs) - 1)
 
 
-RULES = [Rule("batchnorm_to_affine", ("BatchNormalization",), _check, _rewrite,
-              "inference mode, constant parameters, float input of known rank")]
+RULES = [Rule("batchnorm_to_affine", _check, _rewrite, ops=("BatchNormalization",),
+              doc="inference mode, constant parameters, float input of known rank")]

@@ -18,7 +18,7 @@ import torch
 from ..ir import DType
 from ..ir.shape import is_static
 from .facts import ints_arg, producer
-from .rewrite import Decline, Rule
+from .rule import Decline, Rule
 
 D = DType
 _MANTISSA = {D.FLOAT16: 11, D.BFLOAT16: 8, D.FLOAT: 24, D.DOUBLE: 53}
@@ -117,8 +117,8 @@ def _cast_rewrite(node, x, ctx):
 
 
 RULES = [
-    Rule("reshape_reshape", ("Reshape",), _reshape_reshape, _reshape_rewrite,
-         "outer target has no 0 entry, or output shape static"),
-    Rule("transpose_transpose", ("Transpose",), _transpose_transpose, _transpose_rewrite, "always"),
-    Rule("cast_cast", ("Cast",), _cast_cast, _cast_rewrite, "first cast widens exactly"),
+    Rule("reshape_reshape", _reshape_reshape, _reshape_rewrite, ops=("Reshape",),
+         doc="outer target has no 0 entry, or output shape static"),
+    Rule("transpose_transpose", _transpose_transpose, _transpose_rewrite, ops=("Transpose",), doc="always"),
+    Rule("cast_cast", _cast_cast, _cast_rewrite, ops=("Cast",), doc="first cast widens exactly"),
 ]

@@ -10,7 +10,8 @@ after a conv (see ``batchnorm.py``) free; onnxruntime does the same at ORT_ENABL
 from __future__ import annotations
 
 from .facts import const_of, only_use, producer, shapes_equal
-from .rewrite import Decline, Rule, nbytes_of
+from .rewrite import nbytes_of
+from .rule import Decline, Rule
 
 
 def _channel_vector(c, rank: int, channels: int):
@@ -58,5 +59,5 @@ def _rewrite(node, match, ctx):
     return ctx.emit("Conv", [conv.inputs[0], weight, ctx.const(b, "bias")], dict(conv.attrs))
 
 
-RULES = [Rule("conv_affine_fold", ("Mul", "Add"), _check, _rewrite,
-              "constant per-output-channel operand, constant conv weights, conv output used once")]
+RULES = [Rule("conv_affine_fold", _check, _rewrite, ops=("Mul", "Add"),
+              doc="constant per-output-channel operand, constant conv weights, conv output used once")]

@@ -5,7 +5,8 @@ first, so nodes reading equal constants through different Values become comparab
 in node order, a pure node with the same op, domain, version, attributes and input Values
 as an earlier one is replaced by it. Not merged: impure or unknown ops, nodes with flagged
 outputs, nodes with subgraph attributes, and a duplicate whose output is a graph output when
-the survivor's is too (two outputs must not alias one tensor).
+the survivor's is too (two outputs must not alias one tensor). Bodies of control-flow nodes
+are deduplicated on their own, first.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import math
 import torch
 
 from ..ir import Graph
+from ..ir.subgraphs import subgraphs
 from ..ops import lookup
 from .manager import PassResult, is_locked
 
@@ -46,6 +48,11 @@ class CommonSubexpressionElimination:
         self.options = options
 
     def run(self, graph: Graph) -> PassResult:
+        in_bodies = 0
+        for node in graph.nodes:          # bodies first, each on its own (outer reads are captures)
+            for _, body in subgraphs(node):
+                r = self.run(body)
+                in_bodies += sum(v for v in r.stats.values() if isinstance(v, int))
         consts = self._dedup_constants(graph)
         seen: dict[tuple, object] = {}
         merged = 0
@@ -74,7 +81,9 @@ class CommonSubexpressionElimination:
             stats["nodes_merged"] = merged
         if consts:
             stats["constants_merged"] = consts
-        return PassResult(bool(merged or consts), stats)
+        if in_bodies:
+            stats["in_bodies"] = in_bodies
+        return PassResult(bool(merged or consts or in_bodies), stats)
 
     @staticmethod
     def _dedup_constants(graph: Graph) -> int:

@@ -3,11 +3,14 @@
 Liveness flows backwards from ``graph.outputs``. A node is also a root (kept, with all it
 reads) when its op is impure, unknown to the registry, or when one of its outputs is flagged
 ``external`` / ``no_fuse``. Unused constants go too, unless flagged. Graph inputs are the
-model's interface and always stay.
+model's interface and always stay. Bodies of control-flow nodes are cleaned the same way
+first (their outputs are their roots), and captures no body reads any more are dropped with
+the node's implicit inputs, so an outer value only dead body code read can go too.
 """
 from __future__ import annotations
 
 from ..ir import Graph
+from ..ir.subgraphs import prune_captures, subgraphs
 from ..ops import lookup
 from .manager import PassResult, is_locked
 
@@ -26,6 +29,12 @@ class DeadCodeElimination:
         self.options = options
 
     def run(self, graph: Graph) -> PassResult:
+        in_bodies = 0
+        for node in graph.nodes:
+            for _, body in subgraphs(node):
+                r = self.run(body)
+                in_bodies += sum(v for k, v in r.stats.items() if isinstance(v, int))
+            in_bodies += prune_captures(node)
         live = {id(v) for v in graph.outputs}
         keep: set[int] = set()
         for node in reversed(graph.nodes):
@@ -39,9 +48,9 @@ class DeadCodeElimination:
                   if not v.uses and not v.is_graph_output and not is_locked(v)]
         for k in unused:
             del graph.constants[k]
-        stats = {}
+        stats = {"in_bodies": in_bodies} if in_bodies else {}
         if dead:
             stats["nodes_removed"] = len(dead)
         if unused:
             stats["constants_removed"] = len(unused)
-        return PassResult(bool(dead or unused), stats)
+        return PassResult(bool(dead or unused or in_bodies), stats)

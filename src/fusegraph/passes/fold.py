@@ -11,7 +11,8 @@ kept in ``FoldLog`` with its reason for the compile report. The result is checke
 after the run. An oversized output that the registry says is one value repeated (``splat``:
 ConstantOfShape, Expand of a scalar) is folded as a stride-0 broadcast of that value when its
 logical size is within ``fold_broadcast_limit``; the runtime materialises it once at bind time
-and the artifact stores one element. Nothing here knows any particular op.
+and the artifact stores one element. An ``If`` whose condition is a constant is replaced by
+its taken branch (``inline_if.py``). Nothing else here knows any particular op.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ..ir import DType, Graph, Node
 from ..ir.shape import is_static, numel
 from ..ops import infer_node, opdef_for
 from ..ops.registry import NodeContext
+from .inline_if import inline_constant_if
 from .manager import PassOptions, PassResult, is_locked
 
 
@@ -54,6 +56,9 @@ class ConstantFold:
     def run(self, graph: Graph) -> PassResult:
         folded, declined = 0, 0
         for node in list(graph.nodes):
+            if node.op_type == "If" and node.domain == "" and inline_constant_if(graph, node) is None:
+                folded += 1      # its constant condition picked a branch, now inlined
+                continue
             if not all(v is None or v.is_const for v in node.inputs):
                 continue
             reason = self._try_fold(graph, node)
@@ -63,10 +68,24 @@ class ConstantFold:
             else:
                 declined += 1
                 self.log.declined[node.name] = {"node": node.name, "op": node.op_type, "reason": reason}
+        in_bodies = self._fold_bodies(graph)
         stats = {"folded": folded} if folded else {}
+        if in_bodies:
+            stats["folded_in_bodies"] = in_bodies
         if declined:
             stats["declined"] = declined
-        return PassResult(folded > 0, stats)
+        return PassResult(folded > 0 or in_bodies > 0, stats)
+
+    def _fold_bodies(self, graph: Graph) -> int:
+        """Fold inside the bodies of control-flow nodes (their declines are not logged: the
+        log names nodes of the main graph)."""
+        from ..ir.subgraphs import subgraphs
+        n = 0
+        for node in graph.nodes:
+            for _, body in subgraphs(node):
+                r = ConstantFold(self.options).run(body)
+                n += r.stats.get("folded", 0) + r.stats.get("folded_in_bodies", 0)
+        return n
 
     def _try_fold(self, graph: Graph, node: Node) -> str | None:
         """Fold ``node``; return None on success, else the reason it was not folded."""

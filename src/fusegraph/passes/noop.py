@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..ir import DType
 from .facts import const_of, ints_arg, shapes_equal
-from .rewrite import Decline, Rule
+from .rule import Decline, Rule
 
 _BIG = (1 << 31) - 1
 
@@ -41,7 +41,7 @@ def _rule(name, ops, cond, doc):
         if out.is_graph_output and x.is_graph_output:
             return Decline("would make two graph outputs the same tensor")
         return True
-    return Rule(name, ops, check, _bypass, doc)
+    return Rule(name, check, _bypass, ops=ops, doc=doc)
 
 
 def _dropout(node):

@@ -13,7 +13,7 @@ Equal up to rounding (one addmm instead of a matmul and an add).
 from __future__ import annotations
 
 from .facts import const_of, only_use, producer, shapes_equal
-from .rewrite import FUSEGRAPH_DOMAIN, Decline, Rule
+from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
 
 
 def _bias_vector(b, n, ctx):
@@ -83,7 +83,7 @@ def _rewrite(node, match, ctx):
 
 
 RULES = [
-    Rule("matmul_add_to_linear", ("Add",), _matmul_add, _rewrite,
-         "2-D weight, bias along the last axis only, MatMul output used once, float"),
-    Rule("gemm_to_linear", ("Gemm",), _gemm, _rewrite, "alpha = beta = 1, transA = 0, bias along N"),
+    Rule("matmul_add_to_linear", _matmul_add, _rewrite, ops=("Add",),
+         doc="2-D weight, bias along the last axis only, MatMul output used once, float"),
+    Rule("gemm_to_linear", _gemm, _rewrite, ops=("Gemm",), doc="alpha = beta = 1, transA = 0, bias along N"),
 ]

@@ -14,7 +14,7 @@ Exact: the same products and sums, in the same order.
 from __future__ import annotations
 
 from .facts import only_use, producer, shapes_equal
-from .rewrite import FUSEGRAPH_DOMAIN, Decline, Rule
+from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
 
 _MATMULS = ("MatMul", "fusegraph::BatchMatMul")
 
@@ -103,10 +103,10 @@ def _reshape_rewrite(node, match, ctx):
 
 
 RULES = [
-    Rule("transpose_into_matmul", _MATMULS, _transpose_into, _bmm_rewrite,
-         "Transpose swaps the last two axes only and feeds only the matmul; ranks >= 2"),
-    Rule("transpose_of_matmul", ("Transpose",), _transpose_of, _bmm_rewrite,
-         "Transpose swaps the last two axes only; matmul output used once; ranks >= 2"),
-    Rule("reshape_around_matmul", ("Reshape",), _reshape_around, _reshape_rewrite,
-         "2-D weight; inner Reshape merges leading dims, outer restores them"),
+    Rule("transpose_into_matmul", _transpose_into, _bmm_rewrite, ops=_MATMULS,
+         doc="Transpose swaps the last two axes only and feeds only the matmul; ranks >= 2"),
+    Rule("transpose_of_matmul", _transpose_of, _bmm_rewrite, ops=("Transpose",),
+         doc="Transpose swaps the last two axes only; matmul output used once; ranks >= 2"),
+    Rule("reshape_around_matmul", _reshape_around, _reshape_rewrite, ops=("Reshape",),
+         doc="2-D weight; inner Reshape merges leading dims, outer restores them"),
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..ir.shape import dims_equal
 from .facts import ints_arg, producer
-from .rewrite import FUSEGRAPH_DOMAIN, Decline, Rule
+from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
 
 _MODES = {"ReduceSum": ("sum", 13), "ReduceMean": ("mean", 18), "ReduceMax": ("max", 18),
           "ReduceMin": ("min", 18)}
@@ -68,8 +68,8 @@ def _single(node, ctx):
 
 
 RULES = [
-    Rule("expand_reduce", tuple(_MODES), _expand_reduce, _reduce_rewrite,
-         "every broadcast axis is reduced and static"),
-    Rule("sum_single", ("Sum", "Mean", "Max", "Min"), _single,
-         lambda n, m, ctx: ctx.emit("Identity", [n.inputs[0]]), "one input"),
+    Rule("expand_reduce", _expand_reduce, _reduce_rewrite, ops=tuple(_MODES),
+         doc="every broadcast axis is reduced and static"),
+    Rule("sum_single", _single, lambda n, m, ctx: ctx.emit("Identity", [n.inputs[0]]),
+         ops=("Sum", "Mean", "Max", "Min"), doc="one input"),
 ]

@@ -1,78 +1,27 @@
-"""A small declarative rewrite-rule helper: ``Rule`` (pattern, check, replacement) and
-``RuleSetPass``, which applies a family of rules over a graph once (fixed-point groups in
-the pipeline repeat it).
+"""The engine for rules rooted at op types: ``RuleSetPass`` applies a family of ``Rule``s
+(``rule.py``: ``Rule(name, check, rewrite, ops=(...))``) over a graph once (fixed-point groups
+in the pipeline repeat it), plus the rewiring helpers the fusion engine shares.
 
-A rule names the root op types it looks at. ``check(node, ctx)`` never mutates: it returns
-``None`` (pattern does not match), a ``Decline(reason)`` (pattern matches but the rewrite
-would be wrong or useless; the reason is recorded), or a match object handed to
-``rewrite(node, match, ctx)``. ``rewrite`` creates nodes through ``ctx.emit`` (inserted
-before the root, shapes inferred, tagged with the rule's name) and returns the values that
-replace the root's outputs (a Value, or a list with ``None`` for outputs left alone). The
-helper rewires users, keeps graph outputs distinct, and removes the root and whatever pure
-producers it leaves dead. This is not the fusion pattern matcher (``pattern.py``, later).
+For each node whose op type a rule names (rules in priority order, then list order), the
+rule's ``check(node, ctx)`` returns ``None`` (not applicable: nothing recorded), a
+``Decline(reason)`` (counted and, with a ``log``, recorded with its reason), or the value
+handed to ``rewrite(node, value, ctx)``. A root output flagged ``external`` / ``no_fuse``
+turns an apply into a decline. The engine rewires users, keeps graph outputs distinct, and
+removes the root and whatever pure producers it leaves dead. Pattern-rooted rules belong to
+the fusion engine (``fusion/engine.py``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
+from typing import Any
 
 from ..errors import PassError
 from ..ir import DType, Graph, Node, Value
 from ..ir.shape import dims_equal, numel
-from ..ops import infer_node, lookup
 from .manager import PassOptions, PassResult, is_locked
+from .rule import FUSEGRAPH_DOMAIN, Decline, Rule, RuleContext, by_priority, verdict
 
-FUSEGRAPH_DOMAIN = "fusegraph"
-
-
-class Decline(str):
-    """Why a rule whose pattern matched did not rewrite."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    ops: tuple[str, ...]          # root op types; "fusegraph::Linear" for other domains
-    check: Callable[[Node, "RuleContext"], Any]
-    rewrite: Callable[[Node, Any, "RuleContext"], Any]
-    doc: str = ""                 # the condition under which the rewrite is exact
-
-
-class RuleContext:
-    """What a rule may use: the graph, the options, and node / constant constructors."""
-
-    def __init__(self, graph: Graph, options: PassOptions, rule: Rule, root: Node):
-        self.graph, self.options, self.rule, self.root = graph, options, rule, root
-
-    def supports(self, op_type: str, domain: str = "") -> bool:
-        version = 1 if domain == FUSEGRAPH_DOMAIN else self.graph.opset.get(domain, 1)
-        return lookup(domain, op_type, version) is not None
-
-    def can_materialise(self, nbytes: int | None) -> bool:
-        return nbytes is not None and nbytes <= self.options.fold_size_limit
-
-    def emit(self, op_type: str, inputs: list, attrs: dict | None = None, domain: str = "",
-             outputs: int = 1) -> Value | list[Value]:
-        if domain == FUSEGRAPH_DOMAIN:
-            self.graph.opset[FUSEGRAPH_DOMAIN] = 1
-        version = 1 if domain == FUSEGRAPH_DOMAIN else self.graph.opset.get(domain, 1)
-        node = self.graph.add_node(op_type, inputs, outputs=outputs, attrs=attrs, domain=domain,
-                                   version=version, name=f"{self.rule.name}_{op_type.lower()}",
-                                   before=self.root)
-        node.meta["rule"] = self.rule.name
-        inferred = infer_node(node) or []
-        for out, (dtype, shape) in zip(node.outputs, inferred):
-            if dtype is not None:
-                out.dtype = DType(dtype)
-            out.shape = shape
-        if any(o.dtype == DType.UNDEFINED for o in node.outputs):
-            raise PassError(f"rule {self.rule.name!r}: could not infer the dtype of new {op_type} node")
-        return node.outputs[0] if outputs == 1 else list(node.outputs)
-
-    def const(self, tensor: torch.Tensor, name: str = "c") -> Value:
-        return self.graph.add_constant(f"{self.rule.name}_{name}", tensor.contiguous())
+__all__ = ["FUSEGRAPH_DOMAIN", "Decline", "Rule", "RuleContext", "RuleSetPass", "counts_result",
+           "nbytes_of", "rewire", "sweep_dead"]
 
 
 def nbytes_of(shape, dtype: DType) -> int | None:
@@ -89,7 +38,11 @@ class RuleSetPass:
 
     def __init__(self, name: str, rules: list[Rule], options: PassOptions, log: list | None = None):
         self.name, self.options, self.log = name, options, log
-        self.rules = [r for r in rules if r.name not in options.disabled]
+        self.rules = [r for r in by_priority(rules) if r.name not in options.disabled]
+        for r in self.rules:
+            if r.pattern is not None:
+                raise PassError(f"pass {name!r}: rule {r.name!r} has a pattern; pattern rules run in "
+                                f"the fusion pass")
         self._by_op: dict[tuple[str, str], list[Rule]] = {}
         for r in self.rules:
             for op in r.ops:
@@ -104,7 +57,7 @@ class RuleSetPass:
                 continue
             for rule in self._by_op.get((node.domain, node.op_type), ()):
                 ctx = RuleContext(graph, self.options, rule, node)
-                match = rule.check(node, ctx)
+                match = verdict(rule, rule.check(node, ctx))
                 if match is None:
                     continue
                 if not isinstance(match, Decline) and any(is_locked(o) for o in node.outputs):

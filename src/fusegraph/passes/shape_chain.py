@@ -18,7 +18,7 @@ import torch
 
 from ..ir.shape import dims_equal
 from .facts import const_of, ints_arg, producer
-from .rewrite import Decline, Rule
+from .rule import Decline, Rule
 
 
 def _const_ints(values, like_scalar: bool = False):
@@ -144,10 +144,10 @@ def _reshape_rewrite(node, spec, ctx):
 
 
 RULES = [
-    Rule("shape_of_static", ("Shape",), _shape_of_static, _const_rewrite, "selected dims static"),
-    Rule("size_of_static", ("Size",), _size_of_static, _const_rewrite, "all dims static"),
-    Rule("gather_of_shape", ("Gather",), _gather_of_shape, _const_rewrite, "gathered dims static"),
-    Rule("slice_of_shape", ("Slice",), _slice_of_shape, _const_rewrite, "step 1, sliced dims static"),
-    Rule("reshape_copy_dims", ("Reshape",), _reshape_copy_dims, _reshape_rewrite,
-         "allowzero=0; each dim read equals the input dim at its position"),
+    Rule("shape_of_static", _shape_of_static, _const_rewrite, ops=("Shape",), doc="selected dims static"),
+    Rule("size_of_static", _size_of_static, _const_rewrite, ops=("Size",), doc="all dims static"),
+    Rule("gather_of_shape", _gather_of_shape, _const_rewrite, ops=("Gather",), doc="gathered dims static"),
+    Rule("slice_of_shape", _slice_of_shape, _const_rewrite, ops=("Slice",), doc="step 1, sliced dims static"),
+    Rule("reshape_copy_dims", _reshape_copy_dims, _reshape_rewrite, ops=("Reshape",),
+         doc="allowzero=0; each dim read equals the input dim at its position"),
 ]

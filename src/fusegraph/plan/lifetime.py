@@ -90,7 +90,7 @@ class Lifetimes:
 
 def value_bytes(v: Value) -> int | None:
     n = numel(v.shape)
-    if n is None or v.dtype in (DType.UNDEFINED, DType.STRING):
+    if n is None or v.dtype in (DType.UNDEFINED, DType.STRING) or "container" in v.meta:
         return None
     return n * v.dtype.itemsize
 
@@ -108,6 +108,8 @@ MAX_PLANNED_BYTES = _physical_memory()
 
 
 def _why_unplannable(v: Value) -> str:
+    if "container" in v.meta:
+        return f"a {v.meta['container'].replace('_', ' ')} (a list of tensors or None at run time), not a tensor"
     if v.dtype in (DType.UNDEFINED, DType.STRING):
         return f"dtype {v.dtype.name} has no fixed size"
     size = value_bytes(v)

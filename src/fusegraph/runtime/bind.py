@@ -12,6 +12,8 @@ For each node of the execution order a ``NodeCall`` says:
   and the planner did not treat its output as a view; some kernels return a view of their
   input (a ``select``, a same-dtype ``Cast``), which would outlive the input's slot, so the
   generated code copies such a result when it lands in the arena.
+Kernels come from the backend (``backends/``): its own, or the op's portable kernel; a
+backend's ``Decline`` is kept with its reason (``Binding.declined``, ``report.kernels``).
 Constants folded as stride-0 broadcasts are materialised here, once (``Binding.dense``).
 Nothing here generates code or runs a kernel.
 """
@@ -27,8 +29,9 @@ from ..ir import Graph, Node, Value, is_broadcast
 from ..ops import opdef_for
 from ..ops.registry import NodeContext, kernel_writes_out
 from .arena import Arena
-from .host_memory import freed_memory_kept
+from .backends import Backend, Decline, Deferred
 from .layout_probe import probe_strides
+from .subgraph import subgraph_factory
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Binding:
     not_writable: list[dict] = field(default_factory=list)   # {node, op, bytes}
     dense: dict[int, torch.Tensor] = field(default_factory=dict)  # id(value) -> broadcast constant materialised
     strides: dict[str, tuple[int, ...]] = field(default_factory=dict)  # probed (or given) arena view strides
+    backend: Backend = field(default_factory=Backend)
+    declined: list[dict] = field(default_factory=list)   # {node, op, family, reason}
 
     @property
     def order(self) -> list[Node]:
@@ -72,9 +77,13 @@ def execution_order(graph: Graph, names: list[str] | None) -> list[Node]:
 
 
 def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
-         strides: dict[str, tuple[int, ...]] | None = None) -> Binding:
-    """Kernels and output placement for ``plan`` (an ``ExecutionPlan`` or None: no arena);
-    ``strides`` (value name -> strides of its arena view) replaces the probe run when given."""
+         strides: dict[str, tuple[int, ...]] | None = None, backend: Backend | None = None) -> Binding:
+    """Kernels (from ``backend``, default the portable one) and output placement for ``plan``
+    (an ``ExecutionPlan`` or None: no arena); ``strides`` (value name -> strides of its arena
+    view) replaces the probe run when given."""
+    backend = backend or Backend()
+    kept = bool(backend.freed_memory_kept)
+    declined: list[dict] = []
     order = execution_order(graph, plan.order if plan is not None else None)
     use_arena = plan is not None and plan.uses_arena
     arena = Arena(plan.arena_bytes, device) if use_arena else None
@@ -86,7 +95,11 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     writing: list[NodeCall] = []
     for i, node in enumerate(order):
         opdef = opdef_for(node)
-        kernel = opdef.build(NodeContext(node, device, freed_memory_kept()))
+        ctx = NodeContext(node, device, kept, subgraph_factory(device))
+        kernel = backend.kernel(ctx, opdef)
+        if isinstance(kernel, Decline):
+            declined.append({"node": node.name, "op": node.op_type, "family": kernel.family, "reason": kernel.reason})
+            kernel = backend.portable(ctx, opdef)
         call = NodeCall(i, node, kernel)
         outs = node.outputs
         if arena is not None and outs and kernel_writes_out(opdef, kernel) and all(o.name in slots for o in outs):
@@ -121,7 +134,15 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
                 written[id(o)] = view
                 views.append(view)
             call.out = tuple(views)
-    return Binding(calls, arena, not_writable, dense_constants(graph), dict(strides or {}))
+    return Binding(calls, arena, not_writable, dense_constants(graph), dict(strides or {}), backend, declined)
+
+
+def kernel_summary(binding: Binding) -> dict:
+    """``report.kernels``: the backend, the kernels it deferred (built for the code that calls
+    them), and the nodes it declined with the reason (they run the op's portable kernel)."""
+    return {"backend": binding.backend.name,
+            "deferred": sum(1 for c in binding.calls if isinstance(c.kernel, Deferred)),
+            "declined": list(binding.declined)}
 
 
 def dense_constants(graph: Graph) -> dict[int, torch.Tensor]:

@@ -17,9 +17,10 @@ every call is bracketed by ``_hook(index, 0, None)`` and ``_hook(index, 1, outpu
 runs: allocation checks, timestamps). The source is readable (``fusegraph inspect --code``).
 The single-stream ``run`` leaves the nodes that depend only on the input shapes to a second
 function, ``_memo_fill``, called when those shapes are new (``shape_memo.py``); a call may
-read other values than its node's inputs (``NodeCall.args``: a Shape derived from them). On
-CPU it may call a script segment in place of a run of nodes (``script_segments.py``).
-This file decides nothing about placement or streams; ``bind.py`` and ``streams_*.py`` do.
+read other values than its node's inputs (``NodeCall.args``: a Shape derived from them).
+With ``lower``, the calls first go through the backend's lowering (``backends/``; CPU: a
+script segment in place of a run of nodes). This file decides nothing about placement,
+kernels or streams; ``bind.py``, the backends and ``streams_*.py`` do.
 """
 from __future__ import annotations
 
@@ -28,9 +29,8 @@ from typing import Callable
 
 from ..errors import PlanError
 from ..ir import Node, Value
-from ..ops.registry import resolved
+from .backends import Deferred, resolved
 from .bind import Binding, NodeCall
-from .script_segments import form_segments
 from .shape_memo import fill_epilogue, memo_globals, memo_prologue, shape_only_calls
 
 
@@ -43,7 +43,7 @@ class GeneratedCode:
     functions: dict[str, Callable] = field(default_factory=dict)
     env: dict[str, object] = field(default_factory=dict)
     shape_kernels: int = 0                    # calls in ``_memo_fill`` (run once per input shapes)
-    segments: object = None                   # script_segments.Segments, when they were formed
+    lowered: object = None                    # backends.Lowered, when the backend lowered the calls
 
 
 class Names:
@@ -98,12 +98,28 @@ class FunctionSpec:
     returns: list[Value] | None = None
     hook: bool = False
     resolve: bool = True      # call deferred kernels' resolved form (False: their plain one)
+    lazy: bool = False        # resolve a deferred kernel at its first call, not now (a loaded model)
 
 
 def _label(node: Node) -> str:
     """The trailing comment of a call line: op type and node name as ``ascii()`` literals, so a
     string from the model (newlines, U+2028, NUL, quotes) can never leave the comment."""
     return f"{ascii(node.op_type)} {ascii(node.name)}"
+
+
+def _kernel_global(names: Names, kernel, spec: FunctionSpec) -> str:
+    """The module global a call line calls: the kernel, its resolved form, or (``lazy``) a
+    trampoline that resolves it at the first call and puts the result in its own place."""
+    if not (spec.lazy and spec.resolve and isinstance(kernel, Deferred)):
+        return names.add_global("k", resolved(kernel) if spec.resolve else kernel)
+    name = names.add_global("k", None)
+    env = names.env
+
+    def first_call(*args, **kwargs):
+        fn = env[name] = kernel.resolve()
+        return fn(*args, **kwargs)
+    env[name] = first_call
+    return name
 
 
 def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict[int, Node]) -> None:
@@ -129,7 +145,7 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
                 lines.append(f"    {names(v)} = E[{slot}]{clear}")
         if spec.hook:
             lines.append(f"    _hook({call.index}, 0, None)")
-        kname = names.add_global("k", resolved(call.kernel) if spec.resolve else call.kernel)
+        kname = _kernel_global(names, call.kernel, spec)
         args = ", ".join("None" if v is None else names(v) for v in call.inputs)
         outs = [names(o) for o in node.outputs]
         line_to_node[len(lines) + 1] = node
@@ -208,24 +224,32 @@ def arena_globals(binding: Binding) -> dict:
     return {"_AL": binding.arena.lo, "_AH": binding.arena.hi}
 
 
+def probe_function(graph, binding: Binding, filename: str) -> Callable:
+    """``probe(feeds, hook)``: one run of the per-node code (deferred kernels in their plain
+    form) with a debug hook, for a lowering that needs example tensors."""
+    def probe(feeds, fn):
+        generate_run_function(graph, binding, filename + ":probe", hook=fn, resolve=False).function(*feeds)
+    return probe
+
+
 def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None,
-                          segments: bool = False, resolve: bool = True) -> GeneratedCode:
+                          lower: bool = False, resolve: bool = True) -> GeneratedCode:
     """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order; with
-    ``segments`` (CPU, no hook), runs of scriptable nodes become script segments; without
-    ``resolve``, deferred kernels run their plain form (the segments' probe run)."""
+    ``lower`` (no hook), the backend's lowering rewrites the calls (CPU: runs of scriptable
+    nodes become script segments); without ``resolve``, deferred kernels run their plain
+    form (the lowering's probe run)."""
     memo = shape_only_calls(graph, binding.calls) if hook is None else None
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
     calls = [c for c in binding.calls if id(c.node) not in memo_ids]
-    segs = None
-    if segments and hook is None:
-        def probe(feeds, fn):
-            generate_run_function(graph, binding, filename + ":probe", hook=fn, resolve=False).function(*feeds)
-        segs = form_segments(graph, calls, binding, probe)
-        calls = segs.calls
+    lowered = None
+    if lower and hook is None:
+        lowered = binding.backend.lower(graph, calls, binding, probe_function(graph, binding, filename))
+        calls = lowered.calls
     names = arena_names(binding, calls)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
-                        returns=list(graph.outputs), hook=hook is not None, resolve=resolve)
+                        returns=list(graph.outputs), hook=hook is not None, resolve=resolve,
+                        lazy=binding.backend.compiles_lazily)
     extra = arena_globals(binding)
     specs = [spec]
     if memo:    # shape-only nodes run once per input shapes (shape_memo.py)
@@ -239,5 +263,5 @@ def generate_run_function(graph, binding: Binding, filename: str, hook: Callable
         extra["_hook"] = hook
     code = generate_module(specs, names, filename, extra)
     code.shape_kernels = len(memo.calls) if memo else 0
-    code.segments = segs
+    code.lowered = lowered
     return code

@@ -1,4 +1,5 @@
-"""torch tensors back to NumPy, including types NumPy lacks (bfloat16, float8 via ml_dtypes)."""
+"""torch tensors back to NumPy, including types NumPy lacks (bfloat16, float8 via ml_dtypes);
+sequences (lists of tensors) to lists of fresh arrays, an empty optional to None."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,3 +27,13 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         return t.contiguous().view({torch.uint16: torch.int16, torch.uint32: torch.int32,
                                     torch.uint64: torch.int64}[t.dtype]).numpy().view(_UNSIGNED[t.dtype])
     return t.numpy()
+
+
+def to_host(x):
+    """A run's output that is not a tensor: a sequence becomes a list of arrays (copies: the
+    caller never shares memory with a feed or a constant), an empty optional None."""
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)):
+        return [to_host(t) for t in x]
+    return to_numpy(x.detach().clone())

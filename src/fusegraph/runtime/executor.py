@@ -1,8 +1,9 @@
 """``Executor``: runs a model's generated code on validated feeds and returns NumPy outputs.
 
-It binds the graph once (``bind.py``: kernels, arena views), then picks a runner:
-- one stream on CPU: the single generated ``run`` function, called directly (with script
-  segments: runs of nodes as one TorchScript graph, ``script_segments.py``);
+It binds the graph once (``bind.py``: kernels from the device's backend, ``backends/``;
+arena views), then picks a runner:
+- one stream on CPU: the single generated ``run`` function, called directly (lowered by the
+  backend: runs of nodes as one TorchScript graph, ``backends/cpu/segments.py``);
 - several streams on CPU: ``streams_cpu.CpuStreamRunner`` (one function per stream, workers);
 - CUDA: ``streams_cuda.CudaRunner`` (torch streams and events, one issuing thread).
 Outputs that live in the arena, in a constant, in a feed or in a remembered shape-only value
@@ -10,7 +11,9 @@ Outputs that live in the arena, in a constant, in a feed or in a remembered shap
 a caller holds, nor a caller what the next run reads. Runs of one executor are serialised
 (the arena is shared by all runs). ``run(feeds, hook=...)`` runs a variant of the code that
 calls ``hook(index, phase, outputs)`` around every node (tests: allocation checks, timing).
-On CPU it first lets malloc keep freed memory (``host_memory.py``, unless the config says no).
+The backend prepares the process first (CPU: malloc keeps freed memory unless the config
+says no, ``backends/cpu/host_memory.py``); ``backend_state`` is what a loaded artifact
+stored for it (CPU: prepacked weights).
 Kernel failures surface as ``KernelError`` naming the node and op, found through the line
 map of the generated source, so the hot path carries no per-node bookkeeping.
 """
@@ -24,21 +27,20 @@ import torch
 
 from ..errors import ConfigError, FusegraphError, KernelError, ModelClosedError
 from ..ir import Graph
-from . import host_memory
+from .backends import backend_for
 from .bind import Binding, bind
 from .threads import intra_op_threads
 from .codegen import GeneratedCode, generate_run_function
-from .convert import to_numpy
+from .convert import to_host, to_numpy
 from .feeds import convert_feeds
-from .script_segments import available as segments_available
 
 
 class _SingleRunner:
     """One stream on one device: the generated function itself."""
 
-    def __init__(self, graph: Graph, binding: Binding, filename: str, segments: bool = False):
+    def __init__(self, graph: Graph, binding: Binding, filename: str, lower: bool = False):
         self.graph, self.binding, self.filename = graph, binding, filename
-        self.code = generate_run_function(graph, binding, filename, segments=segments)
+        self.code = generate_run_function(graph, binding, filename, lower=lower)
         self.codes = [self.code]
 
     def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
@@ -55,7 +57,8 @@ class _SingleRunner:
 class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
-                 keep_freed_memory: bool = True, script_segments: bool = True):
+                 keep_freed_memory: bool = True, script_segments: bool = True, backend_state: dict | None = None,
+                 exact: bool = True):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -71,11 +74,14 @@ class Executor:
             for v in graph.constants.values():
                 if v.const.device != self.device:
                     v.const = v.const.to(self.device)
-        if keep_freed_memory and self.device.type == "cpu":
-            host_memory.keep_freed_memory()
+        self.backend = backend_for(self.device.type, keep_freed_memory=keep_freed_memory, segments=script_segments,
+                                   exact=exact)
+        self.backend.prepare()
+        if backend_state is not None:
+            self.backend.import_state(backend_state, model_name)
         self.threads = threads
         self._closed = False
-        self.binding = bind(graph, plan, self.device, strides)  # strides: a loaded artifact's
+        self.binding = bind(graph, plan, self.device, strides, self.backend)  # strides: a loaded artifact's
         filename = f"<fusegraph:{graph.name}>"
         streams = getattr(plan, "streams", None)
         if self.device.type == "cuda":
@@ -85,9 +91,10 @@ class Executor:
             from .streams_cpu import CpuStreamRunner
             self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads)
         else:
-            self._runner = _SingleRunner(graph, self.binding, filename,
-                                         segments=script_segments and segments_available(graph, self.device.type))
+            self._runner = _SingleRunner(graph, self.binding, filename, lower=self.backend.lowers(graph, 1))
         self._lock = threading.Lock()
+        self.backend.settle()                       # what binding's probe runs freed
+        self._settle_after_run = self.backend.compiles_lazily   # the first run compiles
         self._memo_storages = self.code.env.get("_MEMO_STORAGES", frozenset())  # kept current by the code
         self._const_storages = {_storage(t) for t in [v.const for v in graph.constants.values()]
                                 + list(self.binding.dense.values()) if t.numel()}
@@ -105,7 +112,11 @@ class Executor:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
         try:
             with torch.inference_mode(), intra_op_threads(self.threads):
-                return self._runner(tensors, hook)
+                outs = self._runner(tensors, hook)
+            if self._settle_after_run:
+                self._settle_after_run = False
+                self.backend.settle()
+            return outs
         except FusegraphError:
             raise
         except Exception as exc:
@@ -115,10 +126,13 @@ class Executor:
         tensors = convert_feeds(self.model_name, self.inputs, feeds)
         with self._lock:
             outs = self.run_tensors(tensors, hook)
-            shared = self._const_storages | {_storage(t) for t in tensors if t.numel()} | self._memo_storages
+            shared = self._const_storages | {_storage(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel()} | self._memo_storages
             arena = self.binding.arena
             result = {}
             for name, t in zip(self.output_names, outs):
+                if not isinstance(t, torch.Tensor):   # a sequence or an optional (runtime/convert.py)
+                    result[name] = to_host(t)
+                    continue
                 try:
                     if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared):
                         t = t.clone()

@@ -2,6 +2,8 @@
 
 Every mismatch raises ``InputError`` naming the input, what was expected and what was given.
 Symbolic dims must agree across inputs (two inputs with dim ``batch`` get the same size).
+A sequence input (``meta["container"]``) takes a list of arrays, an optional one also None;
+its tensors are copied (a sequence owns its elements, ``ops/sequence.py``).
 ``random_feeds`` makes inputs for a model's specs (the CLI's and bisect's default inputs).
 """
 from __future__ import annotations
@@ -37,8 +39,30 @@ def convert_feeds(model_name: str, inputs: list[Value], feeds: Mapping[str, Any]
     symbols: dict[str, tuple[int, str]] = {}
     tensors = []
     for v in inputs:
-        tensors.append(_check_one(model_name, v, feeds[v.name], symbols))
+        if "container" in v.meta:
+            tensors.append(_container_feed(model_name, v, feeds[v.name]))
+        else:
+            tensors.append(_check_one(model_name, v, feeds[v.name], symbols))
     return tensors
+
+
+def _container_feed(model_name: str, v: Value, given: Any):
+    from ..ops.sequence import TensorSequence
+    kind = v.meta["container"]
+    if given is None:
+        if kind.startswith("optional"):
+            return None
+        raise InputError(f"{model_name}: input {v.name!r} is a sequence; None is not one")
+    if kind == "optional":
+        elem = Value(v.name, DType(v.meta.get("elem_dtype", 0)), None)
+        return _check_one(model_name, elem, given, {})
+    if not isinstance(given, (list, tuple)):
+        raise InputError(f"{model_name}: input {v.name!r} is a sequence: give a list of arrays, got "
+                         f"{type(given).__name__}")
+    elem = Value(v.name, DType(v.meta.get("elem_dtype", 0)), None)
+    seq = TensorSequence(_check_one(model_name, elem, x, {}).clone() for x in given)
+    seq.elem_dtype = elem.dtype
+    return seq
 
 
 def _check_one(model_name: str, v: Value, given: Any, symbols: dict) -> torch.Tensor:
@@ -91,6 +115,9 @@ def random_feeds(specs, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in specs:
+        if spec.dtype == DType.UNDEFINED:
+            raise InputError(f"input {spec.name!r} is not a tensor of a known type (a sequence or an "
+                             f"optional): give it explicitly")
         if spec.shape is None:
             raise InputError(f"input {spec.name!r} has unknown rank: random inputs need it; give this "
                              f"input explicitly (fusegraph run: --input {spec.name}=FILE.npy)")

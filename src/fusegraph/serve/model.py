@@ -8,10 +8,12 @@ Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) 
 batch as it is. A static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch
 size, since fusegraph plans memory and script segments for fixed shapes: from its ONNX source,
 lazily (or at start with ``warmup``), for the sizes 1, 2, 4, ... up to ``max_batch_size`` (and
-that size itself), or the config's ``batch_sizes``. A batch of 5 runs on the size-8 variant
-with the last request's rows repeated as padding, and the padding rows are dropped from the
-outputs. Each variant is a whole compiled model (weights, oneDNN's prepacked copies, its own
-arena: ~300 MiB for resnet50 at batch 8), per instance, so few sizes keep memory down; each
+that size itself), or the config's ``batch_sizes``. A batch runs as chunks of those sizes,
+the cheapest cover by each size's measured time per run (``ServedModel.plan``): on a CPU,
+where a batch of 8 costs nearly 8 batches of 1, 5 rows run as 4 + 1; where a bigger batch is
+nearly free (a GPU), they run on the size-8 variant with the last row repeated as padding, and
+the padding rows are dropped from the outputs. Each variant is a whole compiled model (weights,
+oneDNN's prepacked copies, its own arena: ~300 MiB for resnet50 at batch 8), per instance, so few sizes keep memory down; each
 instance keeps at most ``batch_variants`` of them (least recently used is closed first). When
 no variant can be built (an ``.fgm`` has no source to recompile; a graph that hard-codes its
 batch in a Reshape), the batch runs request by request on the base model: correct, just not
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -188,7 +191,9 @@ class Instance:
             dtype = spec.dtype.to_numpy()
             feeds[spec.name] = (rng.standard_normal(spec.shape).astype(dtype) if np.issubdtype(dtype, np.floating)
                                 else np.zeros(spec.shape, dtype))
+        t0 = time.perf_counter()
         got = model.run(feeds)
+        self.served.timed(size, time.perf_counter() - t0, first=True)
         for i in range(size):
             want = self.base.run({k: np.take(v, [i], axis=axis) for k, v in feeds.items()})
             for k, w in want.items():
@@ -198,16 +203,44 @@ class Instance:
                                          f"run of that row alone")
 
     def warmup(self) -> None:
-        for size in (self.served.sizes if self.served.resizes else []):
-            self._model_for(size)
+        """Compile and check every batch size now, at the intra-op thread count this instance's
+        worker runs at: the first run of a model at another count than its last re-tunes its
+        kernels (resnet50, 1 thread after 2: 383 ms instead of 60 for batch 1, 1.7 s instead of
+        0.44 for batch 8), which warming up at the caller's count left to the first requests."""
+        import torch
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.served.threads)
+        try:
+            for size in (self.served.sizes if self.served.resizes else []):
+                self._model_for(size)
+        finally:
+            torch.set_num_threads(before)
 
     def run(self, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        """Run ``rows`` stacked rows: directly, on a padded variant, or row by row."""
+        """Run ``rows`` stacked rows: directly, or as chunks of the compiled batch sizes."""
         served = self.served
         if not served.resizes:
             return self.base.run(feeds)
         axis = served.settings.batch_axis
-        size = next(s for s in served.sizes if s >= rows)
+        lead = (slice(None),) * axis
+        parts, start = [], 0
+        for size in served.plan(rows, exclude=self.failed):
+            take = min(size, rows - start)
+            if take <= 0:
+                break
+            chunk = feeds if take == rows else {
+                k: np.ascontiguousarray(v[lead + (slice(start, start + take),)]) for k, v in feeds.items()}
+            parts.append(self._run_chunk(chunk, take, size))
+            start += take
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts], axis=axis) for k in parts[0]}
+
+    def _run_chunk(self, feeds: dict[str, np.ndarray], rows: int, size: int) -> dict[str, np.ndarray]:
+        """``rows`` rows on the batch-``size`` variant (padded up when ``size > rows``: the last
+        row repeated, its outputs dropped), or row by row on the base model when there is none."""
+        served = self.served
+        axis = served.settings.batch_axis
         model = self._model_for(size)
         if model is None:
             parts = [self.base.run({k: np.take(v, [i], axis=axis) for k, v in feeds.items()}) for i in range(rows)]
@@ -215,7 +248,9 @@ class Instance:
         if size > rows:
             feeds = {k: np.concatenate([v] + [np.take(v, [rows - 1], axis=axis)] * (size - rows), axis=axis)
                      for k, v in feeds.items()}
+        t0 = time.perf_counter()
         outputs = model.run(feeds)
+        served.timed(size, time.perf_counter() - t0)
         if size > rows:
             outputs = {k: np.take(v, range(rows), axis=axis) for k, v in outputs.items()}
         return outputs
@@ -237,6 +272,9 @@ class ServedModel:
                         "asked": settings.instances, "instances": self.instance_count})
         self.settings = settings
         self._notes: set[str] = set()
+        self._cost: dict[int, float] = {}  # batch size -> moving average seconds per run
+        self._seeded: set[int] = set()  # sizes whose estimate is still a first run's
+        self._cost_lock = threading.Lock()
         base = self.source.base()
         self.platform = "fusegraph_fgm" if self.source.onnx is None else "fusegraph_onnx"
         axis = settings.batch_axis if settings.batching else None
@@ -262,6 +300,42 @@ class ServedModel:
         for i in range(1, self.instance_count):
             self.instances.append(Instance(self, i, self.source.base()))
         self.ready = threading.Event()
+
+    def timed(self, size: int, seconds: float, first: bool = False) -> None:
+        """Record a run of the batch-``size`` variant: a moving average of its time per run,
+        shared by the instances. A first run (the check of a new variant), which may still warm
+        caches, only seeds the estimate until the size runs for real."""
+        with self._cost_lock:
+            old = self._cost.get(size)
+            if first:
+                if old is None:
+                    self._cost[size] = seconds
+                    self._seeded.add(size)
+            elif old is None or size in self._seeded:
+                self._cost[size] = seconds
+                self._seeded.discard(size)
+            else:
+                self._cost[size] = 0.8 * old + 0.2 * seconds
+
+    def plan(self, rows: int, exclude=()) -> list[int]:
+        """The compiled batch sizes to run ``rows`` rows as, cheapest first by estimated time.
+
+        Chunks of the sizes cover the rows; only the last may be padded. A size's estimate is
+        its measured time per run (``timed``), or, before it has run, its rows times the lowest
+        measured time per row (rows alone when nothing has run). So a compute-bound CPU model,
+        whose time per row hardly falls with the batch, runs 5 rows as 4 + 1 instead of padding
+        them to 8 (3 rows of waste), while a model whose batch of 8 costs little more than a
+        batch of 1 (a GPU) is padded to 8 in one run."""
+        sizes = [s for s in self.sizes if s not in exclude] or [self.sizes[0]]
+        with self._cost_lock:
+            cost = dict(self._cost)
+        per_row = min((t / s for s, t in cost.items()), default=1.0)
+        est = {s: cost.get(s, s * per_row) for s in sizes}
+        best: list[tuple[float, int, list[int]]] = [(0.0, 0, [])]  # per row count: (time, runs, sizes)
+        for r in range(1, rows + 1):
+            best.append(min((t + est[s], n + 1, chunks + [s]) for s in sizes
+                            for t, n, chunks in [best[max(0, r - s)]]))
+        return sorted(best[rows][2], reverse=True)
 
     def note_once(self, text: str) -> None:
         if text not in self._notes:

@@ -46,12 +46,23 @@ def _normalize(item):
     from onnx import numpy_helper, TensorProto
     if isinstance(item, TensorProto):
         return numpy_helper.to_array(item)
+    if isinstance(item, (list, tuple)):
+        return [_normalize(x) for x in item]
     return item
 
 
 def _compare(ref, out, rtol: float, atol: float) -> None:
-    if isinstance(ref, (list, tuple)):
-        raise AssertionError("sequence outputs are not supported")
+    if ref is None or out is None:      # an empty optional
+        if ref is not None or out is not None:
+            raise AssertionError(f"wrong value: got {type(out).__name__}, expected {type(ref).__name__}")
+        return
+    if isinstance(ref, (list, tuple)):  # a sequence: same length, each element compared
+        if not isinstance(out, (list, tuple)) or len(out) != len(ref):
+            raise AssertionError(f"wrong sequence: got {type(out).__name__} of "
+                                 f"{len(out) if isinstance(out, (list, tuple)) else '-'}, expected {len(ref)}")
+        for r, o in zip(ref, out):
+            _compare(r, o, rtol, atol)
+        return
     if np.shape(out) != np.shape(ref):
         raise AssertionError(f"wrong shape: got {np.shape(out)}, expected {np.shape(ref)}")
     if ref.dtype == object:

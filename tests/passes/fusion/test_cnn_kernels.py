@@ -1,4 +1,4 @@
-"""CNN kernel choices made for latency (ops/fused_cnn.py, ops/pool.py, ops/threading_policy.py):
+"""CNN kernel choices made for latency (runtime/backends/cpu/: conv.py, pool.py, threading_policy.py):
 large FusedConv outputs written into their planned arena buffers unless malloc keeps freed
 memory (runtime/host_memory.py), the
 channels-last GlobalAveragePool as one product, and small kernels run on one thread — each
@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from fusegraph.ops import fused_cnn
-from fusegraph.ops.registry import resolved
-from fusegraph.ops.threading_policy import serial, serial_if
+from fusegraph.ops.registry import NodeContext
+from fusegraph.runtime.backends.cpu import conv as cpu_conv
+from fusegraph.runtime.backends import resolved
+from fusegraph.runtime.backends.cpu.threading_policy import serial, serial_if
 from passes_util import F, check, const, model, node, ops
 
 
@@ -26,10 +28,10 @@ def written_into_arena(compiled, op):
 def test_large_conv_output_goes_into_its_planned_buffer(monkeypatch, kept):
     """With malloc's defaults a large output is written into its arena slot (a fresh allocation
     would fault in new pages every run); when freed memory is kept, oneDNN allocates it."""
-    from fusegraph.runtime import bind as bind_module
-    monkeypatch.setattr(bind_module, "freed_memory_kept", lambda: kept)   # what bind tells the builders
+    from fusegraph.runtime.backends.cpu.backend import CpuBackend
+    monkeypatch.setattr(CpuBackend, "freed_memory_kept", kept)   # what bind tells the builders
     c_in, c, hw, g = 8, 64, 72, 4            # conv output 64 x 72 x 72 floats: 1.3 MB
-    assert c * hw * hw * 4 >= fused_cnn.FRESH_OUT_BYTES
+    assert c * hw * hw * 4 >= cpu_conv.FRESH_OUT_BYTES
     nodes = [node("Conv", ["x", "w0", "b0"], "a", pads=[1] * 4), node("Relu", ["a"], "r"),
              node("Reshape", ["r", "s5"], "p"), node("Transpose", ["p"], "t", perm=[0, 2, 1, 3, 4]),
              node("Reshape", ["t", "s4"], "u"), node("Conv", ["u", "w1", "b1"], "y", pads=[1] * 4)]
@@ -133,7 +135,7 @@ def test_pools_and_convs_as_onednn_graph_partitions(max_pool, avg_pool, hw):
     """Channels-last average pools and the fused convolutions around them (residual add
     included) run as oneDNN Graph partitions (max pools as torch's kernel); every geometry
     matches onnxruntime and the unoptimised graph."""
-    from fusegraph.ops import onednn_graph
+    from fusegraph.runtime.backends.cpu import onednn_graph
     if not onednn_graph.AVAILABLE:
         pytest.skip("this torch has no oneDNN Graph bridge")
     nodes, inits, src = conv_stack("x", 3, 8, 16)
@@ -152,7 +154,7 @@ def test_pools_and_convs_as_onednn_graph_partitions(max_pool, avg_pool, hw):
 def test_small_convolutions_compile_for_one_thread():
     """A convolution run on one thread (under PARALLEL_MACS) has its partition compiled for one
     thread: running it makes no second copy."""
-    from fusegraph.ops import onednn_graph
+    from fusegraph.runtime.backends.cpu import onednn_graph
     if not onednn_graph.AVAILABLE or torch.get_num_threads() < 2:
         pytest.skip("needs oneDNN Graph and two threads")
     nodes, inits, src = conv_stack("x", 6, 8, 8)
@@ -160,6 +162,6 @@ def test_small_convolutions_compile_for_one_thread():
     convs = [c for c in compiled._executor.binding.calls if c.node.op_type == "FusedConv"]
     assert len(convs) == 6
     for call in convs:
-        macs = fused_cnn.conv_macs(fused_cnn.NodeContext(call.node), call.node.inputs[1].const)
-        assert macs < fused_cnn.PARALLEL_MACS
+        macs = fused_cnn.conv_macs(NodeContext(call.node), call.node.inputs[1].const)
+        assert macs < cpu_conv.PARALLEL_MACS
         assert list(resolved(call.kernel).onednn_graph._fns) == [1]

@@ -6,7 +6,7 @@ import torch
 
 from fusegraph.ir import DType, Graph
 from fusegraph.passes import PassOptions
-from fusegraph.passes.fusion import Const, FusionPass, FusionRule, Pat, Var, explain, match
+from fusegraph.passes.fusion import Const, Decline, FusionPass, Pat, Rule, Var, explain, match
 from fusegraph.passes.fusion.engine import collect_rules
 
 
@@ -96,10 +96,10 @@ def test_external_and_no_fuse_block_with_reason():
     assert match(pat, r) is None and "graph output" in explain(pat, r)
 
 
-def _sig_relu_rule(check=lambda m, ctx: None):
-    def rewrite(m, ctx):
+def _sig_relu_rule(check=lambda m, ctx: True):
+    def rewrite(m, _, ctx):
         return ctx.emit("HardSigmoid", [m.values["x"]], {"alpha": 0.5})
-    return FusionRule("demo", Pat("Relu", Pat("Sigmoid", Var("x"))), check, rewrite, 5)
+    return Rule("demo", check, rewrite, pattern=Pat("Relu", Pat("Sigmoid", Var("x"))), priority=5)
 
 
 def test_engine_applies_records_and_tags():
@@ -124,7 +124,7 @@ def test_engine_declines_with_reasons_and_respects_disabled():
     r = _op(g, "Relu", s.outputs[0])
     g.outputs.append(r.outputs[0])
     log = []
-    FusionPass(PassOptions(), log, rules=[_sig_relu_rule(lambda m, ctx: "not today")]).run(g)
+    FusionPass(PassOptions(), log, rules=[_sig_relu_rule(lambda m, ctx: Decline("not today"))]).run(g)
     assert [n.op_type for n in g.nodes] == ["Sigmoid", "Relu"]
     assert [(r["rule"], r["applied"], r["nodes"], r["reason"]) for r in log] == \
         [("demo", False, [s.name, r.name], "not today")]

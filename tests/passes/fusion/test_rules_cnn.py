@@ -130,14 +130,15 @@ def test_residual_declines_when_it_broadcasts():
 def test_residual_kernel_out_form_is_bit_exact(monkeypatch):
     """``out=`` (in place on z, or into another buffer) equals the allocating form bit for bit
     (the ideep kernel: the oneDNN Graph one has no ``out=`` form)."""
-    from fusegraph.ops import onednn_graph
+    from fusegraph.runtime.backends.cpu import onednn_graph
     monkeypatch.setattr(onednn_graph, "AVAILABLE", False)
     nodes = [node("Conv", ["x", "w0", "b0"], "c0", pads=[1] * 4), node("Conv", ["c0", "w1", "b1"], "c1", pads=[1] * 4),
              node("Add", ["c1", "x"], "s"), node("Relu", ["s"], "y")]
     c = compile_with(model(nodes, [("x", F, [1, C, 7, 7])], ["y"], conv_inits()))
     n = fused(c)[-1]
     n.outputs[0].layout = "nhwc"          # the oneDNN kernel, as under the layout pass
-    kernel = opdef_for(n).build(NodeContext(n))
+    from fusegraph.runtime.backends.cpu.backend import CpuBackend
+    kernel = CpuBackend().kernel(NodeContext(n), opdef_for(n))     # the CPU backend's ideep kernel
     assert "conv_add" in kernel.__qualname__
     x = torch.randn(1, C, 7, 7).contiguous(memory_format=torch.channels_last)
     z = torch.randn(1, C, 7, 7).contiguous(memory_format=torch.channels_last)

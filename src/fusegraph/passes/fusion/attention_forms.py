@@ -3,8 +3,8 @@
 merge after it, with a small symbolic reader of Reshape targets (``shape_vector``) so dynamic
 exports (targets built from Shape / Gather / Concat) are proved, not assumed.
 
-Like ``transformer_forms.py``: each function returns what the rewrite needs or a string (the
-reason the candidate is not that form), and nothing here mutates the graph.
+Like ``transformer_forms.py``: each function returns what the rewrite needs or a
+``Decline(reason)`` (why the candidate is not that form), and nothing here mutates the graph.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import math
 from ...ir.shape import dims_equal
 from ...ops import infer_node
 from ..facts import const_of, producer, shapes_equal
-from ..rewrite import FUSEGRAPH_DOMAIN as FG
+from ..rule import FUSEGRAPH_DOMAIN as FG
+from ..rule import Decline
 from .transformer_forms import fg_node, scalar
 
 LINEARS = (("", "MatMul"), (FG, "Linear"), (FG, "LinearAct"))
@@ -51,14 +52,14 @@ def attention_form(root):
     """The parts of ``MatMul(softmax(...), v)`` (see rules_transformer.py), or a reason."""
     nodes = [root]
     if fg_node(root, "BatchMatMul") and (int(root.attrs.get("trans_a", 0)) or int(root.attrs.get("trans_b", 0))):
-        return "the probabilities or V are transposed (BatchMatMul flags)"
+        return Decline("the probabilities or V are transposed (BatchMatMul flags)")
     p, v = root.inputs
     form = {"v": v, "mask": None, "where": None, "scale": 1.0, "nan_to_zero": False, "nodes": nodes}
     w = p.producer
     if w.domain == "" and w.op_type == "Where":
         isn = producer(w.inputs[0], "IsNaN")
         if isn is None or isn.inputs[0] is not w.inputs[2] or scalar(w.inputs[1]) != 0.0:
-            return "the probabilities pass a Where that is not Where(IsNaN(p), 0, p)"
+            return Decline("the probabilities pass a Where that is not Where(IsNaN(p), 0, p)")
         nodes += [w, isn]
         p, form["nan_to_zero"] = w.inputs[2], True
     sm = p.producer
@@ -68,18 +69,18 @@ def attention_form(root):
         form["nan_to_zero"] |= bool(int(sm.attrs.get("nan_to_zero", 0)))
     elif sm is not None and sm.domain == "" and sm.op_type == "Softmax":
         if not _last_axis_softmax(sm):
-            return "Softmax is not over the last axis"
+            return Decline("Softmax is not over the last axis")
         nodes.append(sm)
         x = sm.inputs[0]
         why = _peel_mask_and_scale(x, form, nodes)
-        if isinstance(why, str):
+        if isinstance(why, Decline):
             return why
         x = why
     else:
-        return "the probabilities do not come from a Softmax"
+        return Decline("the probabilities do not come from a Softmax")
     mm = _matmul_of(x)
     if mm is None:
-        return "the scores are not a MatMul"
+        return Decline("the scores are not a MatMul")
     nodes.append(mm)
     if mm.domain == FG and int(mm.attrs.get("trans_a", 0)):
         form["k_transposed"] = None
@@ -93,17 +94,17 @@ def attention_form(root):
         x, heads = _split_heads(form[t], perm, nodes)
         form[t], form[f"{t}_heads"] = x, heads
     if not (q.dtype.is_float and q.dtype == k.dtype == v.dtype):
-        return "q, k, v are not of one float type"
+        return Decline("q, k, v are not of one float type")
     if any(t.shape is None or len(t.shape) < 2 for t in (q, k, v)):
-        return "q, k or v has unknown rank or rank < 2"
+        return Decline("q, k or v has unknown rank or rank < 2")
     if form["mask"] is not None and (form["mask"].dtype != q.dtype or form["mask"].shape is None
                                      or len(form["mask"].shape) > len(q.shape)):
-        return "the mask is not a float of the scores' type and rank"
+        return Decline("the mask is not a float of the scores' type and rank")
     scores = mm.outputs[0].shape
     if form["mask"] is not None and scores is not None and any(
             isinstance(m, int) and m > 1 and isinstance(d, int) and d != m
             for m, d in zip(form["mask"].shape[::-1], scores[::-1])):
-        return "the mask broadcasts the scores to a larger shape"
+        return Decline("the mask broadcasts the scores to a larger shape")
     return form
 
 
@@ -139,23 +140,23 @@ def absorb_heads(node):
 
 
 def merge_heads_reason(sdpa, transpose, inner, root):
-    """Why ``Reshape(Transpose(Reshape?(sdpa_out), [0,2,1,3]), s)`` is not the plain head merge
-    ``[B, H, L, D] -> [B, L, H*D]`` (None: it is). Shapes are compared symbolically."""
+    """Why (a ``Decline``) ``Reshape(Transpose(Reshape?(sdpa_out), [0,2,1,3]), s)`` is not the plain
+    head merge ``[B, H, L, D] -> [B, L, H*D]`` (None: it is). Shapes are compared symbolically."""
     o = sdpa.outputs[0].shape
     if o is None or len(o) != 4 or not isinstance(o[1], int) or not isinstance(o[3], int):
-        return "the attention output's head count / size is unknown"
+        return Decline("the attention output's head count / size is unknown")
     inferred = (infer_node(sdpa) or [(None, None)])[0][1]
     alias = [{d} | ({inferred[i]} if inferred is not None and len(inferred) == 4 else set()) for i, d in enumerate(o)]
     if inner is not None and not _same_vector(shape_vector(inner.inputs[1]), alias,
                                               int(inner.attrs.get("allowzero", 0))):
-        return "the Reshape after the attention is not provably a no-op"
+        return Decline("the Reshape after the attention is not provably a no-op")
     want = [alias[0], alias[2], {o[1] * o[3]}]
     if not _same_vector(shape_vector(root.inputs[1]), want, int(root.attrs.get("allowzero", 0))):
-        return "the final Reshape does not provably merge the heads"
+        return Decline("the final Reshape does not provably merge the heads")
     keep = {id(n) for n in (inner, root) if n is not None}
     for user, _ in sdpa.outputs[0].uses:
         if user is not (inner or transpose) and not _feeds_only(user, keep):
-            return f"the attention output is also read by {user.name}"
+            return Decline(f"the attention output is also read by {user.name}")
     return None
 
 
@@ -238,15 +239,15 @@ def _peel_mask_and_scale(x, form, nodes):
             if side is None:
                 break
             if scaled:
-                return "the scale applies after the mask"
+                return Decline("the scale applies after the mask")
             nodes.append(p)
             x, form["mask"] = p.inputs[side], p.inputs[1 - side]
         elif p.op_type == "Where" and form["where"] is None and _leads_to_matmul(p.inputs[1]):
             fill = scalar(p.inputs[2])
             if fill is None or not fill <= BIG_FILL:
-                return f"the Where mask fills {fill}: not large enough for an additive mask to be exact"
+                return Decline(f"the Where mask fills {fill}: not large enough for an additive mask to be exact")
             if scaled:
-                return "the scale applies after the mask"
+                return Decline("the scale applies after the mask")
             nodes.append(p)
             x, form["where"] = p.inputs[1], (p.inputs[0], fill)
         elif p.op_type in ("Mul", "Div"):
@@ -256,7 +257,7 @@ def _peel_mask_and_scale(x, form, nodes):
             x, form["scale"], scaled = y, form["scale"] * f, True
         else:
             break
-    return "the scores are not MatMul [* scale] [+ mask]"
+    return Decline("the scores are not MatMul [* scale] [+ mask]")
 
 
 def _leads_to_matmul(v, depth=3) -> bool:
@@ -275,35 +276,37 @@ def pack_qkv_form(sdpa):
     reason: {"split": Split node} (a Split of one tensor in three along its last axis), or
     {"mms": [MatMul | Linear] * 3} (three products of one input by constant 2-D weights)."""
     if sdpa.attrs.get("qkv_split") is not None:
-        return "q, k and v are already packed"
+        return Decline("q, k and v are already packed")
     qkv = list(sdpa.inputs[:3])
     if not all(int(sdpa.attrs.get(f"{t}_heads", 0)) for t in "qkv"):
-        return "q, k, v are not all split into heads here"
+        return Decline("q, k, v are not all split into heads here")
     if any(v is None or len(v.uses) != 1 or v.is_graph_output or v.flags for v in qkv):
-        return "q, k or v has other users"
+        return Decline("q, k or v has other users")
     sp = producer(qkv[0], "Split")
     if sp is not None:
         rank = len(sp.inputs[0].shape or ())
         if (len(sp.outputs) != 3 or [o for o in sp.outputs] != qkv or rank == 0
                 or int(sp.attrs.get("axis", 0)) % rank != rank - 1):
-            return "the Split is not of one tensor into exactly q, k, v along its last axis"
+            return Decline("the Split is not of one tensor into exactly q, k, v along its last axis")
         sizes = [o.shape[-1] if o.shape else None for o in qkv]
-        return {"split": sp, "sizes": sizes} if all(isinstance(n, int) for n in sizes) else "split sizes unknown"
+        if not all(isinstance(n, int) for n in sizes):
+            return Decline("split sizes unknown")
+        return {"split": sp, "sizes": sizes}
     mms = [v.producer for v in qkv]
     kinds = {(m.domain, m.op_type, int(m.attrs.get("trans_b", 0)), m.attrs.get("activation", "none"))
              if m is not None else None for m in mms}
     kind = next(iter(kinds))
     if (len(kinds) != 1 or kind is None or (kind[0], kind[1]) not in LINEARS or kind[3] != "none"
             or (kind[0] == "" and kind[2])):
-        return "q, k, v are not three MatMul / Linear of one kind"
+        return Decline("q, k, v are not three MatMul / Linear of one kind")
     if len({id(m.inputs[0]) for m in mms}) != 1:
-        return "q, k, v are not projections of one input"
+        return Decline("q, k, v are not projections of one input")
     if any(const_of(m.inputs[1]) is None or const_of(m.inputs[1]).dim() != 2 for m in mms):
-        return "the projection weights are not constant 2-D"
+        return Decline("the projection weights are not constant 2-D")
     biases = [m.input(2) for m in mms]
     if any(b is not None for b in biases) and not all(const_of(b) is not None and const_of(b).dim() == 1
                                                        for b in biases):
-        return "the projection biases are not all constant vectors"
+        return Decline("the projection biases are not all constant vectors")
     return {"mms": mms}
 
 
@@ -313,17 +316,17 @@ def reshape_linear_form(root):
     provably ``linear(x)`` (a product by a 2-D weight maps leading dims independently), or a reason."""
     mm = root.inputs[0].producer
     if mm is None or (mm.domain, mm.op_type) not in LINEARS or len(root.inputs[0].uses) != 1:
-        return "not a linear layer"
+        return Decline("not a linear layer")
     inner = producer(mm.inputs[0], "Reshape")
     w, x = mm.inputs[1], inner.inputs[0] if inner is not None else None
     if inner is None or len(mm.inputs[0].uses) != 1 or w.shape is None or len(w.shape) != 2:
-        return "the linear input is not a Reshape, or the weight is not 2-D"
+        return Decline("the linear input is not a Reshape, or the weight is not 2-D")
     xs, out = x.shape, mm.outputs[0].shape
     if xs is None or len(xs) < 3 or out is None or len(out) != 2:
-        return "the input rank is unknown or below 3"
+        return Decline("the input rank is unknown or below 3")
     flat = shape_vector(inner.inputs[1])
     if flat is None or len(flat) != 2 or flat[0] != -1 or not _same_vector(flat[1:], [{xs[-1]}], 1):
-        return "the inner Reshape does not provably flatten the leading dims"
+        return Decline("the inner Reshape does not provably flatten the leading dims")
     if not _same_vector(shape_vector(root.inputs[1]), [{d} for d in xs[:-1]] + [{out[-1]}], 1):
-        return "the outer Reshape does not provably restore the leading dims"
+        return Decline("the outer Reshape does not provably restore the leading dims")
     return mm, x

@@ -1,18 +1,20 @@
-"""The fusion engine: ``FusionRule`` (pattern, check, rewrite) and ``FusionPass`` (pass "fusion").
+"""The fusion engine: ``FusionPass`` (pass "fusion"), which applies the pattern rules
+(``rule.Rule`` with ``pattern=``) of ``rules_cnn.RULES`` and ``rules_transformer.RULES``.
 
-``FusionPass`` applies every rule of ``rules_cnn.RULES`` and ``rules_transformer.RULES``
-(highest ``priority`` first; each rule over the whole graph before the next, so a larger
-pattern such as Conv+Add+Relu gets its chance before Conv+Add), and repeats until nothing
-changes. For each candidate root:
+Rules run highest ``priority`` first, each over the whole graph before the next (so a larger
+pattern such as Conv+Add+Relu gets its chance before Conv+Add), and the whole list repeats
+until nothing changes. For each candidate root:
 
 - the pattern does not match -> nothing recorded;
 - the structure matches but a ``no_fuse`` node or an ``external`` interior value blocks it
   -> a declined record with the reason from ``pattern.explain``;
-- ``check(match, ctx)`` returns a string -> a declined record with that reason;
-- else ``rewrite(match, ctx)`` builds the fused node(s) through ``ctx.emit`` (tagged
-  ``node.meta["rule"]``) and returns the values that replace the root's outputs; the engine
-  rewires users and removes the matched nodes left dead.
+- ``check(match, ctx)`` returns ``None`` -> not applicable, nothing recorded;
+- ``check`` returns ``Decline(reason)`` -> a declined record with that reason;
+- anything else -> ``rewrite(match, value, ctx)`` (``value``: what check returned) builds the
+  fused node(s) through ``ctx.emit`` (tagged ``node.meta["rule"]``) and returns the values that
+  replace the root's outputs; the engine rewires users and removes the matched nodes left dead.
 
+This is the convention of ``rule.py``, the same as the op-rooted rules of ``rewrite.py``.
 A root output flagged ``external`` keeps its name and flags on the value that replaces it,
 so ``Config.external_tensors`` still finds it. Records go into the shared log that
 ``passes.optimize`` turns into ``report.fusions``. This file knows no rule.
@@ -20,31 +22,21 @@ so ``Config.external_tensors`` still finds it. Records go into the shared log th
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Callable
 
+from ...errors import PassError
 from ...ir import Graph, Node, Value
 from ..manager import PassOptions, PassResult
-from ..rewrite import RuleContext, counts_result, rewire, sweep_dead
-from .pattern import Match, Pat, explain, match
+from ..rewrite import counts_result, rewire, sweep_dead
+from ..rule import Decline, Rule, RuleContext, by_priority, verdict
+from .pattern import Match, explain, match
 
 RULE_MODULES = ("rules_cnn", "rules_transformer")
-
-
-@dataclass(frozen=True)
-class FusionRule:
-    name: str
-    pattern: Pat
-    check: Callable[[Match, "FusionContext"], "str | None"]   # None: go; a string: why not. Never mutates.
-    rewrite: Callable[[Match, "FusionContext"], "Value | list[Value]"]
-    priority: int = 0           # larger first
-    doc: str = ""
 
 
 class FusionContext(RuleContext):
     """What a check / rewrite may use: graph, options, the match, ``emit`` and ``const``."""
 
-    def __init__(self, graph: Graph, options: PassOptions, rule: FusionRule, m: Match):
+    def __init__(self, graph: Graph, options: PassOptions, rule: Rule, m: Match):
         super().__init__(graph, options, rule, m.root)
         self.match = m
 
@@ -53,9 +45,9 @@ class FusionContext(RuleContext):
         return bool(getattr(self.options, "aggressive_fusion", False))
 
 
-def collect_rules() -> list[FusionRule]:
+def collect_rules() -> list[Rule]:
     """Every rule of the rule modules that exist, highest priority first (stable)."""
-    rules: list[FusionRule] = []
+    rules: list[Rule] = []
     for mod in RULE_MODULES:
         try:
             module = importlib.import_module(f"{__package__}.{mod}")
@@ -64,7 +56,7 @@ def collect_rules() -> list[FusionRule]:
                 raise
             continue
         rules.extend(getattr(module, "RULES", ()))
-    return sorted(rules, key=lambda r: -r.priority)
+    return by_priority(rules)
 
 
 def rule_names() -> set[str]:
@@ -77,10 +69,14 @@ class FusionPass:
     name = "fusion"
 
     def __init__(self, options: PassOptions, log: list | None = None,
-                 rules: list[FusionRule] | None = None, max_rounds: int = 8):
-        rules = collect_rules() if rules is None else sorted(rules, key=lambda r: -r.priority)
+                 rules: list[Rule] | None = None, max_rounds: int = 8):
+        rules = collect_rules() if rules is None else by_priority(rules)
         self.options, self.log, self.max_rounds = options, log, max_rounds
         self.rules = [r for r in rules if r.name not in options.disabled]
+        for r in self.rules:
+            if r.pattern is None:
+                raise PassError(f"pass 'fusion': rule {r.name!r} has no pattern; rules rooted at op "
+                                f"types run in a RuleSetPass (passes/rewrite.py)")
 
     def run(self, graph: Graph) -> PassResult:
         applied: dict[str, int] = {}
@@ -99,12 +95,14 @@ class FusionPass:
                             self._decline(rule, node, [node.name], f"blocked: {why}", declined)
                         continue
                     ctx = FusionContext(graph, self.options, rule, m)
-                    reason = rule.check(m, ctx)
-                    if reason is not None:
-                        self._decline(rule, node, [n.name for n in m.matched], str(reason), declined)
+                    value = verdict(rule, rule.check(m, ctx))
+                    if value is None:
+                        continue
+                    if isinstance(value, Decline):
+                        self._decline(rule, node, [n.name for n in m.matched], str(value), declined)
                         continue
                     names = [n.name for n in m.matched]
-                    fused = self._apply(graph, m, rule.rewrite(m, ctx), ctx)
+                    fused = self._apply(graph, m, rule.rewrite(m, value, ctx), ctx)
                     applied[rule.name] = applied.get(rule.name, 0) + 1
                     self._record(rule.name, True, names, fused)
                     changed = True
@@ -116,7 +114,7 @@ class FusionPass:
 
     # ------------------------------------------------------------------ helpers
 
-    def _decline(self, rule: FusionRule, node: Node, names: list[str], reason: str, counts: dict) -> None:
+    def _decline(self, rule: Rule, node: Node, names: list[str], reason: str, counts: dict) -> None:
         counts[rule.name] = counts.get(rule.name, 0) + 1
         self._record(rule.name, False, names, reason)
 

@@ -18,9 +18,9 @@ Every rule fuses into ``fusegraph::FusedConv`` (``ops/fused_cnn.py``), whose val
 - ``conv_prepack`` (-100, after everything else): any remaining 2-D Conv with constant
   weights -> an activation-free ``FusedConv`` (oneDNN with prepacked weights, channels-last).
 
-Common conditions (the check says which failed): constant weights and bias, float data,
-the conv output read by nothing outside the pattern. ``external`` / ``no_fuse`` flags are
-handled by the pattern matcher and reported as blocked.
+Common conditions (the check declines with ``Decline(reason)`` naming the one that failed):
+constant weights and bias, float data, the conv output read by nothing outside the pattern.
+``external`` / ``no_fuse`` flags are handled by the pattern matcher and reported as blocked.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import math
 import torch
 
 from ..facts import const_of, shapes_equal
-from .engine import FusionRule
+from ..rule import Decline, Rule
 from .pattern import Pat, Var
 
 FG = "fusegraph"
@@ -43,25 +43,26 @@ def _conv(ops=CONV_OPS) -> Pat:
 
 # ------------------------------------------------------------------------ shared pieces
 
-def _conv_decline(m, allow_residual: bool = True, uses: bool = True) -> str | None:
+def _conv_decline(m, allow_residual: bool = True, uses: bool = True) -> Decline | None:
     """Why the matched conv cannot absorb its consumer(s), or None."""
     conv = m.nodes["conv"]
     y = conv.outputs[0]
     inside = {id(n) for n in m.matched}
     outside = [u for u, _ in y.uses if id(u) not in inside]
     if uses and (outside or y.is_graph_output):
-        return f"conv output %{y.name} is also read by {', '.join(u.name for u in outside) or 'the graph outputs'}"
+        return Decline(f"conv output %{y.name} is also read by "
+                       f"{', '.join(u.name for u in outside) or 'the graph outputs'}")
     if conv.domain == FG and conv.attrs.get("activation"):
-        return f"{conv.name} already applies {conv.attrs['activation']}"
+        return Decline(f"{conv.name} already applies {conv.attrs['activation']}")
     if conv.domain == FG and not allow_residual and conv.input(3) is not None:
-        return f"{conv.name} already adds a residual"
+        return Decline(f"{conv.name} already adds a residual")
     if const_of(conv.input(1)) is None:
-        return "conv weights are not constant"
+        return Decline("conv weights are not constant")
     if conv.input(2) is not None and const_of(conv.input(2)) is None:
-        return "conv bias is not constant"
+        return Decline("conv bias is not constant")
     x = conv.inputs[0]
     if not y.dtype.is_float or x.shape is None or len(x.shape) < 3:
-        return "not a floating-point convolution of known rank"
+        return Decline("not a floating-point convolution of known rank")
     return None
 
 
@@ -80,18 +81,18 @@ def _emit(ctx, conv, activation: str = "", params=(), z=None):
 def _bn_check(m, ctx):
     bn = m.root
     why = _conv_decline(m)
-    if why:
+    if why is not None:
         return why
     if m.nodes["conv"].domain == FG:
-        return "BatchNormalization after a fused convolution"
+        return Decline("BatchNormalization after a fused convolution")
     if int(bn.attrs.get("training_mode", 0)) or any(o.uses or o.is_graph_output for o in bn.outputs[1:]):
-        return "BatchNormalization in training mode"
+        return Decline("BatchNormalization in training mode")
     if any(const_of(bn.input(i)) is None for i in (1, 2, 3, 4)):
-        return "BatchNormalization parameters are not constant"
-    return None
+        return Decline("BatchNormalization parameters are not constant")
+    return True
 
 
-def _bn_rewrite(m, ctx):
+def _bn_rewrite(m, _, ctx):
     bn, conv = m.root, m.nodes["conv"]
     scale, beta, mean, var = (const_of(bn.input(i)).double().reshape(-1) for i in (1, 2, 3, 4))
     s = scale / torch.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
@@ -107,19 +108,20 @@ def _bn_rewrite(m, ctx):
 
 def _add_check(m, ctx):
     why = _conv_decline(m, allow_residual=False)
-    if why:
+    if why is not None:
         return why
     conv, z, y = m.nodes["conv"], m.values["z"], m.root.outputs[0]
     if z is m.nodes["conv"].outputs[0]:
-        return "both operands are the conv output"
+        return Decline("both operands are the conv output")
     if not shapes_equal(z.shape, conv.outputs[0].shape) or not shapes_equal(y.shape, z.shape):
-        return f"the residual operand %{z.name} broadcasts ({z.type_str()} vs {conv.outputs[0].type_str()})"
+        return Decline(f"the residual operand %{z.name} broadcasts ({z.type_str()} vs "
+                       f"{conv.outputs[0].type_str()})")
     if z.dtype != y.dtype:
-        return "the residual operand has another dtype"
-    return None
+        return Decline("the residual operand has another dtype")
+    return True
 
 
-def _add_rewrite(m, ctx):
+def _add_rewrite(m, _, ctx):
     return _emit(ctx, m.nodes["conv"], z=m.values["z"])
 
 
@@ -139,9 +141,9 @@ def _clip_params(node):
             continue
         t = const_of(node.input(i))
         if t is None or t.numel() != 1:
-            return "Clip bounds are not constant scalars"
+            return Decline("Clip bounds are not constant scalars")
         out.append(float(t.reshape(-1)[0]))
-    return out if out[0] <= out[1] else "Clip min > max"
+    return out if out[0] <= out[1] else Decline("Clip min > max")
 
 
 def _is_torch_hardsigmoid(node) -> bool:
@@ -149,46 +151,45 @@ def _is_torch_hardsigmoid(node) -> bool:
 
 
 def _activation(m):
-    """(activation, params) for the matched consumer, or a reason string."""
+    """(activation, params) for the matched consumer, or a ``Decline``."""
     root = m.root
     op = root.op_type
     if op == "Relu":
         return "relu", []
     if op == "Clip":
         p = _clip_params(root)
-        return p if isinstance(p, str) else ("hardtanh", p)
+        return p if isinstance(p, Decline) else ("hardtanh", p)
     if op in ("Sigmoid", "Tanh", "HardSwish"):
         return op.lower(), []
     if op == "HardSigmoid":
         return ("hardsigmoid", []) if _is_torch_hardsigmoid(root) else \
-            "HardSigmoid alpha/beta differ from (1/6, 0.5)"
+            Decline("HardSigmoid alpha/beta differ from (1/6, 0.5)")
     if op == "LeakyRelu":
         return "leaky_relu", [_scalar_attr(root, "alpha", 0.01)]
     if op == "Swish":
-        return ("swish", []) if _scalar_attr(root, "alpha", 1.0) == 1.0 else "Swish alpha != 1"
+        return ("swish", []) if _scalar_attr(root, "alpha", 1.0) == 1.0 else Decline("Swish alpha != 1")
     if op == "Gelu":
         approx = root.attrs.get("approximate", "none")
         return ("gelu" if approx == "none" else "gelu_tanh", []) if approx in ("none", "tanh") else \
-            f"Gelu approximate={approx!r}"
+            Decline(f"Gelu approximate={approx!r}")
     if op == "Mul":
         gate = m.nodes["gate"]
         if gate.op_type == "Sigmoid":
             return "swish", []
         return ("hardswish", []) if _is_torch_hardsigmoid(gate) else \
-            "HardSigmoid alpha/beta differ from (1/6, 0.5)"
-    return f"unknown activation {op}"
+            Decline("HardSigmoid alpha/beta differ from (1/6, 0.5)")
+    return Decline(f"unknown activation {op}")
 
 
 def _act_check(m, ctx):
     why = _conv_decline(m)
-    if why:
+    if why is not None:
         return why
-    act = _activation(m)
-    return act if isinstance(act, str) else None
+    return _activation(m)   # (activation, params) for the rewrite, or a Decline
 
 
-def _act_rewrite(m, ctx):
-    activation, params = _activation(m)
+def _act_rewrite(m, act, ctx):
+    activation, params = act
     return _emit(ctx, m.nodes["conv"], activation, params)
 
 
@@ -217,10 +218,11 @@ def _is_4d(v) -> bool:
 
 
 def _prepack_check(m, ctx):
-    return _conv_decline(m, uses=False)   # the fused node replaces the conv output itself
+    why = _conv_decline(m, uses=False)   # the fused node replaces the conv output itself
+    return True if why is None else why
 
 
-def _prepack_rewrite(m, ctx):
+def _prepack_rewrite(m, _, ctx):
     return _emit(ctx, m.root)
 
 
@@ -234,35 +236,35 @@ def _shuffle_check(m, ctx):
     x, mid, y = m.values["x"], m.nodes["split"].outputs[0], m.root.outputs[0]
     perm = m.nodes["swap"].attrs.get("perm")
     if x.shape is None or len(x.shape) != 4 or mid.shape is None or len(mid.shape) != 5:
-        return "not a 4-D -> 5-D channel split"
+        return Decline("not a 4-D -> 5-D channel split")
     n, c, h, w = x.shape
     g, cg = mid.shape[1], mid.shape[2]
     if list(perm or []) != [0, 2, 1, 3, 4] or not isinstance(g, int) or not isinstance(cg, int):
-        return "not a swap of the two channel factors"
+        return Decline("not a swap of the two channel factors")
     if tuple(mid.shape) != (n, g, cg, h, w) or g * cg != c or not shapes_equal(y.shape, x.shape):
-        return "the reshapes do not split and merge the channel axis"
-    return None
+        return Decline("the reshapes do not split and merge the channel axis")
+    return g   # the group count
 
 
-def _shuffle_rewrite(m, ctx):
-    return ctx.emit("ChannelShuffle", [m.values["x"]], {"groups": int(m.nodes["split"].outputs[0].shape[1])},
-                    domain=FG)
+def _shuffle_rewrite(m, groups, ctx):
+    return ctx.emit("ChannelShuffle", [m.values["x"]], {"groups": int(groups)}, domain=FG)
 
 
 _SHUFFLE = Pat("Reshape", Pat("Transpose", Pat("Reshape", Var("x"), Var("s1"), name="split"), name="swap"),
                Var("s2"))
 
 
-RULES: list[FusionRule] = [
-    FusionRule("conv_bn", Pat("BatchNormalization", _conv(("Conv",)), Var("scale"), Var("bias"),
-                              Var("mean"), Var("var")),
-               _bn_check, _bn_rewrite, 130, "BN folded into the weights: equal up to rounding"),
-    FusionRule("conv_add", Pat(("Add", "Sum"), _conv(), Var("z")), _add_check, _add_rewrite, 120,
-               "residual summand of the conv output's exact shape, added before any activation"),
-    *[FusionRule(name, pat, _act_check, _act_rewrite, 110, "activation applied by oneDNN as a post-op")
+RULES: list[Rule] = [
+    Rule("conv_bn", _bn_check, _bn_rewrite,
+         pattern=Pat("BatchNormalization", _conv(("Conv",)), Var("scale"), Var("bias"), Var("mean"), Var("var")),
+         priority=130, doc="BN folded into the weights: equal up to rounding"),
+    Rule("conv_add", _add_check, _add_rewrite, pattern=Pat(("Add", "Sum"), _conv(), Var("z")), priority=120,
+         doc="residual summand of the conv output's exact shape, added before any activation"),
+    *[Rule(name, _act_check, _act_rewrite, pattern=pat, priority=110,
+           doc="activation applied by oneDNN as a post-op")
       for name, pats in ACT_PATTERNS.items() for pat in pats],
-    FusionRule("channel_shuffle", _SHUFFLE, _shuffle_check, _shuffle_rewrite, 100,
-               "channel split, swap, merge: one copy"),
-    FusionRule("conv_prepack", _PREPACK, _prepack_check, _prepack_rewrite, -100,
-               "2-D conv with constant weights: oneDNN, weights prepacked at bind time"),
+    Rule("channel_shuffle", _shuffle_check, _shuffle_rewrite, pattern=_SHUFFLE, priority=100,
+         doc="channel split, swap, merge: one copy"),
+    Rule("conv_prepack", _prepack_check, _prepack_rewrite, pattern=_PREPACK, priority=-100,
+         doc="2-D conv with constant weights: oneDNN, weights prepacked at bind time"),
 ]

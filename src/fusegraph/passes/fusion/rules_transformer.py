@@ -36,13 +36,21 @@ from __future__ import annotations
 import torch
 
 from ..facts import const_of, producer
-from ..rewrite import FUSEGRAPH_DOMAIN as FG
-from .engine import FusionRule
+from ..rule import FUSEGRAPH_DOMAIN as FG
+from ..rule import Decline, Rule
 from .pattern import Const, Pat, Var
 from .attention_forms import (LINEARS, absorb_heads, attention_form, merge_heads_reason, pack_qkv_form,
                               reshape_linear_form)
 from .transformer_forms import (CHAIN_OPS, chain_form, fg_node, gelu_form, interior_reason, keep_shape,
                                 layer_norm_form, scalar, softmax_form, vector_along)
+
+
+
+def _go(why, value=True):
+    """What a check returns: ``why`` (a ``Decline``) when there is one, else ``value``, which
+    the engine hands to the rewrite."""
+    return value if why is None else why
+
 
 # ------------------------------------------------------------------ attention
 
@@ -54,17 +62,16 @@ def _softmaxish(v) -> bool:
 
 def _attention_check(m, ctx):
     form = attention_form(m.root)
-    if isinstance(form, str):
+    if isinstance(form, Decline):
         return form
     if form["k_transposed"] is None:
-        return "the probabilities are transposed (BatchMatMul trans_a)"
+        return Decline("the probabilities are transposed (BatchMatMul trans_a)")
     if not ctx.supports("ScaledDotProductAttention", FG):
-        return "no ScaledDotProductAttention kernel"
-    return interior_reason(form["nodes"], m.root)
+        return Decline("no ScaledDotProductAttention kernel")
+    return _go(interior_reason(form["nodes"], m.root), form)
 
 
-def _attention_rewrite(m, ctx):
-    f = attention_form(m.root)
+def _attention_rewrite(m, f, ctx):
     mask = f["mask"]
     if f["where"] is not None:
         cond, fill = f["where"]
@@ -82,25 +89,25 @@ def _attention_rewrite(m, ctx):
 def _heads_check(m, ctx):
     found = absorb_heads(m.root)
     if found is None:
-        return "the Transpose/Reshape in front is not a head split"
-    return interior_reason(found[2] + [m.root], m.root)
+        return Decline("the Transpose/Reshape in front is not a head split")
+    return _go(interior_reason(found[2] + [m.root], m.root), found)
 
 
-def _heads_rewrite(m, ctx):
-    ins, attrs, _ = absorb_heads(m.root)
+def _heads_rewrite(m, found, ctx):
+    ins, attrs, _ = found
     return keep_shape(ctx.emit("ScaledDotProductAttention", ins, attrs, domain=FG), m.root)
 
 
 def _pack_check(m, ctx):
     form = pack_qkv_form(m.root)
-    if isinstance(form, str):
+    if isinstance(form, Decline):
         return form
-    return interior_reason(([form["split"]] if "split" in form else form["mms"]) + [m.root], m.root)
+    return _go(interior_reason(([form["split"]] if "split" in form else form["mms"]) + [m.root], m.root), form)
 
 
-def _pack_rewrite(m, ctx):
+def _pack_rewrite(m, form, ctx):
     """One projection (or the Split's input) feeds the SDPA, which splits q / k / v itself."""
-    sdpa, form = m.root, pack_qkv_form(m.root)
+    sdpa = m.root
     if "split" in form:
         packed, sizes = form["split"].inputs[0], form["sizes"]
     else:
@@ -119,10 +126,10 @@ def _pack_rewrite(m, ctx):
 
 
 def _merge_check(m, ctx):
-    return merge_heads_reason(m.nodes["sdpa"], m.nodes["t"], m.nodes.get("r3"), m.root)
+    return _go(merge_heads_reason(m.nodes["sdpa"], m.nodes["t"], m.nodes.get("r3"), m.root))
 
 
-def _merge_rewrite(m, ctx):
+def _merge_rewrite(m, _, ctx):
     sdpa = m.nodes["sdpa"]
     new = ctx.emit("ScaledDotProductAttention", list(sdpa.inputs), {**sdpa.attrs, "merge_heads": 1}, domain=FG)
     return keep_shape(new, m.root)
@@ -138,11 +145,11 @@ def _scaled_or_masked(v) -> bool:
 
 def _softmax_check(m, ctx):
     parts = softmax_form(m.root)
-    return parts if isinstance(parts, str) else interior_reason(parts[3], m.root)
+    return parts if isinstance(parts, Decline) else _go(interior_reason(parts[3], m.root), parts)
 
 
-def _softmax_rewrite(m, ctx):
-    x, mask, scale, _ = softmax_form(m.root)
+def _softmax_rewrite(m, parts, ctx):
+    x, mask, scale, _ = parts
     return keep_shape(ctx.emit("MaskedSoftmax", [x] + ([mask] if mask is not None else []), {"scale": scale},
                                 domain=FG), m.root)
 
@@ -150,18 +157,18 @@ def _softmax_rewrite(m, ctx):
 def _nan_check(m, ctx):
     s = m.values["s"].producer
     if scalar(m.values["zero"]) != 0.0:
-        return "the Where does not map NaN to 0"
+        return Decline("the Where does not map NaN to 0")
     if s.op_type == "Softmax" and s.domain == "":
         rank = len(s.inputs[0].shape or ())
         axis = int(s.attrs.get("axis", -1 if s.version >= 13 else 1))
         if rank == 0 or axis % rank != rank - 1:
-            return "Softmax is not over the last axis"
+            return Decline("Softmax is not over the last axis")
     elif not fg_node(s, "MaskedSoftmax"):
-        return "not a softmax"
-    return interior_reason([s, m.nodes["isnan"], m.root], m.root)
+        return Decline("not a softmax")
+    return _go(interior_reason([s, m.nodes["isnan"], m.root], m.root))
 
 
-def _nan_rewrite(m, ctx):
+def _nan_rewrite(m, _, ctx):
     s = m.values["s"].producer
     attrs = {"scale": 1.0} if s.domain == "" else dict(s.attrs)
     attrs["nan_to_zero"] = 1
@@ -173,11 +180,11 @@ def _nan_rewrite(m, ctx):
 
 def _ln_check(m, ctx):
     form = layer_norm_form(m)
-    return form if isinstance(form, str) else interior_reason(m.matched, m.root)
+    return form if isinstance(form, Decline) else _go(interior_reason(m.matched, m.root), form)
 
 
-def _ln_rewrite(m, ctx):
-    x, gamma, beta, eps = layer_norm_form(m)
+def _ln_rewrite(m, form, ctx):
+    x, gamma, beta, eps = form
     ins = [x, _as_const(ctx, gamma, "gamma"), _as_const(ctx, beta, "beta")]
     while ins[-1] is None:
         ins.pop()
@@ -193,22 +200,22 @@ def _skip_check(m, ctx):
     last = (-1, len(ln.inputs[0].shape or ()) - 1)
     if ln.domain == "" and (len(ln.outputs) != 1 or int(ln.attrs.get("axis", -1)) not in last
                             or int(ln.attrs.get("stash_type", 1)) != 1):
-        return "LayerNormalization is not over the last axis alone, or has statistics outputs"
+        return Decline("LayerNormalization is not over the last axis alone, or has statistics outputs")
     x = ln.inputs[0]
     n = x.shape[-1] if x.shape else None
     if not x.dtype.is_float or not isinstance(n, int):
-        return "not floating point, or the normalised size is unknown"
+        return Decline("not floating point, or the normalised size is unknown")
     for v in ln.inputs[1:]:
         if v is not None and (v.shape is None or tuple(v.shape) != (n,)):
-            return "scale / bias are not vectors along the last axis"
+            return Decline("scale / bias are not vectors along the last axis")
     if any(v.shape is None or len(v.shape) != len(x.shape) for v in add.inputs):
-        return "the residual Add broadcasts"
+        return Decline("the residual Add broadcasts")
     if add.outputs[0].is_graph_output:
-        return "the residual sum is a graph output"
-    return interior_reason([add, ln], ln, allow_outside={id(add)})
+        return Decline("the residual sum is a graph output")
+    return _go(interior_reason([add, ln], ln, allow_outside={id(add)}))
 
 
-def _skip_rewrite(m, ctx):
+def _skip_rewrite(m, _, ctx):
     ln, add = m.root, m.nodes["add"]
     eps = float(ln.attrs.get("epsilon", 1e-5))
     s = add.outputs[0]
@@ -232,13 +239,12 @@ def _gelu_candidate(v) -> bool:
 
 def _gelu_check(m, ctx):
     form = gelu_form(m.root)
-    if isinstance(form, str):
+    if isinstance(form, Decline):
         return form
-    return interior_reason(form["nodes"], m.root)
+    return _go(interior_reason(form["nodes"], m.root), form)
 
 
-def _gelu_rewrite(m, ctx):
-    form = gelu_form(m.root)
+def _gelu_rewrite(m, form, ctx):
     x, bias = form["x"], None
     add = producer(x, "Add")
     if (add is not None and not x.flags and not x.is_graph_output
@@ -266,21 +272,21 @@ def _linear_check(m, ctx):
     mm, act = m.nodes["mm"], m.root
     w = mm.inputs[1]
     if w.shape is None or len(w.shape) != 2 or mm.inputs[0].shape is None or len(mm.inputs[0].shape) < 1:
-        return "the weight is not 2-D"
+        return Decline("the weight is not 2-D")
     if not mm.outputs[0].dtype.is_float or act.outputs[0].shape is None or \
             tuple(act.outputs[0].shape) != tuple(mm.outputs[0].shape or ()):
-        return "not floating point, or the activation broadcasts"
+        return Decline("not floating point, or the activation broadcasts")
     bias = act.input(1)
     if bias is not None:
         if mm.input(2) is not None and (const_of(mm.input(2)) is None or const_of(bias) is None):
-            return "two biases, not both constant"
+            return Decline("two biases, not both constant")
         n = mm.outputs[0].shape[-1]
         if bias.shape is None or tuple(bias.shape) != (n,):
-            return "the GELU bias is not a vector along N"
-    return None
+            return Decline("the GELU bias is not a vector along N")
+    return True
 
 
-def _linear_rewrite(m, ctx):
+def _linear_rewrite(m, _, ctx):
     mm, act = m.nodes["mm"], m.root
     bias, b2 = mm.input(2), act.input(1)
     if b2 is not None:
@@ -310,11 +316,11 @@ def _big_matrix(t) -> bool:
 
 def _layer_check(m, ctx):
     if m.root.inputs[0].shape is None or len(m.root.inputs[0].shape) < 1 or m.root.outputs[0].shape is None:
-        return "the input rank is unknown"
-    return None
+        return Decline("the input rank is unknown")
+    return True
 
 
-def _layer_rewrite(m, ctx):
+def _layer_rewrite(m, _, ctx):
     mm = m.root
     ins = list(mm.inputs)
     ins[1], trans_b = _weight_rows(ctx, mm)
@@ -323,13 +329,13 @@ def _layer_rewrite(m, ctx):
 
 def _reshape_linear_check(m, ctx):
     form = reshape_linear_form(m.root)
-    if isinstance(form, str):
+    if isinstance(form, Decline):
         return form
-    return interior_reason([form[0].inputs[0].producer, form[0], m.root], m.root)
+    return _go(interior_reason([form[0].inputs[0].producer, form[0], m.root], m.root), form)
 
 
-def _reshape_linear_rewrite(m, ctx):
-    mm, x = reshape_linear_form(m.root)
+def _reshape_linear_rewrite(m, form, ctx):
+    mm, x = form
     return keep_shape(ctx.emit(mm.op_type, [x] + list(mm.inputs[1:]), dict(mm.attrs), domain=mm.domain), m.root)
 
 
@@ -344,11 +350,11 @@ def _chain_link(v) -> bool:
 
 def _chain_check(m, ctx):
     form = chain_form(m.root)
-    return form if isinstance(form, str) else interior_reason(form[2], m.root)
+    return form if isinstance(form, Decline) else _go(interior_reason(form[2], m.root), form)
 
 
-def _chain_rewrite(m, ctx):
-    inputs, steps, _ = chain_form(m.root)
+def _chain_rewrite(m, form, ctx):
+    inputs, steps, _ = form
     return keep_shape(ctx.emit("ElementwiseChain", inputs, {"steps": steps}, domain=FG), m.root)
 
 
@@ -392,42 +398,46 @@ _UNARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op not in ("Add", "Sub", "Mul
                    Var("p", _chain_link))
 
 RULES = [
-    FusionRule("attention", _ATTENTION, _attention_check, _attention_rewrite, 50,
-               "softmax(q k^T * s + mask) v; scale constants scalar; float mask (or huge Where fill)"),
-    *[FusionRule("attention_merge_heads", _merge_pattern(inner), _merge_check, _merge_rewrite, 46,
-                 "Reshape(Transpose(sdpa, [0,2,1,3])) provably [B, L, H*D]; inner Reshape a no-op")
+    Rule("attention", _attention_check, _attention_rewrite, pattern=_ATTENTION, priority=50,
+         doc="softmax(q k^T * s + mask) v; scale constants scalar; float mask (or huge Where fill)"),
+    *[Rule("attention_merge_heads", _merge_check, _merge_rewrite, pattern=_merge_pattern(inner), priority=46,
+           doc="Reshape(Transpose(sdpa, [0,2,1,3])) provably [B, L, H*D]; inner Reshape a no-op")
       for inner in (True, False)],
-    *[FusionRule("attention_split_heads", Pat(_SDPA, *[Var(n, _splittable) if n == t else Var(n) for n in "qkv"], ...),
-                 _heads_check, _heads_rewrite, 45, "Transpose(Reshape([B,S,H*D] -> [B,S,H,D])) used once")
+    *[Rule("attention_split_heads", _heads_check, _heads_rewrite,
+           pattern=Pat(_SDPA, *[Var(n, _splittable) if n == t else Var(n) for n in "qkv"], ...), priority=45,
+           doc="Transpose(Reshape([B,S,H*D] -> [B,S,H,D])) used once")
       for t in "qkv"],
-    FusionRule("attention_pack_qkv", Pat(_SDPA, Var("q", lambda v: v.producer is not None), Var("k"), Var("v"), ...),
-               _pack_check, _pack_rewrite, 44, "q, k, v: one Split of one tensor, or three projections of one "
-               "input by constant weights, each read only by the attention"),
-    FusionRule("masked_softmax", _SOFTMAX, _softmax_check, _softmax_rewrite, 40,
-               "Softmax over the last axis of a scalar-scaled and/or masked input"),
-    FusionRule("softmax_nan_to_zero", _NAN, _nan_check, _nan_rewrite, 40,
-               "Where(IsNaN(softmax), 0, softmax)"),
-    *[FusionRule("layer_norm", _ln_pattern(sq, tail), _ln_check, _ln_rewrite, prio,
-                 "mean/variance over the last axis, keepdims, scalar eps, gamma/beta along it")
+    Rule("attention_pack_qkv", _pack_check, _pack_rewrite,
+         pattern=Pat(_SDPA, Var("q", lambda v: v.producer is not None), Var("k"), Var("v"), ...), priority=44,
+         doc="q, k, v: one Split of one tensor, or three projections of one input by constant weights, "
+             "each read only by the attention"),
+    Rule("masked_softmax", _softmax_check, _softmax_rewrite, pattern=_SOFTMAX, priority=40,
+         doc="Softmax over the last axis of a scalar-scaled and/or masked input"),
+    Rule("softmax_nan_to_zero", _nan_check, _nan_rewrite, pattern=_NAN, priority=40,
+         doc="Where(IsNaN(softmax), 0, softmax)"),
+    *[Rule("layer_norm", _ln_check, _ln_rewrite, pattern=_ln_pattern(sq, tail), priority=prio,
+           doc="mean/variance over the last axis, keepdims, scalar eps, gamma/beta along it")
       for tail, prio in (("affine", 32), ("scale", 31), ("plain", 30)) for sq in ("pow", "mul")],
-    FusionRule("skip_layer_norm", Pat(("LayerNormalization", "fusegraph::LayerNorm"),
-                                      Pat("Add", Var("a"), Var("b"), name="add", single_use=False),
-                                      Var("gamma", optional=True), Var("beta", optional=True)),
-               _skip_check, _skip_rewrite, 25, "no broadcasting in the Add; normalised over the last axis"),
-    FusionRule("gelu", Pat("Mul", Var("a", _gelu_candidate), Var("b")), _gelu_check, _gelu_rewrite, 30,
-               "erf or tanh GELU with its constants within 1e-5; interior values used only inside"),
-    FusionRule("linear_act", _LINEAR, _linear_check, _linear_rewrite, 20,
-               "2-D weight, activation of the same shape, at most one non-constant bias"),
-    FusionRule("linear_reshapes", Pat("Reshape", Pat(tuple(f"{d}::{t}" if d else t for d, t in LINEARS), ...,
-                                                      name="mm"), Var("target")),
-               _reshape_linear_check, _reshape_linear_rewrite, 35,
-               "Reshape(linear(Reshape(x, [-1, K])), x.shape[:-1] + [N]) with both targets read symbolically"),
-    FusionRule("linear_layer", Pat(("MatMul", "fusegraph::Linear"), Var("x"), Const("w", _big_matrix),
-                                   Var("b", optional=True)),
-               _layer_check, _layer_rewrite, -50, "constant 2-D float weight of at least LAYER_MIN_WEIGHT "
-               "elements: LinearAct, which runs them through oneDNN's inner product"),
-    FusionRule("elementwise_chain", _BINARY_CHAIN, _chain_check, _chain_rewrite, 0,
-               "float chain, every step of the final shape, each link used once"),
-    FusionRule("elementwise_chain", _UNARY_CHAIN, _chain_check, _chain_rewrite, 0,
-               "float chain, every step of the final shape, each link used once"),
+    Rule("skip_layer_norm", _skip_check, _skip_rewrite,
+         pattern=Pat(("LayerNormalization", "fusegraph::LayerNorm"),
+                     Pat("Add", Var("a"), Var("b"), name="add", single_use=False),
+                     Var("gamma", optional=True), Var("beta", optional=True)),
+         priority=25, doc="no broadcasting in the Add; normalised over the last axis"),
+    Rule("gelu", _gelu_check, _gelu_rewrite, pattern=Pat("Mul", Var("a", _gelu_candidate), Var("b")), priority=30,
+         doc="erf or tanh GELU with its constants within 1e-5; interior values used only inside"),
+    Rule("linear_act", _linear_check, _linear_rewrite, pattern=_LINEAR, priority=20,
+         doc="2-D weight, activation of the same shape, at most one non-constant bias"),
+    Rule("linear_reshapes", _reshape_linear_check, _reshape_linear_rewrite,
+         pattern=Pat("Reshape", Pat(tuple(f"{d}::{t}" if d else t for d, t in LINEARS), ..., name="mm"),
+                     Var("target")),
+         priority=35,
+         doc="Reshape(linear(Reshape(x, [-1, K])), x.shape[:-1] + [N]) with both targets read symbolically"),
+    Rule("linear_layer", _layer_check, _layer_rewrite,
+         pattern=Pat(("MatMul", "fusegraph::Linear"), Var("x"), Const("w", _big_matrix), Var("b", optional=True)),
+         priority=-50, doc="constant 2-D float weight of at least LAYER_MIN_WEIGHT elements: LinearAct, which "
+                           "runs them through oneDNN's inner product"),
+    Rule("elementwise_chain", _chain_check, _chain_rewrite, pattern=_BINARY_CHAIN, priority=0,
+         doc="float chain, every step of the final shape, each link used once"),
+    Rule("elementwise_chain", _chain_check, _chain_rewrite, pattern=_UNARY_CHAIN, priority=0,
+         doc="float chain, every step of the final shape, each link used once"),
 ]

@@ -2,9 +2,9 @@
 GELU, elementwise chains and shared helpers (attention lives in ``attention_forms.py``).
 
 Each ``*_form`` function takes the root node (or the pattern match) of a candidate and returns
-either what the rewrite needs (the inputs, the constants, the covered nodes) or a string: the
-reason the candidate is not the fused form. Nothing here mutates the graph; the rules call the
-same function from their check and their rewrite, so both see one answer.
+either what the rewrite needs (the inputs, the constants, the covered nodes) or a
+``Decline(reason)``: why the candidate is not the fused form. Nothing here mutates the graph; a
+rule's check returns the form, which the engine hands to the rule's rewrite (``passes/rule.py``).
 
 Forms that vary in their operand order (GELU's products) are read procedurally from a pattern
 root: a product is flattened through single-use Muls, constants
@@ -16,7 +16,8 @@ import math
 
 from ...ops.fused_transformer import BINARY, UNARY
 from ..facts import const_of, ints_arg, producer, shapes_equal
-from ..rewrite import FUSEGRAPH_DOMAIN as FG
+from ..rule import FUSEGRAPH_DOMAIN as FG
+from ..rule import Decline
 
 CHAIN_OPS = tuple(UNARY) + tuple(BINARY)
 
@@ -37,24 +38,25 @@ def _close(value, want, rtol=1e-5) -> bool:
     return value is not None and abs(value - want) <= rtol * abs(want)
 
 
-def interior_reason(nodes, root, allow_outside=frozenset()) -> str | None:
-    """Why ``nodes`` (the root last or anywhere) cannot become one node: a flag, or an interior
-    result read outside them (``allow_outside``: ids of nodes whose results may be)."""
+def interior_reason(nodes, root, allow_outside=frozenset()) -> Decline | None:
+    """Why (a ``Decline``) ``nodes`` (the root last or anywhere) cannot become one node: a flag,
+    or an interior result read outside them (``allow_outside``: ids of nodes whose results may
+    be). None when they can."""
     inside = {id(n) for n in nodes}
     for n in nodes:
         if n.meta.get("no_fuse") or any("no_fuse" in o.flags for o in n.outputs):
-            return f"blocked: node {n.name} ({n.op_type}) is flagged no_fuse"
+            return Decline(f"blocked: node {n.name} ({n.op_type}) is flagged no_fuse")
         if n is root:
             continue
         for o in n.outputs:
             if "external" in o.flags:
-                return f"blocked: interior value %{o.name} is external"
+                return Decline(f"blocked: interior value %{o.name} is external")
             if id(n) in allow_outside:
                 continue
             if o.is_graph_output:
-                return f"interior value %{o.name} is a graph output"
+                return Decline(f"interior value %{o.name} is a graph output")
             if any(id(u) not in inside for u, _ in o.uses):
-                return f"interior value %{o.name} has users outside the pattern"
+                return Decline(f"interior value %{o.name} has users outside the pattern")
     return None
 
 
@@ -91,7 +93,7 @@ def softmax_form(root):
     rank = len(root.inputs[0].shape or ())
     axis = int(root.attrs.get("axis", -1 if root.version >= 13 else 1))
     if rank == 0 or axis % rank != rank - 1:
-        return "Softmax is not over the last axis"
+        return Decline("Softmax is not over the last axis")
     x, mask, scale, nodes = root.inputs[0], None, 1.0, [root]
     add = producer(x, "Add")
     if add is not None:   # the scores are the side a product or a scale makes (else the first)
@@ -109,9 +111,9 @@ def softmax_form(root):
                 nodes.append(p)
                 break
     if len(nodes) == 1:
-        return "neither scaled nor masked"
+        return Decline("neither scaled nor masked")
     if mask is not None and (not mask.dtype.is_float or mask.dtype != x.dtype):
-        return "the mask is not a float of the scores' type"
+        return Decline("the mask is not a float of the scores' type")
     return x, mask, scale, nodes
 
 
@@ -123,25 +125,25 @@ def layer_norm_form(m):
     x = m.values["x"]
     rank = len(x.shape) if x.shape is not None else 0
     if rank == 0 or not x.dtype.is_float:
-        return "input rank unknown or not floating point"
+        return Decline("input rank unknown or not floating point")
     for r in (m.nodes["mean"], m.nodes["var"]):
         known, axes = ints_arg(r, 1, "axes", 18)
         if not known or not axes or [a % rank for a in axes] != [rank - 1]:
-            return "the means are not over the last axis alone"
+            return Decline("the means are not over the last axis alone")
         if not int(r.attrs.get("keepdims", 1)):
-            return "a mean drops its axis (keepdims=0)"
+            return Decline("a mean drops its axis (keepdims=0)")
     if "two" in m.values and scalar(m.values["two"]) != 2.0:
-        return "the variance is not of a square"
+        return Decline("the variance is not of a square")
     eps = scalar(m.values["eps"])
     if eps is None or eps < 0:
-        return "epsilon is not a non-negative scalar constant"
+        return Decline("epsilon is not a non-negative scalar constant")
     n = x.shape[-1]
     gamma = vector_along(m.values.get("gamma"), n, rank)
     beta = vector_along(m.values.get("beta"), n, rank)
     if (m.values.get("gamma") is not None and gamma is None) or (m.values.get("beta") is not None and beta is None):
-        return "gamma / beta do not vary along the last axis only"
+        return Decline("gamma / beta do not vary along the last axis only")
     if not shapes_equal(m.root.outputs[0].shape, x.shape):
-        return "the affine part broadcasts the result"
+        return Decline("the affine part broadcasts the result")
     return x, gamma, beta, eps
 
 
@@ -185,14 +187,14 @@ def gelu_form(root, probe=False):
     nodes = []
     c, others = _split(_factors(root.outputs[0], nodes, top=True))
     if len(others) != 2:
-        return "not x * 0.5 * (1 + erf/tanh(...))"
+        return Decline("not x * 0.5 * (1 + erf/tanh(...))")
     for x, a in (others, others[::-1]):
         hit = _one_plus(a)
         if hit is None:
             continue
         add, inner = hit
         if not _close(c, 0.5):
-            return f"the constant factor is {c:g}, not 0.5"
+            return Decline(f"the constant factor is {c:g}, not 0.5")
         nodes += [add, inner]
         u = inner.inputs[0]
         if inner.op_type == "Erf":
@@ -202,22 +204,22 @@ def gelu_form(root, probe=False):
             k, rest = _split(_factors(u, nodes, top=True))
             if rest == [x] and _close(k, math.sqrt(0.5)):
                 return {"x": x, "approximate": "none", "nodes": nodes}
-            return "the erf argument is not x / sqrt(2)"
+            return Decline("the erf argument is not x / sqrt(2)")
         k, rest = _split(_factors(u, nodes, top=True))
         s = producer(rest[0], "Add") if len(rest) == 1 and _close(k, math.sqrt(2.0 / math.pi)) else None
         if s is None or x not in s.inputs:
-            return "the tanh argument is not sqrt(2/pi) * (x + 0.044715 x^3)"
+            return Decline("the tanh argument is not sqrt(2/pi) * (x + 0.044715 x^3)")
         nodes.append(s)
         k3, cube = _split(_factors(s.inputs[1] if s.inputs[0] is x else s.inputs[0], nodes))
         pw = producer(cube[0], "Pow") if len(cube) == 1 else None
         if pw is not None and pw.inputs[0] is x and scalar(pw.inputs[1]) == 3.0:
             nodes.append(pw)
         elif cube != [x, x, x]:
-            return "the tanh argument does not hold x^3"
+            return Decline("the tanh argument does not hold x^3")
         if not _close(k3, 0.044715):
-            return f"the cubic coefficient is {k3:g}, not 0.044715"
+            return Decline(f"the cubic coefficient is {k3:g}, not 0.044715")
         return {"x": x, "approximate": "tanh", "nodes": nodes}
-    return "no 1 + erf/tanh(...) factor"
+    return Decline("no 1 + erf/tanh(...) factor")
 
 
 # ------------------------------------------------------------------ elementwise chains
@@ -237,9 +239,9 @@ def chain_form(root):
     out = root.outputs[0]
     shape, dtype = out.shape, out.dtype
     if not dtype.is_float or shape is None or not _link_ok(root, shape, dtype):
-        return "not a float elementwise op of known shape"
+        return Decline("not a float elementwise op of known shape")
     if len(out.uses) == 1 and not out.is_graph_output and _link_ok(out.uses[0][0], shape, dtype):
-        return f"the chain goes on into {out.uses[0][0].name}"
+        return Decline(f"the chain goes on into {out.uses[0][0].name}")
     chain, node = [root], root
     while True:
         prev = None
@@ -254,7 +256,7 @@ def chain_form(root):
         chain.insert(0, prev)
         node = prev
     if len(chain) < 2:
-        return "a single elementwise op"
+        return Decline("a single elementwise op")
     inputs, steps = [], []
     for i, n in enumerate(chain):
         args = []

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from .registry import NodeContext
+from ....ops.registry import NodeContext
 
 Emitter = Callable[[NodeContext, "ScriptBuilder", list], "list[str] | None"]
 EMITTERS: dict[tuple[str, str], Emitter] = {}
@@ -48,7 +48,8 @@ def _ir_float(v: float) -> str:
 class ScriptBuilder:
     """Accumulates IR lines; hands out fresh value names."""
 
-    def __init__(self):
+    def __init__(self, exact: bool = True):
+        self.exact = exact      # NaN / Inf as ONNX says (False: oneDNN's own forms; see script_ops)
         self.lines: list[str] = []
         self.inputs: list[str] = []
         self.constants: dict[str, torch.Tensor] = {}

@@ -9,7 +9,10 @@ both thresholds once per process (``mallopt``): allocations up to 32 MiB come fr
 and freed memory stays there for the next run, as onnxruntime's CPU arena and PyTorch's
 CUDA caching allocator keep theirs. It is process-wide — the host program's allocations
 follow the same thresholds — so ``Config(keep_freed_memory=False)`` leaves malloc alone.
-No-op (returns False) off glibc.
+No-op (returns False) off glibc. ``release_free_memory()`` (``malloc_trim``) hands what is
+free now back to the OS: after binding and after a loaded model's first run, whose one-off
+work (probe runs, compiling, the check of a lazily compiled graph) frees more than a run
+reuses.
 """
 from __future__ import annotations
 
@@ -38,6 +41,17 @@ def keep_freed_memory() -> bool:
             ok = False
     _done.append(ok)
     return ok
+
+
+def release_free_memory() -> bool:
+    """Return malloc's free memory to the OS now (glibc ``malloc_trim(0)``); False off glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 def freed_memory_kept() -> bool:

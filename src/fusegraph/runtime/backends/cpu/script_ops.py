@@ -13,21 +13,24 @@ NaN and +-Inf come out as ONNX says (``tests/runtime/test_nan_inf.py``), so wher
 own op differs the IR says it another way: ReLU is ``elu(y, 0)`` (``onednn_graph.POST_OP_IR``:
 oneDNN's relu is max(y, 0), NaN -> 0), max pooling is ``max_pool2d_with_indices``, which the
 bridge leaves to torch's kernel (oneDNN's max pool gives -FLT_MAX for NaN and -inf windows),
-clip is ``clamp_min`` / ``clamp_max`` (left outside; oneDNN's clip gives the bound for NaN),
+clip is ``clamp_`` in place on the fresh result (left outside; oneDNN's clip gives the bound
+for NaN),
 GELU keeps +inf where the input has it (torch's and oneDNN's give NaN there), and GELU and
 Exp (oneDNN's: NaN -> inf) decline when oneDNN could fuse them after a convolution, pool,
-concat or product (``_after_partition``). No pass logic here.
+concat or product (``_after_partition``). A builder made with ``exact=False``
+(``Config.fast_math``) writes oneDNN's own forms instead: ``aten::relu``, ``aten::max_pool2d``,
+``aten::hardtanh``, plain GELU and Exp, all fusable. No pass logic here.
 """
 from __future__ import annotations
 
 import math
 
-from ..ir import DType
-from .conv import torch_pad_list
-from .fused_cnn import conv2d_geometry
-from .fused_transformer import PACKED_COPY_BYTES
-from .pool import PoolGeometry, native_pool2d
-from .registry import NodeContext
+from ....ir import DType
+from ....ops.conv import torch_pad_list
+from .conv import conv2d_geometry
+from .linear import PACKED_COPY_BYTES
+from ....ops.pool import PoolGeometry, native_pool2d
+from ....ops.registry import NodeContext
 from .script_ir import ScriptBuilder, emitter
 
 CHANNELS_LAST = 2          # c10::MemoryFormat::ChannelsLast, as TorchScript passes it
@@ -42,7 +45,10 @@ def _float_static(ctx: NodeContext, *values) -> bool:
 
 
 def relu(b: ScriptBuilder, y: str) -> str:
-    """ReLU that keeps NaN when oneDNN fuses it (``onednn_graph.RELU_IR``)."""
+    """ReLU that keeps NaN when oneDNN fuses it (``onednn_graph.RELU_IR``); oneDNN's own when
+    the builder need not be exact."""
+    if not b.exact:
+        return b.op("aten::relu", y)
     return b.op("aten::elu", y, b.float(0.0), b.float(1.0), b.float(1.0))
 
 
@@ -85,8 +91,12 @@ def activation(b: ScriptBuilder, y: str, name: str, params: list[float]) -> str 
         return b.op("aten::mul", y, b.op("aten::sigmoid", y))
     if name == "leaky_relu" and len(params) >= 1:
         return b.op("aten::leaky_relu", y, b.float(params[0]))
-    if name == "hardtanh" and len(params) >= 2:
-        return b.op("aten::clamp_max", b.op("aten::clamp_min", y, b.float(params[0])), b.float(params[1]))
+    if name == "hardtanh" and len(params) >= 2 and not b.exact:
+        return b.op("aten::hardtanh", y, b.float(params[0]), b.float(params[1]))
+    if name == "gelu" and not b.exact:
+        return b.op("aten::gelu", y, b.str("none"))
+    if name == "hardtanh" and len(params) >= 2:   # in place on the fresh result: one op, NaN kept
+        return b.op("aten::clamp_", y, b.float(params[0]), b.float(params[1]))
     if name == "gelu":     # torch's erf form gives NaN for +inf: that position keeps its +inf
         g = b.op("aten::gelu", y, b.str("none"))
         return b.op("aten::where", b.op("aten::isposinf", y), y, g)
@@ -108,7 +118,7 @@ def _fused_conv(ctx: NodeContext, b: ScriptBuilder, args):
     params = [float(p) for p in ctx.attr("activation_params", [])]
     if w is None or w.dim() != 4 or not _float_static(ctx) or not _valid_params(params):
         return None
-    if ctx.attr("activation", "") == "gelu":      # a post-op of the convolution: +inf -> NaN
+    if ctx.attr("activation", "") == "gelu" and b.exact:      # a post-op of the convolution: +inf -> NaN
         return None
     s, begin, end, d, group = conv2d_geometry(ctx, w)
     if min(begin + end) < 0:
@@ -141,6 +151,8 @@ def _pool(ctx: NodeContext, b: ScriptBuilder, args):
         return None
     pad, ceil = native
     k, s = b.ints(geo.kernel), b.ints(geo.strides)
+    if kind == "max" and not b.exact:
+        return [b.op("aten::max_pool2d", args[0], k, s, b.ints(pad), b.ints(geo.dil), b.bool(ceil))]
     if kind == "max":       # torch's kernel: the bridge takes aten::max_pool2d (NaN -> -FLT_MAX)
         return b.op_n("aten::max_pool2d_with_indices", 2, args[0], k, s, b.ints(pad), b.ints(geo.dil),
                       b.bool(ceil))[:1]
@@ -191,7 +203,7 @@ def _binary(b: ScriptBuilder, op: str, x: str, y: str) -> str:
 def _unary_op(ctx: NodeContext, b: ScriptBuilder, args):
     if ctx.n_inputs != 1 or not _float_static(ctx):
         return None
-    if ctx.node.op_type == "Exp" and _after_partition(ctx):    # oneDNN's exp post-op: NaN -> inf
+    if ctx.node.op_type == "Exp" and b.exact and _after_partition(ctx):    # oneDNN's exp post-op: NaN -> inf
         return None
     return [_unary(b, ctx.node.op_type, args[0])]
 
@@ -207,7 +219,7 @@ def _binary_op(ctx: NodeContext, b: ScriptBuilder, args):
 def _chain(ctx: NodeContext, b: ScriptBuilder, args):
     if None in args or not _float_static(ctx):
         return None
-    if any(str(step).split()[0] == "Exp" for step in ctx.attr("steps")) and _after_partition(ctx):
+    if b.exact and any(str(step).split()[0] == "Exp" for step in ctx.attr("steps")) and _after_partition(ctx):
         return None
     p = None
     for step in ctx.attr("steps"):
@@ -291,7 +303,7 @@ def _gelu(ctx: NodeContext, b: ScriptBuilder, args):
     approx = ctx.attr("approximate", "none")
     if approx not in ("none", "tanh") or not _float_static(ctx) or (ctx.n_inputs > 1 and args[1] is None):
         return None
-    if approx == "none" and _after_partition(ctx):   # oneDNN's GELU post-op: +inf -> NaN
+    if approx == "none" and b.exact and _after_partition(ctx):   # oneDNN's GELU post-op: +inf -> NaN
         return None
     x = b.op("aten::add", args[0], args[1], b.int(1)) if ctx.n_inputs > 1 else args[0]
     return [activation(b, x, "gelu" if approx == "none" else "gelu_tanh", [])]

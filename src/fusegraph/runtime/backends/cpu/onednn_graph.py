@@ -15,6 +15,10 @@ it: a call costs ~5 us in all (a 1x1 group convolution of 3.6M multiply-adds: 24
   partitions (``ok``); otherwise ``reason`` says what stayed outside and the caller keeps its
   other kernel. ``partitions=None`` accepts any graph that compiles (a script segment, where
   the other ops run as TorchScript's aten calls); ``partitions`` then says how many it made.
+- ``lazy=True`` compiles nothing until the first call, on copies of that call's inputs (a
+  loaded artifact's segments: same build, checked when it was compiled); should the bridge
+  then refuse the graph, it runs as plain TorchScript (the same aten ops, unfused).
+  ``compiles`` counts the compilations (tests: a load compiles nothing).
 - A partition is compiled for the intra-op thread count in force; a call under another
   count (a stream worker with fewer threads) compiles a copy for that count once, so
   oneDNN never forks more threads than the caller was given.
@@ -49,6 +53,7 @@ def _available() -> bool:
 
 AVAILABLE = _available()
 _compile_lock = threading.Lock()
+compiles = [0]     # TorchScript graphs compiled in this process (tests read it)
 _NOT_COMPUTE = ("prim::", "aten::size", "aten::dim", "aten::len")
 
 
@@ -90,19 +95,29 @@ def _scan(graph) -> tuple[list[str], int]:
     return outside, groups
 
 
+def _close(got, want, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape:
+        return False
+    scale = float(want.abs().max()) if want.numel() and want.is_floating_point() else 1.0
+    scale = scale if scale == scale and scale != float("inf") else 1.0
+    return bool(torch.allclose(got, want, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True))
+
+
 class GraphKernel:
     """A TorchScript graph run through oneDNN Graph partitions; call it with the graph's
     remaining (non-constant) inputs. Check ``ok`` before using it."""
 
     def __init__(self, name: str, ir: str, constants: dict[str, torch.Tensor],
-                 examples: Callable[[], list[torch.Tensor]], partitions: int | None = 1):
+                 examples: Callable[[], list[torch.Tensor]] | None, partitions: int | None = 1,
+                 lazy: bool = False):
         self.name = name
         self._ir, self._constants, self._examples, self._partitions = ir, constants, examples, partitions
         self._fns: dict[int, Callable] = {}
         self.reason = ""
         self.partitions = 0
         self.example_output = None
-        self.ok = AVAILABLE and self._compile() is not None
+        self.lazy = lazy
+        self.ok = AVAILABLE and (lazy or self._compile() is not None)
 
     def _compile(self):
         """The function compiled for the current thread count, or None (``reason`` set)."""
@@ -112,6 +127,7 @@ class GraphKernel:
             if fn is not None:
                 return fn
             fn = _function(self.name, self._ir, self._constants)
+            compiles[0] += 1
             examples = self._examples()
             llga = torch._C._jit_llga_enabled()
             profiling = torch._C._jit_set_profiling_executor(True)
@@ -141,10 +157,50 @@ class GraphKernel:
     def __call__(self, *inputs):
         fn = self._fns.get(_get_threads())
         if fn is None:
+            lazy_first = self._examples is None      # lazy: the first call's inputs are the examples
+            if lazy_first:
+                layouts = [(t.shape, t.stride(), t.dtype) for t in inputs]
+                copies = [torch.empty_strided(sz, st, dtype=dt).copy_(t) for (sz, st, dt), t in zip(layouts, inputs)]
+                self._examples = lambda: copies
             fn = self._compile()
+            if lazy_first:
+                if fn is not None:
+                    fn = self._checked(fn)
+                # later copies (another thread count) compile on zeros: hold no input alive
+                self._examples = lambda: [torch.empty_strided(sz, st, dtype=dt).zero_() for sz, st, dt in layouts]
+            if fn is None and self.lazy:
+                fn = self._fns[_get_threads()] = self._unfused()
             if fn is None:      # cannot happen for a kernel that compiled once; keep it loud
                 raise RuntimeError(f"{self.name}: oneDNN Graph kernel failed to compile: {self.reason}")
         return fn(*inputs)
+
+    def _checked(self, fn):
+        """A lazily compiled graph's first result against the same IR run unfused (on the same
+        inputs): the check a compile makes against the per-node kernels, so that a stored
+        segment layout naming a run the bridge computes wrongly is caught. On a mismatch the
+        unfused graph is kept (``reason`` says why)."""
+        got = self.example_output
+        plain = self._unfused()
+        want = plain(*self._examples())
+        got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+        if all(_close(g, w) for g, w in zip(got, want)) and len(got) == len(want):
+            return fn
+        self.reason = "the fused graph differs from the same graph unfused"
+        self._fns[_get_threads()] = plain
+        return plain
+
+    def _unfused(self):
+        """The graph as plain TorchScript, optimised with the oneDNN Graph fuser off."""
+        fn = _function(self.name, self._ir, self._constants)
+        llga = torch._C._jit_llga_enabled()
+        torch._C._jit_set_llga_enabled(False)
+        try:
+            with torch.no_grad():
+                for _ in range(torch._C._jit_get_num_profiled_runs() + 1):
+                    fn(*self._examples())
+        finally:
+            torch._C._jit_set_llga_enabled(llga)
+        return fn
 
 
 # activation -> IR lines computing %r from %y (%p0, %p1: its parameters), for the activations
@@ -170,9 +226,21 @@ POST_OP_IR = {
 }
 
 
-def with_post_op(lines: list[str], activation: str) -> str:
+# The post-ops under Config.fast_math (exact away from NaN / Inf): ReLU as relu, hardtanh
+# fused, GELU's erf form.
+FAST_POST_OP_IR = {**POST_OP_IR, "relu": ["%r : Tensor = aten::relu(%y)"],
+                   "hardtanh": ["%r : Tensor = aten::hardtanh(%y, %p0, %p1)"],
+                   "gelu": ["%gn : str = prim::Constant[value=\"none\"]()", "%r : Tensor = aten::gelu(%y, %gn)"]}
+
+
+def post_ops(exact: bool = True) -> dict:
+    """The activations a partition fuses: exact on NaN / Inf, or the fast variant's."""
+    return POST_OP_IR if exact else FAST_POST_OP_IR
+
+
+def with_post_op(lines: list[str], activation: str, exact: bool = True) -> str:
     """IR text: ``lines`` (which compute ``%y``), then ``activation`` of it, returned."""
-    act = POST_OP_IR[activation]
+    act = post_ops(exact)[activation]
     return "\n".join(lines + ["  " + s for s in act] + ["  return (%r)" if act else "  return (%y)"])
 
 

@@ -33,12 +33,12 @@ from typing import Callable
 
 import torch
 
-from ..ir import Graph, Value
-from ..ops import onednn_graph
-from ..ops.onednn_graph import GraphKernel
-from ..ops.registry import NodeContext
-from ..ops.script_ir import ScriptBuilder, emitter_for
-from .bind import Binding, NodeCall
+from ....ir import Graph, Value
+from . import onednn_graph
+from .onednn_graph import GraphKernel
+from ....ops.registry import NodeContext
+from .script_ir import ScriptBuilder, emitter_for
+from ...bind import Binding, NodeCall
 
 MIN_NODES = 2
 RTOL, ATOL = 1e-4, 1e-5
@@ -85,9 +85,10 @@ def available(graph: Graph, device: str) -> bool:
     return onednn_graph.AVAILABLE and device == "cpu" and all(_static(v) for v in graph.inputs)
 
 
-def _emit_run(run: list[NodeCall], binding: Binding) -> tuple[ScriptBuilder, dict[int, str], list[NodeCall]]:
+def _emit_run(run: list[NodeCall], binding: Binding,
+              exact: bool = True) -> tuple[ScriptBuilder, dict[int, str], list[NodeCall]]:
     """IR for the longest prefix of ``run`` every node of which its emitter expresses."""
-    b = ScriptBuilder()
+    b = ScriptBuilder(exact)
     names: dict[int, str] = {}
     done: list[NodeCall] = []
     for call in run:
@@ -209,9 +210,13 @@ def _random_feeds(graph: Graph) -> tuple[dict[int, torch.Tensor], list[torch.Ten
 
 
 def form_segments(graph: Graph, calls: list[NodeCall], binding: Binding,
-                  probe: Callable[[list, Callable], object]) -> Segments:
+                  probe: Callable[[list, Callable], object], readers: list | None = None,
+                  exact: bool = True) -> Segments:
     """``calls`` with runs of scriptable nodes replaced by ``SegmentCall``s. ``probe(feeds,
-    hook)`` runs the per-node code once with a debug hook (see ``codegen``)."""
+    hook)`` runs the per-node code once with a debug hook (see ``codegen``). ``readers``: every
+    call whose inputs a segment must hand over (default ``calls``; a stream's piece passes the
+    calls of every stream); ``exact``: NaN / Inf as ONNX says (``script_ops``)."""
+    readers = calls if readers is None else readers
     runs = [r for r in _candidates(calls) if len(r) >= MIN_NODES]
     result = Segments(list(calls))
     if not runs:
@@ -230,7 +235,7 @@ def form_segments(graph: Graph, calls: list[NodeCall], binding: Binding,
         with torch.inference_mode():
             probe(feeds, capture)
     try:
-        run_probe(set().union(*(_boundary(graph, r, calls) for r in runs)))
+        run_probe(set().union(*(_boundary(graph, r, readers) for r in runs)))
     except Exception as exc:  # noqa: BLE001 - a model that cannot run on random inputs: node by node
         result.dropped.append({"nodes": sum(len(r) for r in runs), "first": runs[0][0].node.name, "split": False,
                                "reason": f"the probe run on random inputs failed: {type(exc).__name__}: {exc}"})
@@ -241,19 +246,25 @@ def form_segments(graph: Graph, calls: list[NodeCall], binding: Binding,
         run = pending.pop()
         if len(run) < MIN_NODES:
             continue
-        b, names, done = _emit_run(run, binding)
+        b, names, done = _emit_run(run, binding, exact)
         pending.append(run[max(len(done), 1):])      # what follows the first declining node
         if len(done) < MIN_NODES:
             continue
-        missing = _boundary(graph, done, calls) - values.keys()
+        missing = _boundary(graph, done, readers) - values.keys()
         if missing:                                  # a part of a run: its own edges, once more
             run_probe(missing)
-        seg = _make(graph, calls, done, b, names, values, result)
+        seg = _make(graph, readers, done, b, names, values, result)
         if seg is not None:
             replace[id(done[0].node)] = seg
         elif result.dropped[-1]["split"]:           # the bridge failed on it: try each half
             half = len(done) // 2
             pending += [done[half:], done[:half]]
+    return splice(calls, replace, result)
+
+
+def splice(calls: list, replace: dict, result: Segments) -> Segments:
+    """``result`` with its calls: ``calls`` where each segment of ``replace`` (keyed by
+    id(its first node)) stands for its nodes, whose arena slots are listed as left unused."""
     if not replace:
         return result
     skip = {id(n) for seg in replace.values() for n in seg.node.nodes}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .onednn_graph import POST_OP_IR, GraphKernel, ir_list, with_post_op
+from .onednn_graph import GraphKernel, ir_list, post_ops, with_post_op
 
 CL = torch.channels_last
 
@@ -33,9 +33,9 @@ def _zeros(shape):
 
 
 def conv_kernel(name: str, x_shape, y_shape, w: torch.Tensor, bias: torch.Tensor | None, stride, padding,
-                dilation, groups: int, residual: bool, activation: str, params: list[float]):
+                dilation, groups: int, residual: bool, activation: str, params: list[float], exact: bool = True):
     """``act(conv(x, w) + bias [+ z])`` as one partition: a kernel ``(x[, z]) -> y``, or a reason."""
-    if activation not in POST_OP_IR:
+    if activation not in post_ops(exact):
         return f"activation {activation!r} is not fused by oneDNN Graph"
     if not (_static_cl(x_shape) and _static_cl(y_shape)):
         return "needs static 4-D shapes with more than one channel and position"
@@ -53,7 +53,7 @@ def conv_kernel(name: str, x_shape, y_shape, w: torch.Tensor, bias: torch.Tensor
     lines.append(f"  {conv} : Tensor = aten::conv2d(%x, %w, %b, %st, %pd, %dl, %gr)")
     if residual:
         lines += ["  %one : int = prim::Constant[value=1]()", "  %y : Tensor = aten::add(%c, %z, %one)"]
-    ir = with_post_op(lines, activation)
+    ir = with_post_op(lines, activation, exact)
     constants = {"w": w.contiguous()}
     if bias is not None:
         constants["b"] = bias.contiguous()

@@ -1,8 +1,9 @@
 """oneDNN convolution weights in their blocked (prepacked) format, made once, or rebuilt from bytes.
 
-``conv_weight(name, w, padding, stride, dilation, groups, input_size)`` is what the fused
-convolution kernel calls at bind time instead of ``torch.ops.mkldnn._reorder_convolution_weight``:
-- when a loaded artifact ``provide``s a packed form of weight ``name`` for the same geometry,
+``conv_weight(name, w, padding, stride, dilation, groups, input_size, provided)`` is what the
+fused convolution kernel calls at bind time instead of ``torch.ops.mkldnn._reorder_convolution_weight``:
+- when ``provided`` (the backend's imported state: a loaded artifact's forms) holds a packed
+  form of weight ``name`` for the same geometry,
   made at the same intra-op thread count (oneDNN picks the blocked format by the thread
   count) by this torch build, that form is used as it is: no reorder runs;
 - otherwise the weight is reordered, and the result is remembered (weakly, keyed by the
@@ -15,17 +16,15 @@ shim is missing, ``AVAILABLE`` is False and every weight is reordered. No pass l
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import struct
-import threading
 import weakref
 
 import torch
 
-_local = threading.local()
 _made: dict[int, tuple] = {}    # id(w) -> (weakref(w), [(key, weakref(packed), threads)])
+reorders = [0]                  # weights reordered in this process (tests: a load reorders none)
 
 
 def _shim():
@@ -57,15 +56,17 @@ def conv_key(w: torch.Tensor, padding, stride, dilation, groups: int, input_size
     return [list(w.shape), list(padding), list(stride), list(dilation), int(groups), list(input_size)]
 
 
-def conv_weight(name: str, w: torch.Tensor, padding, stride, dilation, groups: int, input_size) -> torch.Tensor:
+def conv_weight(name: str, w: torch.Tensor, padding, stride, dilation, groups: int, input_size,
+                provided: dict | None = None) -> torch.Tensor:
     key = conv_key(w, padding, stride, dilation, groups, input_size)
     threads = torch.get_num_threads()
     packed = None
-    for k, make, t in getattr(_local, "provided", {}).get(name, ()):
+    for k, make, t in (provided or {}).get(name, ()):
         if k == key and t == threads:
             packed = make()
             break
     if packed is None:
+        reorders[0] += 1
         packed = torch.ops.mkldnn._reorder_convolution_weight(w.contiguous(), list(padding), list(stride),
                                                               list(dilation), groups, list(input_size))
     entry = _made.get(id(w))
@@ -185,15 +186,3 @@ def rebuild(data: torch.Tensor, md: torch.Tensor, shape: list[int]) -> torch.Ten
         return None
     t._fgm_owner = data
     return t
-
-
-@contextlib.contextmanager
-def provide(forms: dict[str, list]):
-    """Within the block, ``conv_weight(name, ...)`` takes ``forms[name]``: ``[(key, make, threads)]``
-    where ``make()`` returns the packed tensor."""
-    before = getattr(_local, "provided", {})
-    _local.provided = forms
-    try:
-        yield
-    finally:
-        _local.provided = before

@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from .activations import gelu as gelu_
+from ....ops.activations import gelu as gelu_
 from .onednn_graph import GraphKernel, with_post_op
 
 MAX_SHAPES = 2
@@ -35,7 +35,7 @@ def _as_positions(x2: torch.Tensor) -> torch.Tensor:
     return x2.view(1, 1, m, k).permute(0, 3, 1, 2)
 
 
-def _ir(bias: bool, activation: str) -> str:
+def _ir(bias: bool, activation: str, exact: bool = True) -> str:
     lines = ["graph(%x : Tensor, %w : Tensor" + (", %b : Tensor" if bias else "") + "):"]
     if not bias:
         lines.append("  %b : NoneType = prim::Constant()")
@@ -43,11 +43,11 @@ def _ir(bias: bool, activation: str) -> str:
               "  %zero : int[] = prim::Constant[value=[0, 0]]()",
               "  %g : int = prim::Constant[value=1]()",
               "  %y : Tensor = aten::conv2d(%x, %w, %b, %one, %zero, %one, %g)"]
-    return with_post_op(lines, activation)
+    return with_post_op(lines, activation, exact)
 
 
 def linear_kernel(name: str, w: torch.Tensor, b: torch.Tensor | None, activation: str, fallback,
-                  rows: int | None = None):
+                  rows: int | None = None, exact: bool = True):
     """``act(x @ w^T + b)`` for a constant ``w`` [N, K]; ``rows``: M when the shapes are static
     (compiled now), else None (compiled on first use). Returns None when oneDNN Graph declines."""
     n, k = w.shape
@@ -55,7 +55,9 @@ def linear_kernel(name: str, w: torch.Tensor, b: torch.Tensor | None, activation
     if b is not None:
         constants["b"] = b.contiguous()
     gelu = {"gelu": "none", "gelu_tanh": "tanh"}.get(activation)     # GELU: after it, in place
-    ir = _ir(b is not None, "none" if gelu else activation)
+    if gelu == "none" and not exact:
+        gelu = None                       # the fast variant fuses the erf form
+    ir = _ir(b is not None, "none" if gelu else activation, exact)
     kernels: dict[int, GraphKernel | None] = {}
     lock = threading.Lock()
 

@@ -17,7 +17,8 @@ serial, 6.7-8.7 ms under 1M or all parallel; benchmarks/RESULTS.md). Thresholds 
 stay low: ``SERIAL_BELOW`` elements for elementwise work (torch's VML unary kernels fork at
 2048 elements); products and convolutions set their multiply-add thresholds next to their
 kernels. Nothing here decides what a kernel computes; ops choose their kernels, this says on
-how many threads.
+how many threads. Ops say how much work a call is (``kernel.work(*args)``: elements, or
+multiply-adds when ``kernel.work_kind == "macs"``); ``with_policy`` reads it.
 """
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ from typing import Callable
 import torch
 
 SERIAL_BELOW = 1 << 15
+# A product of fewer multiply-adds runs on one intra-op thread: a one-row product is
+# memory-bound and MKL does not split it, while the fork/join costs a scheduler tick whenever
+# that thread's core is busy.
+SERIAL_MACS = 1 << 23
+# A convolution of fewer multiply-adds (a few us of work) runs on one thread: a fork/join is
+# most of its time (benchmarks/RESULTS.md, "Convolution threading threshold").
+PARALLEL_MACS = 1 << 16
+THRESHOLDS = {"elements": SERIAL_BELOW, "macs": SERIAL_MACS, "conv_macs": PARALLEL_MACS}
 _get_threads, _set_threads = torch.get_num_threads, torch.set_num_threads
 
 
@@ -65,3 +74,21 @@ def threads_for(one_thread: bool):
         yield
     finally:
         _set_threads(n)
+
+
+def with_policy(kernel: Callable) -> Callable:
+    """``kernel`` run on one thread whenever its call's work (``kernel.work``) is under the
+    threshold for its kind; a kernel that states no work is returned as it is."""
+    work = getattr(kernel, "work", None)
+    if work is None:
+        return kernel
+    below = THRESHOLDS[getattr(kernel, "work_kind", "elements")]
+    if isinstance(work, int):
+        return serial(kernel) if work < below else kernel
+
+    @functools.wraps(kernel)
+    def sized(*args, **kwargs):
+        return serial_if(work(*args, **kwargs) < below, kernel, *args, **kwargs)
+    if hasattr(kernel, "writes_out"):
+        sized.writes_out = kernel.writes_out
+    return sized
