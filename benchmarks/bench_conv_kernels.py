@@ -1,6 +1,6 @@
 """One convolution, three ways: ideep (``torch.ops.mkldnn._convolution_pointwise`` with a
 prepacked weight, which builds oneDNN's primitive descriptor on every call), a oneDNN Graph
-partition (``ops/onednn_graph_cnn.conv_kernel``: compiled once) and onnxruntime's Conv node
+partition (``runtime/backends/cpu/onednn_graph_cnn.conv_kernel``: compiled once) and onnxruntime's Conv node
 (ORT_ENABLE_ALL, spinning off), each with bias + ReLU, channels-last float32 input, batch 1.
 The shapes are ShuffleNet's and SqueezeNet's; the first row is a tiny one whose time is all
 fixed cost. Median us per call, warm caches (each call repeats the same convolution).

@@ -5,7 +5,7 @@ Each row runs 8 different weights of one shape in turn (so they come from memory
 model run, not from cache) and reports the median time per product, 2 threads by default:
 onnxruntime as one session of 8 MatMuls (spinning off, so its pool does not hold the cores),
 the product as a oneDNN Graph 1x1 convolution partition (what ``LinearAct`` runs,
-``ops/onednn_graph_linear.py``), ``torch.ops.mkldnn._linear_pointwise`` with ``[N, K]``
+``runtime/backends/cpu/onednn_graph_linear.py``), ``torch.ops.mkldnn._linear_pointwise`` with ``[N, K]``
 weights (its fallback), the same with weights reordered for the row count, and ``torch.mm``
 (MKL).
 

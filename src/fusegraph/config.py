@@ -50,10 +50,10 @@ class Config:
         pool: NaN becomes 0, the bound, or -FLT_MAX); faster where those fuse.
     keep_freed_memory: on CPU with glibc, raise malloc's mmap / trim thresholds once per
         process so memory a run frees is reused by the next run instead of being faulted in
-        again (process-wide; ``runtime/host_memory.py``). Default on.
+        again (process-wide; ``runtime/backends/cpu/host_memory.py``). Default on.
     script_segments: on CPU, one stream, static input shapes: run each maximal run of nodes
         that TorchScript can express as one TorchScript graph whose convolutions, pools and
-        products oneDNN Graph compiles (``runtime/script_segments.py``; one Python call for
+        products oneDNN Graph compiles (``runtime/backends/cpu/segments.py``; one Python call for
         the run instead of one per node). Their intermediates are allocated by TorchScript,
         not in the arena. Default on; ``O0`` runs node by node.
     """

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 from onnx import helper
 
 import fusegraph as fg

@@ -3,7 +3,6 @@ default, the Serenity DP matches brute force on small DAGs, and it wins on a bra
 tight skips the search when the default order already meets the order floor."""
 import itertools
 
-import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

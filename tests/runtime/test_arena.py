@@ -7,7 +7,6 @@ import json
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import TensorProto, helper
 
 import fusegraph as fg

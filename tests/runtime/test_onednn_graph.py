@@ -1,4 +1,4 @@
-"""oneDNN Graph kernels (ops/onednn_graph.py, onednn_graph_cnn.py, onednn_graph_linear.py):
+"""oneDNN Graph kernels (runtime/backends/cpu/onednn_graph.py, onednn_graph_cnn.py, onednn_graph_linear.py):
 partitions that compile, declines that say why, one compiled copy per thread count, inputs the
 partition was not specialised for, and the global TorchScript switches left as found. Every
 result is compared with the same aten ops run eagerly (an independent path: no partition)."""

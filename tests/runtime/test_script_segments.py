@@ -1,4 +1,4 @@
-"""Script segments (runtime/script_segments.py, ops/script_ops.py): which runs of nodes become
+"""Script segments (runtime/backends/cpu/segments.py, script_ops.py): which runs of nodes become
 one TorchScript graph, that every emitter computes what onnxruntime (ORT_DISABLE_ALL) and the
 node-by-node run compute, that a segment the bridge fails on or computes wrongly is split or
 dropped (never run), and that the nodes inside a segment never compile partitions of their own."""

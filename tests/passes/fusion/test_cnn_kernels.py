@@ -1,6 +1,6 @@
 """CNN kernel choices made for latency (runtime/backends/cpu/: conv.py, pool.py, threading_policy.py):
 large FusedConv outputs written into their planned arena buffers unless malloc keeps freed
-memory (runtime/host_memory.py), the
+memory (runtime/backends/cpu/host_memory.py), the
 channels-last GlobalAveragePool as one product, and small kernels run on one thread — each
 checked numerically against onnxruntime (ORT_DISABLE_ALL) and the unoptimised graph at fp32
 rtol 1e-4, and for bitwise-identical repeated runs."""

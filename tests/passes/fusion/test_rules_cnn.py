@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-import fusegraph as fg
 from fusegraph.ops import opdef_for
 from fusegraph.ops.registry import NodeContext
 from passes_util import F, check, compile_with, const, model, node, ops

@@ -1,9 +1,9 @@
 """TorchScript IR for a run of nodes: the builder, and the registry of per-op emitters.
 
-A script segment (``runtime/script_segments.py``) runs several consecutive nodes as one
+A script segment (``segments.py``) runs several consecutive nodes as one
 TorchScript graph, so the interpreter pays one Python call for all of them and oneDNN Graph
 compiles their convolutions, pools and products into partitions. Each op that can take part
-has an *emitter* (``ops/script_ops.py``) registered here with ``@emitter(domain, op_type)``:
+has an *emitter* (``script_ops.py``) registered here with ``@emitter(domain, op_type)``:
 
     emit(ctx: NodeContext, b: ScriptBuilder, args: list[str | None]) -> list[str] | None
 

@@ -53,7 +53,7 @@ def relu(b: ScriptBuilder, y: str) -> str:
 
 
 # ops oneDNN Graph makes a partition of, and the ones it fuses after them as post-ops (as
-# ``runtime/script_segments.ANCHORS`` / ``POST_OPS``; Linear's IR ends in a permute and a
+# ``segments.ANCHORS`` / ``POST_OPS``; Linear's IR ends in a permute and a
 # reshape, which the bridge leaves outside, so nothing after it joins its partition)
 _ANCHOR_OPS = {"FusedConv", "AveragePool", "GlobalAveragePool", "Concat"}
 _POST_OPS = {"Relu", "Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg",

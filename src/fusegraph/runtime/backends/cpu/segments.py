@@ -2,10 +2,11 @@
 
 Calling a kernel from the generated Python code costs a few microseconds (the call, the
 wrapper, the partition's own entry); a ShuffleNet runs ~80 of them per millisecond of work.
-A segment is a maximal run of consecutive calls (execution order, single stream, no
-shape-only work) whose every node has an emitter (``ops/script_ir.py``) and static shapes:
+A segment is a maximal run of consecutive calls (execution order, of one function or of one
+piece of a stream's function between its events, ``runtime/stream_lowering.py``; no
+shape-only work) whose every node has an emitter (``script_ir.py``) and static shapes:
 their IR goes into one TorchScript graph, compiled with the oneDNN Graph fuser on
-(``ops/onednn_graph.GraphKernel``), and the generated code calls it once (ShuffleNet:
+(``onednn_graph.GraphKernel``), and the generated code calls it once (ShuffleNet:
 1.65 -> 1.31 ms at 2 threads, the same kernels).
 
 Binding a segment (``form_segments``):
@@ -22,8 +23,8 @@ Binding a segment (``form_segments``):
   constants. Its intermediates never reach the arena: the TorchScript allocator holds them
   (with malloc keeping freed memory, the same pages run after run), so their planned slots
   stay unused and each node is listed as not writable into the arena.
-Only for CPU single-stream runs of graphs whose inputs all have static shapes; debug runs
-(``hook``) and stream plans run node by node (a debug run compiles the per-node kernels of
+Only for CPU runs of graphs whose inputs all have static shapes; debug runs (``hook``) run
+node by node (a debug run compiles the per-node kernels of
 the segments' nodes when it first needs them). No pass logic; the ops' emitters know the ops.
 """
 from __future__ import annotations
