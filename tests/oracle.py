@@ -40,3 +40,30 @@ def assert_outputs_close(got: dict, want: dict, rtol: float = 1e-4, atol: float 
             np.issubdtype(want[name].dtype, np.floating) else 1.0
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol * max(1.0, scale),
                                    err_msg=f"output {name}")
+
+
+def assert_same_as(got, want, where: str, rtol: float = 1e-4, atol: float = 1e-6) -> None:
+    """``got`` equals ``want`` in dtype and shape and to tolerance; lists (sequences) item by item."""
+    if isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert_same_as(g, w, f"{where}[{k}]", rtol, atol)
+        return
+    assert got.dtype == want.dtype and got.shape == want.shape, where
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=where)
+
+
+def check_compiled_and_loaded(model, feeds: dict, path):
+    """Compile ``model``, save it to ``path`` and load it; both runs equal onnxruntime
+    ORT_DISABLE_ALL's (same output names, dtypes, shapes; rtol 1e-4). Returns (the compiled
+    model, onnxruntime's outputs)."""
+    import fusegraph as fg
+    want = ort_run(model, feeds)
+    compiled = fg.compile(model)
+    compiled.save(path)
+    for m in (compiled, fg.load(path)):
+        got = m.run(feeds)
+        assert list(got) == list(want)
+        for k in want:
+            assert_same_as(got[k], want[k], k)
+    return compiled, want

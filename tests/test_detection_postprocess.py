@@ -9,8 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import fusegraph as fg
-from oracle import ort_run
+from oracle import check_compiled_and_loaded
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 N, K = 32, 12
@@ -79,15 +78,7 @@ def _feeds(seed: int, score_scale: float = 1.0) -> dict[str, np.ndarray]:
 def test_detection_postprocess_matches_onnxruntime(tmp_path, seed, scale):
     model = postprocess_model()
     feeds = _feeds(seed, scale)
-    want = ort_run(model, feeds)
-    compiled = fg.compile(model)
-    compiled.save(tmp_path / "post.fgm")
-    for m in (compiled, fg.load(tmp_path / "post.fgm")):
-        got = m.run(feeds)
-        assert list(got) == list(want)
-        for name in want:
-            assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
-            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    _, want = check_compiled_and_loaded(model, feeds, tmp_path / "post.fgm")
     if scale < 0.2:
         assert want["areas"].shape == (0,) and want["detections"].shape == (1, 4)
     else:

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph as fg
 from fusegraph.errors import InputError
-from oracle import ort_run
+from oracle import assert_same_as, check_compiled_and_loaded, ort_run
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -31,26 +31,8 @@ def _seq_info(name, elem=F):
     return helper.make_value_info(name, helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None)))
 
 
-def _same(got, want, where):
-    if isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), where
-        for k, (g, w) in enumerate(zip(got, want)):
-            _same(g, w, f"{where}[{k}]")
-        return
-    assert got.dtype == want.dtype and got.shape == want.shape, where
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=where)
-
-
 def _check(model, feeds, tmp_path):
-    want = ort_run(model, feeds)
-    compiled = fg.compile(model)
-    compiled.save(tmp_path / "m.fgm")
-    for m in (compiled, fg.load(tmp_path / "m.fgm")):
-        got = m.run(feeds)
-        assert list(got) == list(want)
-        for k in want:
-            _same(got[k], want[k], k)
-    return compiled
+    return check_compiled_and_loaded(model, feeds, tmp_path / "m.fgm")[0]
 
 
 def test_construct_insert_erase_at_length(tmp_path):
@@ -124,7 +106,7 @@ def test_sequence_feed_and_optionals(tmp_path):
     got = fg.compile(m).run(feeds)
     assert got["none"] is None and want["none"] is None
     for k in ("n", "cat", "has", "gx", "has_none"):
-        _same(got[k], want[k], k)
+        assert_same_as(got[k], want[k], k)
     with pytest.raises(InputError, match="sequence"):
         fg.compile(m).run({"seq": np.float32([1]), "x": np.float32([7, 8])})
 
