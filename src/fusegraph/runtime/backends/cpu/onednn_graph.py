@@ -95,8 +95,11 @@ def _scan(graph) -> tuple[list[str], int]:
     return outside, groups
 
 
-def _close(got, want, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
-    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape:
+def close(got, want, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
+    """``got`` matches ``want`` (same shape and dtype; fp32: rtol 1e-4, atol 1e-5 of the output's
+    scale, NaN where NaN): a fused result against its reference."""
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape \
+            or got.dtype != want.dtype:
         return False
     scale = float(want.abs().max()) if want.numel() and want.is_floating_point() else 1.0
     scale = scale if scale == scale and scale != float("inf") else 1.0
@@ -183,7 +186,7 @@ class GraphKernel:
         plain = self._unfused()
         want = plain(*self._examples())
         got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
-        if all(_close(g, w) for g, w in zip(got, want)) and len(got) == len(want):
+        if all(close(g, w) for g, w in zip(got, want)) and len(got) == len(want):
             return fn
         self.reason = "the fused graph differs from the same graph unfused"
         self._fns[_get_threads()] = plain

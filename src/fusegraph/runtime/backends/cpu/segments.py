@@ -36,13 +36,12 @@ import torch
 
 from ....ir import Graph, Value
 from . import onednn_graph
-from .onednn_graph import GraphKernel
+from .onednn_graph import GraphKernel, close
 from ....ops.registry import NodeContext
 from .script_ir import ScriptBuilder, emitter_for
 from ...bind import Binding, NodeCall
 
 MIN_NODES = 2
-RTOL, ATOL = 1e-4, 1e-5
 
 
 @dataclass
@@ -192,13 +191,6 @@ def _examples(values: list[torch.Tensor]):
     return make
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
-        return False
-    scale = float(want.abs().max()) if want.numel() else 1.0
-    return bool(torch.allclose(got, want, rtol=RTOL, atol=ATOL * max(1.0, scale), equal_nan=True))
-
-
 def _random_feeds(graph: Graph) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
     """Random inputs for the probe run (floats normal, the rest zero), and id(value) -> tensor."""
     gen = torch.Generator().manual_seed(0)
@@ -301,7 +293,7 @@ def _make(graph, calls, done, b, names, values, result) -> SegmentCall | None:
         return None
     got = kernel.example_output          # its first fused run, on the probe's values
     got = got if isinstance(got, tuple) else (got,)
-    bad = [o.name for o, t in zip(outputs, got) if not _close(t, values[id(o)])]
+    bad = [o.name for o, t in zip(outputs, got) if not close(t, values[id(o)])]
     if bad:
         result.dropped.append({"nodes": len(nodes), "first": nodes[0].name, "split": True,
                                "reason": f"differs from the per-node kernels on {', '.join(bad[:3])}"})
