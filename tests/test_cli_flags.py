@@ -69,7 +69,18 @@ WALK = {
     ("compile", "--level"): (["--level", "O0"], _differs),
     ("compile", "--streams"): (["--streams", "2"], lambda b, p, t: "streams: 2" in p),
     ("compile", "--memory"): (["--memory", "off"], _differs),
-    ("compile", "--precision"): (["--precision", "bf16"], REFUSED),
+    ("compile", "--precision"): (["--precision", "bf16"], lambda b, p, t: "precision: bf16 policy" in p),
+    ("compile", "--op-precision"): (["--op-precision", "Conv=bf16"], lambda b, p, t: "op_precision Conv=bf16" in p
+                                    and fg.load(t / "out.fgm").config.op_precision == (("Conv", "bf16"),)),
+    ("run", "--precision"): (["--precision", "bf16"], lambda b, p, t: "bf16 precision" in p),
+    ("run", "--op-precision"): (["--op-precision", "Conv=bf16"], _differs),
+    ("inspect", "--precision"): (["--precision", "bf16"], lambda b, p, t: "precision: bf16 policy" in p),
+    ("inspect", "--op-precision"): (["--op-precision", "Conv=bf16"], lambda b, p, t: "op_precision Conv=bf16" in p),
+    ("bench", "--precision"): (["--precision", "bf16"], lambda b, p, t: "bf16 precision" in p),
+    ("bench", "--op-precision"): (["--op-precision", "Conv=bf16"], lambda b, p, t: "fp32 precision" in p),
+    ("compare", "--precision"): (["--precision", "bf16"], lambda b, p, t: "fp32 vs bf16" in p and "bf16 vs ref" in p),
+    ("compare", "--op-precision"): (["--op-precision", "Conv=bf16"], REFUSED),   # the reduced side of --precision
+    ("compare", "--inputs"): (["--inputs", "2"], REFUSED),                       # likewise
     ("compile", "--threads"): (["--threads", "1"], lambda b, p, t: _loaded_threads(t)),
     ("compile", "--disable"): (["--disable", "cse"], _differs),
     ("compile", "--example-input"): (["--example-input", "1x3"], REFUSED),   # file.py:factory models only
@@ -92,6 +103,8 @@ WALK = {
     ("bisect", "--reference"): (["--reference", "onnxruntime"], lambda b, p, t: "reference onnxruntime" in p),
     ("bisect", "--rtol"): (["--rtol", "0.5"], lambda b, p, t: "rtol=0.5" in p),
     ("bisect", "--atol"): (["--atol", "0.5"], lambda b, p, t: "atol=0.5" in p),
+    ("bisect", "--precision"): (["--precision", "bf16"], lambda b, p, t: "ranked by their bf16 sensitivity" in p),
+    ("bisect", "--top"): (["--top", "3"], REFUSED),   # the rows of --precision's ranking
 }
 BASE = {"run": ["run", "{t}/m.onnx"], "inspect": ["inspect", "{t}/m.onnx"],
         "compile": ["compile", "{t}/m.onnx", "-o", "{t}/out.fgm"], "bench": ["bench", "{t}/m.onnx", "--runs", "3"],

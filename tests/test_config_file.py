@@ -9,11 +9,13 @@ import fusegraph as fg
 from fusegraph.config_file import config_from_mapping, config_from_toml, config_to_toml, load_config
 from fusegraph.errors import ConfigError
 
-# every field but the refused ones (precision, op_precision, aggressive_fusion: not available yet)
-FULL = fg.Config(level="O1", disabled_passes=("cse", "dce"), streams="auto",
+# every field but the refused one (aggressive_fusion: not available yet) and accuracy_budget
+# (read by precision "auto" only: set alone it is refused)
+FULL = fg.Config(level="O1", disabled_passes=("cse", "dce"), precision="bf16", streams="auto",
                  memory="tight", device="auto", threads=2, fold_size_limit=1024, verify_each=True,
                  tensor_lifetimes=(("x", 0, 3), ("y", 1, 2)),
-                 reuse_groups=(("a", "b"), ("c",)), exclusive_tensors=("e",), external_tensors=("o",))
+                 reuse_groups=(("a", "b"), ("c",)), exclusive_tensors=("e",), external_tensors=("o",),
+                 op_precision=(("Conv_0", "fp16"), ("/head/MatMul", "fp32")))
 
 
 def test_every_field_has_a_key_and_round_trips():
@@ -40,11 +42,21 @@ def test_file_and_public_api(tmp_path):
     assert load_config(str(path)) == cfg
 
 
-@pytest.mark.parametrize("text", ['precision = "bf16"', 'op_precision = { Conv_0 = "fp16", MatMul_3 = "bf16" }',
-                                  "aggressive_fusion = true"])
+@pytest.mark.parametrize("text", ["aggressive_fusion = true"])
 def test_unavailable_knobs_are_refused_not_ignored(text):
     with pytest.raises(ConfigError, match="not available yet"):
         config_from_toml(text, where="cfg.toml")
+
+
+def test_precision_keys():
+    cfg = config_from_toml('precision = "bf16"\nop_precision = { Conv_0 = "fp16", "/head/MatMul" = "fp32" }')
+    assert cfg == fg.Config(precision="bf16", op_precision=(("Conv_0", "fp16"), ("/head/MatMul", "fp32")))
+    assert config_from_toml('precision = "auto"\naccuracy_budget = 0.05').accuracy_budget == 0.05
+    for text, words in [('precision = "int8"', "Config.precision"), ('op_precision = { Conv = "fp8" }', "'fp8'"),
+                        ("accuracy_budget = 0.05", "precision='auto' only")]:
+        with pytest.raises(ConfigError, match="^cfg.toml: ") as info:
+            config_from_toml(text, where="cfg.toml")
+        assert words in str(info.value)
 
 
 def test_strings_with_quotes_and_controls_survive():

@@ -53,6 +53,21 @@ def knob_model():
     return H.make_model(g, opset_imports=[H.make_opsetid("", 17)])
 
 
+def two_conv_model():
+    """Conv -> Relu -> Conv -> ReduceMean: the second conv is the logits (fp32 by policy), the
+    first is reduced under bf16."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32), n)
+              for n in ("w1", "w2"))
+    nodes = [H.make_node("Conv", ["x", "w1"], ["a0"], pads=[1, 1, 1, 1], name="conv_a"),
+             H.make_node("Relu", ["a0"], ["a"], name="relu"),
+             H.make_node("Conv", ["a", "w2"], ["b"], pads=[1, 1, 1, 1], name="conv_b"),
+             H.make_node("ReduceMean", ["b"], ["y"], axes=[2, 3], keepdims=0, name="mean")]
+    g = H.make_graph(nodes, "two_convs", [H.make_tensor_value_info("x", T.FLOAT, [1, 8, 16, 16])],
+                     [H.make_tensor_value_info("y", T.FLOAT, [1, 8])], [w1, w2])
+    return H.make_model(g, opset_imports=[H.make_opsetid("", 17)])
+
+
 def _ops(m):
     return sorted(n.op_type for n in m.graph.nodes)
 
@@ -88,6 +103,12 @@ def _lifetime(m, value):
     return next((t.first, t.last) for t in m.report.memory.tensors if t.name == value)
 
 
+def _reduced(m) -> int:
+    """Nodes computing in a reduced type (bf16 / fp16)."""
+    rec = m.report.precision
+    return 0 if rec is None else sum(1 for r in rec["nodes"] if r["dtype"] != "fp32" and r["class"] == "reduce")
+
+
 def _kept_freed(config, monkeypatch):
     calls = []
     monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1))
@@ -100,7 +121,7 @@ O1 = {"level": "O1"}
 PROBES = {
     "level": ("O1", lambda d, p: len(p.graph.nodes) > len(d.graph.nodes)),
     "disabled_passes": (("cse",), lambda d, p: len(p.graph.nodes) > len(d.graph.nodes)),
-    "precision": ("bf16", REFUSED),
+    "precision": ("bf16", None),       # special-cased below: two_conv_model (knob_model's convs are its logits)
     "streams": (2, lambda d, p: d.plan.streams is None and p.plan.streams is not None
                 and p.plan.streams.num_streams == 2),
     "memory": ("off", lambda d, p: p.plan.memory_mode == "off" and d.plan.memory_mode != "off"),
@@ -121,7 +142,8 @@ PROBES = {
                      and _slot(d, "a0")[0] != _slot(d, "b0")[0], O1),
     "exclusive_tensors": (("a0",), lambda d, p: p.plan.arena_bytes > d.plan.arena_bytes, O1),
     "external_tensors": (("a0",), lambda d, p: _lifetime(p, "a0")[1] > _lifetime(d, "a0")[1], O1),
-    "op_precision": ((("Conv", "bf16"),), REFUSED),
+    "op_precision": ((("Conv", "bf16"),), lambda d, p: _reduced(p) == 2 and _reduced(d) == 0),
+    "accuracy_budget": (1e-6, None),   # special-cased below: two_conv_model
     "cuda_graph": (True, REFUSED if not torch.cuda.is_available() else None),
     "keep_freed_memory": (False, None),   # special-cased below: host_memory is not touched
     "script_segments": (False, lambda d, p: d.report.segments and not p.report.segments),
@@ -143,6 +165,18 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
         assert _kept_freed(fg.Config(), monkeypatch) and not _kept_freed(fg.Config(keep_freed_memory=False),
                                                                           monkeypatch)
         return
+    if field == "precision":
+        plain, reduced = (fg.compile(two_conv_model(), config=fg.Config(precision=p)) for p in ("fp32", "bf16"))
+        assert _reduced(plain) == 0 and _reduced(reduced) == 1
+        x = {"x": np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)}
+        np.testing.assert_allclose(reduced.run(x)["y"], plain.run(x)["y"], rtol=2e-2, atol=2e-2)
+        return
+    if field == "accuracy_budget":   # 1e-6: the search moves the first conv to fp32 (1e-2 keeps it bf16)
+        loose, tight = (fg.compile(two_conv_model(), config=fg.Config(precision="auto", accuracy_budget=b))
+                        for b in (1e-2, 1e-6))
+        assert _reduced(loose) == 1 and _reduced(tight) == 0
+        assert [k["node"] for k in tight.report.precision["auto"]["kept_fp32"]] == ["conv_a"]
+        return
     if changed is None:
         pytest.skip(f"{field}: needs a CUDA device")
     if changed == REFUSED:
@@ -153,7 +187,8 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
     probe = fg.compile(knob_model(), config=fg.Config(**base, **{field: value}))
     assert changed(default, probe), f"Config.{field}={value!r} changed nothing observable"
     x = {"x": np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)}
-    np.testing.assert_allclose(probe.run(x)["y"], default.run(x)["y"], rtol=1e-4, atol=1e-5)
+    tol = 2e-2 if field == "op_precision" else 1e-4   # bf16: to its rounding
+    np.testing.assert_allclose(probe.run(x)["y"], default.run(x)["y"], rtol=tol, atol=tol / 10)
 
 
 def test_compile_and_run_leave_the_callers_thread_count_alone():

@@ -2,6 +2,8 @@
 
     fusegraph run MODEL [--input NAME=FILE.npy ...] [-o DIR]
     fusegraph inspect MODEL [--code] [--fusions] [--memory MODE] [--memory-plot OUT.png]
+    fusegraph compare MODEL [--precision bf16 [--op-precision NODE_OR_OP=PREC ...] [--inputs N]] [--runs R]
+    (run / inspect / compile / bench / compare take --precision and --op-precision)
     fusegraph demo
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
-_COMPILE_FLAGS = ("level", "memory")   # options that only mean something when compiling
+_COMPILE_FLAGS = ("level", "memory", "precision", "op_precision")   # options that only mean something when compiling
 
 
 def _load(path: str, args):
@@ -42,7 +44,7 @@ def _load(path: str, args):
     ignored); anything else is compiled."""
     import fusegraph as fg
     if Path(path).suffix == ".fgm":
-        given = [f"--{k}" for k in _COMPILE_FLAGS if getattr(args, k, None) is not None]
+        given = [f"--{k.replace('_', '-')}" for k in _COMPILE_FLAGS if getattr(args, k, None)]
         if given:
             raise UsageError(f"{path}: {' and '.join(given)} applies when compiling a model; an .fgm "
                              f"artifact is already compiled (recompile the .onnx model instead)")
@@ -54,8 +56,45 @@ def _load(path: str, args):
 
 def _config(args):
     import fusegraph as fg
-    kwargs = {k: getattr(args, k) for k in ("level", "threads", "memory") if getattr(args, k, None) is not None}
+    kwargs = {k: getattr(args, k) for k in ("level", "threads", "memory", "precision")
+              if getattr(args, k, None) is not None}
+    ops = op_precision_arg(getattr(args, "op_precision", None))
+    if ops:
+        kwargs["op_precision"] = ops
     return fg.Config(**kwargs)
+
+
+def op_precision_arg(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--op-precision NAME=PREC`` items (repeatable; a later one for the same name wins) as
+    ``Config.op_precision`` pairs; the values are checked by ``Config`` (a ConfigError)."""
+    from .errors import ConfigError
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, sep, prec = item.rpartition("=")
+        if not sep or not name:
+            raise ConfigError(f"--op-precision expects NODE_OR_OP=fp32|bf16|fp16 (e.g. Conv=bf16), got {item!r}")
+        out[name] = prec
+    return tuple(out.items())
+
+
+def precision_line(report) -> str | None:
+    """One line about ``report.precision`` (None for a plain fp32 compile)."""
+    prec = getattr(report, "precision", None)
+    if not prec:
+        return None
+    get = (lambda k: prec.get(k)) if isinstance(prec, dict) else (lambda k: getattr(prec, k, None))
+    by_dtype = dict(get("by_dtype") or {})
+    counts = ", ".join(f"{n} {d}" for d, n in sorted(by_dtype.items(), key=lambda kv: -kv[1])) or "no float nodes"
+    kept = list(get("kept_fp32") or [])
+    ops = dict(get("op_precision") or {})
+    line = f"precision: {get('policy')} policy: nodes {counts}; {get('casts') or 0} cast(s)"
+    if ops:
+        line += "; op_precision " + ", ".join(f"{k}={v}" for k, v in ops.items())
+    if kept:
+        first = kept[0]
+        line += (f"; {len(kept)} heavy op(s) kept in fp32 (first: {first['node']} ({first['op']}): "
+                 f"{first['why']})")
+    return line
 
 
 def _threads_arg(text: str) -> int:
@@ -107,7 +146,9 @@ def _how(model) -> str:
     """Level, kernels and threads a model runs with (what --level / --threads changed)."""
     import torch
     threads = model.config.threads or torch.get_num_threads()
-    return f"{model.config.level}, {model.report.kernel_count} kernels per run, {threads} thread(s)"
+    prec = model.config.precision
+    prec = "" if prec == "fp32" and not model.config.op_precision else f", {prec} precision"
+    return f"{model.config.level}{prec}, {model.report.kernel_count} kernels per run, {threads} thread(s)"
 
 
 def _memory_summary(model, plot: str | None) -> None:
@@ -178,6 +219,9 @@ def cmd_inspect(args, model=None) -> int:
           + (f" (+{model.report.shape_kernels} once per input shapes)" if model.report.shape_kernels else ""))
     print(f"runs as: {_how(model)}")
     _segments_summary(model.report)
+    line = precision_line(model.report)
+    if line:
+        print(line)
     print("op histogram:")
     for op, count in model.report.op_histogram.items():
         print(f"  {op:<28} {count}")
@@ -201,11 +245,18 @@ def cmd_bench(args) -> int:
     if Path(args.model).suffix == ".fgm" and args.vs:
         raise UsageError(f"{args.model}: --vs {' --vs '.join(args.vs)} runs the peer on the .onnx model; "
                          f"give the .onnx file (an .fgm artifact is fusegraph's own)")
-    result = bench(args.model, vs=tuple(args.vs or ()), threads=args.threads, runs=args.runs)
+    config = None
+    if args.precision is not None or args.op_precision:
+        if Path(args.model).suffix == ".fgm":
+            raise UsageError(f"{args.model}: --precision and --op-precision apply when compiling a model; an "
+                             f".fgm artifact is already compiled (recompile the .onnx model instead)")
+        config = _config(args)
+    result = bench(args.model, vs=tuple(args.vs or ()), threads=args.threads, runs=args.runs, config=config)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
-    print(f"{result.model}: {result.threads} threads, median of {result.runs} runs, {result.kernels} kernels")
+    prec = f", {config.precision} precision" if config is not None else ""
+    print(f"{result.model}: {result.threads} threads{prec}, median of {result.runs} runs, {result.kernels} kernels")
     print(f"  fusegraph   {result.fusegraph_ms:9.2f} ms")
     for peer, ms in result.peers_ms.items():
         print(f"  {peer:<11} {ms:9.2f} ms   ratio fusegraph/{peer} = {result.ratio(peer):.3f}")
@@ -216,6 +267,15 @@ def cmd_compare(args) -> int:
     from rich.console import Console
 
     from .compare import compare, render
+    if Path(args.model).suffix == ".fgm":
+        raise UsageError(f"{args.model}: compare compiles the model twice; give the .onnx model, not an "
+                         f".fgm artifact")
+    if args.precision is not None:
+        return _compare_precision(args)
+    given = [f for f, v in (("--op-precision", args.op_precision), ("--inputs", args.inputs)) if v]
+    if given:
+        raise UsageError(f"compare {' and '.join(given)} applies to the reduced side of --precision "
+                         f"(e.g. compare MODEL --precision bf16 {given[0]} ...)")
     level = args.level or "O2"
     if level == "O0":
         raise UsageError("compare --level sets the optimised side (O1 or O2); the other side is always O0")
@@ -228,9 +288,36 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _compare_precision(args) -> int:
+    """``compare --precision P``: fp32 beside P, same config otherwise (``--level``: both sides)."""
+    from rich.console import Console
+
+    from .compare import compare_precision, render_precision
+    reduced = _config(args)     # checks --precision / --op-precision (a ConfigError for a bad value)
+    if reduced.precision == "fp32":
+        raise UsageError("compare --precision sets the reduced side (bf16, fp16 or auto); the other side is "
+                         "always fp32")
+    base = reduced.replace(precision="fp32", op_precision=())
+    inputs = args.inputs or 8
+    result = compare_precision(args.model, precision=reduced.precision, inputs=inputs, runs=args.runs,
+                               config=base, op_precision=reduced.op_precision)
+    Console().print(render_precision(result, f"{args.model}: fp32 vs {result.precision} ({base.level}), "
+                                             f"{result.threads} thread(s), median of {args.runs} runs"))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
     return run_demo()
+
+
+def precision_flags(p) -> None:
+    """``--precision`` and ``--op-precision`` (values checked by ``fg.Config``: a ConfigError)."""
+    from .config import PRECISIONS
+    p.add_argument("--precision", metavar="|".join(PRECISIONS),
+                   help="mixed-precision policy (default fp32; compare: the reduced side)")
+    p.add_argument("--op-precision", action="append", metavar="NODE_OR_OP=PREC",
+                   help="per node name or op type: fp32 | bf16 | fp16, over the policy (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("model", help="an .onnx model or .fgm artifact")
         p.add_argument("--level", choices=["O0", "O1", "O2"], help="pass pipeline (default O2)")
         p.add_argument("--threads", type=_threads_arg, help="intra-op threads (1 .. the machine's cores)")
+        precision_flags(p)
 
     p = sub.add_parser("run", help="run a model once on given or random inputs")
     common(p)
@@ -266,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=["O0", "O1", "O2"])
     p.add_argument("--streams", type=_stream_count, metavar="N|auto")
     p.add_argument("--memory", choices=["off", "balanced", "tight"])
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], help="fp32 (fp16 / bf16: not yet)")
+    precision_flags(p)
     p.add_argument("--threads", type=_threads_arg)
     p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
     p.add_argument("--example-input", action="append", metavar="1x3x224x224[:int64]",
@@ -279,11 +367,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_threads_arg, default=min(2, _cores()))
     p.add_argument("--runs", type=_positive_int, default=30, help="timed runs per engine (at least 30 advised)")
     p.add_argument("--json", action="store_true")
+    precision_flags(p)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("compare", help="unoptimised vs optimised: latency, memory, throughput, load time")
+    p = sub.add_parser("compare", help="unoptimised vs optimised: latency, memory, throughput, load time; "
+                                       "with --precision: fp32 vs reduced precision, with accuracy")
     common(p)
     p.add_argument("--runs", type=_positive_int, default=20)
+    p.add_argument("--inputs", type=_positive_int, metavar="N",
+                   help="with --precision: random inputs the accuracy figures are over (default 8)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on a bundled model, with a before/after table")

@@ -9,6 +9,8 @@ import time
 def _config_from_args(args):
     import fusegraph as fg
 
+    from .cli import op_precision_arg
+
     config = fg.load_config(args.config) if args.config else fg.Config()
     changes = {}
     for key in ("level", "streams", "memory", "precision", "threads"):
@@ -17,6 +19,9 @@ def _config_from_args(args):
             changes[key] = value
     if args.disable:
         changes["disabled_passes"] = tuple(config.disabled_passes) + tuple(args.disable)
+    ops = op_precision_arg(getattr(args, "op_precision", None))
+    if ops:   # over the config file's: a name given on the command line wins
+        changes["op_precision"] = tuple({**dict(config.op_precision), **dict(ops)}.items())
     return config.replace(**changes) if changes else config
 
 
@@ -82,4 +87,8 @@ def compile_command(args) -> int:
     streams = _field(r.streams, "num_streams")
     if streams is not None:
         console.print(f"  streams: {streams}")
+    from .cli import precision_line
+    line = precision_line(r)
+    if line:
+        console.print(f"  {line}", markup=False, highlight=False)
     return 0

@@ -2,6 +2,7 @@
 
     fusegraph profile MODEL [--runs N] [--trace out.json] [--streams N] [--threads N]
     fusegraph bisect MODEL [--reference onnxruntime|O0] [--rtol R] [--atol A]   (exit 1: divergence found)
+    fusegraph bisect MODEL --precision bf16|fp16 [--top N]   (the ops whose reduced precision costs most)
     fusegraph inspect MODEL --html report.html      (adds --html to ``inspect``)
 
 ``add_report_parsers(sub)`` is what ``cli.build_parser`` calls; it owns no logic of its own.
@@ -73,14 +74,35 @@ def cmd_profile(args) -> int:
 
 def cmd_bisect(args) -> int:
     from .report.bisect import bisect
-    if args.reference == "onnxruntime" and Path(args.model).suffix != ".onnx":
-        raise UsageError(f"{args.model}: --reference onnxruntime runs the .onnx model; give an .onnx file")
     if Path(args.model).suffix == ".fgm":
         raise UsageError(f"{args.model}: bisect re-runs the passes on the source model; give the .onnx file")
-    result = bisect(args.model, reference=args.reference, rtol=args.rtol, atol=args.atol,
-                    progress=sys.stderr.isatty())
+    if args.precision is not None:
+        return _bisect_precision(args)
+    if args.top is not None:
+        raise UsageError("bisect --top ranks the ops of a precision bisect: give --precision bf16 (or fp16)")
+    reference = args.reference or "O0"
+    if reference == "onnxruntime" and Path(args.model).suffix != ".onnx":
+        raise UsageError(f"{args.model}: --reference onnxruntime runs the .onnx model; give an .onnx file")
+    result = bisect(args.model, reference=reference, rtol=1e-3 if args.rtol is None else args.rtol,
+                    atol=1e-4 if args.atol is None else args.atol, progress=sys.stderr.isatty())
     print(result.to_text())
     return 0 if result.found is None else 1
+
+
+def _bisect_precision(args) -> int:
+    """``bisect --precision P``: the reduced ops ranked by the accuracy each costs alone (exit 0)."""
+    from rich.console import Console
+
+    from .report.precision_bisect import precision_bisect
+    given = [f for f, v in (("--reference", args.reference), ("--rtol", args.rtol), ("--atol", args.atol))
+             if v is not None]
+    if given:
+        raise UsageError(f"bisect {' and '.join(given)} applies to the pass bisect; --precision compares "
+                         f"against the float32 model and ranks ops by relative L2 error")
+    result = precision_bisect(args.model, precision=args.precision, top=args.top or 10,
+                              progress=sys.stderr.isatty())
+    Console().print(result.render())
+    return 0
 
 
 def cmd_inspect_html(args, fallback) -> int:
@@ -112,12 +134,17 @@ def add_report_parsers(sub) -> None:
     p.add_argument("--top", type=_positive_int, default=15, help="rows of the top-kernels table (default 15)")
     p.set_defaults(func=cmd_profile)
 
-    p = sub.add_parser("bisect", help="the first pass and rule application after which outputs diverge")
+    p = sub.add_parser("bisect", help="the first pass and rule application after which outputs diverge; "
+                                      "with --precision, the ops whose reduced precision costs the most accuracy")
     p.add_argument("model", help="an .onnx model")
-    p.add_argument("--reference", choices=["O0", "onnxruntime"], default="O0",
+    p.add_argument("--reference", choices=["O0", "onnxruntime"],
                    help="what outputs are compared against (default O0: the unoptimised graph)")
-    p.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
-    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
+    p.add_argument("--rtol", type=float, help="relative tolerance (default 1e-3)")
+    p.add_argument("--atol", type=float, help="absolute tolerance (default 1e-4)")
+    p.add_argument("--precision", choices=["bf16", "fp16"],
+                   help="rank the ops this precision reduces by the outputs' error when only that op is "
+                        "rounded (instead of the pass bisect)")
+    p.add_argument("--top", type=_positive_int, help="rows of the --precision ranking (default 10)")
     p.set_defaults(func=cmd_bisect)
 
     inspect = sub.choices["inspect"]

@@ -54,6 +54,20 @@ def _import(model: Any, example_inputs: Any = None, dynamic_shapes: Any = None) 
                          f"onnx.ModelProto or a fusegraph Graph")
 
 
+def check_op_precision(graph: Graph, config: Config) -> None:
+    """Every ``Config.op_precision`` key names a node or an op type of the imported model (or a
+    fused op type: ``FusedConv``, ``LinearAct`` ...); otherwise a ConfigError naming them."""
+    if not config.op_precision:
+        return
+    from .ops.registry import registered_ops
+    known = {n.name for n in graph.nodes} | {n.op_type for n in graph.nodes}
+    known |= {op for domain, op, _ in registered_ops() if domain == "fusegraph"}
+    unknown = [k for k, _ in config.op_precision if k not in known]
+    if unknown:
+        raise ConfigError(f"{graph.meta.get('source', graph.name)}: Config.op_precision names "
+                          f"{', '.join(map(repr, unknown))}, which is no node name or op type of the model")
+
+
 def _device(config: Config) -> str:
     if config.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -169,18 +183,21 @@ def _plan(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:
 
 def compile(model: Any, config: Config | None = None, *,  # noqa: A001 - public API name
             on_stage: Callable[[str], None] | None = None, example_inputs: Any = None,
-            dynamic_shapes: Any = None) -> CompiledModel:
+            dynamic_shapes: Any = None, calibration_inputs: Any = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or an IR Graph into a CompiledModel.
 
     ``on_stage(name)`` is called as each stage starts: "import", "passes", "planning".
+    ``calibration_inputs``: for ``precision="auto"``, a list of feeds (``{input: array}``) the
+    accuracy search measures on (default: random inputs of the model's input specs).
     """
     config = config or Config()
     with intra_op_threads(config.threads):   # the caller's thread count is back when this returns
-        return _compile(model, config, on_stage or (lambda name: None), example_inputs, dynamic_shapes)
+        return _compile(model, config, on_stage or (lambda name: None), example_inputs, dynamic_shapes,
+                        calibration_inputs)
 
 
 def _compile(model: Any, config: Config, stage: Callable[[str], None], example_inputs: Any,
-             dynamic_shapes: Any) -> CompiledModel:
+             dynamic_shapes: Any, calibration: Any) -> CompiledModel:
     t0 = time.perf_counter()
     stage("import")
     graph = _import(model, example_inputs, dynamic_shapes)
@@ -189,8 +206,13 @@ def _compile(model: Any, config: Config, stage: Callable[[str], None], example_i
     for node in graph.nodes:  # every node must have a kernel: fail at compile time, not run time
         opdef_for(node)
     infer_graph(graph)
+    check_op_precision(graph, config)
     stage("passes")
-    optimize(graph, config, report)
+    if config.precision == "auto":
+        from .precision_auto import search
+        search(graph, config, report, calibration, stage)   # optimises the graph at the chosen policy
+    else:
+        optimize(graph, config, report)
     t2 = time.perf_counter()
     stage("planning")
     report.nodes_final = len(graph.nodes)

@@ -13,7 +13,8 @@ from .errors import ConfigError
 from .runtime.threads import machine_cores
 
 LEVELS = ("O0", "O1", "O2")
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "auto")
+OP_PRECISIONS = ("fp32", "fp16", "bf16")
 MEMORY_MODES = ("off", "balanced", "tight")
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -24,8 +25,17 @@ class Config:
 
     level: pass pipeline, ``O0`` (nothing) .. ``O2`` (everything, the default).
     disabled_passes: pass names to skip.
-    precision: ``fp32``; ``fp16`` / ``bf16`` (and ``op_precision``) are refused with a
-        ConfigError until reduced precision is implemented.
+    precision: the whole-model policy (``passes/precision_policy.py``): ``fp32`` (default);
+        ``bf16`` / ``fp16``: heavy ops (convolutions, products, attention) in that type, sensitive
+        ones (softmax, normalisation, reductions, exp / log / pow) and the logits in fp32;
+        ``auto``: bf16, with the ops whose reduced precision costs the most moved back to fp32
+        until the outputs' relative L2 error on calibration inputs is within ``accuracy_budget``.
+    op_precision: per node name or op type, ``fp32`` | ``bf16`` | ``fp16``, over the policy
+        (``{"Conv": "bf16", "/head/MatMul": "fp32"}``; a dict or pairs). A name or type the
+        model does not have is a ConfigError at compile.
+    accuracy_budget: for ``precision="auto"``: the largest relative L2 error of any output
+        against the fp32 model (default 1e-2); a ConfigError with any other precision unless
+        left at its default.
     aggressive_fusion: refused when true (no fusion rule reads it yet).
     streams: number of execution streams, or ``"auto"``.
     memory: ``off`` (every tensor its own buffer) | ``balanced`` | ``tight``.
@@ -76,6 +86,7 @@ class Config:
     exclusive_tensors: tuple[str, ...] = ()
     external_tensors: tuple[str, ...] = ()
     op_precision: tuple[tuple[str, str], ...] = field(default=())
+    accuracy_budget: float = 1e-2
     cuda_graph: bool = False
     keep_freed_memory: bool = True
     script_segments: bool = True
@@ -95,6 +106,7 @@ class Config:
                                          or not 1 <= self.threads <= machine_cores()):
             raise ConfigError(f"Config.threads must be an integer 1..{machine_cores()} (this machine's cores) "
                               f"or None, got {self.threads!r}")
+        _check_precision(self)
         _refuse_unavailable(self)
         for name in ("cuda_graph", "script_segments", "keep_freed_memory"):
             if not isinstance(getattr(self, name), bool):
@@ -138,11 +150,28 @@ class Config:
         return cls(**{k: _tuples(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
+def _check_precision(config: Config) -> None:
+    ops = config.op_precision
+    if isinstance(ops, dict):
+        ops = tuple(ops.items())
+    if isinstance(ops, str) or not all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str)
+                                       and p[0] for p in ops):
+        raise ConfigError(f"Config.op_precision must map node names or op types to a precision, got {ops!r}")
+    bad = [(k, v) for k, v in ops if v not in OP_PRECISIONS]
+    if bad:
+        raise ConfigError(f"Config.op_precision: {', '.join(f'{k!r}: {v!r}' for k, v in bad)}; each must be one "
+                          f"of {OP_PRECISIONS}")
+    object.__setattr__(config, "op_precision", tuple((k, v) for k, v in ops))
+    budget = config.accuracy_budget
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < 1:
+        raise ConfigError(f"Config.accuracy_budget must be a relative error in (0, 1), got {budget!r}")
+    if config.precision != "auto" and budget != 1e-2:
+        raise ConfigError(f"Config.accuracy_budget is read by precision='auto' only (precision is "
+                          f"{config.precision!r}); leave it at its default")
+
+
 def _refuse_unavailable(config: Config) -> None:
     """Knobs whose feature does not exist yet are refused, never silently ignored."""
-    if config.precision != "fp32" or config.op_precision:
-        raise ConfigError(f"reduced precision is not available yet: fusegraph computes in fp32 only "
-                          f"(got precision={config.precision!r}, op_precision={config.op_precision!r})")
     if config.aggressive_fusion is not False:
         raise ConfigError("Config.aggressive_fusion is not available yet: no fusion rule reads it; "
                           "leave it False")

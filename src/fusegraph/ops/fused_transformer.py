@@ -31,6 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from .activations import gelu as _gelu_fn
 from .common import same_as_input
@@ -301,10 +302,13 @@ _NO_SCALAR = ("Max", "Min")   # torch.maximum / minimum take tensors only
 
 
 def _chain_infer(ctx: NodeContext):
+    """The first activation's type (constants may stay float32 under mixed precision)."""
     shapes = [ctx.shape(i) for i in range(ctx.n_inputs)]
+    live = [i for i in range(ctx.n_inputs) if ctx.const(i) is None]
+    dtype = ctx.dtype(live[0] if live else 0) or None
     if any(s is None for s in shapes):
-        return [(ctx.dtype(0) or None, None)]
-    return [(ctx.dtype(0) or None, broadcast_shapes(*shapes))]
+        return [(dtype, None)]
+    return [(dtype, broadcast_shapes(*shapes))]
 
 
 def chain_source(steps: list[str], n_inputs: int, scalars: dict[int, float]) -> str:
@@ -354,8 +358,17 @@ def _chain(ctx: NodeContext):
     exec(compile(source, f"<fusegraph chain {ctx.name}>", "exec"), env)  # noqa: S102 - source built above
     chain = env["chain"]
 
+    reduced = ctx.node.outputs[0].dtype.to_torch() if ctx.node.outputs[0].dtype in (DType.BFLOAT16, DType.FLOAT16) \
+        else None
+
     def kernel(*xs, out=None):
         return chain(*xs, out=out)
+
+    def rounded_once(*xs, out=None):
+        """bf16 / fp16 activations: every step in float32 (with the float32 constants), one rounding."""
+        y = chain(*(x.float() if x.dtype == reduced else x for x in xs))
+        return y.to(reduced) if out is None else out.copy_(y)
+    kernel = rounded_once if reduced is not None else kernel
     kernel.source = source
     kernel.work = lambda *xs, out=None: xs[0].numel() if out is None else out.numel()
     return kernel

@@ -110,9 +110,9 @@ def _pad_to_cover(x, begin, cover, value):
 
 def native_pool2d(ctx: NodeContext, geo: PoolGeometry, kind: str):
     """(symmetric pads, ceil_mode) with which torch's 2-D ``max_pool2d`` / ``avg_pool2d`` on a
-    float32 input of static shape compute this node exactly, or None."""
+    float32 or bfloat16 input of static shape compute this node exactly, or None."""
     xs = ctx.shape(0)
-    if not (len(geo.kernel) == 2 and ctx.dtype(0) == DType.FLOAT and xs is not None
+    if not (len(geo.kernel) == 2 and ctx.dtype(0) in (DType.FLOAT, DType.BFLOAT16) and xs is not None
             and all(isinstance(v, int) for v in xs)):
         return None
     in_sizes = tuple(xs[2:])

@@ -24,7 +24,9 @@ def options_from_config(config) -> PassOptions:
                        fast_math=config.fast_math,
                        disabled=frozenset(config.disabled_passes),
                        aggressive_fusion=bool(getattr(config, "aggressive_fusion", False)),
-                       fold_broadcast_limit=config.fold_broadcast_limit)
+                       fold_broadcast_limit=config.fold_broadcast_limit,
+                       precision="bf16" if config.precision == "auto" else config.precision,
+                       op_precision=tuple(config.op_precision))
 
 
 def optimize(graph, config, report, options: PassOptions | None = None, on_pass=None) -> None:
@@ -32,6 +34,7 @@ def optimize(graph, config, report, options: PassOptions | None = None, on_pass=
     (``on_pass``: the manager's debugging hook, see ``PassManager``)."""
     from ..ops import infer_node
     from ..report.compile_report import FusionRecord
+    from .precision import precision_summary
 
     options = options or options_from_config(config)
     graph.meta.setdefault("output_names", [v.name for v in graph.outputs])
@@ -43,12 +46,14 @@ def optimize(graph, config, report, options: PassOptions | None = None, on_pass=
     for v in graph.values() if wanted else ():
         if v.name in wanted:
             v.flags.add("external")   # no pass may fold, merge or fuse it away
-    fold_log, rewrite_log = FoldLog(), []
-    steps = build_pipeline(config.level, options, fold_log, rewrite_log)
+    fold_log, rewrite_log, precision_log = FoldLog(), [], []
+    steps = build_pipeline(config.level, options, fold_log, rewrite_log, precision_log)
     manager = PassManager(steps, verify_each=config.verify_each, infer=infer_node,
                           dump_dir=os.environ.get("FUSEGRAPH_DUMP") or None, on_pass=on_pass)
     report.passes.extend(manager.run(graph))
     report.unfolded.extend(fold_log.entries(graph))
+    if options.precision != "fp32" or options.op_precision:
+        report.precision = precision_summary(graph, options, precision_log)
     alive = {n.name for n in graph.nodes}
     for rec in rewrite_log:
         if rec["applied"] or rec.get("final") or all(n in alive for n in rec["nodes"]):

@@ -50,6 +50,8 @@ class PassOptions:
     on_apply: debugging (``fusegraph bisect``): called as ``on_apply(rule, nodes)`` after each
     rule application of a rule-driven pass, with the names of the nodes it replaced. Off (None)
     by default; it may raise to stop the pipeline right after that application.
+    precision / op_precision: the mixed-precision policy and its per-node overrides
+    (``precision.py``; ``fp32`` with no overrides: the pass does not run).
     """
     fold_size_limit: int = 64 * 1024 * 1024
     fast_math: bool = False
@@ -57,6 +59,8 @@ class PassOptions:
     aggressive_fusion: bool = False
     fold_broadcast_limit: int = 4 * 1024 ** 3
     on_apply: Callable[[str, list[str]], None] | None = None
+    precision: str = "fp32"
+    op_precision: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -17,6 +17,7 @@ from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
 from .fusion.engine import FusionPass, rule_names as fusion_rule_names
 from .layout import LayoutPass
+from .precision import PrecisionPass
 from .manager import FixedPoint, PassOptions
 from .rewrite import RuleSetPass
 from .shape_refine import ShapeRefine
@@ -92,8 +93,10 @@ def known_names() -> set[str]:
 
 
 def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
-                   rewrite_log: list | None = None) -> list:
-    """Pass objects for ``level``; ``options.disabled`` names passes or rules to leave out."""
+                   rewrite_log: list | None = None, precision_log: list | None = None) -> list:
+    """Pass objects for ``level``; ``options.disabled`` names passes or rules to leave out.
+    Reduced precision (``options.precision`` / ``op_precision``) is a request, not an
+    optimisation: its pass runs last at every level, and cannot be disabled."""
     if level not in PIPELINES:
         raise ConfigError(f"unknown pipeline level {level!r}; known: {', '.join(PIPELINES)}")
     unknown = set(options.disabled) - known_names()
@@ -123,4 +126,6 @@ def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
                 steps.append(FixedPoint(step.name, passes, step.max_iterations))
         else:
             steps.extend(make([step]))
+    if options.precision != "fp32" or options.op_precision:
+        steps.append(PrecisionPass(options.precision, options.op_precision, precision_log))
     return steps

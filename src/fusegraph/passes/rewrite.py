@@ -21,7 +21,7 @@ from .manager import PassOptions, PassResult, is_locked
 from .rule import FUSEGRAPH_DOMAIN, Decline, Rule, RuleContext, by_priority, verdict
 
 __all__ = ["FUSEGRAPH_DOMAIN", "Decline", "Rule", "RuleContext", "RuleSetPass", "counts_result",
-           "nbytes_of", "rewire", "sweep_dead"]
+           "nbytes_of", "record_sources", "rewire", "sweep_dead"]
 
 
 def nbytes_of(shape, dtype: DType) -> int | None:
@@ -86,7 +86,8 @@ class RuleSetPass:
         self.log.append({"rule": rule.name, "applied": applied, "nodes": names, "reason": reason})
 
     def _apply(self, graph: Graph, root: Node, new, ctx: RuleContext) -> None:
-        rewire(ctx, root, new)
+        news, _ = rewire(ctx, root, new)
+        record_sources(news, [root])
         if all(not o.uses and not o.is_graph_output for o in root.outputs):
             inputs = [v for v in root.inputs if v is not None]
             graph.remove(root)
@@ -121,6 +122,21 @@ def rewire(ctx, root: Node, new) -> tuple[list, list[tuple[Value, str]]]:
             renames.append((repl, out.name))
         out.replace_all_uses_with(repl)
     return news, renames
+
+
+def record_sources(news, matched: list[Node]) -> None:
+    """Remember on each new producer the names and op types of the nodes it replaces
+    (``meta["fused_from"]`` / ``["fused_types"]``, transitively): ``Config.op_precision``
+    names the model's own nodes, which fusion renames."""
+    names, types = [], []
+    for n in matched:
+        names += [n.name, *n.meta.get("fused_from", ())]
+        types += [n.op_type, *n.meta.get("fused_types", ())]
+    for v in news if isinstance(news, (list, tuple)) else [news]:
+        p = None if v is None else v.producer
+        if p is not None and all(p is not m for m in matched):
+            p.meta["fused_from"] = list(dict.fromkeys([*p.meta.get("fused_from", ()), *names]))
+            p.meta["fused_types"] = list(dict.fromkeys([*p.meta.get("fused_types", ()), *types]))
 
 
 def _check_compatible(rule: Rule, old: Value, new: Value) -> None:

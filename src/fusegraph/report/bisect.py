@@ -18,8 +18,9 @@ model's outputs diverge from a reference beyond tolerance (``fusegraph bisect``)
    lies in planning or the runtime (memory plan, streams, segments), not in a pass.
 
 Pass runs are deterministic (node names are drawn in order), so each fresh import replays
-the same rewrites. The precision bisect (``--precision bf16``) waits for reduced precision,
-which is not built yet. Nothing here changes what the compiler does: it only drives it.
+the same rewrites. The precision bisect (``--precision bf16``: the ops whose reduced precision
+costs the most accuracy) is ``report/precision_bisect.py``. Nothing here changes what the
+compiler does: it only drives it.
 """
 from __future__ import annotations
 

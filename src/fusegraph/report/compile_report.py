@@ -39,6 +39,7 @@ class CompileReport:
     fusions: list[FusionRecord] = field(default_factory=list)
     unfolded: list[dict[str, Any]] = field(default_factory=list)
     memory: Any = None
+    precision: dict[str, Any] | None = None   # passes/precision.py: policy, per-node dtypes, casts
     streams: Any = None
     timings: dict[str, float] = field(default_factory=dict)
 

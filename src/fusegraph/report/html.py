@@ -7,8 +7,10 @@ measured time) and before it (the source re-imported, when given), both in colla
 (by name scope, or runs of 64 nodes) with a search box; the fusions applied and declined, with
 reasons (``report.fusions``); the passes with stats and time (``report.passes``); memory (the
 plan's timeline, the lower bound, the order floor, the bytes allocated outside the plan, peak
-RSS); streams (a Gantt chart of a measured run beside the planner's estimate); precision (the
-dtypes ops run in, and the outputs' error against the unoptimised O0 graph); the per-op time
+RSS); streams (a Gantt chart of a measured run beside the planner's estimate); precision (from
+``report.precision``: the policy, nodes per dtype, casts, the heavy ops kept in fp32 with the
+reason, a per-node table of node, op, dtype and why; the outputs' error against the fp32 graph
+unoptimised (O0), and a ``compare.PrecisionComparison``'s accuracy when given); the per-op time
 profile (``report.profile``). The figures the page shows are also in a JSON block
 (``<script type="application/json" id="fg-figures">``), read from ``model.report``.
 
@@ -238,19 +240,84 @@ def _streams_section(model, prof) -> str:
     return "".join(parts) + "</section>"
 
 
-def _precision_section(model, accuracy: list[list[Any]] | None) -> str:
-    by_op: dict[str, Counter] = defaultdict(Counter)
-    for n in model.graph.nodes:
-        for o in n.outputs:
-            by_op[_op(n)][o.dtype.name if hasattr(o.dtype, "name") else str(o.dtype)] += 1
-    rows = [[op, ", ".join(f"{d} x{c}" for d, c in cnt.most_common())] for op, cnt in sorted(by_op.items())]
-    parts = ['<section id="precision"><h2>Precision</h2>',
-             (f"<p>precision: {_e(model.config.precision)}. Reduced precision (bf16 / fp16) is not built yet: "
-              f"every op runs in the dtypes below.</p>"), _table(["op", "output dtypes"], rows)]
+def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any = None) -> str:
+    """The policy, nodes by dtype, casts, the heavy ops kept in fp32 (why), and a per-node table
+    (node, op, dtype, why) in collapsible groups with a search box, from ``report.precision``;
+    a plain fp32 compile shows the output dtypes per op. Then the accuracy tables given."""
+    prec = getattr(model.report, "precision", None)
+    parts = ['<section id="precision"><h2>Precision</h2>']
+    if not prec:
+        by_op: dict[str, Counter] = defaultdict(Counter)
+        for n in model.graph.nodes:
+            for o in n.outputs:
+                by_op[_op(n)][o.dtype.name if hasattr(o.dtype, "name") else str(o.dtype)] += 1
+        rows = [[op, ", ".join(f"{d} x{c}" for d, c in cnt.most_common())] for op, cnt in sorted(by_op.items())]
+        parts += [(f"<p>precision: {_e(model.config.precision)}: every op computes in float32 (compile with "
+                   f"Config(precision=&quot;bf16&quot;) for mixed precision); output dtypes per op:</p>"),
+                  _table(["op", "output dtypes"], rows)]
+    else:
+        get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
+        by_dtype = dict(get("by_dtype") or {})
+        kept = list(get("kept_fp32") or [])
+        nodes = list(get("nodes") or [])
+        overrides = dict(get("op_precision") or {})
+        parts.append('<div class="figs">')
+        parts.append(_fig("policy", str(get("policy")), "precision_policy", get("policy")))
+        for dtype, count in sorted(by_dtype.items(), key=lambda kv: -kv[1]):
+            parts.append(_fig(f"nodes in {dtype}", str(count), f"precision_nodes_{dtype}", count))
+        parts.append(_fig("precision casts", str(get("casts") or 0), "precision_casts", get("casts") or 0))
+        parts.append(_fig("heavy ops kept in fp32", str(len(kept)), "precision_kept_fp32", len(kept)))
+        parts.append("</div>")
+        if overrides:
+            parts.append("<p>op_precision: " + _e(", ".join(f"{k}={v}" for k, v in overrides.items())) + "</p>")
+        parts.append(f'<details class="group"{" open" if kept else ""}><summary>heavy ops kept in fp32, with '
+                     f"the reason ({len(kept)})</summary>"
+                     + _table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
+                                                     for k in kept]) + "</details>")
+        head = "".join(f"<th>{_e(h)}</th>" for h in ["node", "op", "dtype", "class", "why"])
+        items = [(_scope(str(r.get("node", ""))),
+                  _row(f"{r.get('node', '')} {r.get('op', '')} {r.get('dtype', '')}",
+                       [_e(r.get("node", "")), _e(r.get("op", "")), _e(r.get("dtype", "")), _e(r.get("class", "")),
+                        _e(r.get("why", ""))], "reduced" if r.get("dtype") != "fp32" else ""))
+                 for r in nodes]
+        groups = _groups(items)
+        small = len(nodes) <= GROUP_CHUNK
+        parts.append(f'<div id="precision-nodes"><h3>Per node: {len(nodes)} float nodes</h3>'
+                     f'<input class="search" type="search" placeholder="search by node name, op or dtype" '
+                     f'data-target="precision-nodes" oninput="fgSearch(this)"> '
+                     f'<button onclick="fgToggle(\'precision-nodes\', true)">expand all</button> '
+                     f'<button onclick="fgToggle(\'precision-nodes\', false)">collapse all</button> '
+                     f'<span class="hits muted"></span>'
+                     + "".join(f'<details class="group"{" open" if small else ""}><summary>{_e(t)}</summary>'
+                               f'<table class="precision-nodes"><tr>{head}</tr>{"".join(rows)}</table></details>'
+                               for t, rows in groups) + "</div>")
     if accuracy:
-        parts.append("<p>outputs against the unoptimised graph (O0), same inputs:</p>"
-                     + _table(["output", "shape", "max abs error", "max rel error"], accuracy))
+        parts.append("<p>outputs against the fp32 graph unoptimised (O0), same inputs:</p>"
+                     + _table(["output", "shape", "rel L2 error", "max abs error", "cosine", "top-1 agrees"],
+                              accuracy, {2, 3, 4}))
+    if comparison is not None:
+        parts.append(_comparison_table(comparison))
     return "".join(parts) + "</section>"
+
+
+def _num(v: Any, fmt: str = ".3g") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def _comparison_table(result: Any) -> str:
+    """A ``compare.PrecisionComparison``'s accuracy (per output, both sides against the reference)."""
+    p = result.precision
+    rows = []
+    for name, sides in result.accuracy.items():
+        f, r, rv = (sides.get(k, {}) for k in ("fp32", "reduced", "reduced_vs_fp32"))
+        top1 = [x.get("top1_agree") for x in (f, r, rv)]
+        rows.append([name, _num(f.get("rel_l2")), _num(r.get("rel_l2")), _num(rv.get("rel_l2")),
+                     _num(r.get("max_abs")), _num(r.get("cosine"), ".6f"),
+                     " / ".join("—" if t is None else f"{100 * t:.1f}%" for t in top1)])
+    return (f"<p>fp32 and {_e(p)} against {_e(result.reference)}, {_e(result.inputs)} random input(s):</p>"
+            + _table(["output", "rel L2 fp32 vs ref", f"rel L2 {p} vs ref", f"rel L2 {p} vs fp32",
+                      f"max abs {p} vs ref", f"cosine {p} vs ref", "top-1 agreement (fp32 / reduced / vs fp32)"],
+                     rows, {1, 2, 3, 4, 5}))
 
 
 def _profile_section(prof) -> str:
@@ -269,26 +336,33 @@ def _profile_section(prof) -> str:
 
 
 def _accuracy(model, feeds, source) -> list[list[Any]] | None:
+    """Rows (output, shape, rel L2, max abs, cosine, top-1 agrees) of ``model``'s outputs against
+    the fp32 graph unoptimised (O0) on ``feeds`` (``report.accuracy.output_errors``)."""
     if source is None:
         return None
     import numpy as np
 
     from ..compiler import compile as fg_compile
     from ..config import Config
+    from .accuracy import output_errors
     ref_model = fg_compile(source, Config(level="O0", memory="off", script_segments=False,
                                           threads=model.config.threads))
     try:
-        ref = ref_model.run(feeds)
+        ref = {k: np.asarray(v) for k, v in ref_model.run(feeds).items()}
     finally:
         ref_model.close()
-    got = model.run(feeds)
+    got = {k: np.asarray(v) for k, v in model.run(feeds).items()}
+    errors = output_errors(got, ref)
     rows = []
     for name, r in ref.items():
-        g = np.asarray(got.get(name), dtype=np.float64)
-        r = np.asarray(r, dtype=np.float64)
-        d = np.abs(g - r) if g.shape == r.shape else np.array([np.inf])
-        rows.append([name, str(tuple(r.shape)), f"{d.max() if d.size else 0:.3g}",
-                     f"{(d / (np.abs(r) + 1e-12)).max() if d.size and g.shape == r.shape else float('inf'):.3g}"])
+        e = errors.get(name)
+        if e is None:
+            continue
+        same = name in got and got[name].shape == r.shape
+        top1 = e.get("top1_agree")
+        rows.append([name, str(tuple(r.shape)), f"{e['rel_l2']:.3g}" if same else "shape differs",
+                     f"{e['max_abs']:.3g}", f"{e['cosine']:.6f}",
+                     "—" if top1 is None else ("yes" if top1 else "no")])
     return rows
 
 
@@ -315,12 +389,24 @@ def figures_of(model, prof=None) -> dict[str, Any]:
             "fusions_declined": sum(not f.applied for f in r.fusions), "pass_runs": len(r.passes),
             "streams": streams.num_streams if streams is not None else 1,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "profiled_kernels": len(prof.kernel_events) if prof else 0}
+            "profiled_kernels": len(prof.kernel_events) if prof else 0,
+            "precision": _precision_figures(r.precision)}
 
 
-def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = None, runs: int = 5) -> str:
+def _precision_figures(prec) -> dict[str, Any] | None:
+    if not prec:
+        return None
+    get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
+    return {"policy": get("policy"), "by_dtype": dict(get("by_dtype") or {}), "casts": get("casts") or 0,
+            "kept_fp32": len(get("kept_fp32") or []), "nodes": len(get("nodes") or []),
+            "op_precision": dict(get("op_precision") or {})}
+
+
+def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = None, runs: int = 5,
+                comparison: Any = None) -> str:
     """The page for ``model``; ``feeds`` (inputs) for the measured run and the accuracy table,
-    ``source`` (the model given to ``compile``) for the graph before optimisation."""
+    ``source`` (the model given to ``compile``) for the graph before optimisation,
+    ``comparison`` (a ``compare.PrecisionComparison``) for its accuracy table."""
     from .profile import profile
     prof = profile(model, feeds, runs=runs) if feeds is not None else None
     figures = figures_of(model, prof)
@@ -348,7 +434,7 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
         before_html = ('<section id="graph-before"><h2>Graph before optimisation</h2><p>not available: '
                        "the model was loaded from an artifact (give the source model)</p></section>")
     sections = [summary, after, before_html, _fusions_section(r), _passes_section(r), _memory_section(r, figures),
-                _streams_section(model, prof), _precision_section(model, accuracy), _profile_section(prof)]
+                _streams_section(model, prof), _precision_section(model, accuracy, comparison), _profile_section(prof)]
     nav = "".join(f'<a href="#{s}">{t}</a>' for s, t in [
         ("summary", "summary"), ("graph-after", "graph after"), ("graph-before", "graph before"),
         ("fusions", "fusions"), ("passes", "passes"), ("memory", "memory"), ("streams", "streams"),
@@ -363,11 +449,11 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
 
 
 def write_html(model, path: str | Path, *, feeds: Mapping[str, Any] | None = None, source: Any = None,
-               runs: int = 5) -> dict[str, Any]:
+               runs: int = 5, comparison: Any = None) -> dict[str, Any]:
     """Write ``render_html(...)`` to ``path``; returns its size and node count."""
     if source is None:
         src = str(model.graph.meta.get("source", ""))
         source = src if src.endswith(".onnx") and Path(src).is_file() else None
-    page = render_html(model, feeds, source=source, runs=runs)
+    page = render_html(model, feeds, source=source, runs=runs, comparison=comparison)
     Path(path).write_text(page, encoding="utf-8")
     return {"bytes": len(page.encode()), "nodes": len(model.graph.nodes)}

@@ -26,7 +26,7 @@ import importlib
 from ...errors import PassError
 from ...ir import Graph, Node, Value
 from ..manager import PassOptions, PassResult
-from ..rewrite import counts_result, rewire, sweep_dead
+from ..rewrite import counts_result, record_sources, rewire, sweep_dead
 from ..rule import Decline, Rule, RuleContext, by_priority, verdict
 from .pattern import Match, explain, match
 
@@ -136,6 +136,7 @@ class FusionPass:
     def _apply(self, graph: Graph, m: Match, new, ctx: FusionContext) -> str:
         root = m.root
         news, renames = rewire(ctx, root, new)
+        record_sources(news, list(m.matched))
         inputs: list[Value] = []
         for node in reversed(m.matched):
             if node.graph is graph and all(not o.uses and not o.is_graph_output for o in node.outputs):

@@ -1,8 +1,9 @@
 """``CpuBackend``: the CPU's kernel choices, lowering and artifact state (``protocol.py``).
 
 - ``kernel``: FusedConv (``conv.py``), LinearAct (``linear.py``), MaxPool / AveragePool
-  (``pool.py``) take oneDNN kernels where they fit, or decline with a reason; every other op
-  takes its own portable kernel. Every kernel then runs under the threading policy
+  (``pool.py``) take oneDNN kernels where they fit (float16 convolutions and products: float32
+  inside, float16 storage), or decline with a reason; every other op takes its own portable
+  kernel. Every kernel then runs under the threading policy
   (``threading_policy.with_policy``: small calls on one intra-op thread).
 - ``lower``: runs of consecutive nodes of one generated function (or of one piece of a
   stream's function between its events) become script segments (``segments.py``), on CPU
@@ -22,7 +23,7 @@ from ....errors import ArtifactError
 from ..protocol import Backend, Decline, Deferred, Lowered
 from . import host_memory, prepack
 from . import script_ops  # noqa: F401  (registers the ops' TorchScript emitters)
-from .conv import fused_conv_kernel
+from .conv import fused_conv_kernel, twin_of
 from .linear import linear_act_kernel
 from .pool import pool_kernel_for
 from .segments import available as segments_available, form_segments
@@ -100,7 +101,8 @@ class CpuBackend(Backend):
             if v is None or not v.is_const or v.name in out:
                 continue
             forms, seen = [], []
-            for key, p, threads in prepack.packed_for(v.const):
+            twin = twin_of(v.const)       # a float16 weight's float32 copy (conv.fp32_twin), packed instead
+            for key, p, threads in prepack.packed_for(v.const if twin is None else twin):
                 if (key, threads) not in seen:       # the same weight bound twice: one copy
                     seen.append((key, threads))
                     forms.append((key, *prepack.to_bytes(p), threads))

@@ -1,15 +1,15 @@
 """The CPU backend's kernels for ``fusegraph::FusedConv`` (``ops/fused_cnn.py`` holds the op,
 its semantics and its portable ATen kernel).
 
-Chosen once at bind time, for a float32 2-D convolution with static shapes, constant weights
-and an ``nhwc`` output (the layout pass's choice):
-- one oneDNN Graph partition (``onednn_graph_cnn.conv_kernel``: compiled once, ~5 us a call
+Chosen once at bind time, for a float32 or bfloat16 (``ONEDNN_TYPES``) 2-D convolution with
+static shapes, constant weights and an ``nhwc`` output (the layout pass's choice):
+- float32: one oneDNN Graph partition (``onednn_graph_cnn.conv_kernel``: compiled once, ~5 us a call
   against ideep's ~20 us of primitive set-up), compiled for the thread count it runs at, behind
   a ``Deferred`` (a node that ends inside a script segment never compiles one); an activation
   it does not fuse faithfully (``onednn_graph.POST_OP_IR``) runs after it in place. It
   allocates its output; when malloc does not keep freed memory, outputs of
   ``FRESH_OUT_BYTES`` or more take the ideep kernel below instead (planned buffer);
-- otherwise oneDNN through ``torch.ops.mkldnn._convolution_pointwise`` (``.binary`` "add" for
+- otherwise (and bfloat16: AMX) oneDNN through ``torch.ops.mkldnn._convolution_pointwise`` (``.binary`` "add" for
   the residual), the weights reordered once into oneDNN's blocked format for the known input
   size (``prepack.conv_weight``; a loaded artifact provides the blocked form it stored). The
   input is read channels-last and the output is channels-last. The activations whose oneDNN
@@ -22,11 +22,15 @@ and an ``nhwc`` output (the layout pass's choice):
 - small 1x1 stride-1 convolutions (at most ``GEMM_MACS`` multiply-adds) run as one GEMM on the
   channels-last data (``addmm`` into the output, with ``out=``), the activation in place:
   oneDNN's fixed cost per call (~30 us) exceeds their arithmetic.
+A float16 convolution runs the same kernels in float32 over a float32 copy of its weights, its
+input upcast and its result rounded to float16 once (``FP16_COMPUTE``, ``_fp16_storage_kernel``).
 Anything else declines (the op's portable kernel: ``F.conv*``, then the activation).
 Convolutions under ``PARALLEL_MACS`` multiply-adds run on one intra-op thread
 (``threading_policy.serial``; benchmarks/RESULTS.md, "Convolution threading threshold").
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +44,8 @@ from .onednn_graph_cnn import conv_kernel as graph_conv_kernel
 from .threading_policy import PARALLEL_MACS, serial, threads_for
 
 CL = torch.channels_last
+# data types oneDNN's convolutions run here: float32, and bfloat16 on AMX / AVX512-BF16
+ONEDNN_TYPES = (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 GEMM_MACS = 8_000_000
 FRESH_OUT_BYTES = 1 << 20  # larger outputs go into the planned buffer, not a fresh allocation
 
@@ -54,12 +60,13 @@ ONEDNN_UNARY = {
 NAN_UNSAFE = {"relu", "hardtanh", "gelu", "gelu_tanh", "hardsigmoid"}
 
 
-def _mkldnn_ok(ctx, w) -> bool:
+def _mkldnn_ok(ctx, w, types=ONEDNN_TYPES) -> bool:
     xs = ctx.shape(0)
-    return (ctx.node.outputs[0].layout == "nhwc" and w is not None and w.device.type == "cpu" and w.dtype == torch.float32
+    return (ctx.node.outputs[0].layout == "nhwc" and w is not None and w.device.type == "cpu"
+            and w.dtype in types and ctx.dtype(0) is not None and ctx.dtype(0).to_torch() == w.dtype
             and torch.backends.mkldnn.is_available() and xs is not None and len(xs) == 4
             and all(isinstance(v, int) for v in xs[1:])
-            and (ctx.const(2) is None or ctx.const(2).dtype == torch.float32))
+            and (ctx.const(2) is None or ctx.const(2).dtype == w.dtype))
 
 
 def fused_conv_kernel(ctx, opdef, provided: dict, exact: bool = True):
@@ -73,19 +80,80 @@ def fused_conv_kernel(ctx, opdef, provided: dict, exact: bool = True):
     w = ctx.const(1)
     macs = conv_macs(ctx, w)
     one_thread = macs is not None and w.device.type == "cpu" and macs < PARALLEL_MACS
+    if w is not None and w.dtype == torch.float16 and FP16_COMPUTE == "fp32":
+        return _fp16_storage_kernel(ctx, w, activation, params, provided, exact, one_thread)
     if not _mkldnn_ok(ctx, w):
         if w is None or w.device.type != "cpu":
             return Decline("weights are not a constant CPU tensor", "onednn")
-        return Decline("needs a float32 4-D nhwc convolution with static shapes", "onednn")
-    if onednn_graph.AVAILABLE and (ctx.freed_memory_kept or _out_bytes(ctx) < FRESH_OUT_BYTES):
+        return Decline("needs a float32 or bfloat16 4-D nhwc convolution with static shapes", "onednn")
+    return _onednn_kernel(ctx, w, ctx.const(2), activation, params, provided, exact, one_thread)
+
+
+def _onednn_kernel(ctx, w, b, activation, params, provided, exact, one_thread):
+    """The oneDNN Graph partition (behind a ``Deferred``) or ideep kernel for weight ``w`` and bias ``b``."""
+    if onednn_graph.AVAILABLE and w.dtype == torch.float32 and (ctx.freed_memory_kept or _out_bytes(ctx) < FRESH_OUT_BYTES):
         def build():
             with threads_for(one_thread):   # the partition is compiled for the count it runs at
-                kernel = _graph_kernel(ctx, w, activation, params, exact)
-            kernel = kernel or _mkldnn_kernel(ctx, w, activation, params, provided, exact)
+                kernel = _graph_kernel(ctx, w, b, activation, params, exact)
+            kernel = kernel or _mkldnn_kernel(ctx, w, b, activation, params, provided, exact)
             return serial(kernel) if one_thread else kernel
-        return Deferred(_channels_last_input(portable_kernel(ctx, activation, params)), build)
-    kernel = _mkldnn_kernel(ctx, w, activation, params, provided, exact)
+        plain = portable_kernel(ctx, activation, params)
+        return Deferred(_channels_last_input(lambda x, _w=None, _b=None, *z: plain(x, w, b, *z)), build)
+    kernel = _mkldnn_kernel(ctx, w, b, activation, params, provided, exact)
     return serial(kernel) if one_thread else kernel
+
+
+# float16 convolutions compute in float32 over float16 storage (no AMX-FP16 here): resnet50 fp16-native
+# 93 ms, fp32-compute 61 ms, fp32 48 ms at 2 threads (benchmarks/RESULTS.md, "fp16 on CPU")
+FP16_COMPUTE = "fp32"      # "fp16": decline to the op's portable float16 kernel (ATen -> oneDNN fp16)
+_twins: dict[int, tuple] = {}    # id(fp16 weight) -> (weakref(it), its float32 copy)
+
+
+def fp32_twin(w: torch.Tensor) -> torch.Tensor:
+    """The float32 copy of float16 constant ``w``, made once and kept while ``w`` lives
+    (``CpuBackend.export_state`` finds its packed forms through it)."""
+    key = id(w)
+    got = _twins.get(key)
+    if got is None or got[0]() is not w:
+        got = _twins[key] = (weakref.ref(w, lambda _: _twins.pop(key, None)), w.float().contiguous())
+    return got[1]
+
+
+def twin_of(w: torch.Tensor) -> torch.Tensor | None:
+    """``fp32_twin(w)`` when it was made, else None."""
+    got = _twins.get(id(w))
+    return got[1] if got is not None and got[0]() is w else None
+
+
+def _fp16_storage_kernel(ctx, w16, activation, params, provided, exact, one_thread):
+    """float16 in and out, float32 inside: the float32 oneDNN kernel over the weight's float32
+    copy (made once), the input (and residual) upcast per call, the result rounded to float16
+    once; exactly the float16 rounding of the float32-accumulated ``act(conv + b + z)``."""
+    if not _mkldnn_ok(ctx, w16, (torch.float16,)):
+        return Decline("needs a float16 4-D nhwc convolution with static shapes", "onednn")
+    b16 = ctx.const(2)
+    b = None if b16 is None else b16.float()
+    inner = _onednn_kernel(ctx, fp32_twin(w16), b, activation, params, provided, exact, one_thread)
+    return _fp16_io(inner, ctx.has_input(3))
+
+
+def _fp16_io(inner, residual: bool):
+    """``inner`` (a float32 kernel, or a ``Deferred`` of one) over float16 inputs and output."""
+    def wrap(kernel):
+        def conv_fp16(x, w=None, b=None, z=None, out=None):
+            y = kernel(x.float(), None, None, z.float()) if residual else kernel(x.float())
+            if out is None:
+                return y.to(torch.float16)
+            out.copy_(y)
+            return out
+        conv_fp16.fp16_compute = "fp32"
+        conv_fp16.onednn_graph = getattr(kernel, "onednn_graph", None)
+        return conv_fp16
+    if isinstance(inner, Deferred):
+        deferred = Deferred(wrap(inner.plain), lambda: wrap(inner.resolve()))
+        deferred.fp16_compute = "fp32"
+        return deferred
+    return wrap(inner)
 
 
 def _channels_last_input(kernel):
@@ -107,10 +175,9 @@ def conv2d_geometry(ctx, w: torch.Tensor):
     return list(s), list(begin), list(end), list(d), geo.group
 
 
-def _graph_kernel(ctx, w: torch.Tensor, activation: str, params: list[float], exact: bool = True):
+def _graph_kernel(ctx, w: torch.Tensor, b, activation: str, params: list[float], exact: bool = True):
     """The oneDNN Graph kernel (``onednn_graph_cnn.conv_kernel``), or None when it declines."""
     s, begin, end, d, group = conv2d_geometry(ctx, w)
-    b = ctx.const(2)
     if begin != end or min(begin) < 0 or (ctx.has_input(2) and b is None):
         return None
     fused = activation if activation in post_ops(exact) else ""
@@ -131,10 +198,10 @@ def _then(kernel, act, params):
     return conv_act
 
 
-def _mkldnn_kernel(ctx, w: torch.Tensor, activation: str, params: list[float], provided: dict,
+def _mkldnn_kernel(ctx, w: torch.Tensor, b, activation: str, params: list[float], provided: dict,
                    exact: bool = True):
     if exact and activation in NAN_UNSAFE:       # the convolution alone, the activation after it
-        return _then(_mkldnn_kernel(ctx, w, "", params, provided), ACTIVATIONS[activation], params)
+        return _then(_mkldnn_kernel(ctx, w, b, "", params, provided), ACTIVATIONS[activation], params)
     xs = tuple(ctx.shape(0))
     geo = ConvGeometry(ctx)
     g = geo.group
@@ -149,7 +216,6 @@ def _mkldnn_kernel(ctx, w: torch.Tensor, activation: str, params: list[float], p
     else:
         padding, sizes = list(begin), list(xs[2:])
     batch = xs[0] if isinstance(xs[0], int) else 1
-    b = ctx.const(2)
     bias = None if b is None else b.contiguous()
     if not ctx.has_input(3) and _gemm_ok(xs, w, s, d, g, begin, end):   # before prepacking: GEMM needs none
         return _gemm_kernel(w, bias, ACTIVATIONS[activation], params)

@@ -1,4 +1,4 @@
-"""The CPU backend's kernels for ``fusegraph::LinearAct`` with a constant float32 weight
+"""The CPU backend's kernels for ``fusegraph::LinearAct`` with a constant float32 or bfloat16 weight
 stored ``[N, K]`` (``trans_b``; the fusion rules store constant weights that way); the op
 and its portable addmm kernel are in ``ops/fused_transformer.py``.
 
@@ -9,6 +9,8 @@ and its portable addmm kernel are in ``ops/fused_transformer.py``.
   NaN), on every intra-op thread: MKL's sgemm takes a slow generic path on AMD CPUs
   (``benchmarks/bench_gemv.py``, RESULTS.md). Both allocate their result (oneDNN has no
   ``out=``); weights over ``PACKED_COPY_BYTES`` take the inner product (no reordered copy).
+A float16 LinearAct runs the same kernels in float32 over a float32 copy of its weight
+(``conv.fp32_twin``), its input upcast and its result rounded to float16 once (``FP16_COMPUTE``).
 Anything else declines to the portable kernel.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from ....ops.fused_transformer import ACTIVATIONS
 from ..protocol import Decline, Deferred
 from . import onednn_graph
+from .conv import ONEDNN_TYPES, fp32_twin
 from .onednn_graph_linear import linear_kernel
 
 # A larger constant weight keeps the inner product over the plain weight: the 1x1-convolution
@@ -35,20 +38,20 @@ ONEDNN_ACTIVATIONS = {"none": ("none", ""), "sigmoid": ("sigmoid", ""), "tanh": 
 FAST_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none")}
 
 
-def _why_not(ctx) -> str | None:
+def _why_not(ctx, types=ONEDNN_TYPES) -> str | None:
     if not ctx.attr("trans_b", 0):
         return "the weight is not stored [N, K]"
     w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
     if w is None or w.device.type != "cpu":
         return "the weight is not a constant CPU tensor"
-    if not (w.dim() == 2 and w.dtype == torch.float32 and w.is_contiguous() and w.numel() > 0):
-        return "needs a non-empty contiguous 2-D float32 weight"
+    if not (w.dim() == 2 and w.dtype in types and w.is_contiguous() and w.numel() > 0):
+        return f"needs a non-empty contiguous 2-D {' or '.join(str(t).split('.')[1] for t in types)} weight"
     if not torch.backends.mkldnn.is_available():
         return "this torch has no oneDNN"
-    if ctx.dtype(0) is None or ctx.dtype(0).to_torch() != torch.float32:
-        return "the input is not float32"
-    if ctx.has_input(2) and (b is None or b.dtype != torch.float32 or b.dim() != 1):
-        return "the bias is not a constant 1-D float32 tensor"
+    if ctx.dtype(0) is None or ctx.dtype(0).to_torch() != w.dtype:
+        return "the input's type is not the weight's"
+    if ctx.has_input(2) and (b is None or b.dtype != w.dtype or b.dim() != 1):
+        return "the bias is not a constant 1-D tensor of the weight's type"
     return None
 
 
@@ -77,10 +80,43 @@ def linear_act_kernel(ctx, opdef, exact: bool = True):
     name = ctx.attr("activation")
     if name != "none" and name not in ACTIVATIONS:
         return opdef.build(ctx)      # the op refuses it with its own typed error
+    w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
+    if w is not None and w.dtype == torch.float16 and FP16_COMPUTE == "fp32":
+        why = _why_not(ctx, (torch.float16,))
+        if why is not None:
+            return Decline(why, "onednn")
+        return _fp16_io(_kernel(ctx, fp32_twin(w), None if b is None else b.float(), name, exact))
     why = _why_not(ctx)
     if why is not None:
         return Decline(why, "onednn")
-    w, b = ctx.const(1), ctx.const(2) if ctx.has_input(2) else None
+    return _kernel(ctx, w, b, name, exact)
+
+
+# float16 products compute in float32 over float16 storage: 128x768x768 at 2 threads fp16 addmm
+# 0.62 ms, fp32 0.55 ms; BERT / GPT-2 level within noise (benchmarks/RESULTS.md, "fp16 on CPU")
+FP16_COMPUTE = "fp32"      # "fp16": decline to the op's portable kernel (ATen's float16 addmm)
+
+
+def _fp16_io(inner):
+    """``inner`` (a float32 kernel, or a ``Deferred`` of one) over a float16 input and output:
+    the float16 rounding of the float32-accumulated ``act(x @ w^T + b)``."""
+    def wrap(kernel):
+        def linear_fp16(x, w=None, b=None, out=None):
+            y = kernel(x.float())
+            if out is None:
+                return y.to(torch.float16)
+            out.copy_(y)
+            return out
+        linear_fp16.fp16_compute = "fp32"
+        return linear_fp16
+    if isinstance(inner, Deferred):
+        deferred = Deferred(wrap(inner.plain), lambda: wrap(inner.resolve()))
+        deferred.fp16_compute = "fp32"
+        return deferred
+    return wrap(inner)
+
+
+def _kernel(ctx, w, b, name, exact):
     inner = _onednn_linear(w, b, name, exact)
     xs = ctx.shape(0)
     rows = math.prod(xs[:-1]) if xs is not None and all(isinstance(d, int) for d in xs) else None

@@ -69,7 +69,7 @@ def linear_kernel(name: str, w: torch.Tensor, b: torch.Tensor | None, activation
             if m not in kernels:
                 if len(kernels) >= MAX_SHAPES:
                     return None
-                g = GraphKernel(f"{name}[{m}]", ir, constants, lambda: [_as_positions(torch.zeros(m, k))])
+                g = GraphKernel(f"{name}[{m}]", ir, constants, lambda: [_as_positions(torch.zeros(m, k, dtype=w.dtype))])
                 kernels[m] = g if g.ok else None
             return kernels[m]
 

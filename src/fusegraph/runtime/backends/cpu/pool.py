@@ -7,6 +7,7 @@ to -FLT_MAX). Anything else declines to the portable kernel.
 """
 from __future__ import annotations
 
+from ....ir import DType
 from ....ops.pool import PoolGeometry, native_pool2d
 from ..protocol import Decline, Deferred
 from . import onednn_graph
@@ -21,6 +22,9 @@ def pool_kernel_for(ctx, opdef):
     x, y = ctx.node.inputs[0], ctx.node.outputs[0]
     if not (onednn_graph.AVAILABLE and x.layout == "nhwc"):
         return Decline("needs an nhwc input and oneDNN Graph", "onednn")
+    if x.dtype != DType.FLOAT:
+        return Decline(f"a {x.dtype.name} input: torch's own pool (oneDNN Graph's partitions run float32 here)",
+                       "onednn")
     geo = PoolGeometry(ctx)
     native = native_pool2d(ctx, geo, kind)
     if native is None:

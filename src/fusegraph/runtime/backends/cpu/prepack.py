@@ -61,7 +61,7 @@ def conv_weight(name: str, w: torch.Tensor, padding, stride, dilation, groups: i
     key = conv_key(w, padding, stride, dilation, groups, input_size)
     threads = torch.get_num_threads()
     packed = None
-    for k, make, t in (provided or {}).get(name, ()):
+    for k, make, t in (provided or {}).get(name, ()) if w.dtype == torch.float32 else ():
         if k == key and t == threads:
             packed = make()
             break
@@ -69,6 +69,8 @@ def conv_weight(name: str, w: torch.Tensor, padding, stride, dilation, groups: i
         reorders[0] += 1
         packed = torch.ops.mkldnn._reorder_convolution_weight(w.contiguous(), list(padding), list(stride),
                                                               list(dilation), groups, list(input_size))
+    if w.dtype != torch.float32:     # the stored form's descriptor is checked as float32's:
+        return packed                # reduced-precision weights are reordered at each bind
     entry = _made.get(id(w))
     if entry is None or entry[0]() is not w:
         entry = _made[id(w)] = (weakref.ref(w, lambda _, i=id(w): _made.pop(i, None)), [])

@@ -38,7 +38,9 @@ _GELU_TANH = math.sqrt(2.0 / math.pi)
 
 
 def _float_static(ctx: NodeContext, *values) -> bool:
-    """Every given value (default: all inputs and outputs) is a float32 tensor of static shape."""
+    """Every given value (default: all inputs and outputs) is a float32 tensor of static shape.
+    (bfloat16 stays out: the bridge's bf16 partitions ran 5x slower than ideep's kernels and
+    handed oneDNN-layout tensors to ops that cannot read them; ``benchmarks/RESULTS.md``.)"""
     vs = values or [v for v in ctx.node.inputs if v is not None] + list(ctx.node.outputs)
     return all(v.dtype == DType.FLOAT and v.shape is not None and all(isinstance(d, int) for d in v.shape)
                for v in vs)

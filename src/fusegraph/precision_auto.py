@@ -1,0 +1,157 @@
+"""``precision="auto"``: the bf16 policy, with the ops whose reduced precision costs the most
+moved back to float32 until the outputs stay within ``Config.accuracy_budget``.
+
+``search(graph, config, report, calibration, stage)`` optimises ``graph`` in place at the
+chosen policy and records the search in ``report.precision["auto"]``:
+
+1. the reference: a copy of the imported graph compiled at float32; its outputs on the
+   calibration inputs (given, or two random inputs of the model's specs);
+2. the candidate with the whole bf16 policy; within budget (the largest relative L2 error of
+   any output on any calibration input), it is the answer;
+3. otherwise each reduced node's sensitivity: the outputs' error when only that node's
+   outputs are rounded to bf16 in the float32 reference (one hooked run per node);
+4. a search over k, the number of most sensitive nodes kept in float32 (k = 1, 2, 4 ... until
+   within budget, then a bisection; each step one precision pass on a copy, a bind and a run
+   on the calibration inputs), for the smallest k within budget (k = all of them is the
+   float32 model, which always is).
+
+The user's own ``op_precision`` entries hold in every candidate. Nothing here is a pass: it
+drives the compiler, as ``report/bisect.py`` does.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .errors import InputError
+from .ir import Graph
+from .ir.serialize import graph_from_dict, graph_to_dict
+from .report.accuracy import relative_l2
+
+CALIBRATION_INPUTS = 2
+
+
+def _copy(graph: Graph) -> Graph:
+    return graph_from_dict(*graph_to_dict(graph))
+
+
+def _feeds(graph: Graph, calibration) -> list[dict]:
+    if calibration is None:
+        from .runtime.feeds import random_feeds
+        return [random_feeds(graph.inputs, seed=i) for i in range(CALIBRATION_INPUTS)]
+    feeds = [calibration] if isinstance(calibration, dict) else list(calibration)
+    if not feeds or not all(isinstance(f, dict) for f in feeds):
+        raise InputError("calibration_inputs must be a feed dict or a non-empty list of them")
+    return feeds
+
+
+def _error(model, feeds: list[dict], want: list[dict]) -> float:
+    """The largest relative L2 error of any float output on any input (NaN: infinite)."""
+    worst = 0.0
+    for f, w in zip(feeds, want):
+        got = model.run(f)
+        for name, ref in w.items():
+            if np.issubdtype(np.asarray(ref).dtype, np.floating):
+                e = relative_l2(got[name], ref)
+                worst = max(worst, float("inf") if e != e else e)
+    return worst
+
+
+def sensitivity(model, feeds: dict, want: dict, names: list[str], dtype: torch.dtype) -> dict[str, float]:
+    """node name -> the outputs' relative L2 error when only that node's outputs are rounded to
+    ``dtype``: one hooked run of the float32 ``model`` per node (its end-to-end cost, which a
+    deep net's later layers amplify less than its early ones)."""
+    order = {name: i for i, name in enumerate(model.plan.order)}
+    out: dict[str, float] = {}
+    for name in names:
+        index = order.get(name)
+        if index is None:
+            continue
+
+        def hook(i, phase, outputs, index=index):
+            if i == index and phase == 1:
+                for t in outputs:
+                    if isinstance(t, torch.Tensor) and t.is_floating_point():
+                        t.copy_(t.to(dtype))
+        got = model.run(feeds, hook=hook)
+        errors = [relative_l2(got[k], w) for k, w in want.items() if np.issubdtype(np.asarray(w).dtype, np.floating)]
+        out[name] = max((float("inf") if e != e else e for e in errors), default=0.0)
+    return out
+
+
+def _model_names(imported: Graph, optimised: Graph) -> dict[str, str]:
+    """Optimised node name -> the imported node name ``op_precision`` can use for it (its own,
+    or the first node fused into it)."""
+    known = {n.name for n in imported.nodes}
+    out = {}
+    for n in optimised.nodes:
+        key = n.name if n.name in known else next((x for x in n.meta.get("fused_from", ()) if x in known), None)
+        if key is not None:
+            out[n.name] = key
+    return out
+
+
+def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str], None]) -> None:
+    from .compiler import CompiledModel, _plan
+    from .passes import optimize
+    from .passes.precision import PrecisionPass
+    from .report import CompileReport
+
+    feeds = _feeds(graph, calibration)
+    user = tuple(config.op_precision)
+    fp32 = config.replace(precision="fp32", op_precision=(), accuracy_budget=1e-2)
+    base = _copy(graph)
+    optimize(base, fp32, CompileReport())          # every pass but precision, once
+
+    def bind(g, cfg):       # node by node: the same numbers (fp32 segments: to 1e-4), no probes to bind
+        cfg = cfg.replace(script_segments=False)
+        return CompiledModel(g, cfg, (r := CompileReport()), _plan(g, cfg, r))
+
+    reference = bind(_copy(base), fp32)
+    want = [reference.run(f) for f in feeds]
+    candidates: dict[int, float] = {}
+
+    def candidate(kept: list[str]):
+        g, log = _copy(base), []
+        PrecisionPass("bf16", user + tuple((n, "fp32") for n in kept), log).run(g)
+        model = bind(g, fp32)
+        candidates[len(kept)] = _error(model, feeds, want)
+        return model, log
+
+    stage("precision search")
+    full, log = candidate([])
+    budget = config.accuracy_budget
+    ranked: list[tuple[str, float]] = []
+    k = 0
+    if candidates[0] > budget:
+        keys = _model_names(graph, full.graph)
+        reduced = [r["node"] for r in log if r["dtype"] != "fp32" and r["class"] == "reduce"]
+        cost = sensitivity(reference, feeds[0], want[0], reduced, torch.bfloat16)
+        ranked = sorted(((keys[n], cost.get(n, float("inf"))) for n in reduced if n in keys), key=lambda p: -p[1])
+        lo, hi = 1, len(ranked)          # the smallest k in [lo, hi] within budget; hi always is
+        step = 1                         # galloping first: a few ops often carry most of the error
+        while step < hi:
+            candidate([n for n, _ in ranked[:step]])
+            if candidates[step] <= budget:
+                hi = step
+                break
+            lo, step = step + 1, step * 2
+        while lo < hi:
+            mid = (lo + hi) // 2
+            candidate([n for n, _ in ranked[:mid]])
+            if candidates[mid] <= budget:
+                hi = mid
+            else:
+                lo = mid + 1
+        k = lo
+    kept = [n for n, _ in ranked[:k]]
+    optimize(graph, fp32.replace(precision="bf16", op_precision=user + tuple((n, "fp32") for n in kept)), report)
+    report.precision["policy"] = "auto"
+    report.precision["auto"] = {
+        "budget": budget, "calibration_inputs": len(feeds), "error": candidates.get(k),
+        "bf16_error": candidates[0],
+        "kept_fp32": [{"node": n, "sensitivity": e, "why": "among the most sensitive ops: the budget needs it"}
+                      for n, e in ranked[:k]],
+        "steps": [{"kept": n, "error": e} for n, e in sorted(candidates.items())]}

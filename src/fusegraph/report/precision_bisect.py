@@ -1,0 +1,168 @@
+"""Precision bisect: the ops whose reduced precision costs a model the most accuracy
+(``fusegraph bisect MODEL --precision bf16``).
+
+``precision_bisect(model, precision="bf16"|"fp16", config, feeds, top) -> PrecisionBisectResult``:
+
+1. the reference: the model compiled at float32 (node by node: ``script_segments`` off, so a
+   hook sees every node), its outputs on the given feeds or on random inputs of its specs;
+2. the model compiled at ``precision``: its whole-model error (the largest relative L2 error
+   of any float output against the reference) and, from ``report.precision["nodes"]``, every
+   node the policy runs in the reduced type (``REDUCE`` ops, and ``FOLLOW`` ops whose inputs
+   are reduced: an elementwise Add / Sub after a conv runs reduced too);
+3. each such node's sensitivity, shared with ``precision="auto"``
+   (``precision_auto.sensitivity``): the outputs' error when only that node's outputs are
+   rounded to the reduced type in the float32 reference, one hooked run per node.
+
+Node names agree between the two compiles: the precision pass runs last and only adds casts.
+Rounding a node's output is what the reduced model does to it (a fused elementwise chain, too,
+computes in float32 and rounds once); the rounding of its weights is not simulated. Nothing
+here changes what the compiler does: it only drives it, as ``report/bisect.py`` does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+
+DTYPES = ("bf16", "fp16")
+
+
+@dataclass
+class RankedOp:
+    node: str
+    op: str
+    dtype: str
+    sensitivity: float           # outputs' relative L2 error with only this node rounded (NaN: not measured)
+    why: str                     # the policy's reason for running it reduced
+    fused_from: list[str] = field(default_factory=list)    # the model's nodes fused into it
+
+    @property
+    def label(self) -> str:
+        return self.node + (f" ({', '.join(self.fused_from)})" if self.fused_from else "")
+
+
+@dataclass
+class PrecisionBisectResult:
+    model: str
+    precision: str
+    error: float                 # the whole model at ``precision`` against float32
+    ranked: list[RankedOp] = field(default_factory=list)    # every reduced node, most sensitive first
+    top: int = 10
+
+    @property
+    def worst(self) -> RankedOp | None:
+        return self.ranked[0] if self.ranked else None
+
+    def _head(self) -> str:
+        return (f"{self.model}: {self.precision} vs fp32: whole-model relative L2 error {self.error:.3g}; "
+                f"{len(self.ranked)} node(s) run in {self.precision}")
+
+    def to_text(self, top: int | None = None) -> str:
+        top = self.top if top is None else top
+        lines = [self._head()]
+        if not self.ranked:
+            return lines[0] + f"\nno node runs in {self.precision}: nothing to rank"
+        lines.append(f"most sensitive ops (outputs' relative L2 error with only that op rounded to "
+                     f"{self.precision}):")
+        width = max(len(r.label) for r in self.ranked[:top])
+        for i, r in enumerate(self.ranked[:top], 1):
+            lines.append(f"  {i:>3}  {r.label:<{width}}  {r.op:<18} {_sci(r.sensitivity):>9}  {r.why}")
+        if len(self.ranked) > top:
+            lines.append(f"  ... {len(self.ranked) - top} more")
+        return "\n".join(lines)
+
+    def render(self, top: int | None = None):
+        """A rich table of the ``top`` most sensitive ops, the whole-model error as its caption."""
+        from rich.markup import escape
+        from rich.table import Table
+        top = self.top if top is None else top
+        table = Table(title=f"{self.model}: ops ranked by their {self.precision} sensitivity",
+                      caption=self._head() + ("" if len(self.ranked) <= top else
+                                              f"; {len(self.ranked) - top} more not shown"))
+        table.add_column("#", justify="right")
+        table.add_column("node", no_wrap=True)
+        table.add_column("op", no_wrap=True)
+        table.add_column("rel L2 error", justify="right", no_wrap=True)
+        table.add_column("why it runs reduced", min_width=20)
+        for i, r in enumerate(self.ranked[:top], 1):
+            fused = f"\n[dim]fused from {', '.join(r.fused_from)}[/dim]" if r.fused_from else ""
+            table.add_row(str(i), r.node, r.op, _sci(r.sensitivity), escape(r.why) + fused)
+        return table
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "precision": self.precision, "error": self.error,
+                "ranked": [vars(r).copy() for r in self.ranked]}
+
+
+def _sci(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:.3g}"
+
+
+def _error(got: dict, want: dict) -> float:
+    from .accuracy import relative_l2
+    worst = 0.0
+    for name, w in want.items():
+        if np.issubdtype(np.asarray(w).dtype, np.floating):
+            e = relative_l2(got[name], w)
+            worst = max(worst, float("inf") if math.isnan(e) else e)
+    return worst
+
+
+def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: dict | None = None,
+                     top: int = 10, progress: bool = False) -> PrecisionBisectResult:
+    """Rank the nodes ``precision`` would reduce by the accuracy each costs alone (see the
+    module doc); ``config``: the rest of the compile (its ``op_precision`` holds on the reduced
+    side)."""
+    import torch
+
+    from ..compiler import _import
+    from ..compiler import compile as fg_compile
+    from ..config import Config
+    from ..ir.serialize import graph_from_dict, graph_to_dict
+    from ..ops import infer_graph
+    from ..precision_auto import sensitivity
+    from .bisect import _progress
+    if precision not in DTYPES:
+        raise UsageError(f"precision bisect: precision must be one of {', '.join(DTYPES)}, got {precision!r}")
+    config = config or Config()
+    graph = _import(model)
+    infer_graph(graph)
+    name = str(graph.meta.get("source", graph.name))
+
+    def fresh():       # each compile optimises its own copy (a Graph model is left as given)
+        return graph_from_dict(*graph_to_dict(graph))
+
+    with _progress(progress) as tick:
+        tick("fp32 reference")
+        reference = fg_compile(fresh(), config.replace(precision="fp32", op_precision=(), script_segments=False))
+        try:
+            feeds = feeds if feeds is not None else _random_feeds(reference.graph)
+            want = reference.run(feeds)
+            tick(f"{precision} model")
+            reduced = fg_compile(fresh(), config.replace(precision=precision))
+            try:
+                error = _error(reduced.run(feeds), want)
+                nodes = [r for r in (reduced.report.precision or {}).get("nodes", [])
+                         if r["class"] in ("reduce", "follow") and r["dtype"] != "fp32"]
+            finally:
+                reduced.close()
+            tick(f"sensitivity of {len(nodes)} node(s)")
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+            cost = sensitivity(reference, feeds, want, [r["node"] for r in nodes], dtype)
+            fused = {n.name: list(n.meta.get("fused_from", ())) for n in reference.graph.nodes}
+        finally:
+            reference.close()
+    ranked = [RankedOp(r["node"], r["op"], r["dtype"], cost.get(r["node"], float("nan")), r["why"],
+                       [x for x in fused.get(r["node"], []) if x != r["node"]]) for r in nodes]
+    # most sensitive first; a node not measured (no such node in the fp32 plan) last
+    ranked.sort(key=lambda r: (math.isnan(r.sensitivity), 0.0 if math.isnan(r.sensitivity) else -r.sensitivity))
+    return PrecisionBisectResult(name, precision, error, ranked, top)
+
+
+def _random_feeds(graph) -> dict[str, np.ndarray]:
+    from ..runtime.feeds import random_feeds
+    return random_feeds(graph.inputs, 0)
