@@ -20,6 +20,7 @@ drives the compiler, as ``report/bisect.py`` does.
 """
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable
 
 import numpy as np
@@ -147,6 +148,8 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
                 lo = mid + 1
         k = lo
     kept = [n for n, _ in ranked[:k]]
+    del full, reference, base
+    gc.collect()          # the candidates' bound kernels and packed weights go before the real bind
     optimize(graph, fp32.replace(precision="bf16", op_precision=user + tuple((n, "fp32") for n in kept)), report)
     report.precision["policy"] = "auto"
     report.precision["auto"] = {
