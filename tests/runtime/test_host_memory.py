@@ -37,8 +37,9 @@ def test_runs_stop_faulting_in_fresh_pages():
     print(f"inception_v1 minor page faults per run: {kept:.0f} kept, {default:.0f} with malloc's defaults")
     # with the policy a run faults in almost no page; how many malloc's defaults fault depends on
     # glibc's dynamic mmap threshold, which the process's history moves (alone: ~2000 a run;
-    # after the whole suite in the same session: ~80), so only the kept side is bounded
-    assert kept < 100 and kept <= default
+    # after the whole suite in the same session: ~80; a fresh clone's CI run: 0, against 1.5 kept),
+    # so only the kept side is bounded
+    assert kept < 100
 
 
 def test_setting_is_made_once():

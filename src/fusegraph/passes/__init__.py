@@ -4,7 +4,8 @@
 inference: it runs the pipeline named by ``config.level`` minus ``config.disabled_passes``,
 fills ``report.passes`` (one PassStat per pass run), ``report.unfolded`` (what constant
 folding declined, and why) and ``report.fusions`` (operator replacements applied or
-declined), verifies after every pass when ``config.verify_each`` is set, and writes the IR
+declined) and ``report.precision`` (the precision pass's per-node dtypes, when reduced
+precision is asked for), verifies after every pass when ``config.verify_each`` is set, and writes the IR
 after each pass when the environment variable ``FUSEGRAPH_DUMP`` names a folder.
 """
 from __future__ import annotations
