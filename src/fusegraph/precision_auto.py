@@ -147,6 +147,8 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
             else:
                 lo = mid + 1
         k = lo
+        if k not in candidates:          # every reduced node kept: the bound, never measured
+            candidate([n for n, _ in ranked[:k]])
     kept = [n for n, _ in ranked[:k]]
     del full, reference, base
     gc.collect()          # the candidates' bound kernels and packed weights go before the real bind
