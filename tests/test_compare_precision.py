@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 import fusegraph as fg
 from fusegraph.cli import build_parser, main, op_precision_arg
-from fusegraph.compare import compare_precision, render_precision
+from fusegraph.compare_precision import compare_precision, render_precision
 from fusegraph.config_file import config_from_toml
 from fusegraph.errors import ConfigError, UsageError
 from fusegraph.report.html import render_html

@@ -292,7 +292,7 @@ def _compare_precision(args) -> int:
     """``compare --precision P``: fp32 beside P, same config otherwise (``--level``: both sides)."""
     from rich.console import Console
 
-    from .compare import compare_precision, render_precision
+    from .compare_precision import compare_precision, render_precision
     reduced = _config(args)     # checks --precision / --op-precision (a ConfigError for a bad value)
     if reduced.precision == "fp32":
         raise UsageError("compare --precision sets the reduced side (bf16, fp16 or auto); the other side is "

@@ -10,7 +10,7 @@ plan's timeline, the lower bound, the order floor, the bytes allocated outside t
 RSS); streams (a Gantt chart of a measured run beside the planner's estimate); precision (from
 ``report.precision``: the policy, nodes per dtype, casts, the heavy ops kept in fp32 with the
 reason, a per-node table of node, op, dtype and why; the outputs' error against the fp32 graph
-unoptimised (O0), and a ``compare.PrecisionComparison``'s accuracy when given); the per-op time
+unoptimised (O0), and a ``compare_precision.PrecisionComparison``'s accuracy when given); the per-op time
 profile (``report.profile``). The figures the page shows are also in a JSON block
 (``<script type="application/json" id="fg-figures">``), read from ``model.report``.
 
@@ -305,7 +305,7 @@ def _num(v: Any, fmt: str = ".3g") -> str:
 
 
 def _comparison_table(result: Any) -> str:
-    """A ``compare.PrecisionComparison``'s accuracy (per output, both sides against the reference)."""
+    """A ``compare_precision.PrecisionComparison``'s accuracy (per output, both sides against the reference)."""
     p = result.precision
     rows = []
     for name, sides in result.accuracy.items():
@@ -406,7 +406,7 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
                 comparison: Any = None) -> str:
     """The page for ``model``; ``feeds`` (inputs) for the measured run and the accuracy table,
     ``source`` (the model given to ``compile``) for the graph before optimisation,
-    ``comparison`` (a ``compare.PrecisionComparison``) for its accuracy table."""
+    ``comparison`` (a ``compare_precision.PrecisionComparison``) for its accuracy table."""
     from .profile import profile
     prof = profile(model, feeds, runs=runs) if feeds is not None else None
     figures = figures_of(model, prof)
