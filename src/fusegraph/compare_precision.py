@@ -94,10 +94,8 @@ def _fresh(model_src: Any) -> Any:
     """A source ``fg.compile`` may consume: an IR Graph is optimised in place, so each compile
     gets its own copy (through the artifact's graph serialisation); anything else is re-read."""
     from .ir import Graph
-    if isinstance(model_src, Graph):
-        from .ir.serialize import graph_from_dict, graph_to_dict
-        return graph_from_dict(*graph_to_dict(model_src))
-    return model_src
+    from .ir.serialize import copy_graph
+    return copy_graph(model_src) if isinstance(model_src, Graph) else model_src
 
 
 def _p90(samples: list[float]) -> float:

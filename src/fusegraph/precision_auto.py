@@ -23,19 +23,14 @@ from __future__ import annotations
 import gc
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from .errors import InputError
 from .ir import Graph
-from .ir.serialize import graph_from_dict, graph_to_dict
-from .report.accuracy import relative_l2
+from .ir.serialize import copy_graph
+from .report.accuracy import worst_error
 
 CALIBRATION_INPUTS = 2
-
-
-def _copy(graph: Graph) -> Graph:
-    return graph_from_dict(*graph_to_dict(graph))
 
 
 def _feeds(graph: Graph, calibration) -> list[dict]:
@@ -50,14 +45,7 @@ def _feeds(graph: Graph, calibration) -> list[dict]:
 
 def _error(model, feeds: list[dict], want: list[dict]) -> float:
     """The largest relative L2 error of any float output on any input (NaN: infinite)."""
-    worst = 0.0
-    for f, w in zip(feeds, want):
-        got = model.run(f)
-        for name, ref in w.items():
-            if np.issubdtype(np.asarray(ref).dtype, np.floating):
-                e = relative_l2(got[name], ref)
-                worst = max(worst, float("inf") if e != e else e)
-    return worst
+    return max(worst_error(model.run(f), w) for f, w in zip(feeds, want))
 
 
 def sensitivity(model, feeds: dict, want: dict, names: list[str], dtype: torch.dtype) -> dict[str, float]:
@@ -76,9 +64,7 @@ def sensitivity(model, feeds: dict, want: dict, names: list[str], dtype: torch.d
                 for t in outputs:
                     if isinstance(t, torch.Tensor) and t.is_floating_point():
                         t.copy_(t.to(dtype))
-        got = model.run(feeds, hook=hook)
-        errors = [relative_l2(got[k], w) for k, w in want.items() if np.issubdtype(np.asarray(w).dtype, np.floating)]
-        out[name] = max((float("inf") if e != e else e for e in errors), default=0.0)
+        out[name] = worst_error(model.run(feeds, hook=hook), want)
     return out
 
 
@@ -103,19 +89,19 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     feeds = _feeds(graph, calibration)
     user = tuple(config.op_precision)
     fp32 = config.replace(precision="fp32", op_precision=(), accuracy_budget=1e-2)
-    base = _copy(graph)
+    base = copy_graph(graph)
     optimize(base, fp32, CompileReport())          # every pass but precision, once
 
     def bind(g, cfg):       # node by node: the same numbers (fp32 segments: to 1e-4), no probes to bind
         cfg = cfg.replace(script_segments=False)
         return CompiledModel(g, cfg, (r := CompileReport()), _plan(g, cfg, r))
 
-    reference = bind(_copy(base), fp32)
+    reference = bind(copy_graph(base), fp32)
     want = [reference.run(f) for f in feeds]
     candidates: dict[int, float] = {}
 
     def candidate(kept: list[str]):
-        g, log = _copy(base), []
+        g, log = copy_graph(base), []
         PrecisionPass("bf16", user + tuple((n, "fp32") for n in kept), log).run(g)
         model = bind(g, fp32)
         candidates[len(kept)] = _error(model, feeds, want)
@@ -150,7 +136,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
         if k not in candidates:          # every reduced node kept: the bound, never measured
             candidate([n for n, _ in ranked[:k]])
     kept = [n for n, _ in ranked[:k]]
-    del full, reference, base
+    full = reference = base = None
     gc.collect()          # the candidates' bound kernels and packed weights go before the real bind
     optimize(graph, fp32.replace(precision="bf16", op_precision=user + tuple((n, "fp32") for n in kept)), report)
     report.precision["policy"] = "auto"

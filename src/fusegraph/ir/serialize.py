@@ -234,6 +234,12 @@ def _make_value(e: Any, tensors: dict) -> Value:
     return v
 
 
+def copy_graph(graph: Graph) -> Graph:
+    """An independent copy of ``graph`` (nodes, values, meta) sharing its constant tensors:
+    what a pass may optimise in place while the original stays as it was."""
+    return graph_from_dict(*graph_to_dict(graph))
+
+
 def graph_from_dict(data: Any, tensors: dict[str, torch.Tensor], _level: int = 0) -> Graph:
     """Rebuild a graph; raises ArtifactError on anything malformed. Call ``verify()`` after.
     (``_level``: how deep this graph is nested in bodies; bounded.)"""

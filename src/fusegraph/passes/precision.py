@@ -192,10 +192,8 @@ def precision_summary(graph: Graph, options, log: list[dict]) -> dict:
     by_dtype: dict[str, int] = {}
     for r in log:
         by_dtype[r["dtype"]] = by_dtype.get(r["dtype"], 0) + 1
-    heavy = {REDUCE}
     return {"policy": options.precision, "op_precision": dict(options.op_precision), "nodes": list(log),
             "by_dtype": by_dtype,
             "casts": sum(1 for n in graph.nodes if n.op_type == "Cast" and n.meta.get("rule") == "precision"),
-            "kept_fp32": [{"node": r["node"], "op": r["op"], "why": r["why"]} for r in log
-                          if r["dtype"] == "fp32" and (r["class"] in heavy or r["why"] == LOGITS_WHY
-                                                       or r["why"].startswith("Config.op_precision"))]}
+            "kept_fp32": [{"node": r["node"], "op": r["op"], "why": r["why"]} for r in log   # the logits, or asked for
+                          if r["dtype"] == "fp32" and (r["why"] == LOGITS_WHY or r["why"] == "Config.op_precision: fp32")]}

@@ -1,7 +1,8 @@
 """Accuracy of one model's outputs against a reference's: relative L2 error, max abs error,
 cosine similarity, and for classifiers top-1 agreement (pure functions over NumPy outputs).
 
-``output_errors(got, want)`` compares one run; ``accumulate`` folds several runs (the worst
+``output_errors(got, want)`` compares one run (``worst_error``: just its largest relative L2);
+``accumulate`` folds several runs (the worst
 relative L2 and max abs error, the mean cosine, the share of inputs whose top-1 agrees).
 A classifier output is a float tensor of shape ``[1, N]`` or ``[N]`` with N >= 2.
 """
@@ -65,6 +66,12 @@ def accumulate(runs: list[dict[str, dict]]) -> dict[str, dict]:
             agg["top1_agree"] = sum(r["top1_agree"] for r in rows) / len(rows)
         out[name] = agg
     return out
+
+
+def worst_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> float:
+    """The largest relative L2 error of any float output of ``want`` (NaN: infinitely wrong)."""
+    errors = [relative_l2(got[k], w) for k, w in want.items() if np.issubdtype(np.asarray(w).dtype, np.floating)]
+    return max((float("inf") if e != e else e for e in errors), default=0.0)
 
 
 def worst_rel_l2(errors: Mapping[str, dict]) -> float:

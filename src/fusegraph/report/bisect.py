@@ -140,10 +140,10 @@ class _Bisector:
         """Compile a copy of ``graph`` at O0 (no pass, no memory plan), run it, compare."""
         from ..compiler import compile as fg_compile
         from ..config import Config
-        from ..ir.serialize import graph_from_dict, graph_to_dict
+        from ..ir.serialize import copy_graph
         self.evaluations += 1
         try:
-            copy = graph_from_dict(*graph_to_dict(graph))
+            copy = copy_graph(graph)
             model = fg_compile(copy, Config(level="O0", memory="off", script_segments=False,
                                             threads=self.config.threads))
         except FusegraphError as exc:   # a pass that leaves an unrunnable graph is a culprit too

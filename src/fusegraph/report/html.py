@@ -15,11 +15,11 @@ profile (``report.profile``). The figures the page shows are also in a JSON bloc
 (``<script type="application/json" id="fg-figures">``), read from ``model.report``.
 
 No network: style and script are inline (``html_assets.py``), plots are inline SVG drawn by
-matplotlib (``html_plots.py``), and no URL appears in the page. Model strings are escaped.
+matplotlib (``html_plots.py``), and no URL appears in the page. The precision section is
+``html_precision.py``; tables, figures and groups ``html_parts.py``. Model strings are escaped.
 """
 from __future__ import annotations
 
-import html
 import json
 import resource
 from collections import Counter, defaultdict
@@ -28,65 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from .html_assets import CSS, JS
+from .html_parts import _e, _fig, _groups, _mib, _op, _row, _scope, _table
+from .html_precision import _precision_figures, _precision_section
 
-GROUP_CHUNK = 64
 MAX_DECLINED_ROWS = 2000
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _mib(n: int | None) -> str:
-    return "—" if n is None else f"{n / (1 << 20):.2f} MiB"
-
-
-def _fig(label: str, value: str, key: str | None = None, raw: Any = None) -> str:
-    data = f' data-fig="{_e(key)}" data-value="{_e(raw)}"' if key else ""
-    return f'<div class="fig"{data}>{_e(label)}<b>{_e(value)}</b></div>'
-
-
-def _table(head: list[str], rows: list[list[Any]], num: set[int] = frozenset()) -> str:
-    th = "".join(f'<th{" class=num" if i in num else ""}>{_e(h)}</th>' for i, h in enumerate(head))
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if i in num else ""}>{_e(c)}</td>'
-                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
-
-
-def _op(node) -> str:
-    return f"{node.domain}::{node.op_type}" if node.domain else node.op_type
-
-
-def _scope(name: str) -> str | None:
-    parts = [p for p in name.split("/") if p]
-    return "/".join(parts[:min(3, len(parts) - 1)]) if len(parts) > 1 else None
-
-
-def _groups(items: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
-    """(title, rows) groups from (scope key, row html) in order: consecutive rows sharing a
-    name scope; rows without one in runs of ``GROUP_CHUNK``."""
-    groups: list[tuple[str | None, list[str]]] = []
-    for key, row in items:
-        if groups and groups[-1][0] == key and (key is not None or len(groups[-1][1]) < GROUP_CHUNK):
-            groups[-1][1].append(row)
-        else:
-            groups.append((key, [row]))
-    merged: list[tuple[str | None, list[str]]] = []
-    for key, rows in groups:   # a scope and its sub-scopes are one group; tiny groups join the previous
-        if merged:
-            prev, prev_rows = merged[-1]
-            related = prev is not None and key is not None and (prev.startswith(key) or key.startswith(prev)) \
-                and "/" in min(prev, key, key=len)
-            if related or len(rows) < 4:
-                merged[-1] = ((min(prev, key, key=len) if related else prev), prev_rows + rows)
-                continue
-        merged.append((key, rows))
-    out, start = [], 0
-    for key, rows in merged:
-        title = key or f"nodes {start}–{start + len(rows) - 1}"
-        out.append((f"{title} ({len(rows)})", rows))
-        start += len(rows)
-    return out
 
 
 def _graph_section(sid: str, title: str, head: list[str], items: list[tuple[str, str]], note: str = "") -> str:
@@ -100,11 +45,6 @@ def _graph_section(sid: str, title: str, head: list[str], items: list[tuple[str,
             f'<button onclick="fgToggle(\'{sid}\', true)">expand all</button> '
             f'<button onclick="fgToggle(\'{sid}\', false)">collapse all</button> <span class="hits muted"></span>'
             f"{body}</section>")
-
-
-def _row(key: str, cells: list[str], cls: str = "") -> str:
-    return (f'<tr class="node{" " + cls if cls else ""}" data-key="{_e(key.lower())}">'
-            + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
 
 
 def _covers(report) -> dict[str, list[str]]:
@@ -240,86 +180,6 @@ def _streams_section(model, prof) -> str:
     return "".join(parts) + "</section>"
 
 
-def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any = None) -> str:
-    """The policy, nodes by dtype, casts, the heavy ops kept in fp32 (why), and a per-node table
-    (node, op, dtype, why) in collapsible groups with a search box, from ``report.precision``;
-    a plain fp32 compile shows the output dtypes per op. Then the accuracy tables given."""
-    prec = getattr(model.report, "precision", None)
-    parts = ['<section id="precision"><h2>Precision</h2>']
-    if not prec:
-        by_op: dict[str, Counter] = defaultdict(Counter)
-        for n in model.graph.nodes:
-            for o in n.outputs:
-                by_op[_op(n)][o.dtype.name if hasattr(o.dtype, "name") else str(o.dtype)] += 1
-        rows = [[op, ", ".join(f"{d} x{c}" for d, c in cnt.most_common())] for op, cnt in sorted(by_op.items())]
-        parts += [(f"<p>precision: {_e(model.config.precision)}: every op computes in float32 (compile with "
-                   f"Config(precision=&quot;bf16&quot;) for mixed precision); output dtypes per op:</p>"),
-                  _table(["op", "output dtypes"], rows)]
-    else:
-        get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
-        by_dtype = dict(get("by_dtype") or {})
-        kept = list(get("kept_fp32") or [])
-        nodes = list(get("nodes") or [])
-        overrides = dict(get("op_precision") or {})
-        parts.append('<div class="figs">')
-        parts.append(_fig("policy", str(get("policy")), "precision_policy", get("policy")))
-        for dtype, count in sorted(by_dtype.items(), key=lambda kv: -kv[1]):
-            parts.append(_fig(f"nodes in {dtype}", str(count), f"precision_nodes_{dtype}", count))
-        parts.append(_fig("precision casts", str(get("casts") or 0), "precision_casts", get("casts") or 0))
-        parts.append(_fig("heavy ops kept in fp32", str(len(kept)), "precision_kept_fp32", len(kept)))
-        parts.append("</div>")
-        if overrides:
-            parts.append("<p>op_precision: " + _e(", ".join(f"{k}={v}" for k, v in overrides.items())) + "</p>")
-        parts.append(f'<details class="group"{" open" if kept else ""}><summary>heavy ops kept in fp32, with '
-                     f"the reason ({len(kept)})</summary>"
-                     + _table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
-                                                     for k in kept]) + "</details>")
-        head = "".join(f"<th>{_e(h)}</th>" for h in ["node", "op", "dtype", "class", "why"])
-        items = [(_scope(str(r.get("node", ""))),
-                  _row(f"{r.get('node', '')} {r.get('op', '')} {r.get('dtype', '')}",
-                       [_e(r.get("node", "")), _e(r.get("op", "")), _e(r.get("dtype", "")), _e(r.get("class", "")),
-                        _e(r.get("why", ""))], "reduced" if r.get("dtype") != "fp32" else ""))
-                 for r in nodes]
-        groups = _groups(items)
-        small = len(nodes) <= GROUP_CHUNK
-        parts.append(f'<div id="precision-nodes"><h3>Per node: {len(nodes)} float nodes</h3>'
-                     f'<input class="search" type="search" placeholder="search by node name, op or dtype" '
-                     f'data-target="precision-nodes" oninput="fgSearch(this)"> '
-                     f'<button onclick="fgToggle(\'precision-nodes\', true)">expand all</button> '
-                     f'<button onclick="fgToggle(\'precision-nodes\', false)">collapse all</button> '
-                     f'<span class="hits muted"></span>'
-                     + "".join(f'<details class="group"{" open" if small else ""}><summary>{_e(t)}</summary>'
-                               f'<table class="precision-nodes"><tr>{head}</tr>{"".join(rows)}</table></details>'
-                               for t, rows in groups) + "</div>")
-    if accuracy:
-        parts.append("<p>outputs against the fp32 graph unoptimised (O0), same inputs:</p>"
-                     + _table(["output", "shape", "rel L2 error", "max abs error", "cosine", "top-1 agrees"],
-                              accuracy, {2, 3, 4}))
-    if comparison is not None:
-        parts.append(_comparison_table(comparison))
-    return "".join(parts) + "</section>"
-
-
-def _num(v: Any, fmt: str = ".3g") -> str:
-    return "—" if v is None else format(v, fmt)
-
-
-def _comparison_table(result: Any) -> str:
-    """A ``compare_precision.PrecisionComparison``'s accuracy (per output, both sides against the reference)."""
-    p = result.precision
-    rows = []
-    for name, sides in result.accuracy.items():
-        f, r, rv = (sides.get(k, {}) for k in ("fp32", "reduced", "reduced_vs_fp32"))
-        top1 = [x.get("top1_agree") for x in (f, r, rv)]
-        rows.append([name, _num(f.get("rel_l2")), _num(r.get("rel_l2")), _num(rv.get("rel_l2")),
-                     _num(r.get("max_abs")), _num(r.get("cosine"), ".6f"),
-                     " / ".join("—" if t is None else f"{100 * t:.1f}%" for t in top1)])
-    return (f"<p>fp32 and {_e(p)} against {_e(result.reference)}, {_e(result.inputs)} random input(s):</p>"
-            + _table(["output", "rel L2 fp32 vs ref", f"rel L2 {p} vs ref", f"rel L2 {p} vs fp32",
-                      f"max abs {p} vs ref", f"cosine {p} vs ref", "top-1 agreement (fp32 / reduced / vs fp32)"],
-                     rows, {1, 2, 3, 4, 5}))
-
-
 def _profile_section(prof) -> str:
     if prof is None:
         return '<section id="profile"><h2>Time profile</h2><p>not measured</p></section>'
@@ -391,15 +251,6 @@ def figures_of(model, prof=None) -> dict[str, Any]:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "profiled_kernels": len(prof.kernel_events) if prof else 0,
             "precision": _precision_figures(r.precision)}
-
-
-def _precision_figures(prec) -> dict[str, Any] | None:
-    if not prec:
-        return None
-    get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
-    return {"policy": get("policy"), "by_dtype": dict(get("by_dtype") or {}), "casts": get("casts") or 0,
-            "kept_fp32": len(get("kept_fp32") or []), "nodes": len(get("nodes") or []),
-            "op_precision": dict(get("op_precision") or {})}
 
 
 def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = None, runs: int = 5,

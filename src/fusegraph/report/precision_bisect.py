@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from .accuracy import worst_error
 
 DTYPES = ("bf16", "fp16")
 
@@ -102,16 +103,6 @@ def _sci(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.3g}"
 
 
-def _error(got: dict, want: dict) -> float:
-    from .accuracy import relative_l2
-    worst = 0.0
-    for name, w in want.items():
-        if np.issubdtype(np.asarray(w).dtype, np.floating):
-            e = relative_l2(got[name], w)
-            worst = max(worst, float("inf") if math.isnan(e) else e)
-    return worst
-
-
 def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: dict | None = None,
                      top: int = 10, progress: bool = False) -> PrecisionBisectResult:
     """Rank the nodes ``precision`` would reduce by the accuracy each costs alone (see the
@@ -122,7 +113,7 @@ def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: di
     from ..compiler import _import
     from ..compiler import compile as fg_compile
     from ..config import Config
-    from ..ir.serialize import graph_from_dict, graph_to_dict
+    from ..ir.serialize import copy_graph
     from ..ops import infer_graph
     from ..precision_auto import sensitivity
     from .bisect import _progress
@@ -134,7 +125,7 @@ def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: di
     name = str(graph.meta.get("source", graph.name))
 
     def fresh():       # each compile optimises its own copy (a Graph model is left as given)
-        return graph_from_dict(*graph_to_dict(graph))
+        return copy_graph(graph)
 
     with _progress(progress) as tick:
         tick("fp32 reference")
@@ -145,7 +136,7 @@ def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: di
             tick(f"{precision} model")
             reduced = fg_compile(fresh(), config.replace(precision=precision))
             try:
-                error = _error(reduced.run(feeds), want)
+                error = worst_error(reduced.run(feeds), want)
                 nodes = [r for r in (reduced.report.precision or {}).get("nodes", [])
                          if r["class"] in ("reduce", "follow") and r["dtype"] != "fp32"]
             finally:

@@ -134,21 +134,22 @@ def _fp16_storage_kernel(ctx, w16, activation, params, provided, exact, one_thre
     b16 = ctx.const(2)
     b = None if b16 is None else b16.float()
     inner = _onednn_kernel(ctx, fp32_twin(w16), b, activation, params, provided, exact, one_thread)
-    return _fp16_io(inner, ctx.has_input(3))
+    return fp16_io(inner, ctx.has_input(3))
 
 
-def _fp16_io(inner, residual: bool):
-    """``inner`` (a float32 kernel, or a ``Deferred`` of one) over float16 inputs and output."""
+def fp16_io(inner, residual: bool = False):
+    """``inner`` (a float32 kernel of a convolution or product, or a ``Deferred`` of one) over
+    float16 inputs (``residual``: and a float16 ``z``) and a float16 output, rounded once."""
     def wrap(kernel):
-        def conv_fp16(x, w=None, b=None, z=None, out=None):
+        def fp16_storage(x, w=None, b=None, z=None, out=None):
             y = kernel(x.float(), None, None, z.float()) if residual else kernel(x.float())
             if out is None:
                 return y.to(torch.float16)
             out.copy_(y)
             return out
-        conv_fp16.fp16_compute = "fp32"
-        conv_fp16.onednn_graph = getattr(kernel, "onednn_graph", None)
-        return conv_fp16
+        fp16_storage.fp16_compute = "fp32"
+        fp16_storage.onednn_graph = getattr(kernel, "onednn_graph", None)
+        return fp16_storage
     if isinstance(inner, Deferred):
         deferred = Deferred(wrap(inner.plain), lambda: wrap(inner.resolve()))
         deferred.fp16_compute = "fp32"

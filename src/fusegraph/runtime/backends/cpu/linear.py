@@ -22,7 +22,7 @@ import torch
 from ....ops.fused_transformer import ACTIVATIONS
 from ..protocol import Decline, Deferred
 from . import onednn_graph
-from .conv import ONEDNN_TYPES, fp32_twin
+from .conv import ONEDNN_TYPES, fp16_io, fp32_twin
 from .onednn_graph_linear import linear_kernel
 
 # A larger constant weight keeps the inner product over the plain weight: the 1x1-convolution
@@ -85,7 +85,7 @@ def linear_act_kernel(ctx, opdef, exact: bool = True):
         why = _why_not(ctx, (torch.float16,))
         if why is not None:
             return Decline(why, "onednn")
-        return _fp16_io(_kernel(ctx, fp32_twin(w), None if b is None else b.float(), name, exact))
+        return fp16_io(_kernel(ctx, fp32_twin(w), None if b is None else b.float(), name, exact))
     why = _why_not(ctx)
     if why is not None:
         return Decline(why, "onednn")
@@ -95,25 +95,6 @@ def linear_act_kernel(ctx, opdef, exact: bool = True):
 # float16 products compute in float32 over float16 storage: 128x768x768 at 2 threads fp16 addmm
 # 0.62 ms, fp32 0.55 ms; BERT / GPT-2 level within noise (benchmarks/RESULTS.md, "fp16 on CPU")
 FP16_COMPUTE = "fp32"      # "fp16": decline to the op's portable kernel (ATen's float16 addmm)
-
-
-def _fp16_io(inner):
-    """``inner`` (a float32 kernel, or a ``Deferred`` of one) over a float16 input and output:
-    the float16 rounding of the float32-accumulated ``act(x @ w^T + b)``."""
-    def wrap(kernel):
-        def linear_fp16(x, w=None, b=None, out=None):
-            y = kernel(x.float())
-            if out is None:
-                return y.to(torch.float16)
-            out.copy_(y)
-            return out
-        linear_fp16.fp16_compute = "fp32"
-        return linear_fp16
-    if isinstance(inner, Deferred):
-        deferred = Deferred(wrap(inner.plain), lambda: wrap(inner.resolve()))
-        deferred.fp16_compute = "fp32"
-        return deferred
-    return wrap(inner)
 
 
 def _kernel(ctx, w, b, name, exact):
