@@ -146,7 +146,8 @@ PROBES = {
     "accuracy_budget": (1e-6, None),   # special-cased below: two_conv_model
     "cuda_graph": (True, REFUSED if not torch.cuda.is_available() else None),
     "keep_freed_memory": (False, None),   # special-cased below: host_memory is not touched
-    "script_segments": (False, lambda d, p: d.report.segments and not p.report.segments),
+    "cpu_kernels": ("portable", lambda d, p: set(p.report.kernels["implementations"]) == {"portable"}
+                    and set(d.report.kernels["implementations"]) != {"portable"}),
 }
 
 

@@ -175,22 +175,16 @@ def _need_matplotlib(plot: str | None) -> None:
                              "pip install 'fusegraph[plot]'") from None
 
 
-def _segments_summary(report) -> None:
-    segs = report.segments
-    if segs:
-        parts = [s["partitions"] for s in segs]
-        counted = f"{sum(parts)} oneDNN Graph partitions" if None not in parts else "compiled at their first call"
-        print(f"script segments: {len(segs)} ({sum(s['nodes'] for s in segs)} nodes, {counted}); "
-              f"Python calls per run: {report.python_calls}")
+def _kernels_summary(report) -> None:
     kernels = getattr(report, "kernels", None) or {}
+    impls = kernels.get("implementations") or {}
+    if impls:
+        top = ", ".join(f"{n} {k}" for k, n in sorted(impls.items(), key=lambda kv: -kv[1])[:6])
+        print(f"kernels ({kernels.get('backend')} backend): {top}")
     if kernels.get("declined"):
         first = kernels["declined"][0]
-        print(f"backend {kernels.get('backend')}: {len(kernels['declined'])} node(s) on the op's portable kernel "
+        print(f"  {len(kernels['declined'])} node(s) declined to the op's portable kernel "
               f"(first: {first['node']} ({first['op']}): {first['reason']})")
-    for d in report.segments_dropped[:5]:     # a dropped run was retried in halves
-        print(f"  segment of {d['nodes']} nodes from {d['first']} not used: {d['reason'].splitlines()[0]}")
-    if len(report.segments_dropped) > 5:
-        print(f"  ... and {len(report.segments_dropped) - 5} more (model.report.segments_dropped)")
 
 
 def cmd_inspect(args, model=None) -> int:
@@ -218,7 +212,7 @@ def cmd_inspect(args, model=None) -> int:
           f"kernels per run: {model.report.kernel_count}"
           + (f" (+{model.report.shape_kernels} once per input shapes)" if model.report.shape_kernels else ""))
     print(f"runs as: {_how(model)}")
-    _segments_summary(model.report)
+    _kernels_summary(model.report)
     line = precision_line(model.report)
     if line:
         print(line)

@@ -90,27 +90,19 @@ class CompiledModel:
             self._executor = Executor(graph, self.name, plan, device=device, threads=config.threads,
                                       cuda_graph=config.cuda_graph, strides=strides,
                                       keep_freed_memory=config.keep_freed_memory,
-                                      script_segments=config.script_segments and config.level != "O0",
-                                      backend_state=backend_state, exact=not config.fast_math)
+                                      backend_state=backend_state, exact=not config.fast_math,
+                                      cpu_kernels=config.cpu_kernels)
+        binding = self._executor.binding
         if hasattr(report.memory, "not_writable_into_arena"):
-            report.memory.not_writable_into_arena = list(self._executor.binding.not_writable)
+            report.memory.not_writable_into_arena = list(binding.not_writable)
         report.shape_kernels = self._executor.code.shape_kernels
         report.kernel_count = len(graph.nodes) - report.shape_kernels
-        binding = self._executor.binding
-        report.kernels = kernel_summary(binding)
-        segs = self._executor.code.lowered
-        stored = list(report.segments)      # a loaded model's: what its compile made and counted
-        report.segments = list(segs.made) if segs else []
-        if backend_state is not None and len(stored) == len(report.segments) and \
-                all(m["partitions"] is None for m in report.segments) and all(
-                    isinstance(s, dict) and isinstance(s.get("partitions"), int) and isinstance(s.get("nodes"), int)
-                    and isinstance(s.get("name"), str) for s in stored):
-            report.segments = stored        # the same segments, compiled lazily: the compile's counts
-        report.segments_dropped = [{k: v for k, v in d.items() if k != "split"} for d in segs.dropped] if segs else []
-        inside = sum(s["nodes"] for s in report.segments)
-        report.python_calls = report.kernel_count - inside + len(report.segments)
-        if segs and hasattr(report.memory, "not_writable_into_arena"):
-            report.memory.not_writable_into_arena += segs.not_writable
+        report.kernels = {**kernel_summary(binding), "weights_released_bytes": self._executor.released_bytes,
+                          "weight_reorders": getattr(self._executor.backend, "reorders", 0)}
+        lowered = self._executor.code.lowered
+        report.python_calls = len(lowered.calls) if lowered else report.kernel_count
+        if lowered and hasattr(report.memory, "not_writable_into_arena"):
+            report.memory.not_writable_into_arena += lowered.not_writable
 
     @classmethod
     def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,
@@ -239,8 +231,9 @@ def load(path: str | Path, *, threads: int | None = None) -> CompiledModel:
         raise artifact.refusal(str(path), exc) from exc
     seconds = time.perf_counter() - t0
     stored.report.timings["load"] = seconds
-    model.load_info = {**stored.info, "seconds": seconds,
-                       "backend_state": "stored (kernels compile at their first call)"
-                       if stored.backend_state is not None else
-                       "not used: another torch build or CPU made the file (kernels made at load)"}
+    reorders = model.report.kernels.get("weight_reorders", 0)
+    model.load_info = {**stored.info, "seconds": seconds, "weight_reorders": reorders,
+                       "backend_state": ("stored forms used as they are" if not reorders else
+                                         f"{reorders} weight(s) reordered for this machine's kernels")
+                       if stored.backend_state else "none stored"}
     return model

@@ -15,6 +15,7 @@ from .runtime.threads import machine_cores
 LEVELS = ("O0", "O1", "O2")
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 OP_PRECISIONS = ("fp32", "fp16", "bf16")
+CPU_KERNELS = ("auto", "onednn", "portable")
 MEMORY_MODES = ("off", "balanced", "tight")
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -61,11 +62,12 @@ class Config:
     keep_freed_memory: on CPU with glibc, raise malloc's mmap / trim thresholds once per
         process so memory a run frees is reused by the next run instead of being faulted in
         again (process-wide; ``runtime/backends/cpu/host_memory.py``). Default on.
-    script_segments: on CPU, one stream, static input shapes: run each maximal run of nodes
-        that TorchScript can express as one TorchScript graph whose convolutions, pools and
-        products oneDNN Graph compiles (``runtime/backends/cpu/segments.py``; one Python call for
-        the run instead of one per node). Their intermediates are allocated by TorchScript,
-        not in the arena. Default on; ``O0`` runs node by node.
+    cpu_kernels: which kernels run on CPU. "auto" (default): oneDNN primitives called directly
+        (``runtime/backends/cpu/dnnl/``: convolutions, weight products, pools, LRN, writing into
+        the arena, weights packed once) where the ``onednn-cpu-gomp`` library loads, every
+        other node its op's portable ATen kernel; "onednn": the same, refused with a
+        ConfigError where the library does not load; "portable": every node its portable
+        ATen kernel (a reference to compare against).
     """
 
     level: str = "O2"
@@ -89,7 +91,7 @@ class Config:
     accuracy_budget: float = 1e-2
     cuda_graph: bool = False
     keep_freed_memory: bool = True
-    script_segments: bool = True
+    cpu_kernels: str = "auto"
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -108,7 +110,9 @@ class Config:
                               f"or None, got {self.threads!r}")
         _check_precision(self)
         _refuse_unavailable(self)
-        for name in ("cuda_graph", "script_segments", "keep_freed_memory"):
+        if self.cpu_kernels not in CPU_KERNELS:
+            raise ConfigError(f"Config.cpu_kernels must be one of {CPU_KERNELS}, got {self.cpu_kernels!r}")
+        for name in ("cuda_graph", "keep_freed_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Config.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("fold_size_limit", "fold_broadcast_limit"):

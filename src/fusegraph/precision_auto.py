@@ -92,8 +92,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     base = copy_graph(graph)
     optimize(base, fp32, CompileReport())          # every pass but precision, once
 
-    def bind(g, cfg):       # node by node: the same numbers (fp32 segments: to 1e-4), no probes to bind
-        cfg = cfg.replace(script_segments=False)
+    def bind(g, cfg):
         return CompiledModel(g, cfg, (r := CompileReport()), _plan(g, cfg, r))
 
     reference = bind(copy_graph(base), fp32)

@@ -36,7 +36,7 @@ import xxhash
 from ..errors import ArtifactError
 
 MAGIC = b"\x89FGM\r\n\x1a\n"
-FORMAT_VERSION = 2            # 2: chunked XXH3-128 part digests, bind strides beside the plan
+FORMAT_VERSION = 3            # 3: weights the CPU backend holds packed are stored packed only (oneDNN layouts)
 PARTS = ("graph", "report", "weights")
 CHUNK = 4 << 20
 DIGEST = "xxh3_128"           # the key of a part's chunk digests in the header

@@ -28,6 +28,7 @@ from .container import FORMAT_VERSION, Checksums, is_int, json_value, open_artif
 from .machine import HINT, check_machine as _check_machine, cpu_requirements, machine
 from .plan import plan_record, restore_plan
 from .weights import read_weights, weights_part
+from ..runtime.backends.cpu.backend import unpack_form
 
 _MAX_JSON_PART = 1 << 30
 
@@ -60,8 +61,6 @@ def save(path: str | Path, name: str, graph: Graph, config, report: CompileRepor
     weights_dev = "cuda" if any(t.is_cuda for t in tensors.values()) else "cpu"
     on_cuda = weights_dev == "cuda" or config.device == "cuda"
     report = {"report": report.to_dict(), **(plan_record(plan, strides) or {"plan": None})}
-    if backend_state and backend_state.get("segments"):
-        report["backend"] = {"segments": backend_state["segments"]}
     cap = here["capability"]
     header = {
         "format": "fusegraph-artifact", "format_version": FORMAT_VERSION, "byteorder": sys.byteorder,
@@ -142,28 +141,15 @@ def _threads(mapping: Any, threads: int | None, where: str) -> tuple[Any, int | 
 @dataclass
 class StoredModel:
     """What an artifact holds, checked: everything ``CompiledModel.from_optimized`` binds, the
-    backend state stored for this machine (packed weight forms: ``Backend.import_state``; empty
-    when the file comes from another torch build or CPU), and where it came from."""
+    backend state (packed weight forms, each checked against its bytes by the backend's
+    ``import_state``), and where it came from."""
     graph: Graph
     config: Any
     report: CompileReport
     plan: ExecutionPlan | None
     strides: dict
-    backend_state: dict | None    # None: another build or CPU made the file
+    backend_state: dict | None    # the packed weight forms (None: none stored)
     info: dict
-
-
-def _backend_record(blob: dict, where: str) -> dict:
-    """The backend's JSON state (its segment layout: lists of node names), shape-checked; the
-    backend checks the names against the graph."""
-    rec = blob.get("backend")
-    if rec is None:
-        return {}
-    segs = rec.get("segments") if isinstance(rec, dict) else None
-    _want(isinstance(segs, list) and len(segs) <= 1 << 20
-          and all(isinstance(s, list) and all(isinstance(n, str) for n in s) for s in segs),
-          f"{where}: the stored backend state is malformed")
-    return {"segments": segs}
 
 
 def refusal(where: str, exc: Exception) -> ArtifactError:
@@ -190,6 +176,10 @@ def read(path: str | Path, *, threads: int | None = None) -> StoredModel:
         stored_config, stored_threads = _threads(header["config"], threads, where)
         config = config_from_mapping(stored_config, f"{where}: config")
         tensors, packed = read_weights(art.mm, *art.span("weights"), where, config.fold_broadcast_limit)
+        if header["device"].get("kind") != "cpu" or config.device != "cpu":   # no CPU backend takes the forms
+            for name, t in list(tensors.items()):
+                if t.device.type == "meta":
+                    tensors[name] = unpack_form(*packed[name][0][:3], name, where).reshape(t.shape)
         blobs = {}
         for name in ("graph", "report"):
             start, length = art.span(name)
@@ -212,9 +202,7 @@ def read(path: str | Path, *, threads: int | None = None) -> StoredModel:
         if header["device"].get("weights") == "cuda":  # where the compiled model kept them
             for v in graph.constants.values():
                 v.const = v.const.to("cuda")
-        same_build = (header.get("torch_version") == torch.__version__   # oneDNN's blocked formats
-                      and header["cpu"].get("capability") == machine()["capability"])
-        state = {"packed": packed, **_backend_record(blobs["report"], where)} if same_build else None
+        state = {"packed": packed} if packed else None
     except MemoryError:
         raise
     except Exception as exc:  # a hostile file must never escape as anything but ArtifactError

@@ -4,11 +4,14 @@
 64-aligned in the file and each tensor sits at its compiled address modulo 64 (SIMD kernels
 can round differently on differently aligned data), gaps being padding entries named in the
 metadata, as are permuted (transposed) layouts and folded one-value fills (stored as their
-base plus the broadcast shape). Convolution weights also travel in the blocked form the
-backend packed them into (its ``export_state()``: ``runtime/backends/cpu/prepack.py``): the
-bytes and a descriptor as uint8 entries named ``__fusegraph_packed__...``, listed in the
-metadata with the key (geometry) and thread count they were packed for; ``read_weights``
-returns them as they are, for the backend's ``import_state``. ``read_weights`` checks every entry
+base plus the broadcast shape). Weights the backend holds packed (its ``export_state()``:
+``runtime/backends/cpu/backend.py``) travel in those forms: the bytes and a layout description
+as uint8 entries named ``__fusegraph_packed__...``, listed in the metadata with their key;
+a weight whose graph copy the backend released (a "meta" tensor: shape and dtype only) is
+stored in its packed forms alone (``fusegraph.packed_only``: its dtype, shape and strides),
+so the file, and the memory a load reads it into, hold each weight once. ``read_weights``
+returns the packed forms as they are, for the backend's ``import_state``, and a meta
+placeholder for each packed-only weight. ``read_weights`` checks every entry
 (dtype, shape, span, alignment, overlap, bool bytes, permutations, broadcast limits) and
 returns tensors that alias the loaded bytes: nothing is copied and nothing is unpickled.
 Faults are ``ArtifactError``.
@@ -51,6 +54,12 @@ def weights_part(tensors: dict[str, torch.Tensor], packed: dict[str, list] | Non
                 continue
             tensors[dname], tensors[mname] = data, md
             forms.setdefault(wname, []).append({"key": key, "threads": threads, "data": dname, "md": mname})
+    packed_only = {}
+    for key in [k for k, t in tensors.items() if t.device.type == "meta"]:
+        t = tensors.pop(key)
+        if key not in forms:
+            raise ArtifactError(f"cannot save weight {key!r}: the backend released it and stored no packed form")
+        packed_only[key] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "strides": list(t.stride())}
     for key in sorted(tensors):
         src = tensors[key].detach()
         t = src.cpu()
@@ -84,15 +93,16 @@ def weights_part(tensors: dict[str, torch.Tensor], packed: dict[str, list] | Non
         offset += nbytes
     entries["__metadata__"] = {"format": "pt", "fusegraph.perms": json.dumps(perms),
                                "fusegraph.padding": json.dumps(pads), "fusegraph.broadcast": json.dumps(broadcast),
-                               "fusegraph.prepacked": json.dumps(forms)}
+                               "fusegraph.prepacked": json.dumps(forms), "fusegraph.packed_only": json.dumps(packed_only)}
     head = json.dumps(entries, separators=(",", ":")).encode()
     head += b" " * (-(8 + len(head)) % _ALIGN)
     return [struct.pack("<Q", len(head)) + head] + bufs
 
 
 def read_weights(mm, start: int, length: int, where: str, broadcast_limit: int) -> tuple[dict, dict]:
-    """``({value name: tensor}, {weight name: [(key, data, md, threads)]})``: the constants, and
-    the oneDNN blocked forms stored for convolution weights (uint8 tensors over the file)."""
+    """``({value name: tensor}, {weight name: [(key, data, md, threads)]})``: the constants (a
+    meta placeholder for a packed-only weight), and the packed forms stored for weights (uint8
+    tensors over the file)."""
     want(length >= 8, f"{where}: weights part is truncated")
     n = struct.unpack_from("<Q", mm, start)[0]
     want(n <= min(length - 8, _MAX_HEADER * 8), f"{where}: weights header declares absurd length {n}")
@@ -155,6 +165,15 @@ def read_weights(mm, start: int, length: int, where: str, broadcast_limit: int) 
             packed.setdefault(wname, []).append((f["key"], out[f["data"]], out[f["md"]], f["threads"]))
     for key in [k for k in out if k.startswith(PACKED)]:
         del out[key]
+    only = json_value(meta.get("fusegraph.packed_only", "{}").encode(), where, "weights metadata")
+    want(isinstance(only, dict), f"{where}: weights metadata is malformed")
+    for wname, e in only.items():
+        ok = (isinstance(e, dict) and e.get("dtype") in _ST_DTYPES and wname in packed and wname not in out
+              and isinstance(e.get("shape"), list) and isinstance(e.get("strides"), list)
+              and len(e["shape"]) == len(e["strides"]) <= 64
+              and all(is_int(d) and 0 <= d < 1 << 40 for d in e["shape"] + e["strides"]))
+        want(ok, f"{where}: packed-only weight {wname[:80]!r} is malformed")
+        out[wname] = torch.empty_strided(e["shape"], e["strides"], dtype=_ST_DTYPES[e["dtype"]], device="meta")
     return out, packed
 
 

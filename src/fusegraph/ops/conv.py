@@ -110,8 +110,38 @@ class ConvGeometry:
         return got
 
 
+def _out_dim(size, k: int, s: int, d: int, pb: int, pe: int, auto_pad: str):
+    if not isinstance(size, int):
+        return None
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return -(-size // s)
+    return (size + pb + pe - ((k - 1) * d + 1)) // s + 1
+
+
+def conv_infer(ctx: NodeContext):
+    """Conv / FusedConv output: ``[N, M, spatial...]`` by the ONNX size formula (symbolic sizes stay
+    unknown); explicit, so inference never runs a meta kernel (torch's imports sympy)."""
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    dtype = ctx.dtype(0) or None
+    if xs is None or ws is None:
+        return [(dtype, None)]
+    n = len(xs) - 2
+    k = ints_attr(ctx, "kernel_shape") or list(ws[2:])
+    s = ints_attr(ctx, "strides") or [1] * n
+    d = ints_attr(ctx, "dilations") or [1] * n
+    auto_pad = ctx.attr("auto_pad", "NOTSET") or "NOTSET"
+    pads = ints_attr(ctx, "pads") if auto_pad in ("NOTSET", "") else None
+    pads = pads or [0] * (2 * n)
+    if n < 1 or len(k) != n or not all(isinstance(v, int) for v in k):
+        return [(dtype, None)]
+    spatial = tuple(_out_dim(xs[2 + i], k[i], s[i], d[i], pads[i], pads[n + i], auto_pad) for i in range(n))
+    if any(v is not None and v < 1 for v in spatial):
+        raise ValueError(f"output size {spatial} from input {tuple(xs)} and kernel {k}")
+    return [(dtype, (xs[0], ws[0]) + spatial)]
+
+
 # ----------------------------------------------------------------------------- Conv
-@register("Conv", since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True)
+@register("Conv", since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True, infer=conv_infer)
 def _conv(ctx: NodeContext):
     check_rank(ctx)
     geo = ConvGeometry(ctx)

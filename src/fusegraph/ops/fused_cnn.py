@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .activations import gelu
-from .conv import conv_call, ints_attr, ConvGeometry
+from .conv import conv_call, conv_infer, ints_attr, ConvGeometry
 from .registry import FusionKind, NodeContext, register
 
 DOMAIN = "fusegraph"
@@ -42,32 +42,8 @@ ACTIVATIONS = {
 }
 
 
-def _out_dim(size, k: int, s: int, d: int, pb: int, pe: int, auto_pad: str):
-    if not isinstance(size, int):
-        return None
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        return -(-size // s)
-    return (size + pb + pe - ((k - 1) * d + 1)) // s + 1
-
-
-def _infer(ctx: NodeContext):
-    xs, ws = ctx.shape(0), ctx.shape(1)
-    dtype = ctx.dtype(0) or None
-    if xs is None or ws is None:
-        return [(dtype, None)]
-    n = len(xs) - 2
-    k = ints_attr(ctx, "kernel_shape") or list(ws[2:])
-    s = ints_attr(ctx, "strides") or [1] * n
-    d = ints_attr(ctx, "dilations") or [1] * n
-    auto_pad = ctx.attr("auto_pad", "NOTSET") or "NOTSET"
-    pads = ints_attr(ctx, "pads") if auto_pad in ("NOTSET", "") else None
-    pads = pads or [0] * (2 * n)
-    spatial = tuple(_out_dim(xs[2 + i], k[i], s[i], d[i], pads[i], pads[n + i], auto_pad) for i in range(n))
-    return [(dtype, (xs[0], ws[0]) + spatial)]
-
-
 @register("FusedConv", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True,
-          infer=_infer, writes_out=True, inplace=((3, 0),))
+          infer=conv_infer, writes_out=True, inplace=((3, 0),))
 def _fused_conv(ctx: NodeContext):
     activation = str(ctx.attr("activation", ""))
     if activation not in ACTIVATIONS:
@@ -100,7 +76,6 @@ def portable_kernel(ctx: NodeContext, activation: str, params: list[float]):
             y = y.add_(z)
         return act(y, params)
     kernel.writes_out = False
-    kernel.work, kernel.work_kind = conv_macs(ctx, ctx.const(1)), "conv_macs"
     return kernel
 
 

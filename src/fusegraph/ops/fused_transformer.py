@@ -40,8 +40,6 @@ from .registry import FusionKind, NodeContext, register
 
 DOMAIN = "fusegraph"
 
-# Every kernel here says how much work a call is (``kernel.work(*args)``: elements, or
-# multiply-adds for a product, ``kernel.work_kind``): a backend's threading policy reads it.
 
 
 ACTIVATIONS = {
@@ -58,10 +56,6 @@ ACTIVATIONS = {
 
 def _mm_into(x, w, b, out):
     return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
-
-
-def _numel0(x, *args, **kwargs) -> int:
-    return x.numel()
 
 
 def _linear_act_infer(ctx: NodeContext):
@@ -91,9 +85,6 @@ def _linear_act(ctx: NodeContext):
             act(o2)
         return out if out is not None else o2.view(*x.shape[:-1], n)
 
-    def work(x, w, b=None, out=None):
-        return x.numel() * (w.shape[0] if trans_b else w.shape[1])
-    kernel.work, kernel.work_kind = work, "macs"
     return kernel
 
 
@@ -113,7 +104,6 @@ def _gelu(ctx: NodeContext):
         y = torch.add(x, b) if out is None else torch.add(x, b, out=out)
         return _gelu_fn(y, approx, y)
 
-    gelu.work = _numel0
     return gelu
 
 
@@ -146,7 +136,6 @@ def _skip_layer_norm(ctx: NodeContext):
         y = layer_norm(s, s.shape[-1:], gamma, beta, eps)
         return (y, s) if both else y
 
-    skip_ln.work = _numel0
     return skip_ln
 
 
@@ -180,7 +169,6 @@ def _masked_softmax(ctx: NodeContext):
     def masked_softmax(x, mask=None, out=None):
         return _softmax_(_scaled_plus_mask(x, mask, scale, out), nan_to_zero)
 
-    masked_softmax.work = _numel0
     return masked_softmax
 
 
@@ -283,9 +271,6 @@ def _sdpa(ctx: NodeContext):
             y = y.transpose(-3, -2).reshape(*y.shape[:-3], y.shape[-2], y.shape[-3] * y.shape[-1])
         return y
 
-    def work(q, k, v, mask=None):
-        return q.numel() * (q.shape[-2] if split is not None else k.shape[-2 if kh or not k_transposed else -1])
-    attention.work = work
     return attention
 
 
@@ -370,5 +355,4 @@ def _chain(ctx: NodeContext):
         return y.to(reduced) if out is None else out.copy_(y)
     kernel = rounded_once if reduced is not None else kernel
     kernel.source = source
-    kernel.work = lambda *xs, out=None: xs[0].numel() if out is None else out.numel()
     return kernel

@@ -165,7 +165,27 @@ def _ceil_covers(in_sizes, out, eff, strides) -> bool:
     return True
 
 
-@register("MaxPool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True)
+def pool_infer(ctx: NodeContext):
+    """MaxPool / AveragePool outputs by the ONNX window geometry (``PoolGeometry``; symbolic
+    spatial sizes stay unknown); MaxPool's indices are int64 of the same shape."""
+    xs, dtype = ctx.shape(0), ctx.dtype(0) or None
+    spatial = None
+    if xs is not None:
+        geo = PoolGeometry(ctx)
+        if all(isinstance(d, int) for d in xs[2:]):
+            out = geo.resolve(tuple(xs[2:]))[0]
+            if min(out, default=1) <= 0:
+                raise ValueError(f"pool output size {out} from input {tuple(xs)}")
+            spatial = tuple(xs[:2]) + tuple(out)
+        else:
+            spatial = tuple(xs[:2]) + (None,) * (len(xs) - 2)
+    outs = [(dtype, spatial)]
+    if ctx.n_outputs > 1:
+        outs.append((DType.INT64, spatial))
+    return outs
+
+
+@register("MaxPool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=pool_infer)
 def _max_pool(ctx: NodeContext):
     geo = PoolGeometry(ctx)
     storage = int(ctx.attr("storage_order", 0))
@@ -202,7 +222,7 @@ def _max_pool(ctx: NodeContext):
 
 
 # ----------------------------------------------------------------------------- AveragePool
-@register("AveragePool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True)
+@register("AveragePool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=pool_infer)
 def _average_pool(ctx: NodeContext):
     geo = PoolGeometry(ctx)
     include = bool(ctx.attr("count_include_pad", 0))
@@ -266,13 +286,7 @@ def _global_infer(ctx: NodeContext):
 def _global_average_pool(ctx: NodeContext):
     def gap(x, out=None):
         return _gap(x, out)
-    gap.work = _gap_work
     return gap
-
-
-def _gap_work(x, out=None) -> int:
-    """The channels-last mean is tens of microseconds (one thread); torch's own mean is not."""
-    return 0 if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) else 1 << 62
 
 
 def _gap(x, out=None):

@@ -44,7 +44,7 @@ _MISSING = object()
 class NodeContext:
     """What a kernel builder or an inference function may see of a node."""
 
-    __slots__ = ("node", "version", "device", "freed_memory_kept", "run_subgraph_factory")
+    __slots__ = ("node", "version", "device", "freed_memory_kept", "run_subgraph_factory", "inplace_input")
 
     def __init__(self, node: Node, device: str = "cpu", freed_memory_kept: bool = False,
                  run_subgraph_factory: Callable | None = None):
@@ -56,6 +56,8 @@ class NodeContext:
         self.device = str(device)          # where the kernel will run: "cpu", "cuda", "cuda:1" ...
         # the host reuses memory a run frees (the runtime's malloc policy): large fresh outputs are cheap
         self.freed_memory_kept = freed_memory_kept
+        # the input whose planned bytes the (first) output takes over in place, when bound with a plan
+        self.inplace_input: int | None = None
 
     @property
     def name(self) -> str:
@@ -154,8 +156,11 @@ def no_out(kernel: Callable) -> Callable:
 
 
 def kernel_writes_out(opdef: OpDef, kernel: Callable) -> bool:
-    """Whether this built kernel of ``opdef`` accepts ``out=``."""
-    return opdef.writes_out and getattr(kernel, "writes_out", True) is not False
+    """Whether this built kernel of ``opdef`` accepts ``out=``: the kernel's own ``writes_out``
+    mark when it has one (a backend's kernel for an op whose portable kernel has no out form),
+    else the op's."""
+    mark = getattr(kernel, "writes_out", None)
+    return bool(opdef.writes_out if mark is None else mark)
 
 
 def lookup(domain: str, op_type: str, version: int) -> OpDef | None:

@@ -144,7 +144,7 @@ class _Bisector:
         self.evaluations += 1
         try:
             copy = copy_graph(graph)
-            model = fg_compile(copy, Config(level="O0", memory="off", script_segments=False,
+            model = fg_compile(copy, Config(level="O0", memory="off", cpu_kernels="portable",
                                             threads=self.config.threads))
         except FusegraphError as exc:   # a pass that leaves an unrunnable graph is a culprit too
             return {"cannot run": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
@@ -282,7 +282,7 @@ def _reference(model, graph0, b: _Bisector, reference: str) -> dict:
     if reference == "O0":
         from ..compiler import compile as fg_compile
         from ..config import Config
-        ref_model = fg_compile(graph0, Config(level="O0", memory="off", script_segments=False,
+        ref_model = fg_compile(graph0, Config(level="O0", memory="off", cpu_kernels="portable",
                                               threads=b.config.threads))
         try:
             return ref_model.run(b.feeds)

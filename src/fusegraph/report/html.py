@@ -205,7 +205,7 @@ def _accuracy(model, feeds, source) -> list[list[Any]] | None:
     from ..compiler import compile as fg_compile
     from ..config import Config
     from .accuracy import output_errors
-    ref_model = fg_compile(source, Config(level="O0", memory="off", script_segments=False,
+    ref_model = fg_compile(source, Config(level="O0", memory="off", cpu_kernels="portable",
                                           threads=model.config.threads))
     try:
         ref = {k: np.asarray(v) for k, v in ref_model.run(feeds).items()}

@@ -3,8 +3,8 @@
 
 ``precision_bisect(model, precision="bf16"|"fp16", config, feeds, top) -> PrecisionBisectResult``:
 
-1. the reference: the model compiled at float32 (node by node: ``script_segments`` off, so a
-   hook sees every node), its outputs on the given feeds or on random inputs of its specs;
+1. the reference: the model compiled at float32, its outputs on the given feeds or on random
+   inputs of its specs;
 2. the model compiled at ``precision``: its whole-model error (the largest relative L2 error
    of any float output against the reference) and, from ``report.precision["nodes"]``, every
    node the policy runs in the reduced type (``REDUCE`` ops, and ``FOLLOW`` ops whose inputs
@@ -129,7 +129,7 @@ def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: di
 
     with _progress(progress) as tick:
         tick("fp32 reference")
-        reference = fg_compile(fresh(), config.replace(precision="fp32", op_precision=(), script_segments=False))
+        reference = fg_compile(fresh(), config.replace(precision="fp32", op_precision=()))
         try:
             feeds = feeds if feeds is not None else _random_feeds(reference.graph)
             want = reference.run(feeds)

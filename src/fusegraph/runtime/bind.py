@@ -29,7 +29,7 @@ from ..ir import Graph, Node, Value, is_broadcast
 from ..ops import opdef_for
 from ..ops.registry import NodeContext, kernel_writes_out
 from .arena import Arena
-from .backends import Backend, Decline, Deferred
+from .backends import Backend, Decline
 from .layout_probe import probe_strides
 from .subgraph import subgraph_factory
 
@@ -96,11 +96,17 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     for i, node in enumerate(order):
         opdef = opdef_for(node)
         ctx = NodeContext(node, device, kept, subgraph_factory(device))
+        ctx.inplace_input = _inplace_input(node, slots, kinds)
         kernel = backend.kernel(ctx, opdef)
         if isinstance(kernel, Decline):
             declined.append({"node": node.name, "op": node.op_type, "family": kernel.family, "reason": kernel.reason})
             kernel = backend.portable(ctx, opdef)
+        for d in backend.tried(node):                  # families the backend tried before this kernel
+            declined.append({"node": node.name, "op": node.op_type, "family": d.family, "reason": d.reason})
         call = NodeCall(i, node, kernel)
+        reads = getattr(kernel, "reads", None)        # the inputs the kernel reads at run time
+        if reads is not None:
+            call.args = [node.inputs[j] for j in reads]
         outs = node.outputs
         if arena is not None and outs and kernel_writes_out(opdef, kernel) and all(o.name in slots for o in outs):
             writing.append(call)
@@ -137,12 +143,28 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     return Binding(calls, arena, not_writable, dense_constants(graph), dict(strides or {}), backend, declined)
 
 
+def _inplace_input(node: Node, slots: dict, kinds: dict) -> int | None:
+    """The input whose arena bytes the node's first output takes over in place (the plan's
+    ``inplace`` kind), or None."""
+    o = node.outputs[0] if node.outputs else None
+    if o is None or kinds.get(o.name) != "inplace" or o.name not in slots:
+        return None
+    off = slots[o.name][0]
+    for j, v in enumerate(node.inputs):
+        if v is not None and v.name in slots and slots[v.name][0] == off:
+            return j
+    return None
+
+
 def kernel_summary(binding: Binding) -> dict:
-    """``report.kernels``: the backend, the kernels it deferred (built for the code that calls
-    them), and the nodes it declined with the reason (they run the op's portable kernel)."""
-    return {"backend": binding.backend.name,
-            "deferred": sum(1 for c in binding.calls if isinstance(c.kernel, Deferred)),
-            "declined": list(binding.declined)}
+    """``report.kernels``: the backend, how many nodes each kernel implementation runs (a
+    oneDNN primitive's implementation name, else "portable"), and the nodes a kernel family
+    declined with the reason (they run the op's portable kernel)."""
+    impls: dict[str, int] = {}
+    for c in binding.calls:
+        impl = getattr(c.kernel, "impl", None) or "portable"
+        impls[impl] = impls.get(impl, 0) + 1
+    return {"backend": binding.backend.name, "implementations": impls, "declined": list(binding.declined)}
 
 
 def dense_constants(graph: Graph) -> dict[int, torch.Tensor]:

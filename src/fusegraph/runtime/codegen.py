@@ -18,8 +18,7 @@ runs: allocation checks, timestamps). The source is readable (``fusegraph inspec
 The single-stream ``run`` leaves the nodes that depend only on the input shapes to a second
 function, ``_memo_fill``, called when those shapes are new (``shape_memo.py``); a call may
 read other values than its node's inputs (``NodeCall.args``: a Shape derived from them).
-With ``lower``, the calls first go through the backend's lowering (``backends/``; CPU: a
-script segment in place of a run of nodes). This file decides nothing about placement,
+With ``lower``, the calls first go through the backend's lowering (``backends/``). This file decides nothing about placement,
 kernels or streams; ``bind.py``, the backends and ``streams_*.py`` do.
 """
 from __future__ import annotations
@@ -29,7 +28,6 @@ from typing import Callable
 
 from ..errors import PlanError
 from ..ir import Node, Value
-from .backends import Deferred, resolved
 from .bind import Binding, NodeCall
 from .shape_memo import fill_epilogue, memo_globals, memo_prologue, shape_only_calls
 
@@ -97,29 +95,12 @@ class FunctionSpec:
     epilogue: list[str] = field(default_factory=list)
     returns: list[Value] | None = None
     hook: bool = False
-    resolve: bool = True      # call deferred kernels' resolved form (False: their plain one)
-    lazy: bool = False        # resolve a deferred kernel at its first call, not now (a loaded model)
 
 
 def _label(node: Node) -> str:
     """The trailing comment of a call line: op type and node name as ``ascii()`` literals, so a
     string from the model (newlines, U+2028, NUL, quotes) can never leave the comment."""
     return f"{ascii(node.op_type)} {ascii(node.name)}"
-
-
-def _kernel_global(names: Names, kernel, spec: FunctionSpec) -> str:
-    """The module global a call line calls: the kernel, its resolved form, or (``lazy``) a
-    trampoline that resolves it at the first call and puts the result in its own place."""
-    if not (spec.lazy and spec.resolve and isinstance(kernel, Deferred)):
-        return names.add_global("k", resolved(kernel) if spec.resolve else kernel)
-    name = names.add_global("k", None)
-    env = names.env
-
-    def first_call(*args, **kwargs):
-        fn = env[name] = kernel.resolve()
-        return fn(*args, **kwargs)
-    env[name] = first_call
-    return name
 
 
 def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict[int, Node]) -> None:
@@ -145,7 +126,7 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
                 lines.append(f"    {names(v)} = E[{slot}]{clear}")
         if spec.hook:
             lines.append(f"    _hook({call.index}, 0, None)")
-        kname = _kernel_global(names, call.kernel, spec)
+        kname = names.add_global("k", call.kernel)
         args = ", ".join("None" if v is None else names(v) for v in call.inputs)
         outs = [names(o) for o in node.outputs]
         line_to_node[len(lines) + 1] = node
@@ -225,19 +206,17 @@ def arena_globals(binding: Binding) -> dict:
 
 
 def probe_function(graph, binding: Binding, filename: str) -> Callable:
-    """``probe(feeds, hook)``: one run of the per-node code (deferred kernels in their plain
-    form) with a debug hook, for a lowering that needs example tensors."""
+    """``probe(feeds, hook)``: one run of the per-node code with a debug hook, for a lowering
+    that needs example tensors."""
     def probe(feeds, fn):
-        generate_run_function(graph, binding, filename + ":probe", hook=fn, resolve=False).function(*feeds)
+        generate_run_function(graph, binding, filename + ":probe", hook=fn).function(*feeds)
     return probe
 
 
 def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None,
-                          lower: bool = False, resolve: bool = True) -> GeneratedCode:
+                          lower: bool = False) -> GeneratedCode:
     """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order; with
-    ``lower`` (no hook), the backend's lowering rewrites the calls (CPU: runs of scriptable
-    nodes become script segments); without ``resolve``, deferred kernels run their plain
-    form (the lowering's probe run)."""
+    ``lower`` (no hook), the backend's lowering rewrites the calls."""
     memo = shape_only_calls(graph, binding.calls) if hook is None else None
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
     calls = [c for c in binding.calls if id(c.node) not in memo_ids]
@@ -248,8 +227,7 @@ def generate_run_function(graph, binding: Binding, filename: str, hook: Callable
     names = arena_names(binding, calls)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
-                        returns=list(graph.outputs), hook=hook is not None, resolve=resolve,
-                        lazy=binding.backend.compiles_lazily)
+                        returns=list(graph.outputs), hook=hook is not None)
     extra = arena_globals(binding)
     specs = [spec]
     if memo:    # shape-only nodes run once per input shapes (shape_memo.py)

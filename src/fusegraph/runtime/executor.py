@@ -2,8 +2,7 @@
 
 It binds the graph once (``bind.py``: kernels from the device's backend, ``backends/``;
 arena views), then picks a runner:
-- one stream on CPU: the single generated ``run`` function, called directly (lowered by the
-  backend: runs of nodes as one TorchScript graph, ``backends/cpu/segments.py``);
+- one stream: the single generated ``run`` function, called directly;
 - several streams on CPU: ``streams_cpu.CpuStreamRunner`` (one function per stream, workers);
 - CUDA: ``streams_cuda.CudaRunner`` (torch streams and events, one issuing thread).
 Outputs that live in the arena, in a constant, in a feed or in a remembered shape-only value
@@ -13,7 +12,10 @@ a caller holds, nor a caller what the next run reads. Runs of one executor are s
 calls ``hook(index, phase, outputs)`` around every node (tests: allocation checks, timing).
 The backend prepares the process first (CPU: malloc keeps freed memory unless the config
 says no, ``backends/cpu/host_memory.py``); ``backend_state`` is what a loaded artifact
-stored for it (CPU: prepacked weights).
+stored for it (CPU: packed weights). After binding, the backend releases the graph's plain
+copy of every weight it holds in its own form (``release_weights``: weights held once); a
+weight stored only packed is read back plain for a backend that cannot take the packed form
+(``packed_only``).
 Kernel failures surface as ``KernelError`` naming the node and op, found through the line
 map of the generated source, so the hot path carries no per-node bookkeeping.
 """
@@ -57,8 +59,8 @@ class _SingleRunner:
 class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
-                 keep_freed_memory: bool = True, script_segments: bool = True, backend_state: dict | None = None,
-                 exact: bool = True):
+                 keep_freed_memory: bool = True, backend_state: dict | None = None,
+                 exact: bool = True, cpu_kernels: str = "auto"):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -70,18 +72,23 @@ class Executor:
             raise ConfigError(f"{model_name}: device {str(device)!r} was asked for, but no CUDA device is "
                               f"available (torch {torch.__version__}, CUDA build: "
                               f"{torch.version.cuda or 'no'}); use device='cpu' or 'auto'")
-        if self.device.type == "cuda":       # weights live where the kernels run
-            for v in graph.constants.values():
-                if v.const.device != self.device:
-                    v.const = v.const.to(self.device)
-        self.backend = backend_for(self.device.type, keep_freed_memory=keep_freed_memory, segments=script_segments,
-                                   exact=exact)
+        self.backend = backend_for(self.device.type, keep_freed_memory=keep_freed_memory, exact=exact,
+                                   kernels=cpu_kernels)
         self.backend.prepare()
         if backend_state is not None:
             self.backend.import_state(backend_state, model_name)
+        if self.device.type == "cuda":       # weights live where the kernels run
+            for v in graph.constants.values():
+                if v.const.device != self.device:
+                    v.const = self.backend.portable_weight(v).to(self.device)
         self.threads = threads
         self._closed = False
         self.binding = bind(graph, plan, self.device, strides, self.backend)  # strides: a loaded artifact's
+        self.released_bytes = self.backend.release_weights(graph, self.binding.calls)
+        for c in self.binding.calls:          # a packed-only weight some kernel still reads plain
+            for v in c.inputs:
+                if v is not None and v.is_const and v.const.device.type == "meta":
+                    v.const = self.backend.portable_weight(v)
         filename = f"<fusegraph:{graph.name}>"
         streams = getattr(plan, "streams", None)
         if self.device.type == "cuda":
@@ -94,10 +101,9 @@ class Executor:
             self._runner = _SingleRunner(graph, self.binding, filename, lower=self.backend.lowers(graph, 1))
         self._lock = threading.Lock()
         self.backend.settle()                       # what binding's probe runs freed
-        self._settle_after_run = self.backend.compiles_lazily   # the first run compiles
         self._memo_storages = self.code.env.get("_MEMO_STORAGES", frozenset())  # kept current by the code
         self._const_storages = {_storage(t) for t in [v.const for v in graph.constants.values()]
-                                + list(self.binding.dense.values()) if t.numel()}
+                                + list(self.binding.dense.values()) if t.numel() and t.device.type != "meta"}
 
     @property
     def code(self) -> GeneratedCode:
@@ -112,11 +118,7 @@ class Executor:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
         try:
             with torch.inference_mode(), intra_op_threads(self.threads):
-                outs = self._runner(tensors, hook)
-            if self._settle_after_run:
-                self._settle_after_run = False
-                self.backend.settle()
-            return outs
+                return self._runner(tensors, hook)
         except FusegraphError:
             raise
         except Exception as exc:

@@ -44,7 +44,7 @@ def probe_strides(graph: Graph, calls, wanted: set[str], device) -> dict[str, tu
             return {}
     last: dict[int, int] = {}
     for pos, call in enumerate(calls):
-        for v in call.node.inputs:
+        for v in call.inputs:
             if v is not None:
                 last[id(v)] = pos
     keep = {id(v) for v in graph.outputs}
@@ -53,7 +53,7 @@ def probe_strides(graph: Graph, calls, wanted: set[str], device) -> dict[str, tu
         for pos, call in enumerate(calls):
             node = call.node
             try:
-                args = [None if v is None else (v.const if v.is_const else env[id(v)]) for v in node.inputs]
+                args = [None if v is None else (v.const if v.is_const else env[id(v)]) for v in call.inputs]
                 res = call.kernel(*args)
             except Exception:  # noqa: BLE001 - a data-dependent kernel: stop probing, keep defaults
                 break
@@ -63,7 +63,7 @@ def probe_strides(graph: Graph, calls, wanted: set[str], device) -> dict[str, tu
                 if o.name in wanted and isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(o.shape) \
                         and _dense(t) and not t.is_contiguous():
                     found[o.name] = tuple(t.stride())
-            for v in list(node.inputs) + list(node.outputs):
+            for v in list(call.inputs) + list(node.outputs):
                 if v is not None and last.get(id(v), -1) <= pos and id(v) not in keep:
                     env.pop(id(v), None)
     return found

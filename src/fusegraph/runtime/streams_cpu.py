@@ -22,7 +22,7 @@ benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for m
 after each wide node on a core the other stream needs (inception_v2: 1.35x slower).
 A failing stream sets the abort flag and opens every event, so the other streams stop at
 their next wait instead of blocking; the first real error is re-raised. The backend lowers
-each stream's calls between events (``stream_lowering.py``: script segments on CPU), so the
+each stream's calls between events (``stream_lowering.py``), so the
 streams run the fused kernels one stream runs.
 This file plans nothing: streams, waits and records come from the plan.
 """
@@ -122,7 +122,7 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 
 def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: bool, wait_lines, record_lines,
-                       prefix: str = "stream", stream_calls: list[list] | None = None, lazy: bool = False):
+                       prefix: str = "stream", stream_calls: list[list] | None = None):
     """FunctionSpecs (one per stream) and the E layout: (specs, n_slots, template, output_slots).
 
     ``wait_lines(event_ids)`` / ``record_lines(event_id)`` give the source lines of a wait
@@ -154,7 +154,7 @@ def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: boo
     specs = []
     for k in range(plan.num_streams):
         own = stream_calls[k] if stream_calls is not None else [calls[n] for n in plan.per_stream[k]]
-        spec = FunctionSpec(f"{prefix}{k}", own, params=["E"], hook=hook, lazy=lazy)
+        spec = FunctionSpec(f"{prefix}{k}", own, params=["E"], hook=hook)
         for pos, call in enumerate(spec.calls):
             node = call.node
             waits = plan.waits.get(first_name(call), [])
@@ -232,8 +232,7 @@ class CpuStreamRunner:
                 names.env[f"e{eid}"] = lock
         specs, self.template, self.out_slots = build_stream_specs(
             self.graph, self.binding, self.plan, names, hook=hook is not None,
-            wait_lines=wait_lines, record_lines=record_lines, stream_calls=stream_calls,
-            lazy=backend.compiles_lazily)
+            wait_lines=wait_lines, record_lines=record_lines, stream_calls=stream_calls)
         if self.wide:
             for spec in specs:
                 _thread_switches(spec, self.wide)

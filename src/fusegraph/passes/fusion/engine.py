@@ -28,7 +28,7 @@ from ...ir import Graph, Node, Value
 from ..manager import PassOptions, PassResult
 from ..rewrite import counts_result, record_sources, rewire, sweep_dead
 from ..rule import Decline, Rule, RuleContext, by_priority, verdict
-from .pattern import Match, explain, match
+from .pattern import Match, explain, matches
 
 RULE_MODULES = ("rules_cnn", "rules_transformer")
 
@@ -88,18 +88,23 @@ class FusionPass:
                 for node in list(graph.nodes):
                     if node.graph is not graph or (node.domain, node.op_type) not in roots:
                         continue
-                    m = match(rule.pattern, node)
+                    m, value, ctx, first_decline = None, None, None, None
+                    for cand in matches(rule.pattern, node):
+                        cctx = FusionContext(graph, self.options, rule, cand)
+                        got = verdict(rule, rule.check(cand, cctx))
+                        if isinstance(got, Decline):
+                            first_decline = first_decline or (cand, got)
+                        elif got is not None:
+                            m, value, ctx = cand, got, cctx
+                            break
                     if m is None:
-                        why = explain(rule.pattern, node)
-                        if why is not None:
-                            self._decline(rule, node, [node.name], f"blocked: {why}", declined)
-                        continue
-                    ctx = FusionContext(graph, self.options, rule, m)
-                    value = verdict(rule, rule.check(m, ctx))
-                    if value is None:
-                        continue
-                    if isinstance(value, Decline):
-                        self._decline(rule, node, [n.name for n in m.matched], str(value), declined)
+                        if first_decline is not None:
+                            cand, got = first_decline
+                            self._decline(rule, node, [n.name for n in cand.matched], str(got), declined)
+                        else:
+                            why = explain(rule.pattern, node)
+                            if why is not None:
+                                self._decline(rule, node, [node.name], f"blocked: {why}", declined)
                         continue
                     names = [n.name for n in m.matched]
                     fused = self._apply(graph, m, rule.rewrite(m, value, ctx), ctx)

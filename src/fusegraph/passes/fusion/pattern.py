@@ -105,10 +105,16 @@ class Match:
 
 def match(pattern: Pat, root: Node) -> Match | None:
     """The first match of ``pattern`` rooted at ``root`` that no flag blocks, else None."""
+    return next(matches(pattern, root), None)
+
+
+def matches(pattern: Pat, root: Node) -> Iterator[Match]:
+    """Every match of ``pattern`` rooted at ``root`` that no flag blocks, in order (a
+    commutative node's input orders included: a rule whose check declines one binding can
+    take the next)."""
     for m, reason in _matches(pattern, root):
         if reason is None:
-            return m
-    return None
+            yield m
 
 
 def explain(pattern: Pat, root: Node) -> str | None:

@@ -3,23 +3,22 @@
 A backend answers three questions, and nothing else in the runtime asks them:
 
 - ``kernel(ctx, opdef) -> kernel | Decline``: the kernel one node runs. A backend returns
-  either a kernel of its own (a oneDNN partition, a prepacked convolution, a kernel wrapped
-  in its threading policy), or the op's own portable ATen kernel (``opdef.build(ctx)``) for
+  either a kernel of its own (a oneDNN primitive writing into the arena), or the op's own
+  portable ATen kernel (``opdef.build(ctx)``) for
   ops it has nothing better for, or ``Decline(reason)`` when it has a kernel family for the
   op but not for this node (bind then takes the portable kernel and records the reason in
   ``report.kernels``, the way fusion records its declines);
 - ``lower(graph, calls, binding, probe, readers) -> Lowered``: a rewrite of the final call
-  list of one generated function, or of one piece of a stream's function between its events
-  (CPU: runs of nodes become script segments); ``probe(feeds, hook)`` runs the unlowered
+  list of one generated function, or of one piece of a stream's function between its events;
+  ``probe(feeds, hook)`` runs the unlowered
   calls once when the lowering needs example tensors; ``readers``: every call whose inputs
   the lowered calls must still hand over (default ``calls``);
 - ``export_state(graph)`` / ``import_state(state)``: what the backend made at bind time that
   an artifact should carry so a load on the same machine makes nothing again (CPU: the
-  prepacked convolution weights), and, for ``save()``, ``portable_weight(value)``: the
-  plain form of a weight the backend holds only in its own layout.
+  packed weights), and ``portable_weight(value)``: the plain form of a weight the backend
+  holds only in its own layout (``release_weights`` dropped the graph's copy).
 
-``Deferred`` is a kernel whose costly form is made only for the code that calls it. Knows
-no op and no device.
+Knows no op and no device.
 """
 from __future__ import annotations
 
@@ -60,10 +59,14 @@ class Backend:
 
     name = "portable"
     freed_memory_kept = False     # the host keeps memory a run frees (CPU malloc policy)
-    compiles_lazily = False       # deferred kernels are made at their first call (a loaded model)
 
     def kernel(self, ctx, opdef) -> Callable | Decline:
         return opdef.build(ctx)
+
+    def tried(self, node) -> list[Decline]:
+        """Kernel families the backend tried for ``node`` and declined before the kernel it gave
+        (recorded in ``report.kernels`` like a decline)."""
+        return []
 
     def portable(self, ctx, opdef) -> Callable:
         """The op's own kernel, for a node this backend declined."""
@@ -90,33 +93,11 @@ class Backend:
         import contextlib
         return contextlib.nullcontext()
 
+    def release_weights(self, graph, calls) -> int:
+        """Drop the graph's plain copy of weights the backend holds in its own form and no call
+        reads at run time; returns the bytes released."""
+        return 0
+
     def portable_weight(self, value):
         """The plain tensor of a constant ``value`` (the backend may hold it only packed)."""
         return value.const
-
-
-class Deferred:
-    """A kernel whose costly form (a compiled oneDNN Graph partition) is made only for the code
-    that will call it: the generated code calls ``resolve()`` (``runtime/codegen.py``), which
-    builds it once. Called directly — the layout probe, the probe run that script segments
-    take their examples from — it runs ``plain``, a kernel with the same results and output
-    layout that costs nothing to make. Nodes that end up inside a script segment therefore
-    never compile (nor pack weights for) a partition of their own. It has no ``out=`` form."""
-
-    writes_out = False
-
-    def __init__(self, plain: Callable, build: Callable[[], Callable]):
-        self.plain, self._build, self._resolved = plain, build, None
-
-    def __call__(self, *args, **kwargs):
-        return self.plain(*args, **kwargs)
-
-    def resolve(self) -> Callable:
-        if self._resolved is None:
-            self._resolved = self._build()
-        return self._resolved
-
-
-def resolved(kernel: Callable) -> Callable:
-    """The kernel the generated code calls: a ``Deferred`` one resolved, any other as it is."""
-    return kernel.resolve() if isinstance(kernel, Deferred) else kernel

@@ -1,2 +1,3 @@
-"""The CPU backend (``backend.py``): oneDNN kernels, script segments, prepacked weights,
+"""The CPU backend (``backend.py``): oneDNN primitives called directly (``dnnl/``) writing into
+the planned arena with their weights packed once, the ops' portable kernels for the rest,
 threading and host-memory policy."""

@@ -1,52 +1,59 @@
-"""``CpuBackend``: the CPU's kernel choices, lowering and artifact state (``protocol.py``).
+"""``CpuBackend``: the CPU's kernel choices, the weights it holds, and its artifact state.
 
-- ``kernel``: FusedConv (``conv.py``), LinearAct (``linear.py``), MaxPool / AveragePool
-  (``pool.py``) take oneDNN kernels where they fit (float16 convolutions and products: float32
-  inside, float16 storage), or decline with a reason; every other op takes its own portable
-  kernel. Every kernel then runs under the threading policy
-  (``threading_policy.with_policy``: small calls on one intra-op thread).
-- ``lower``: runs of consecutive nodes of one generated function (or of one piece of a
-  stream's function between its events) become script segments (``segments.py``), on CPU
-  with static input shapes, when the config asks for them: several streams run the same
-  fused kernels as one.
-- ``export_state`` / ``import_state``: the convolutions' prepacked (blocked) weights
-  (``prepack.py``), handed to the kernel builders as an argument, and the segment layout
-  (``segments_stored.py``), so a load on the same build and CPU reorders no weight, runs no
-  probe and compiles nothing: segments and partitions compile at their first call
-  (``compiles_lazily``; ``onednn_graph.compiles`` counts).
+- ``kernel``: with oneDNN loadable here (``dnnl/``; ``Config.cpu_kernels`` "auto" or
+  "onednn"), convolutions, weight products, pools and LRN run as oneDNN primitives that write
+  into their planned arena slots and hold their weights packed; a node that family cannot
+  take declines with a reason (``tried``, recorded in ``report.kernels``) and, like every
+  other op, runs its own portable ATen kernel. "portable" runs every node on its portable
+  kernel.
+- weights held once: after binding, ``release_weights`` drops the plain tensor of every
+  constant that only oneDNN kernels read (they hold it packed and never read the graph's copy)
+  and leaves a shape-only placeholder (``torch`` "meta" tensor) in the graph;
+  ``portable_weight`` reads a packed weight back as a plain tensor (``dnnl/blocked.py``),
+  for ``save()`` on a machine without the library, and for any code that needs the plain form.
+- ``export_state`` / ``import_state``: the packed forms with their layout descriptions, so a
+  load on a machine whose primitives want the same layouts reorders nothing; another
+  machine's load unpacks and reorders (``reorders`` counts it: ``model.load_info``).
 - host memory policy: ``prepare`` lets malloc keep freed memory (``host_memory.py``) unless
   the config says no; kernels learn it through ``NodeContext.freed_memory_kept``.
 """
 from __future__ import annotations
 
-from ....errors import ArtifactError
-from ..protocol import Backend, Decline, Deferred, Lowered
-from . import host_memory, prepack
-from . import script_ops  # noqa: F401  (registers the ops' TorchScript emitters)
-from .conv import fused_conv_kernel, twin_of
-from .linear import linear_act_kernel
-from .pool import pool_kernel_for
-from .segments import available as segments_available, form_segments
-from .segments_stored import from_layout, layout
-from .threading_policy import with_policy
+import json
 
-_FAMILIES = {
-    ("", "MaxPool"): pool_kernel_for,
-    ("", "AveragePool"): pool_kernel_for,
-}
+import torch
+
+from ....errors import ArtifactError, ConfigError
+from ..protocol import Backend, Decline
+from . import host_memory
+from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
+from .dnnl.blocked import check as check_blocked, unpack
+from .dnnl.weights import WeightStore
+
+KERNEL_CHOICES = ("auto", "onednn", "portable")
+FORM_KEY = "dnnl"      # the packed-form key of this backend's weights in an artifact
+
+
+def is_placeholder(t) -> bool:
+    """A constant whose plain tensor the backend released (its shape and dtype only)."""
+    return isinstance(t, torch.Tensor) and t.device.type == "meta"
 
 
 class CpuBackend(Backend):
     name = "cpu"
 
-    def __init__(self, keep_freed_memory: bool = True, segments: bool = True, exact: bool = True):
+    def __init__(self, keep_freed_memory: bool = True, exact: bool = True, kernels: str = "auto"):
+        if kernels not in KERNEL_CHOICES:
+            raise ConfigError(f"cpu_kernels {kernels!r}: expected one of {', '.join(KERNEL_CHOICES)}")
+        if kernels == "onednn" and not dnnl_available():
+            raise ConfigError(f"cpu_kernels='onednn' was asked for, but {unavailable_reason()}; "
+                              f"use cpu_kernels='auto' or 'portable'")
         self.keep_freed_memory = keep_freed_memory
-        self.segments = segments
         self.exact = exact       # False (Config.fast_math): oneDNN's own NaN / Inf behaviour
-        self.provided: dict[str, list] = {}   # weight name -> [(key, make(), threads)]
-        self.stored_segments: list | None = None   # a loaded artifact's segment layout
-        self.compiles_lazily = False
-        self._layout: list[list[str]] = []     # the segments made, for export_state
+        self.store = WeightStore()        # packed weights (made here, or provided by an artifact)
+        self.dnnl = DnnlKernels(self.store) if kernels != "portable" and dnnl_available() else None
+        self._tried: dict[str, list[Decline]] = {}
+        self.released: dict[str, torch.Tensor] = {}   # name -> placeholder left in the graph
 
     # -- host memory
     def prepare(self) -> None:
@@ -62,74 +69,86 @@ class CpuBackend(Backend):
 
     # -- kernels
     def kernel(self, ctx, opdef):
-        key = (ctx.node.domain, ctx.node.op_type)
-        if key == ("fusegraph", "FusedConv"):
-            got = fused_conv_kernel(ctx, opdef, self.provided, self.exact)
-        elif key == ("fusegraph", "LinearAct"):
-            got = linear_act_kernel(ctx, opdef, self.exact)
-        elif key in _FAMILIES:
-            got = _FAMILIES[key](ctx, opdef)
-        else:
-            return with_policy(opdef.build(ctx))
-        if isinstance(got, (Decline, Deferred)):
-            return got
-        return with_policy(got)
+        if self.dnnl is not None:
+            got = self.dnnl.kernel(ctx, opdef, (ctx.node.domain, ctx.node.op_type), self.exact)
+            if got is not None and not isinstance(got, Decline):
+                return got
+            if got is not None:
+                self._tried[ctx.node.name] = [got]
+        for v in ctx.node.inputs:          # the portable kernel reads the plain weight
+            if v is not None and v.is_const and is_placeholder(v.const):
+                v.const = self.portable_weight(v)
+        return opdef.build(ctx)
 
-    def portable(self, ctx, opdef):
-        return with_policy(opdef.build(ctx))
+    def tried(self, node) -> list[Decline]:
+        return self._tried.get(node.name, [])
 
-    # -- lowering
-    def lowers(self, graph, streams: int) -> bool:
-        return self.segments and segments_available(graph, "cpu")
+    # -- weights
+    def release_weights(self, graph, calls) -> int:
+        """Drop the plain tensor of each constant that only this backend's kernels read (they hold
+        it packed); returns the bytes released."""
+        if self.dnnl is None:
+            return 0
+        live = {id(v) for c in calls for v in c.inputs if v is not None}
+        live |= {id(v) for v in graph.outputs}
+        freed = 0
+        for v in graph.constants.values():
+            t = v.const
+            if id(v) in live or is_placeholder(t) or not self.store.holds(v.name):
+                continue
+            v.const = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+            self.released[v.name] = v.const
+            freed += t.numel() * t.element_size()
+        return freed
 
-    def lower(self, graph, calls, binding, probe, readers=None) -> Lowered:
-        if self.stored_segments is not None:
-            segs = from_layout(graph, calls, binding, self.stored_segments, readers, self.exact)
-        else:
-            segs = form_segments(graph, calls, binding, probe, readers, self.exact)
-        lowered = Lowered(segs.calls, segs.made, segs.dropped, segs.not_writable)
-        self._layout += layout(lowered)
-        return lowered
+    def portable_weight(self, value):
+        t = value.const
+        if not is_placeholder(t):
+            return t
+        if self.store.holds(value.name):
+            return self.store.plain(value.name, tuple(t.shape), t.dtype)
+        raise ArtifactError(f"weight {value.name[:80]!r} is held only in a packed form this backend lacks")
 
     # -- artifact state
     def export_state(self, graph) -> dict:
-        """``{"packed": {weight name: [(key, bytes, descriptor, threads)]}}``: the oneDNN blocked
-        forms this model's convolutions made for their weights."""
-        out: dict[str, list] = {}
-        for node in graph.nodes if prepack.AVAILABLE else ():
-            v = node.inputs[1] if node.op_type == "FusedConv" and len(node.inputs) > 1 else None
-            if v is None or not v.is_const or v.name in out:
-                continue
-            forms, seen = [], []
-            twin = twin_of(v.const)       # a float16 weight's float32 copy (conv.fp32_twin), packed instead
-            for key, p, threads in prepack.packed_for(v.const if twin is None else twin):
-                if (key, threads) not in seen:       # the same weight bound twice: one copy
-                    seen.append((key, threads))
-                    forms.append((key, *prepack.to_bytes(p), threads))
-            if forms:
-                out[v.name] = forms
-        state: dict = {"packed": out} if out else {}
-        if self._layout:
-            state["segments"] = list(self._layout)
-        return state
+        """``{"packed": {weight name: [(key, bytes, description, 0)]}}``: each weight's packed
+        forms (uint8 bytes and the JSON of their layout, ``dnnl/memory.MemDesc.describe``)."""
+        out = {}
+        for name, forms in self.store.export().items():
+            out[name] = [([FORM_KEY], data, _json_bytes(desc), 0) for desc, data in forms]
+        return {"packed": out} if out else {}
 
     def import_state(self, state: dict, where: str = "artifact") -> None:
-        """Take a stored state: each packed form is rebuilt (over the loaded bytes) when a
-        kernel asks for it; a descriptor that does not describe its bytes is an ``ArtifactError``."""
-        state = state or {}
-        if "segments" in state:
-            self.stored_segments = state["segments"]
-        self.compiles_lazily = True
-        if not prepack.AVAILABLE:
-            return
+        """Take the packed forms of a stored model: each is checked against its bytes and handed
+        to the weight store, which uses it as it is when a primitive wants that layout."""
+        for name, forms in (state or {}).get("packed", {}).items():
+            for key, data, desc_bytes, _threads in forms:
+                self.store.provide(name, parse_form(key, data, desc_bytes, name, where), data)
 
-        def maker(name, key, data, md):
-            def make():
-                t = prepack.rebuild(data, md, key[0])
-                if t is None:
-                    raise ArtifactError(f"{where}: the prepacked form of {name[:80]!r} does not match its descriptor")
-                return t
-            return make
-        self.provided = {name: [(key, maker(name, key, data, md), threads) for key, data, md, threads in lst]
-                         for name, lst in state.get("packed", {}).items()}
+    @property
+    def reorders(self) -> int:
+        return self.store.reorders
 
+
+def _json_bytes(desc: dict) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(desc, separators=(",", ":")).encode()), dtype=torch.uint8)
+
+
+def parse_form(key, data: torch.Tensor, desc_bytes: torch.Tensor, name: str, where: str) -> dict:
+    """The layout description of one stored packed form, checked against its bytes
+    (``ArtifactError`` naming the weight otherwise: the file is untrusted)."""
+    if list(key) != [FORM_KEY]:
+        raise ArtifactError(f"{where}: packed form of {name[:80]!r} has unknown key {str(key)[:40]!r}")
+    try:
+        desc = json.loads(bytes(desc_bytes.numpy()).decode())
+    except (ValueError, UnicodeDecodeError):
+        desc = None
+    why = check_blocked(desc, data.numel()) if desc is not None else "unreadable description"
+    if why is not None:
+        raise ArtifactError(f"{where}: packed form of {name[:80]!r}: {why}")
+    return desc
+
+
+def unpack_form(key, data, desc_bytes, name: str, where: str) -> torch.Tensor:
+    """The plain tensor of a stored packed form (no oneDNN needed)."""
+    return unpack(parse_form(key, data, desc_bytes, name, where), data)

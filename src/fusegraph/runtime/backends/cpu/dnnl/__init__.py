@@ -1,0 +1,48 @@
+"""oneDNN primitives called directly (ctypes, no compiler, no TorchScript): kernels that write
+into the planned arena, hold their weights once in the blocked layout they run on, and cost
+a few microseconds a call.
+
+``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
+``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``), a
+``Decline`` with the reason when it has the family but not this node, or None for an op it has
+no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
+not).
+"""
+from __future__ import annotations
+
+from . import capi
+from .conv import conv_kernel
+from .linear import linear_kernel
+from .lrn import lrn_kernel
+from .pool import pool_kernel
+from .primitive import Resources
+from .weights import WeightStore
+
+
+def available() -> bool:
+    return capi.load() is not None
+
+
+def unavailable_reason() -> str:
+    capi.load()
+    return capi.UNAVAILABLE or "oneDNN is available"
+
+
+POOLS = {("", "MaxPool"), ("", "AveragePool"), ("", "GlobalAveragePool"), ("", "GlobalMaxPool")}
+
+
+class DnnlKernels:
+    def __init__(self, store: WeightStore):
+        self.store = store
+        self.resources = Resources()
+
+    def kernel(self, ctx, opdef, key, exact: bool):
+        if key == ("fusegraph", "FusedConv"):
+            return conv_kernel(ctx, self.store, self.resources, exact)
+        if key in (("fusegraph", "LinearAct"), ("fusegraph", "Linear")):
+            return linear_kernel(ctx, self.store, self.resources, exact)
+        if key in POOLS:
+            return pool_kernel(ctx, opdef, self.resources, exact)
+        if key == ("", "LRN"):
+            return lrn_kernel(ctx, self.resources)
+        return None

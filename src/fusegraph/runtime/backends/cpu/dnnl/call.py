@@ -1,0 +1,176 @@
+"""``DnnlKernel``: one oneDNN primitive bound as a node's kernel, called from generated code.
+
+A kernel is made once at bind time: the primitive (created for the layouts its tensors will
+have), its constant arguments (blocked weights, bias) bound once, and ``Slot``s for the
+tensors that change per call. The generated line is ``k(x, z, out=a3)``: it passes only the
+node inputs the kernel reads at run time (``reads``: weights are not among them, so nothing
+but the kernel holds them) and the output's planned arena view.
+
+The hot path: when every tensor is the same object as at the previous call (arena views are
+the same objects on every run), it executes the prepared argument array and returns; a new
+tensor is checked against its slot (dtype, shape, strides) and its pointer given to the
+memory object, or, when its layout differs, copied into a staging buffer of the primitive's
+layout that the slot keeps for its life (a graph input in NCHW for a channels-last
+convolution; ``converted`` counts such copies). An output view with other strides gets a
+scratch result copied into it. Without ``out`` (probe and debug runs, memory "off") the
+kernel allocates its result in the layout it was made for.
+
+``prefill``: the input that a ``sum`` post-op accumulates onto; it lives in the output's
+bytes when the planner put the output in place over it, else it is copied there first.
+``after(result, inputs)``: torch work on the result in place (an activation whose oneDNN
+post-op is not exact on NaN / Inf; a max pool's NaN check). The primitive runs on the calling thread's stream and scratchpad
+(``primitive.Resources``).
+"""
+from __future__ import annotations
+
+import operator
+import threading
+from typing import Callable
+
+import torch
+
+from . import capi
+from .capi import ExecArg
+from .memory import Memory, MemDesc
+from .primitive import Primitive, Resources
+
+_get_ident = threading.get_ident
+_is_not = operator.is_not
+
+
+def _same_layout(t: torch.Tensor, shape: tuple, strides: tuple) -> bool:
+    if tuple(t.shape) != shape:
+        return False
+    return all(a == b for a, b, n in zip(t.stride(), strides, shape) if n != 1)
+
+
+def _convertible(t: torch.Tensor, slot: "Slot") -> bool:
+    """A tensor the slot can take through its staging buffer: its shape, on the CPU, and the
+    slot's dtype or another float one (float16 storage computed in float32)."""
+    return (tuple(t.shape) == slot.shape and t.device.type == "cpu"
+            and (t.dtype == slot.dtype or (t.dtype.is_floating_point and slot.dtype.is_floating_point)))
+
+
+class Slot:
+    """A run-time tensor argument: its oneDNN argument index and the geometry it must have."""
+    __slots__ = ("arg", "shape", "strides", "dtype", "memory", "_staging")
+
+    def __init__(self, arg: int, shape, strides, dtype: torch.dtype, md: MemDesc | None = None):
+        self.arg, self.shape, self.strides, self.dtype = arg, tuple(shape), tuple(strides), dtype
+        self.memory = Memory(md or MemDesc.of(self.shape, dtype, self.strides), 0)
+        self._staging = None
+
+    def empty(self) -> torch.Tensor:
+        size = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+        return torch.empty(max(size, 1), dtype=self.dtype).as_strided(self.shape, self.strides)
+
+    def staging(self) -> torch.Tensor:
+        """A buffer of this slot's layout kept for the kernel's life: a tensor of another layout
+        (a graph input in NCHW for a channels-last convolution) is copied into it on each call."""
+        if self._staging is None:
+            with torch.inference_mode(False):     # a normal tensor: written in any mode
+                self._staging = self.empty()
+        return self._staging
+
+    def fits(self, t: torch.Tensor) -> bool:
+        return t.dtype == self.dtype and t.device.type == "cpu" and _same_layout(t, self.shape, self.strides)
+
+
+class DnnlKernel:
+    writes_out = True
+
+    def __init__(self, prim: Primitive, inputs: list[Slot], output: Slot, consts: list[tuple[int, Memory]],
+                 resources: Resources, reads: tuple[int, ...], *, prefill: int | None = None,
+                 after: Callable | None = None, keep: tuple = ()):
+        self.prim, self.inputs, self.output = prim, inputs, output
+        self.reads, self.prefill, self.after = reads, prefill, after
+        self._keep = keep                         # the tensors behind ``consts`` (weights, bias)
+        self._consts = consts
+        self._resources = resources
+        resources.need(prim.scratchpad_bytes)
+        self._run_slots = [s for s in inputs if s is not None] + [output]
+        self._n = len(self._run_slots) + len(consts) + (1 if prim.scratchpad_bytes else 0)
+        self._args = (ExecArg * self._n)()
+        for i, s in enumerate(self._run_slots):
+            self._args[i] = ExecArg(s.arg, s.memory.handle)
+        for j, (arg, mem) in enumerate(consts):
+            self._args[len(self._run_slots) + j] = ExecArg(arg, mem.handle)
+        self._cur: list = [None] * (len(inputs) + 1)
+        self._tid = None
+        self._stream = None
+        self._scratch = None
+        self._exec = capi.load().execute
+        self._handle = prim.handle
+        self.converted = 0                        # calls that copied a tensor into the primitive's layout
+        self._prefill_copy = False                # the summand is not already in the output's bytes
+
+    @property
+    def impl(self) -> str:
+        return self.prim.impl
+
+    def _thread(self) -> None:
+        self._tid = _get_ident()
+        self._stream, self._scratch = self._resources.for_thread(self.prim.scratchpad_bytes)
+        if self._scratch is not None:
+            self._args[self._n - 1] = ExecArg(capi.ARG_SCRATCHPAD, self._scratch.handle)
+
+    def _bind(self, ts: tuple, out: torch.Tensor):
+        """Point every slot at this call's tensors; returns (tensors to keep alive for the call,
+        the tensor to copy the result into afterwards, or None)."""
+        cur, temps = self._cur, []
+        for i, (slot, t) in enumerate(zip(self.inputs, ts)):
+            if slot is None:
+                cur[i] = t
+                continue
+            if not slot.fits(t):
+                if not _convertible(t, slot):
+                    raise TypeError(f"oneDNN {self.prim.what}: input {i} is {t.dtype} {tuple(t.shape)}, "
+                                    f"expected {slot.dtype} {slot.shape}")
+                fixed = slot.staging()
+                fixed.copy_(t)
+                self.converted += 1
+                slot.memory.point(fixed.data_ptr())
+                cur[i] = None                     # check again next call
+                continue
+            slot.memory.point(t.data_ptr())
+            cur[i] = t
+        copy_to = None
+        if self.output.fits(out):
+            self.output.memory.point(out.data_ptr())
+            cur[-1] = out
+        else:
+            if not _convertible(out, self.output):
+                raise TypeError(f"oneDNN {self.prim.what}: output is {out.dtype} {tuple(out.shape)}, "
+                                f"expected {self.output.dtype} {self.output.shape}")
+            copy_to, out = out, self.output.staging()
+            self.converted += 1
+            self.output.memory.point(out.data_ptr())
+            cur[-1] = None
+        return temps, copy_to, out
+
+    def __call__(self, *ts, out=None):
+        fresh = out is None
+        if fresh:
+            out = self.output.empty()
+        cur = self._cur
+        copy_to = temps = None
+        if out is not cur[-1] or any(map(_is_not, ts, cur)):
+            temps, copy_to, target = self._bind(ts, out)
+            if self.prefill is not None:
+                z = ts[self.prefill]
+                self._prefill_copy = target.data_ptr() != z.data_ptr() or target.stride() != z.stride()
+        else:
+            target = out
+        if self._prefill_copy:
+            target.copy_(ts[self.prefill])
+        if self._tid != _get_ident():
+            self._thread()
+        status = self._exec(self._handle, self._stream, self._n, self._args)
+        if status:
+            raise capi.DnnlError(f"execute {self.prim.what}", status)
+        if copy_to is not None:
+            copy_to.copy_(target)
+            target = copy_to
+        if self.after is not None:
+            self.after(target, ts)
+        return target

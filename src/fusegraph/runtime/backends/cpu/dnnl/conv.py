@@ -1,0 +1,144 @@
+"""``fusegraph::FusedConv`` as one oneDNN convolution primitive: ``act(conv(x, w) + b + z)``.
+
+Made at bind time for a 2-D float32 / bfloat16 convolution with static shapes and constant
+weights (any group count: depthwise included), reading its input and writing its output in
+the layout the layout pass chose for the output: channels-last in conv nets (brgemm
+kernels; a graph input in NCHW is copied into a staging buffer, oneDNN has no fast
+NCHW-to-NHWC convolution here), NCHW in graphs the pass left alone (oneDNN's GEMM kernels). A float16 convolution
+(no float16 arithmetic on this CPU) is the float32 primitive over float16 storage: its input
+converted in the staging buffer, its result rounded once into the float16 output. The
+weights are reordered once into the blocked layout the primitive picks (``weights.py``) and
+are not read from the graph at run time (``DnnlKernel.reads``: the input, and the residual).
+
+Post-ops, in order:
+- the residual ``z``: a ``sum`` post-op when the planner put the output in place over ``z``
+  (``ctx.inplace_input == 3``: the convolution accumulates onto it), else a ``binary add``
+  reading ``z``;
+- the activation, as the oneDNN eltwise that computes what ONNX says on NaN and +-Inf
+  (``EXACT``: relu is ``elu`` with alpha 0, which keeps NaN, where oneDNN's relu maps NaN to
+  0); activations without one (clip, GELU, hard sigmoid) run after the primitive in place
+  with torch (``AFTER``), unless ``exact`` is off (``Config.fast_math``): then every
+  activation is a post-op (``FAST``).
+Convolutions under ``PARALLEL_MACS`` multiply-adds are made for one thread (oneDNN fixes the
+thread count of its partition when the primitive is made). Anything else declines with a
+reason: the CPU backend's other kernels take the node.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .....ops.conv import ConvGeometry
+from .....ops.fused_cnn import ACTIVATIONS, conv_macs
+from ...protocol import Decline
+from ..threading_policy import PARALLEL_MACS, threads_for
+from . import capi
+from .call import DnnlKernel, Slot
+from .capi import Dims
+from .layouts import channels_last, contiguous, static_shape, strides_of
+from .memory import DTYPES, MemDesc, Memory
+from .primitive import Attr, create
+
+TYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+EXACT = {   # activation -> eltwise post-ops exact on NaN / Inf (params: activation_params)
+    "": lambda p: [],
+    "relu": lambda p: [("eltwise", "elu", 0.0, 0.0)],
+    "sigmoid": lambda p: [("eltwise", "logistic", 0.0, 0.0)],
+    "tanh": lambda p: [("eltwise", "tanh", 0.0, 0.0)],
+    "swish": lambda p: [("eltwise", "swish", 1.0, 0.0)],
+    "hardswish": lambda p: [("eltwise", "hardswish", 1.0 / 6.0, 0.5)],
+    "leaky_relu": lambda p: [("eltwise", "relu", float(p[0]), 0.0)] if p and p[0] != 0 else None,
+}
+FAST = {
+    "relu": lambda p: [("eltwise", "relu", 0.0, 0.0)],
+    "hardtanh": lambda p: [("eltwise", "clip_v2", float(p[0]), float(p[1]))],
+    "gelu": lambda p: [("eltwise", "gelu_erf", 0.0, 0.0)],
+    "gelu_tanh": lambda p: [("eltwise", "gelu_tanh", 0.0, 0.0)],
+    "hardsigmoid": lambda p: [("eltwise", "hardsigmoid", 1.0 / 6.0, 0.5)],
+}
+
+
+def _activation(activation: str, params: list[float], exact: bool):
+    """(eltwise post-ops, torch op applied after in place or None)."""
+    maker = EXACT.get(activation) if exact else (FAST.get(activation) or EXACT.get(activation))
+    ops = maker(params) if maker is not None else None
+    if ops is not None:
+        return ops, None
+    act = ACTIVATIONS[activation]
+    return [], (lambda y, _inputs: act(y, params))
+
+
+def conv_kernel(ctx, store, resources, exact: bool = True):
+    """The oneDNN kernel of one FusedConv node, or a ``Decline`` saying why not."""
+    node = ctx.node
+    activation = str(ctx.attr("activation", ""))
+    if activation not in ACTIVATIONS:
+        return Decline(f"activation {activation!r} is not a known FusedConv activation", "dnnl")
+    params = [float(p) for p in ctx.attr("activation_params", [])]
+    w, b = ctx.const(1), ctx.const(2)
+    x_v, y_v = node.inputs[0], node.outputs[0]
+    z_v = node.inputs[3] if len(node.inputs) > 3 else None
+    xs, ys = static_shape(x_v), static_shape(y_v)
+    if w is None or w.device.type not in ("cpu", "meta") or (ctx.has_input(2) and b is None):
+        return Decline("weights or bias are not constant CPU tensors", "dnnl")
+    if xs is None or ys is None or len(xs) != 4 or w.dim() != 4:
+        return Decline("needs a 2-D convolution with static shapes", "dnnl")
+    dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
+    if dtype not in TYPES or w.dtype != dtype or y_v.dtype.to_torch() != dtype:
+        return Decline(f"needs float32, bfloat16 or float16 data and weights (got {dtype}, {w.dtype})", "dnnl")
+    if z_v is not None and (static_shape(z_v) != ys or z_v.dtype is None):
+        return Decline("the residual does not have the output's static shape", "dnnl")
+    compute = torch.float32 if dtype == torch.float16 else dtype    # float16: stored, not computed
+    geo = ConvGeometry(ctx)
+    s, d, begin, end = geo.resolve(tuple(xs[2:]), tuple(w.shape[2:]))
+    if min(begin + end) < 0:
+        return Decline("negative pads", "dnnl")
+    g = geo.group
+    co, cig, kh, kw = (int(v) for v in w.shape)
+    post, after = _activation(activation, params, exact)
+    y_strides = strides_of(y_v)          # the input is read in the output's layout (else staged)
+    x_strides = channels_last(xs) if y_v.layout == "nhwc" else contiguous(xs)
+    inplace = (z_v is not None and ctx.inplace_input == 3 and z_v.dtype == y_v.dtype
+               and strides_of(z_v) == y_strides)
+    x_md, y_md = MemDesc.of(xs, compute, x_strides), MemDesc.of(ys, compute, y_strides)
+    z_md = None
+    if z_v is not None:
+        if inplace:
+            post = [("sum", 1.0)] + post
+        else:
+            z_md = MemDesc.of(ys, compute, strides_of(z_v))
+            post = [("binary", "add", z_md)] + post
+    wdims = [co, cig, kh, kw] if g == 1 else [g, co // g, cig, kh, kw]
+    w_any = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ANY)
+    bias = None if b is None else b.to(compute if dtype == torch.float16 else b.dtype).contiguous()
+    b_md = MemDesc.of((co,), bias.dtype) if bias is not None else None
+    lib = capi.load()
+    attr = Attr(post)
+    macs = conv_macs(ctx, w)
+    with threads_for(macs is not None and macs < PARALLEL_MACS):
+        try:
+            prim = create("convolution", lambda pd: lib.convolution_forward_primitive_desc_create(
+                pd, lib.engine, capi.FORWARD_INFERENCE, capi.CONVOLUTION_DIRECT, x_md.handle, w_any.handle,
+                b_md.handle if b_md is not None else None, y_md.handle, Dims(*s), Dims(*[v - 1 for v in d]),
+                Dims(*begin), Dims(*end), attr.handle))
+        except capi.DnnlError as exc:
+            return Decline(f"oneDNN has no convolution for this node: {exc}", "dnnl")
+    if prim.is_reference:
+        return Decline(f"oneDNN offers only its reference convolution ({prim.impl})", "dnnl")
+    w_md = prim.md(capi.Q_WEIGHTS_MD)
+    plain = w if w.device.type == "meta" else w.to(compute).contiguous()
+    plain_md = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ABCD if g == 1 else capi.TAG_ABCDE)
+    packed = store.form(node.inputs[1].name, plain, plain_md, w_md)
+    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
+    keep = [packed, w_md]
+    if bias is not None:
+        consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
+        keep.append(bias)
+    x_slot = Slot(capi.ARG_SRC, xs, x_strides, compute, x_md)
+    y_slot = Slot(capi.ARG_DST, ys, y_strides, compute, y_md)
+    if z_v is None:
+        return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
+    z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, strides_of(z_v), compute, z_md)
+    return DnnlKernel(prim, [x_slot, z_slot], y_slot, consts, resources, (0, 3),
+                      prefill=1 if inplace else None, after=after, keep=tuple(keep))

@@ -1,0 +1,122 @@
+"""MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool as oneDNN pooling primitives.
+
+2-D float32 / bfloat16 pools with static shapes, read and written in the layouts the layout
+pass chose. The ONNX geometry (auto_pad, asymmetric pads, dilations, ceil mode) comes from
+the op's own ``PoolGeometry``: oneDNN's end padding is the one the last window reaches, and
+padded positions never count for max, nor (``count_include_pad`` 0) in an average's divisor.
+An average with ``count_include_pad`` whose last window overhangs the explicit pads (ceil
+mode) declines: ONNX counts the explicit pads there but not the overhang.
+
+oneDNN's max pool turns NaN into a number and a window of -inf into -FLT_MAX. Exact (the
+default), the kernel checks that its input's sum is finite after each call (one read of the
+input: no NaN, no infinity; an overflowing sum only sends the call down the exact path too)
+and otherwise recomputes the node with the op's own kernel (torch's NaN-propagating pool)
+into the same output. ``Config.fast_math`` drops the check.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .....ops.pool import PoolGeometry
+from ...protocol import Decline
+from . import capi
+from .call import DnnlKernel, Slot
+from ..threading_policy import threads_for
+from .capi import Dims
+from .layouts import channels_last, contiguous, static_shape, strides_of
+from .memory import MemDesc, Memory
+from .primitive import Attr, create
+
+TYPES = (torch.float32, torch.bfloat16)
+
+
+def _geometry(ctx, kind: str, xs, ys):
+    op = ctx.node.op_type
+    if op.startswith("Global"):
+        k = list(xs[2:])
+        return k, [1, 1], [0, 0], [0, 0], [0, 0]
+    geo = PoolGeometry(ctx)
+    if len(geo.kernel) != 2:
+        return None
+    out, begin, end, cover = geo.resolve(tuple(xs[2:]))
+    if list(out) != list(ys[2:]) or min(begin) < 0:
+        return None
+    if kind == "avg" and int(ctx.attr("count_include_pad", 0)) and any(c > e for c, e in zip(cover, end)):
+        return None
+    right = [max(0, c) for c in cover]       # the last window's end: oneDNN's output size follows from it
+    return list(geo.kernel), list(geo.strides), [d - 1 for d in geo.dil], list(begin), right
+
+
+def pool_kernel(ctx, opdef, resources, exact: bool = True):
+    node = ctx.node
+    kind = "max" if "Max" in node.op_type else "avg"
+    if len(node.outputs) > 1:
+        return Decline("MaxPool with indices", "dnnl")
+    x_v, y_v = node.inputs[0], node.outputs[0]
+    xs, ys = static_shape(x_v), static_shape(y_v)
+    dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
+    if xs is None or ys is None or len(xs) != 4 or dtype not in TYPES:
+        return Decline("needs a 2-D float32 / bfloat16 pool with static shapes", "dnnl")
+    geo = _geometry(ctx, kind, xs, ys)
+    if geo is None:
+        return Decline("a pool geometry oneDNN does not express exactly", "dnnl")
+    kernel, strides, dil, begin, end = geo
+    if node.op_type == "GlobalAveragePool":
+        return _global_mean(x_v, y_v, xs, ys, dtype, resources)
+    if kind == "max":
+        alg = capi.POOLING_MAX
+    else:
+        alg = capi.POOLING_AVG_INCLUDE if int(ctx.attr("count_include_pad", 0)) else capi.POOLING_AVG_EXCLUDE
+    x_md = MemDesc.of(xs, dtype, strides_of(x_v))
+    y_md = MemDesc.of(ys, dtype, strides_of(y_v))
+    lib = capi.load()
+    attr = Attr()
+    try:
+        prim = create("pooling", lambda pd: lib.pooling_forward_primitive_desc_create(
+            pd, lib.engine, capi.FORWARD_INFERENCE, alg, x_md.handle, y_md.handle, Dims(*strides),
+            Dims(*kernel), Dims(*dil), Dims(*begin), Dims(*end), attr.handle))
+    except capi.DnnlError as exc:
+        return Decline(f"oneDNN has no pooling for this node: {exc}", "dnnl")
+    if prim.is_reference:
+        return Decline(f"oneDNN offers only its reference pooling ({prim.impl})", "dnnl")
+    after = _exact_max(opdef.build(ctx)) if kind == "max" and exact else None
+    return DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, strides_of(x_v), dtype, x_md)],
+                      Slot(capi.ARG_DST, ys, strides_of(y_v), dtype, y_md), [], resources, (0,), after=after)
+
+
+def _exact_max(portable):
+    """After oneDNN's max pool: when the input holds a NaN or an infinity, the op's own kernel
+    (which propagates NaN and keeps -inf) recomputes the result into the same output."""
+    def check(y, inputs):
+        x = inputs[0]
+        if not math.isfinite(float(x.sum())):
+            y.copy_(portable(x))
+    return check
+
+
+def _global_mean(x_v, y_v, xs, ys, dtype, resources):
+    """GlobalAveragePool of channels-last data as one oneDNN matmul per image: the row of
+    ``1 / HW`` times the image's ``[HW, C]`` pixels (oneDNN's pooling with a window as large as
+    the input, and its spatial reduction, have no fast implementation here)."""
+    n, c, h, w = xs
+    hw = h * w
+    if strides_of(x_v) != channels_last(xs) or strides_of(y_v) not in (contiguous(ys), channels_last(ys)) or n != 1:
+        return Decline("needs one channels-last image", "dnnl")
+    ones = torch.full((1, hw), 1.0 / hw, dtype=dtype)
+    a_md = MemDesc.of((1, hw), dtype)
+    x_md = MemDesc.of((hw, c), dtype)
+    y_md = MemDesc.of((1, c), dtype)
+    lib = capi.load()
+    attr = Attr()
+    with threads_for(True):
+        try:
+            prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
+                pd, lib.engine, a_md.handle, x_md.handle, None, y_md.handle, attr.handle))
+        except capi.DnnlError as exc:
+            return Decline(f"oneDNN has no matmul for this mean: {exc}", "dnnl")
+    consts = [(capi.ARG_SRC, Memory(a_md, ones.data_ptr()))]
+    return DnnlKernel(prim, [Slot(capi.ARG_WEIGHTS, xs, strides_of(x_v), dtype, x_md)],
+                      Slot(capi.ARG_DST, ys, strides_of(y_v), dtype, y_md), consts, resources, (0,),
+                      keep=(ones,))

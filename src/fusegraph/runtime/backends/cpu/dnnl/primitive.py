@@ -1,0 +1,145 @@
+"""oneDNN primitives: attributes (post-ops, user scratchpad), primitive descriptors and
+primitives, and the per-thread resources a primitive runs with.
+
+- ``attr(post_ops, fpmath_bf16=False)``: a ``dnnl_primitive_attr_t`` whose scratchpad is the
+  caller's (never allocated by oneDNN during a run) and whose post-ops are, in order,
+  ``("eltwise", name, alpha, beta)``, ``("sum", scale)`` (accumulate into the destination's
+  current contents) or ``("binary", name, MemDesc)`` (a second tensor, given at run time).
+- ``Primitive(pd, what)``: owns a primitive descriptor and the primitive made from it (the
+  JIT-generated code); ``impl`` names the implementation oneDNN chose (``"ref"`` ones are
+  slow: callers decline them), ``md(query)`` its descriptors, ``scratchpad_bytes``.
+- ``Resources``: what one model's primitives share per thread that runs them: a oneDNN stream
+  and one scratchpad buffer sized for the largest primitive (``need``). A model's runs are
+  serialised on its lock and each stream worker is one thread, so one buffer per thread is
+  never used by two primitives at once.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import threading
+
+import torch
+
+from . import capi
+from .capi import check, vp
+from .memory import Memory, MemDesc
+
+_streams = threading.local()
+
+
+def _lib():
+    return capi.load()
+
+
+def thread_stream() -> vp:
+    """This thread's oneDNN stream (made at its first use)."""
+    s = getattr(_streams, "stream", None)
+    if s is None:
+        s = vp()
+        lib = _lib()
+        check(lib.stream_create(C.byref(s), lib.engine, 1), "stream_create")
+        _streams.stream = s
+    return s
+
+
+class Attr:
+    __slots__ = ("handle", "_po", "_lib")
+
+    def __init__(self, post_ops=(), fpmath_bf16: bool = False):
+        lib = self._lib = _lib()
+        self.handle, self._po = vp(), vp()
+        check(lib.primitive_attr_create(C.byref(self.handle)), "primitive_attr_create")
+        check(lib.primitive_attr_set_scratchpad_mode(self.handle, capi.SCRATCHPAD_USER), "set_scratchpad_mode")
+        if fpmath_bf16:
+            check(lib.primitive_attr_set_fpmath_mode(self.handle, capi.FPMATH_BF16), "set_fpmath_mode")
+        if post_ops:
+            check(lib.post_ops_create(C.byref(self._po)), "post_ops_create")
+            for op in post_ops:
+                if op[0] == "eltwise":
+                    check(lib.post_ops_append_eltwise(self._po, capi.ELTWISE[op[1]], op[2], op[3]), "append_eltwise")
+                elif op[0] == "sum":
+                    check(lib.post_ops_append_sum(self._po, op[1], 0, 0), "append_sum")
+                elif op[0] == "binary":
+                    check(lib.post_ops_append_binary(self._po, capi.BINARY[op[1]], op[2].handle), "append_binary")
+                else:
+                    raise ValueError(f"unknown post-op {op[0]!r}")
+            check(lib.primitive_attr_set_post_ops(self.handle, self._po), "set_post_ops")
+
+    def __del__(self):
+        try:
+            if self._po:
+                self._lib.post_ops_destroy(self._po)
+            self._lib.primitive_attr_destroy(self.handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class Primitive:
+    __slots__ = ("pd", "handle", "what", "impl", "scratchpad_bytes", "_lib")
+
+    def __init__(self, pd: vp, what: str):
+        self._lib = lib = _lib()
+        self.pd, self.what = pd, what
+        impl = C.c_char_p()
+        check(lib.primitive_desc_query(pd, capi.Q_IMPL_INFO_STR, 0, C.byref(impl)), "query impl")
+        self.impl = (impl.value or b"").decode("ascii", "replace")
+        sp = lib.primitive_desc_query_md(pd, capi.Q_SCRATCHPAD_MD, 0)
+        self.scratchpad_bytes = int(lib.memory_desc_get_size(sp)) if sp else 0
+        self.handle = vp()
+        check(lib.primitive_create(C.byref(self.handle), pd), f"primitive_create ({what})")
+
+    def md(self, query: int, index: int = 0) -> MemDesc:
+        h = self._lib.primitive_desc_query_md(self.pd, query, index)
+        if not h:
+            raise capi.DnnlError(f"{self.what} has no descriptor for query {query}", 2)
+        return MemDesc.clone(h)
+
+    @property
+    def is_reference(self) -> bool:
+        return self.impl.startswith("ref")
+
+    def __del__(self):
+        try:
+            self._lib.primitive_destroy(self.handle)
+            self._lib.primitive_desc_destroy(self.pd)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def create(what: str, make) -> Primitive:
+    """``make(pd_pointer) -> status``: the primitive descriptor's creation call."""
+    pd = vp()
+    check(make(C.byref(pd)), what)
+    return Primitive(pd, what)
+
+
+class Resources:
+    """One model's per-thread stream and scratchpad (``need`` first, at kernel creation)."""
+
+    def __init__(self):
+        self.bytes = 0
+        self._local = threading.local()
+        self._held: list[torch.Tensor] = []      # every buffer handed out (kernels keep pointers)
+
+    def need(self, nbytes: int) -> None:
+        self.bytes = max(self.bytes, int(nbytes))
+
+    def for_thread(self, nbytes: int) -> tuple[vp, Memory | None]:
+        """This thread's stream and a scratchpad memory of at least ``nbytes`` (None for 0)."""
+        loc = self._local
+        buf = getattr(loc, "buf", None)
+        if nbytes and (buf is None or buf.numel() < nbytes):
+            with torch.inference_mode(False):
+                buf = loc.buf = torch.empty(max(self.bytes, nbytes), dtype=torch.uint8)
+            loc.mems = {}
+            self._held.append(buf)
+        mem = None
+        if nbytes:
+            mem = loc.mems.get(nbytes)
+            if mem is None:
+                mem = loc.mems[nbytes] = Memory(MemDesc.tagged([nbytes], capi.U8, capi.TAG_A), buf.data_ptr())
+        return thread_stream(), mem
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(b.numel() for b in self._held)
