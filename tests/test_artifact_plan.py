@@ -1,8 +1,13 @@
-"""The .fgm artifact's stored plan and prepacked weights: the loaded model binds the compiled
-model's plan (arena, strides, streams) and oneDNN blocked weights without a probe run or a
-reorder; a stored plan or descriptor that could crash, hang or race is refused. Prepacked
-weights belong to the ideep convolution kernels (the oneDNN Graph kernels pack their own when
-they compile), so the tests of stored blocked weights run with those kernels (``ideep``).
+"""The .fgm artifact's stored plan and packed weights.
+
+The loaded model binds the compiled model's plan (arena, strides, streams) without a probe
+run; a stored plan that could crash, hang or race is refused. Weights that only the CPU
+backend's oneDNN kernels read are held once, packed (``runtime/backends/cpu/dnnl/``): the file
+stores them in those forms only (``fusegraph.prepacked`` / ``fusegraph.packed_only``, format
+version 3), a load on this machine uses the stored forms as they are (no reorder, the graph
+keeps shape-only placeholders), a form in another layout than the primitive wants is
+reordered, the portable kernels (and a model run elsewhere) get the plain tensors back, and a
+stored form or entry that lies is refused with an ``ArtifactError`` naming the weight.
 Shared helpers and the ``saved`` fixture come from ``test_artifact.py``.
 """
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +25,9 @@ from onnx import TensorProto, helper, numpy_helper
 import fusegraph as fg
 from fusegraph import artifact as A
 from fusegraph.errors import ArtifactError
-from fusegraph.runtime.backends.cpu import onednn_graph, prepack
+from fusegraph.runtime.backends.cpu.dnnl import available as dnnl_available
+from fusegraph.runtime.backends.cpu.dnnl import blocked
+from fusegraph.runtime.backends.cpu.dnnl import weights as dnnl_weights
 from test_artifact import FEEDS, _f32, _model, _same, json_part_edit, refused, reseal
 from test_artifact import saved  # noqa: F401 - a fixture
 
@@ -42,10 +50,6 @@ def test_light_model_round_trip(tmp_path, monkeypatch):
     model.save(tmp_path / "m.fgm")
     feeds = zoo.random_feeds(proto)
     monkeypatch.setattr(bind_module, "probe_strides", lambda *a: pytest.fail("load ran the layout probe"))
-    if prepack.AVAILABLE:   # the convolutions take the stored oneDNN blocked weights: no reorder
-        prepack._reference_md()     # (but for the one tiny weight packed once per process)
-        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_convolution_weight",
-                            lambda *a: pytest.fail("load reordered a convolution weight"))
     loaded = fg.load(tmp_path / "m.fgm")
     _same(model.run(feeds), loaded.run(feeds))
     assert loaded.plan.to_dict() == model.plan.to_dict()
@@ -54,72 +58,397 @@ def test_light_model_round_trip(tmp_path, monkeypatch):
     assert _views(loaded) == _views(model)
 
 
-@pytest.fixture
-def ideep(monkeypatch):
-    """Convolutions through the ideep kernels, whose weights the artifact stores prepacked."""
-    monkeypatch.setattr(onednn_graph, "AVAILABLE", False)
+# ----- packed weights --------------------------------------------------------------------------
+class Weights:
+    """The weights part of an artifact, decoded for editing: the safetensors header (``head``),
+    its ``fusegraph.*`` metadata decoded from JSON (``meta``) and the data section. ``blob()``
+    encodes it again with the data section 64-aligned as before, so every entry left alone stays
+    where it was."""
+
+    def __init__(self, blob: bytes):
+        n = int.from_bytes(blob[:8], "little")
+        self.header_bytes = 8 + n
+        self.head = json.loads(blob[8:8 + n])
+        self.meta = {k: json.loads(v) if k.startswith("fusegraph.") else v
+                     for k, v in self.head.pop("__metadata__").items()}
+        self.data = bytearray(blob[8 + n:])
+
+    @property
+    def forms(self) -> dict:
+        return self.meta["fusegraph.prepacked"]
+
+    @property
+    def packed_only(self) -> dict:
+        return self.meta["fusegraph.packed_only"]
+
+    def entry(self, name: str) -> bytes:
+        lo, hi = self.head[name]["data_offsets"]
+        return bytes(self.data[lo:hi])
+
+    def put(self, name: str, data: bytes) -> None:
+        """Entry ``name`` now holds ``data`` (uint8), appended 64-aligned to the data section."""
+        self.data += bytes(-len(self.data) % 64)
+        at = len(self.data)
+        self.head[name] = {"dtype": "U8", "shape": [len(data)], "data_offsets": [at, at + len(data)]}
+        self.data += data
+
+    def desc(self, weight: str) -> dict:
+        return json.loads(self.entry(self.forms[weight][0]["md"]))
+
+    def form_bytes(self, weight: str) -> bytes:
+        return self.entry(self.forms[weight][0]["data"])
+
+    def set_form(self, weight: str, desc: dict, data: bytes | None = None) -> None:
+        """The first stored form of ``weight`` now says ``desc`` (and holds ``data``)."""
+        self.put(self.forms[weight][0]["md"], json.dumps(desc).encode())
+        if data is not None:
+            self.put(self.forms[weight][0]["data"], data)
+
+    def blob(self) -> bytes:
+        meta = {k: json.dumps(v) if k.startswith("fusegraph.") else v for k, v in self.meta.items()}
+        head = json.dumps({**self.head, "__metadata__": meta}).encode()
+        head += b" " * (-(8 + len(head)) % 64)
+        return len(head).to_bytes(8, "little") + head + bytes(self.data)
 
 
-@pytest.fixture(scope="module")
-def conv_saved(tmp_path_factory):
-    if not prepack.AVAILABLE:
-        pytest.skip("this torch cannot rebuild oneDNN tensors from bytes")
-    import onnx
-    from fusegraph import zoo
-    proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(onednn_graph, "AVAILABLE", False)
-        model = fg.compile(proto)
-    path = tmp_path_factory.mktemp("fgm3") / "conv.fgm"
-    model.save(path)
-    header, parts = A.unpack(path)
-    n = int.from_bytes(parts["weights"][:8], "little")
-    head = json.loads(parts["weights"][8:8 + n])
-    forms = json.loads(head["__metadata__"]["fusegraph.prepacked"])
-    assert forms and set(forms) <= set(model.graph.constants)
-    return model, path, head, forms, zoo.random_feeds(proto)
+def stored(path) -> Weights:
+    return Weights(A.unpack(path)[1]["weights"])
 
 
-def _poke_descriptor(head, forms, value_at):
-    """Overwrite bytes of the first stored oneDNN descriptor (inside the weights data section)."""
+def weights_edit(fn):
+    """A ``reseal`` ``parts_fn`` that lets ``fn(Weights)`` edit the weights part."""
     def parts_fn(parts):
-        n = int.from_bytes(parts["weights"][:8], "little")
-        lo, _ = head[next(iter(forms.values()))[0]["md"]]["data_offsets"]
-        w = bytearray(parts["weights"])
-        for pos, byte in value_at:
-            w[8 + n + lo + pos] = byte
-        parts["weights"] = bytes(w)
+        w = Weights(parts["weights"])
+        fn(w)
+        parts["weights"] = w.blob()
     return parts_fn
 
 
-@pytest.mark.parametrize("value_at", [[(4, 9)], [(8, 65)], [(334, 1)], [(416, 7)], [(700, 1)]],
-                         ids=["ndims", "dims", "strides", "blocks", "tail"])
-def test_tampered_prepacked_descriptor(conv_saved, ideep, tmp_path, value_at):
-    """A resealed file whose oneDNN descriptor lies is refused before oneDNN reads it."""
-    _, path, head, forms, _ = conv_saved
-    refused(reseal(path, tmp_path / "d.fgm", parts_fn=_poke_descriptor(head, forms, value_at)),
-            "does not match its descriptor")
+TRANSPOSED = {"wt": True, "wsq": True, "wn": False}    # product_model's weights: stored as W^T?
 
 
-def test_prepacked_forms_only_for_the_same_build(conv_saved, ideep, tmp_path, monkeypatch):
-    """Another torch build (or thread count) reorders the plain weights instead: same bits."""
-    model, path, _, _, feeds = conv_saved
-    used = []
-    real = prepack.rebuild
-    monkeypatch.setattr(prepack, "rebuild", lambda *a: used.append(1) or real(*a))
-    _same(model.run(feeds), fg.load(path).run(feeds))
-    assert used
-    used.clear()
-    other = reseal(path, tmp_path / "o.fgm", lambda h: h.update(torch_version="0.0.1"))
-    _same(model.run(feeds), fg.load(other).run(feeds))
-    assert not used
-    threads = torch.get_num_threads()
+def product_model():
+    """A convolution and three weight products: ``wt`` and the square ``wsq`` are ``[N, K]``
+    with ``transB`` (oneDNN's operand is their transpose; the square one has the same dims
+    either way), ``wn`` is ``[K, N]``."""
+    rng = np.random.default_rng(3)
+
+    def w(name, *shape, scale):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["x", "wc", "bc"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["ar"]), helper.make_node("GlobalAveragePool", ["ar"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("Gemm", ["f", "wt", "bt"], ["g"], transB=1),
+             helper.make_node("Relu", ["g"], ["gr"]), helper.make_node("Gemm", ["gr", "wsq"], ["h"], transB=1),
+             helper.make_node("Gemm", ["h", "wn", "bn"], ["y"])]
+    inits = [w("wc", 64, 32, 3, 3, scale=0.08), w("bc", 64, scale=0.1), w("wt", 48, 64, scale=0.2),
+             w("bt", 48, scale=0.1), w("wsq", 48, 48, scale=0.2), w("wn", 48, 20, scale=0.2), w("bn", 20, scale=0.1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 20])], inits)
+
+
+def _compiled(name: str, **config):
+    """(onnx model, compiled model, feeds) of ``name`` ("squeezenet" or "products")."""
+    import onnx
+    from fusegraph import zoo
+    if name == "squeezenet":
+        proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
+        feeds = zoo.random_feeds(proto)
+    else:
+        x = np.random.default_rng(4).standard_normal((4, 32, 16, 16)).astype(np.float32)
+        proto, feeds = product_model(), {"x": x}
+    return proto, fg.compile(proto, fg.Config(**config)), feeds
+
+
+def _released(model) -> dict:
+    """The weights whose plain tensor the backend released: name -> meta placeholder."""
+    return {n: v.const for n, v in model.graph.constants.items() if v.const.device.type == "meta"}
+
+
+@pytest.fixture(scope="module", params=["squeezenet", "products"])
+def packed(request, tmp_path_factory):
+    """A model whose oneDNN kernels hold weights packed only (squeezenet's convolutions, or
+    products), saved; with its feeds and its released weights."""
+    if not dnnl_available():
+        pytest.skip("the oneDNN library does not load here")
+    proto, model, feeds = _compiled(request.param)
+    path = tmp_path_factory.mktemp("fgm3") / f"{request.param}.fgm"
+    model.save(path)
+    released = _released(model)
+    assert released, "no weight is held packed only"
+    return type("Saved", (), dict(name=request.param, proto=proto, model=model, path=path, feeds=feeds,
+                                  released=released))
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def test_released_weights_are_stored_once(packed):
+    """No plain copy of a released weight: ``fusegraph.packed_only`` lists each with its dtype,
+    shape and strides, its one packed form holds its bytes, and the weights part is the packed
+    forms, their descriptions and the weights kept plain, and nothing else."""
+    w = stored(packed.path)
+    consts = {n: v.const for n, v in packed.model.graph.constants.items()}
+    assert set(w.packed_only) == set(packed.released)
+    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+    for name, t in packed.released.items():
+        assert name not in w.head
+        assert w.packed_only[name] == {"dtype": names[t.dtype], "shape": list(t.shape), "strides": list(t.stride())}
+        keys = [f["key"] for f in w.forms[name]]
+        assert len(keys) == 1 and keys[0][0] == "dnnl" and sorted(keys[0][1:]) == list(range(t.dim()))
+        assert w.desc(name)["size"] == len(w.form_bytes(name)) >= _nbytes(t)
+    plain = {n: t for n, t in consts.items() if n not in packed.released}
+    for name, t in plain.items():   # kept plain: stored plain, with no packed form
+        assert name in w.head and name not in w.forms and w.head[name]["shape"] == list(t.shape)
+    forms = [f for fs in w.forms.values() for f in fs]
+    held = (sum(len(w.entry(f["data"])) + len(w.entry(f["md"])) for f in forms)
+            + sum(_nbytes(t) for t in plain.values()))
+    entries = [k for k in w.head if not k.startswith("__fusegraph_pad")]
+    assert set(entries) == set(plain) | {f[k] for f in forms for k in ("data", "md")}
+    part = len(A.unpack(packed.path)[1]["weights"])
+    assert held <= part - w.header_bytes <= held + 64 * len(entries)     # padding only
+    if packed.name == "squeezenet":   # big weights: padded blocks cost little; a second copy would double it
+        assert part < 1.1 * sum(_nbytes(t) for t in consts.values())
+
+
+def test_load_uses_the_stored_forms(packed, monkeypatch):
+    """This machine's primitives want the stored layouts: the load reorders nothing, keeps the
+    released weights as shape-only placeholders, and computes the compiled model's bits."""
+    assert packed.model.report.kernels["weight_reorders"] >= len(packed.released)   # the compile packed
+    monkeypatch.setattr(dnnl_weights, "reorder", lambda *a: pytest.fail("load reordered a weight"))
+    loaded = fg.load(packed.path)
+    assert loaded.load_info["weight_reorders"] == 0
+    assert loaded.load_info["backend_state"] == "stored forms used as they are"
+    _same(packed.model.run(packed.feeds), loaded.run(packed.feeds))
+    assert set(_released(loaded)) == set(packed.released)
+    for name, t in packed.released.items():
+        c = loaded.graph.constants[name].const
+        assert (c.device.type, c.dtype, c.shape, c.stride()) == ("meta", t.dtype, t.shape, t.stride())
+
+
+def test_resaving_a_loaded_model_round_trips(packed, tmp_path):
+    """A loaded model saves the forms it was given: the same graph and weights bytes, and a
+    second load computes the same bits, again without a reorder."""
+    loaded = fg.load(packed.path)
+    loaded.save(tmp_path / "again.fgm")
+    _, first = A.unpack(packed.path)
+    _, again = A.unpack(tmp_path / "again.fgm")
+    assert again["graph"] == first["graph"] and again["weights"] == first["weights"]
+    reloaded = fg.load(tmp_path / "again.fgm")
+    assert reloaded.load_info["weight_reorders"] == 0
+    _same(packed.model.run(packed.feeds), reloaded.run(packed.feeds))
+
+
+def _plain_layout(desc: dict, data: bytes) -> tuple[dict, bytes]:
+    """The same weight in oneDNN's plain layout: row-major over its dims, no padding, no blocks."""
+    plain = blocked.unpack(desc, torch.frombuffer(bytearray(data), dtype=torch.uint8)).contiguous()
+    raw = plain.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return {**desc, "padded": list(desc["dims"]), "strides": _row_major(desc["dims"]), "blocks": [], "idxs": [],
+            "size": len(raw)}, raw
+
+
+def _row_major(dims) -> list[int]:
+    strides, acc = [], 1
+    for d in reversed(dims):
+        strides.insert(0, acc)
+        acc *= d
+    return strides
+
+
+def test_a_form_in_another_layout_is_reordered(packed, tmp_path):
+    """Stored forms re-described (and re-packed) in the plain layout, which no primitive here
+    wants: the load reorders exactly those weights, and computes the compiled model's bits."""
+    w = stored(packed.path)
+    names = sorted(packed.released)[:3]
+    plain = {n: _plain_layout(w.desc(n), w.form_bytes(n)) for n in names}
+    if packed.name == "products":   # the plain bytes are the weights (transposed where oneDNN's operand is)
+        inits = {i.name: numpy_helper.to_array(i) for i in packed.proto.graph.initializer}
+        for n, (desc, raw) in plain.items():
+            got = np.frombuffer(raw, np.float32).reshape(desc["dims"])
+            np.testing.assert_array_equal(got, inits[n].T if TRANSPOSED[n] else inits[n])
+        assert any(TRANSPOSED[n] for n in names)
+
+    def edit(w):
+        for n, (desc, raw) in plain.items():
+            w.set_form(n, desc, raw)
+    path = reseal(packed.path, tmp_path / "plain.fgm", parts_fn=weights_edit(edit))
+    loaded = fg.load(path)
+    assert loaded.load_info["weight_reorders"] == len(names)
+    assert loaded.load_info["backend_state"] == f"{len(names)} weight(s) reordered for this machine's kernels"
+    _same(packed.model.run(packed.feeds), loaded.run(packed.feeds))
+
+
+def _set_desc(**changes):
+    def edit(w, n):
+        w.set_form(n, {**w.desc(n), **changes})
+    return edit
+
+
+def _other_geometry(make):
+    """The weight re-stored in the plain layout, then described by ``make(desc)``: a layout
+    that fits its bytes, but not the weight."""
+    def edit(w, n):
+        desc, raw = _plain_layout(w.desc(n), w.form_bytes(n))
+        w.set_form(n, make(desc), raw)
+    return edit
+
+
+HOSTILE = {
+    "strides_past_the_bytes": (lambda w, n: _set_desc(strides=[2 * s + 64 for s in w.desc(n)["strides"]])(w, n),
+                               "reaches"),
+    "truncated_data": (lambda w, n: w.put(w.forms[n][0]["data"], w.form_bytes(n)[:-64]), "packed form of"),
+    "unreadable_description": (lambda w, n: w.put(w.forms[n][0]["md"], b"\xff{"), "unreadable"),
+    "no_packed_form": (lambda w, n: w.forms.pop(n), "packed-only weight"),
+    "form_entry_missing": (lambda w, n: w.forms[n][0].update(data="__fusegraph_packed__9:ghost"), "malformed"),
+    "unknown_key": (lambda w, n: w.forms[n][0].update(key=["ideep"]), "malformed key"),
+    "negative_dim": (lambda w, n: w.packed_only[n].update(shape=[-1] + w.packed_only[n]["shape"][1:]), "malformed"),
+    "shape_not_a_list": (lambda w, n: w.packed_only[n].update(shape="abc"), "malformed"),
+    "shape_rank": (lambda w, n: w.packed_only[n].update(shape=w.packed_only[n]["shape"][:-1]), "malformed"),
+    "unknown_dtype": (lambda w, n: w.packed_only[n].update(dtype="PICKLE"), "malformed"),
+    # a description that fits its bytes (dense, every access inside) but holds fewer elements,
+    # or another element type, than the weight: reading it as the weight would read past them
+    "fewer_elements": (_other_geometry(lambda d: {**d, "dims": [d["dims"][0] // 2] + d["dims"][1:]}),
+                       "holds"),
+    "other_element_type": (_other_geometry(lambda d: {**d, "dt": 2, "padded": [2 * d["dims"][0]] + d["dims"][1:],
+                                                      "strides": _row_major([2 * d["dims"][0]] + d["dims"][1:])}),
+                           "holds"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_packed_weights(packed, tmp_path, case):
+    """Re-sealed files (checksums pass) whose packed forms or packed-only entries lie are
+    refused with an ArtifactError naming the weight; by the oneDNN kernels and the portable
+    ones alike."""
+    edit, words = HOSTILE[case]
+    name = sorted(packed.released)[0]
+    path = reseal(packed.path, tmp_path / "h.fgm", parts_fn=weights_edit(lambda w: edit(w, name)))
+    refused(path, repr(name), words)
+    portable = reseal(path, tmp_path / "hp.fgm", lambda h: h["config"].update(cpu_kernels="portable"))
+    refused(portable, repr(name), words)
+
+
+def test_format_version_2_is_refused(packed, tmp_path):
+    """A version-2 file (plain weights beside another build's packed forms) is not read."""
+    refused(reseal(packed.path, tmp_path / "v2.fgm", lambda h: h.update(format_version=2)),
+            "format version 2 is older", "recompile")
+
+
+def test_portable_kernels_get_the_weights_plain(packed, tmp_path):
+    """``cpu_kernels="portable"`` loading a file saved with the oneDNN kernels: the backend reads
+    each packed-only weight back to the plain tensor the portable compile holds, and the run
+    matches the portable compile's bits (and the oneDNN model's numbers)."""
+    path = reseal(packed.path, tmp_path / "p.fgm", lambda h: h["config"].update(cpu_kernels="portable"))
+    loaded = fg.load(path)
+    assert loaded.config.cpu_kernels == "portable"
+    assert set(loaded.report.kernels["implementations"]) == {"portable"} and not _released(loaded)
+    portable = fg.compile(packed.proto, fg.Config(cpu_kernels="portable"))
+    for name, t in packed.released.items():
+        c, want = loaded.graph.constants[name].const, portable.graph.constants[name].const
+        assert (c.dtype, c.shape, c.stride()) == (t.dtype, t.shape, t.stride())
+        assert torch.equal(c, want), name
+    got = loaded.run(packed.feeds)
+    _same(portable.run(packed.feeds), got)
+    for k, v in packed.model.run(packed.feeds).items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-4)
+
+
+def _read_elsewhere(path, tmp_path):
+    """``artifact.read`` of ``path`` re-sealed with ``device="auto"`` on a machine that (we
+    pretend) has CUDA: the model will run on the CUDA backend, which takes no packed form."""
+    path = reseal(path, tmp_path / "elsewhere.fgm", lambda h: h["config"].update(device="auto"))
+    here = A.machine()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(A.store, "machine", lambda: here)
+        mp.setattr(torch.cuda, "is_available", lambda: True)
+        return A.read(path)
+
+
+def test_a_model_run_elsewhere_reads_the_weights_plain(packed, tmp_path):
+    """A model that will run on another device reads each packed-only weight back (no oneDNN:
+    ``artifact.read`` alone) to the tensor the portable compile holds."""
+    portable = fg.compile(packed.proto, fg.Config(cpu_kernels="portable"))
+    got = _read_elsewhere(packed.path, tmp_path)
+    for name, t in packed.released.items():
+        c = got.graph.constants[name].const
+        assert (c.device.type, c.dtype, c.shape, c.stride()) == ("cpu", t.dtype, t.shape, t.stride())
+        assert torch.equal(c, portable.graph.constants[name].const), name
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("name", ["squeezenet", "products"])
+def test_reduced_precision_round_trip(tmp_path, name, precision):
+    """A float16 / bfloat16 model (weights packed in the type its primitives compute in:
+    float32 for float16 storage) saves its released weights packed only, loads without a
+    reorder to the same bits, and the portable kernels (and a model run elsewhere) get each
+    weight back in its own type."""
+    if not dnnl_available():
+        pytest.skip("the oneDNN library does not load here")
+    proto, model, feeds = _compiled(name, precision=precision)
+    reduced = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    released = _released(model)
+    assert any(t.dtype == reduced for t in released.values()), released
+    model.save(tmp_path / "m.fgm")
+    w = stored(tmp_path / "m.fgm")
+    assert {"fp16": "F16", "bf16": "BF16"}[precision] in {e["dtype"] for e in w.packed_only.values()}
+    loaded = fg.load(tmp_path / "m.fgm")
+    assert loaded.load_info["weight_reorders"] == 0
+    _same(model.run(feeds), loaded.run(feeds))
+    portable = fg.load(reseal(tmp_path / "m.fgm", tmp_path / "p.fgm",
+                              lambda h: h["config"].update(cpu_kernels="portable")))
+    plain = fg.compile(proto, fg.Config(precision=precision, cpu_kernels="portable"))
+    elsewhere = _read_elsewhere(tmp_path / "m.fgm", tmp_path)
+    for n, t in released.items():
+        assert torch.equal(portable.graph.constants[n].const, plain.graph.constants[n].const), n
+        assert torch.equal(elsewhere.graph.constants[n].const, plain.graph.constants[n].const), n
+    _same(plain.run(feeds), portable.run(feeds))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="device 'auto' is the CPU only without CUDA")
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_device_auto_on_the_cpu_keeps_the_stored_forms(tmp_path, precision):
+    """A model compiled with ``device="auto"`` on a machine without CUDA runs on the CPU backend:
+    its load takes the stored forms as they are, like a ``device="cpu"`` one."""
+    if not dnnl_available():
+        pytest.skip("the oneDNN library does not load here")
+    _, model, feeds = _compiled("products", device="auto", precision=precision)
+    model.save(tmp_path / "a.fgm")
+    loaded = fg.load(tmp_path / "a.fgm")
+    assert loaded.load_info["weight_reorders"] == 0 and set(_released(loaded)) == set(_released(model))
+    _same(model.run(feeds), loaded.run(feeds))
+
+
+_DESC_KEYS = ("dims", "padded", "strides", "blocks", "idxs", "size", "dt", "kind")
+
+
+@settings(max_examples=int(os.environ.get("FG_FUZZ_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.sampled_from(_DESC_KEYS), st.integers(0, 11),
+                                 st.integers(0, 96) | st.integers(-2, 1 << 20)),
+                      min_size=1, max_size=4), cut=st.integers(0, 96), which=st.integers(0, 50))
+def test_fuzz_packed_description(packed, tmp_path, edits, cut, which):
+    """Re-sealed edits of a stored layout description (and of its bytes' length): refused, or
+    a run that does not crash (only a form whose every access stays inside its bytes, and
+    which holds the weight's elements, reaches oneDNN or the reorder)."""
+    names = sorted(packed.released)
+    name = names[which % len(names)]
+
+    def edit(w):
+        desc = w.desc(name)
+        for key, i, value in edits:
+            if isinstance(desc[key], list) and desc[key]:
+                desc[key][i % len(desc[key])] = value
+            elif isinstance(desc[key], list):
+                desc[key].append(value)
+            else:
+                desc[key] = value
+        w.set_form(name, desc, w.form_bytes(name)[:len(w.form_bytes(name)) - cut] if cut else None)
     try:
-        torch.set_num_threads(threads + 1)
-        _same(model.run(feeds), fg.load(path).run(feeds))
-    finally:
-        torch.set_num_threads(threads)
-    assert not used
+        loaded = fg.load(reseal(packed.path, tmp_path / "f.fgm", parts_fn=weights_edit(edit)))
+    except ArtifactError as exc:
+        assert repr(name) in str(exc), str(exc)
+        return
+    loaded.run(packed.feeds)
 
 
 def two_stream_model():
@@ -199,20 +528,6 @@ def test_plan_without_arena_still_runs(saved, tmp_path):
     loaded = fg.load(path)
     assert loaded.plan is None
     _same(saved["diamond"][0].run(feeds), loaded.run(feeds))
-
-
-@settings(max_examples=int(os.environ.get("FG_FUZZ_EXAMPLES", "40")), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(edits=st.lists(st.tuples(st.integers(0, 771), st.integers(0, 255)), min_size=1, max_size=4))
-def test_fuzz_prepacked_descriptor(conv_saved, ideep, tmp_path, edits):
-    """Resealed byte edits of a stored oneDNN descriptor: refused, or a run that does not crash
-    (only a descriptor whose every access stays inside its bytes reaches oneDNN)."""
-    _, path, head, forms, feeds = conv_saved
-    try:
-        loaded = fg.load(reseal(path, tmp_path / "f.fgm", parts_fn=_poke_descriptor(head, forms, edits)))
-    except ArtifactError:
-        return
-    loaded.run(feeds)
 
 
 def _squeezenet(streams: int):

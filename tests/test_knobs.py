@@ -23,7 +23,7 @@ REFUSED = "refused"
 
 
 def knob_model():
-    """Two conv branches (streams, segments), a duplicated Relu (CSE), a foldable constant
+    """Two conv branches (streams, kernels), a duplicated Relu (CSE), a foldable constant
     product (folding), ``c * 0 + c`` (fast math), a ConstantOfShape (broadcast folding)."""
     rng = np.random.default_rng(0)
     w1, w2 = (numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32), n)

@@ -166,7 +166,7 @@ def test_report_fields():
 
 def test_tight_generates_code_in_the_planned_order():
     model, feeds = SMALL["branches"]
-    c = fg.compile(model, fg.Config(memory="tight", script_segments=False))   # one line per node
+    c = fg.compile(model, fg.Config(memory="tight"))   # one line per node
     lines = [ln for ln in c.source.splitlines() if "  # " in ln]
     assert [ast.literal_eval(ln.rsplit(" ", 1)[-1]) for ln in lines] == c.plan.order
 

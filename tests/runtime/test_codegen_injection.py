@@ -76,7 +76,7 @@ def test_hostile_names_compile_load_and_run_correctly(in_tmp, where, k):
     node, value, meta = [payload if where == w else d for w, d in (("node", "n"), ("value", ""), ("meta", "m"))]
     model = _model(node, "v" + value, meta)
     want = ort_run(model, {"x": X})
-    for config in (fg.Config(), fg.Config(script_segments=False), fg.Config(level="O0"), fg.Config(streams=2)):
+    for config in (fg.Config(), fg.Config(cpu_kernels="portable"), fg.Config(level="O0"), fg.Config(streams=2)):
         compiled = fg.compile(model, config=config)
         assert compiled.source.isascii()
         assert_outputs_close(compiled.run({"x": X}), want)

@@ -1,7 +1,7 @@
-"""``Config.fast_math`` on CPU: the kernels whose only difference from ONNX is NaN / Inf (oneDNN's
-fused relu, clip, GELU, max pool) are used. On finite inputs the results match onnxruntime
-ORT_DISABLE_ALL as tightly as the exact kernels do; on NaN the exact default keeps ONNX's
-answer and fast_math need not (the trade the knob states)."""
+"""``Config.fast_math`` on CPU: the kernels whose only difference from ONNX is NaN / Inf are used
+(oneDNN's own relu and clip post-ops, its max pool without the finiteness check). On finite
+inputs the results match onnxruntime ORT_DISABLE_ALL as tightly as the exact kernels do; on
+NaN the exact default keeps ONNX's answer and fast_math need not (the trade the knob states)."""
 from __future__ import annotations
 
 import onnx
@@ -9,10 +9,22 @@ import pytest
 
 import fusegraph as fg
 from fusegraph import zoo
-from fusegraph.runtime.backends.cpu import onednn_graph
+from fusegraph.runtime.backends.cpu.dnnl import available
+from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+from model_builders import mobilenetv2_onnx
 from oracle import assert_outputs_close, ort_run
 
-pytestmark = pytest.mark.skipif(not onednn_graph.AVAILABLE, reason="this torch has no oneDNN Graph bridge")
+pytestmark = pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
+
+
+def _post_ops(model) -> list[str]:
+    """The eltwise post-op names of every convolution, and 'after' for activations run after it."""
+    out = []
+    for c in model._executor.binding.calls:
+        k = c.kernel
+        if isinstance(k, DnnlKernel) and c.node.op_type == "FusedConv" and c.node.attrs.get("activation"):
+            out.append("after" if k.after is not None else "post-op")
+    return out
 
 
 @pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
@@ -22,11 +34,21 @@ def test_fast_math_kernels_match_onnxruntime_on_finite_inputs(name):
     fast = fg.compile(model, fg.Config(fast_math=True))
     exact = fg.compile(model, fg.Config())
     assert not fast._executor.backend.exact and exact._executor.backend.exact
-    assert "aten::relu" in _segment_ir(fast) and "aten::relu" not in _segment_ir(exact)
+    fast_pools, exact_pools = ([c.kernel for c in m._executor.binding.calls if c.node.op_type == "MaxPool"]
+                               for m in (fast, exact))
+    assert fast_pools and all(isinstance(k, DnnlKernel) for k in fast_pools + exact_pools)
+    assert all(k.after is None for k in fast_pools) and all(k.after is not None for k in exact_pools)
     want = ort_run(model, feeds)
     assert_outputs_close(fast.run(feeds), want)
+    assert_outputs_close(exact.run(feeds), want)
 
 
-def _segment_ir(model) -> str:
-    lowered = model._executor.code.lowered
-    return "\n".join(c.kernel._ir for c in lowered.calls if hasattr(c.node, "nodes"))
+def test_fast_math_fuses_the_clip_the_exact_kernel_applies_after(tmp_path):
+    """MobileNetV2's ReLU6: oneDNN's clip maps NaN to 0, so the exact kernel clamps after the
+    primitive; fast_math makes it a post-op."""
+    path = tmp_path / "m.onnx"
+    mobilenetv2_onnx(str(path), width=0.35, size=96)
+    exact, fast = (fg.compile(str(path), fg.Config(fast_math=f)) for f in (False, True))
+    assert "after" in _post_ops(exact) and "after" not in _post_ops(fast)
+    feeds = zoo.random_feeds(onnx.load(str(path)), seed=1)
+    assert_outputs_close(fast.run(feeds), ort_run(onnx.load(str(path)), feeds))

@@ -1,10 +1,11 @@
 """NaN, +Inf, -Inf and huge finite (1e38) inputs come out as onnxruntime (ORT_DISABLE_ALL)
-gives them (issue 14), whatever kernel runs: every fusion and script-segment kind on small
-graphs, by default and node by node, then the light models with the default config.
+gives them (issue 14), whatever kernel runs: every fusion kind on small graphs, with the
+oneDNN kernels and with the portable ones, then the light models with the default config.
 
 oneDNN's own ops differ here (its relu and clip post-ops turn NaN into 0 / the bound, its max
 pool turns NaN and -inf windows into -FLT_MAX, its GELU +inf into NaN, its exp NaN into inf);
-``runtime/backends/cpu/script_ops.py`` and the fused kernels say those ops another way. Inputs are uniform (every
+``runtime/backends/cpu/dnnl/`` says those ops another way (relu as elu with alpha 0, clip
+and GELU after the primitive, a finiteness check after max pool). Inputs are uniform (every
 element the special value) or sprinkled (random normal with a few special elements); max
 pooling is tested on uniform inputs only, since onnxruntime's own max pool of a window mixing
 NaN and numbers depends on the element order. A NaN, +Inf or -Inf must be at the same positions
@@ -19,14 +20,13 @@ import pytest
 
 import fusegraph as fg
 from fusegraph import zoo
-from fusegraph.runtime.backends.cpu import onednn_graph
 from oracle import ort_run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from passes_util import F, const, model, node  # noqa: E402
 
 SPECIAL = {"nan": np.nan, "+inf": np.inf, "-inf": -np.inf, "1e38": 1e38}
-CONFIGS = {"default": fg.Config(threads=2), "per_node": fg.Config(threads=2, script_segments=False)}
+CONFIGS = {"default": fg.Config(threads=2), "portable": fg.Config(threads=2, cpu_kernels="portable")}
 
 
 def rnd(*shape, seed=0, scale=1.0):
@@ -220,8 +220,8 @@ def graph(request):
 def test_small_graphs_follow_onnxruntime(graph, config):
     name, m = graph
     compiled = fg.compile(m, config=CONFIGS[config])
-    if config == "default" and onednn_graph.AVAILABLE and name.startswith("conv") and compiled.report.kernel_count > 1:
-        assert compiled.report.segments, f"{name}: expected a script segment"
+    if config == "default" and name.startswith("conv"):
+        assert set(compiled.report.kernels["implementations"]) != {"portable"}, f"{name}: expected oneDNN kernels"
     shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
     for label, value in SPECIAL.items():
         for sprinkled in (False, True):
@@ -239,7 +239,7 @@ def test_conv_relu_maxpool_of_nan_is_nan_on_every_path():
               [("x", F, X4)], ["y"], inits, opset=17)
     feeds = {"x": np.full(X4, np.nan, np.float32)}
     assert np.isnan(ort_run(m, feeds)["y"]).all()
-    for config in (fg.Config(), fg.Config(script_segments=False), fg.Config(level="O0")):
+    for config in (fg.Config(), fg.Config(cpu_kernels="portable"), fg.Config(level="O0")):
         assert np.isnan(fg.compile(m, config=config).run(feeds)["y"]).all(), config
 
 

@@ -8,9 +8,8 @@ inception_v1 matches the O0 graph and repeats bit-identically.
 
 Bit-identity is compared at one intra-op thread per kernel: oneDNN splits a convolution's
 reduction by thread count, so 2 threads and 1 thread differ in the last bits, whatever the
-streams (and one thread per kernel keeps these runs quick on a loaded 2-core machine). The
-reference runs node by node, as stream plans do (no script segments: oneDNN Graph may pick
-other convolution algorithms inside a segment, equal only to rounding). Light models use
+streams (and one thread per kernel keeps these runs quick on a loaded 2-core machine). Light
+models use
 ``plan/streams.py`` (the toy planner of ``stream_plans.py`` when it is absent); random DAGs use the toy planner (random assignments, unpruned events).
 """
 import importlib.util
@@ -56,7 +55,7 @@ def light(request):
     proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(request.param)),
                                                     seed=0, calibrate=False))
     feeds = zoo.random_feeds(proto, seed=1)
-    base = fg.compile(proto, fg.Config(memory="off", script_segments=False))  # node by node, as streams run
+    base = fg.compile(proto, fg.Config(memory="off"))
     with _threads(1):
         want = base.run(feeds)
     return request.param, base, feeds, want, rebind(base, "balanced", 1)

@@ -28,7 +28,7 @@ from .container import FORMAT_VERSION, Checksums, is_int, json_value, open_artif
 from .machine import HINT, check_machine as _check_machine, cpu_requirements, machine
 from .plan import plan_record, restore_plan
 from .weights import read_weights, weights_part
-from ..runtime.backends.cpu.backend import unpack_form
+from ..runtime.backends.cpu.backend import stored_plain
 
 _MAX_JSON_PART = 1 << 30
 
@@ -176,10 +176,6 @@ def read(path: str | Path, *, threads: int | None = None) -> StoredModel:
         stored_config, stored_threads = _threads(header["config"], threads, where)
         config = config_from_mapping(stored_config, f"{where}: config")
         tensors, packed = read_weights(art.mm, *art.span("weights"), where, config.fold_broadcast_limit)
-        if header["device"].get("kind") != "cpu" or config.device != "cpu":   # no CPU backend takes the forms
-            for name, t in list(tensors.items()):
-                if t.device.type == "meta":
-                    tensors[name] = unpack_form(*packed[name][0][:3], name, where).reshape(t.shape)
         blobs = {}
         for name in ("graph", "report"):
             start, length = art.span(name)
@@ -195,6 +191,11 @@ def read(path: str | Path, *, threads: int | None = None) -> StoredModel:
         _want(names is None or (isinstance(names, list) and len(names) == len(graph.outputs) and
                                 all(isinstance(n, str) for n in names) and len(set(names)) == len(names)),
               f"{where}: graph meta 'output_names' does not name each output once")
+        on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+        if header["device"].get("kind") != "cpu" or not on_cpu:   # no CPU backend takes the forms
+            for v in graph.constants.values():
+                if v.const.device.type == "meta":
+                    v.const = stored_plain(v, packed[v.name], where)
         report = _report(blobs["report"], where)
         plan, strides = restore_plan(blobs["report"], graph, where)
         checks, pending = None, checks

@@ -3,8 +3,10 @@
 A *view* op's output shares its source input's memory (same bytes, another shape), so the
 planner gives it no buffer and extends the source's life instead. An *in-place candidate* is
 an input whose buffer output 0 may overwrite: the op is elementwise (``FusionKind.ELEMENTWISE``
-or ``BROADCAST``, or declares ``OpDef.inplace`` pairs) and that input has exactly output 0's
-shape, dtype and memory layout (``Value.layout``). Whether the input actually dies at that
+or ``BROADCAST``, or declares ``OpDef.inplace`` pairs, whose input must then feed no other
+input of the node: a convolution accumulating onto its residual must not be reading that
+buffer as its input too) and that input has exactly output 0's shape, dtype and memory
+layout (``Value.layout``). Whether the input actually dies at that
 node is decided in ``lifetime.py``.
 
 Both facts come from the op registry: ``OpDef.alias`` ((input, output) view pairs; Reshape,
@@ -48,8 +50,9 @@ def inplace_candidates(node: Node) -> list[int]:
     if opdef is None:
         return []
     out = node.outputs[0]
-    if opdef.inplace:
-        allowed = [i for i, o in opdef.inplace if o == 0]
+    if opdef.inplace:    # a declared pair of a non-elementwise op: the input must be read there only
+        allowed = [i for i, o in opdef.inplace if o == 0
+                   and sum(1 for v in node.inputs if v is not None and v is node.input(i)) == 1]
     elif opdef.fusion.value in ("elementwise", "broadcast") and len(node.outputs) == 1:
         allowed = list(range(len(node.inputs)))
     else:

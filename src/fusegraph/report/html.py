@@ -188,7 +188,7 @@ def _profile_section(prof) -> str:
     top = [[k.name, k.op, k.stream, f"{k.median_us:.1f}", f"{100 * k.median_us / total:.1f}%"] for k in prof.top(25)]
     ops = [[op, n, f"{us:.1f}", f"{100 * us / total:.1f}%"] for op, n, us in prof.by_op()]
     return (f'<section id="profile"><h2>Time profile</h2><p>median of {prof.runs} runs with the timing hook '
-            f"(per-node kernels, no script segments): {prof.hooked_ms:.3f} ms; plain run (model.run): "
+            f"(the same kernels, a timestamp around each): {prof.hooked_ms:.3f} ms; plain run (model.run): "
             f"{prof.plain_ms:.3f} ms.</p><div class=figs><div>"
             + _table(["kernel", "op", "stream", "µs", "share"], top, {2, 3, 4}) + "</div><div>"
             + _table(["op", "kernels", "µs", "share"], ops, {1, 2, 3})

@@ -3,9 +3,10 @@
 ``profile(model, feeds, runs) -> Profile`` runs ``model.run(feeds, hook=...)``: the generated
 code calls the hook before (phase 0) and after (phase 1) the node at each index of
 ``model.plan.order``, on the thread (stream) that runs it, and the hook takes
-``time.perf_counter_ns()`` stamps. With a hook the run function is generated node by node
-(no script segments, every node its own call), so what is timed are the per-node kernels; the
-unhooked run's median total is measured beside it for comparison (``Profile.plain_ms``).
+``time.perf_counter_ns()`` stamps. The hooked run calls the same kernels as the plain run
+(every node is its own call there too), so what is timed is the real run's kernels; the
+unhooked run's median total is measured beside it (``Profile.plain_ms``): the difference is
+the hook's own cost.
 On CUDA the hook synchronises the device around every node, so each figure is the kernel's
 own time (the streams then do not overlap in the trace).
 Nodes that the plain run leaves to its once-per-input-shapes memo (``report.shape_kernels``,
@@ -93,7 +94,7 @@ class Profile:
                 "otherData": {"model": self.model, "runs": self.runs, "streams": self.streams,
                               "kernel_count": self.kernel_count, "threads": self.threads, "hooked_run_ms": self.hooked_ms,
                               "plain_run_ms": self.plain_ms,
-                              "note": "per-kernel timing runs the per-node kernels (no script segments)"}}
+                              "note": "per-kernel timing runs the plain run's kernels with a timestamp around each"}}
 
     def to_text(self, top: int = 15) -> str:
         total = sum(k.median_us for k in self.kernels) or 1.0
@@ -101,7 +102,7 @@ class Profile:
         lines = [f"{self.model}: {len(self.kernel_events)} kernels"
                  + (f" (+{shape} shape-only, once per input shapes in the plain run)" if shape else "")
                  + f", {self.streams} stream(s), {self.threads} thread(s), median of {self.runs} runs",
-                 (f"run with the timing hook (per-node kernels, no script segments): {self.hooked_ms:.3f} ms; "
+                 (f"run with the timing hook (the same kernels, a timestamp around each): {self.hooked_ms:.3f} ms; "
                   f"plain run (model.run): {self.plain_ms:.3f} ms"),
                  "", "top kernels (per-node median):",
                  f"  {'us':>10} {'%':>6}  {'stream':>6}  node (op)"]

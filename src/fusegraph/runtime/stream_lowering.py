@@ -1,9 +1,9 @@
 """The backend's lowering applied to a stream plan: each stream's calls are cut where the
 plan synchronises (a node that waits for an event starts a piece, a node that records one
 ends it, a change between a hybrid plan's wide and narrow nodes cuts too), and each piece is
-lowered on its own (CPU: script segments), with every stream's calls as the readers a
-segment must hand its values to. So several streams run the same kind of fused kernels as
-one stream, and an event is always waited for before, and recorded after, a whole call.
+lowered on its own, with every stream's calls as the readers a lowered call must hand its
+values to. So several streams run the same kind of kernels as one stream, and an event is
+always waited for before, and recorded after, a whole call.
 Lowering runs at the intra-op thread count the streams run at (kernels compile for it).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from .threads import intra_op_threads
 
 
 def first_name(call) -> str:
-    """The plan's name of the first node a call runs (a segment runs several)."""
+    """The plan's name of the first node a call runs (a lowered call may run several)."""
     nodes = getattr(call.node, "nodes", None)
     return nodes[0].name if nodes else call.node.name
 

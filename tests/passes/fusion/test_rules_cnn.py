@@ -2,7 +2,7 @@
 graph-in / graph-out (the fused op list and attributes) and numerically against the unoptimised
 graph (O0) and onnxruntime with ORT_DISABLE_ALL at fp32 rtol 1e-4, each with a case where it must
 decline and the reason it records in ``report.fusions``. Two-conv chains make the layout pass
-choose channels-last, so the oneDNN kernels (prepacked weights) are what runs."""
+choose channels-last, so the oneDNN kernels (packed weights) are what runs."""
 import numpy as np
 import pytest
 import torch
@@ -126,26 +126,38 @@ def test_residual_declines_when_it_broadcasts():
     assert ops(c) == ["FusedConv", "Add"] and "broadcasts" in declined(c, "conv_add")[0]
 
 
-def test_residual_kernel_out_form_is_bit_exact(monkeypatch):
-    """``out=`` (in place on z, or into another buffer) equals the allocating form bit for bit
-    (the ideep kernel: the oneDNN Graph one has no ``out=`` form)."""
-    from fusegraph.runtime.backends.cpu import onednn_graph
-    monkeypatch.setattr(onednn_graph, "AVAILABLE", False)
+def test_residual_kernel_forms_are_bit_exact():
+    """The oneDNN residual convolution accumulating in place onto z (a ``sum`` post-op, when the
+    planner puts the output over z) and the one reading z (a ``binary add`` post-op) give the
+    same bits, into any output buffer, and match the op's portable kernel."""
+    from fusegraph.runtime.backends.cpu.backend import CpuBackend
+    from fusegraph.runtime.backends.cpu.dnnl import available
+    from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+    if not available():
+        pytest.skip("the oneDNN library does not load here")
     nodes = [node("Conv", ["x", "w0", "b0"], "c0", pads=[1] * 4), node("Conv", ["c0", "w1", "b1"], "c1", pads=[1] * 4),
              node("Add", ["c1", "x"], "s"), node("Relu", ["s"], "y")]
     c = compile_with(model(nodes, [("x", F, [1, C, 7, 7])], ["y"], conv_inits()))
     n = fused(c)[-1]
-    n.outputs[0].layout = "nhwc"          # the oneDNN kernel, as under the layout pass
-    from fusegraph.runtime.backends.cpu.backend import CpuBackend
-    kernel = CpuBackend().kernel(NodeContext(n), opdef_for(n))     # the CPU backend's ideep kernel
-    assert "conv_add" in kernel.__qualname__
+    for v in (n.outputs[0], n.inputs[0], n.inputs[3]):
+        v.layout = "nhwc"                 # the channels-last kernels, as under the layout pass
+    kernels = []
+    for inplace in (3, None):
+        ctx = NodeContext(n)
+        ctx.inplace_input = inplace
+        kernels.append(CpuBackend().kernel(ctx, opdef_for(n)))
+    summed, binary = kernels
+    assert isinstance(summed, DnnlKernel) and summed.prefill is not None
+    assert isinstance(binary, DnnlKernel) and binary.prefill is None
     x = torch.randn(1, C, 7, 7).contiguous(memory_format=torch.channels_last)
     z = torch.randn(1, C, 7, 7).contiguous(memory_format=torch.channels_last)
-    want = kernel(x, None, None, z)
+    want = binary(x, z)
     z2 = z.clone()
-    assert torch.equal(kernel(x, None, None, z2, out=z2), want)
+    assert torch.equal(summed(x, z2, out=z2), want)       # in place on the residual
     other = torch.empty_like(z)
-    assert torch.equal(kernel(x, None, None, z, out=other), want) and torch.equal(other, want)
+    assert torch.equal(summed(x, z, out=other), want) and torch.equal(other, want)   # copied there first
+    w, b = n.inputs[1].const, n.inputs[2].const
+    torch.testing.assert_close(opdef_for(n).build(NodeContext(n))(x, w, b, z), want, rtol=1e-4, atol=1e-5)
 
 
 def test_conv_bn_rule_folds_when_the_affine_passes_are_off():

@@ -6,14 +6,15 @@
   take declines with a reason (``tried``, recorded in ``report.kernels``) and, like every
   other op, runs its own portable ATen kernel. "portable" runs every node on its portable
   kernel.
-- weights held once: after binding, ``release_weights`` drops the plain tensor of every
-  constant that only oneDNN kernels read (they hold it packed and never read the graph's copy)
-  and leaves a shape-only placeholder (``torch`` "meta" tensor) in the graph;
-  ``portable_weight`` reads a packed weight back as a plain tensor (``dnnl/blocked.py``),
-  for ``save()`` on a machine without the library, and for any code that needs the plain form.
-- ``export_state`` / ``import_state``: the packed forms with their layout descriptions, so a
-  load on a machine whose primitives want the same layouts reorders nothing; another
-  machine's load unpacks and reorders (``reorders`` counts it: ``model.load_info``).
+- weights held once: after binding, ``release_weights`` replaces the graph's plain tensor of
+  every weight only oneDNN kernels read with a shape-only placeholder (a "meta" tensor that
+  remembers the store holding the weight: ``dnnl/weights.py``); ``portable_weight`` reads a
+  packed weight back as a plain tensor (``dnnl/blocked.py``, torch alone) for a kernel that
+  needs it.
+- ``export_state`` / ``import_state``: the packed forms with their layout descriptions and
+  orientation, so a load on a machine whose primitives want the same layouts reorders nothing;
+  another machine's load unpacks and reorders (``reorders`` counts it: ``model.load_info``);
+  ``stored_plain`` reads a stored form back for a model no CPU backend will run.
 - host memory policy: ``prepare`` lets malloc keep freed memory (``host_memory.py``) unless
   the config says no; kernels learn it through ``NodeContext.freed_memory_kept``.
 """
@@ -27,7 +28,7 @@ from ....errors import ArtifactError, ConfigError
 from ..protocol import Backend, Decline
 from . import host_memory
 from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
-from .dnnl.blocked import check as check_blocked, unpack
+from .dnnl.blocked import check as check_blocked
 from .dnnl.weights import WeightStore
 
 KERNEL_CHOICES = ("auto", "onednn", "portable")
@@ -53,7 +54,7 @@ class CpuBackend(Backend):
         self.store = WeightStore()        # packed weights (made here, or provided by an artifact)
         self.dnnl = DnnlKernels(self.store) if kernels != "portable" and dnnl_available() else None
         self._tried: dict[str, list[Decline]] = {}
-        self.released: dict[str, torch.Tensor] = {}   # name -> placeholder left in the graph
+        self.where = "artifact"
 
     # -- host memory
     def prepare(self) -> None:
@@ -85,8 +86,8 @@ class CpuBackend(Backend):
 
     # -- weights
     def release_weights(self, graph, calls) -> int:
-        """Drop the plain tensor of each constant that only this backend's kernels read (they hold
-        it packed); returns the bytes released."""
+        """Replace the plain tensor of each constant that only this backend's kernels read (they
+        hold it packed) with a placeholder; returns the bytes released."""
         if self.dnnl is None:
             return 0
         live = {id(v) for c in calls for v in c.inputs if v is not None}
@@ -96,8 +97,7 @@ class CpuBackend(Backend):
             t = v.const
             if id(v) in live or is_placeholder(t) or not self.store.holds(v.name):
                 continue
-            v.const = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
-            self.released[v.name] = v.const
+            v.const = self.store.release(v.name, t)
             freed += t.numel() * t.element_size()
         return freed
 
@@ -105,25 +105,29 @@ class CpuBackend(Backend):
         t = value.const
         if not is_placeholder(t):
             return t
-        if self.store.holds(value.name):
-            return self.store.plain(value.name, tuple(t.shape), t.dtype)
-        raise ArtifactError(f"weight {value.name[:80]!r} is held only in a packed form this backend lacks")
+        try:
+            return as_placeholder(t, self.store.plain(value.name, t))
+        except ValueError as exc:
+            raise ArtifactError(f"{self.where}: {exc}") from None
 
     # -- artifact state
     def export_state(self, graph) -> dict:
         """``{"packed": {weight name: [(key, bytes, description, 0)]}}``: each weight's packed
-        forms (uint8 bytes and the JSON of their layout, ``dnnl/memory.MemDesc.describe``)."""
+        forms (uint8 bytes and the JSON of their layout, ``dnnl/memory.MemDesc.describe``); the
+        key is ``["dnnl", *perm]``, the weight's orientation in the form (``dnnl/weights.py``)."""
         out = {}
         for name, forms in self.store.export().items():
-            out[name] = [([FORM_KEY], data, _json_bytes(desc), 0) for desc, data in forms]
+            out[name] = [([FORM_KEY, *perm], data, _json_bytes(desc), 0) for desc, data, perm in forms]
         return {"packed": out} if out else {}
 
     def import_state(self, state: dict, where: str = "artifact") -> None:
         """Take the packed forms of a stored model: each is checked against its bytes and handed
         to the weight store, which uses it as it is when a primitive wants that layout."""
+        self.where = where
         for name, forms in (state or {}).get("packed", {}).items():
             for key, data, desc_bytes, _threads in forms:
-                self.store.provide(name, parse_form(key, data, desc_bytes, name, where), data)
+                desc, perm = parse_form(key, data, desc_bytes, name, where)
+                self.store.provide(name, desc, data, perm)
 
     @property
     def reorders(self) -> int:
@@ -134,11 +138,14 @@ def _json_bytes(desc: dict) -> torch.Tensor:
     return torch.frombuffer(bytearray(json.dumps(desc, separators=(",", ":")).encode()), dtype=torch.uint8)
 
 
-def parse_form(key, data: torch.Tensor, desc_bytes: torch.Tensor, name: str, where: str) -> dict:
-    """The layout description of one stored packed form, checked against its bytes
-    (``ArtifactError`` naming the weight otherwise: the file is untrusted)."""
-    if list(key) != [FORM_KEY]:
-        raise ArtifactError(f"{where}: packed form of {name[:80]!r} has unknown key {str(key)[:40]!r}")
+def parse_form(key, data: torch.Tensor, desc_bytes: torch.Tensor, name: str, where: str) -> tuple[dict, tuple]:
+    """The layout description and orientation of one stored packed form, checked against its
+    bytes (``ArtifactError`` naming the weight otherwise: the file is untrusted)."""
+    key = list(key)
+    perm = key[1:]
+    if not key or key[0] != FORM_KEY or not all(isinstance(i, int) and not isinstance(i, bool) for i in perm) \
+            or sorted(perm) != list(range(len(perm))) or not 1 <= len(perm) <= 12:
+        raise ArtifactError(f"{where}: packed form of {name[:80]!r} has a malformed key {str(key)[:40]!r}")
     try:
         desc = json.loads(bytes(desc_bytes.numpy()).decode())
     except (ValueError, UnicodeDecodeError):
@@ -146,9 +153,32 @@ def parse_form(key, data: torch.Tensor, desc_bytes: torch.Tensor, name: str, whe
     why = check_blocked(desc, data.numel()) if desc is not None else "unreadable description"
     if why is not None:
         raise ArtifactError(f"{where}: packed form of {name[:80]!r}: {why}")
-    return desc
+    return desc, tuple(perm)
 
 
-def unpack_form(key, data, desc_bytes, name: str, where: str) -> torch.Tensor:
-    """The plain tensor of a stored packed form (no oneDNN needed)."""
-    return unpack(parse_form(key, data, desc_bytes, name, where), data)
+def stored_plain(value, forms: list, where: str) -> torch.Tensor:
+    """The plain tensor of packed-only weight ``value`` (its graph placeholder) from its stored
+    forms ``(key, bytes, description, threads)``, for a model no CPU backend runs (no oneDNN
+    needed)."""
+    store = WeightStore()
+    for key, data, desc_bytes, _threads in forms:
+        desc, perm = parse_form(key, data, desc_bytes, value.name, where)
+        store.provide(value.name, desc, data, perm)
+    try:
+        return as_placeholder(value.const, store.plain(value.name, value.const))
+    except ValueError as exc:
+        raise ArtifactError(f"{where}: {exc}") from None
+
+
+def as_placeholder(t: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
+    """``plain`` in placeholder ``t``'s dtype and strides (contiguous unless they are a dense
+    permutation: an artifact's strides are untrusted)."""
+    plain = plain.to(t.dtype)
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    acc, dense = 1, True
+    for d in reversed(order):
+        dense = dense and (t.shape[d] == 1 or t.stride(d) == acc)
+        acc *= t.shape[d]
+    if not dense or plain.stride() == t.stride() or plain.numel() == 0:
+        return plain
+    return torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype).copy_(plain)

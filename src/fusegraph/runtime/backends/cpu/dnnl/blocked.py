@@ -36,7 +36,8 @@ def check(desc, nbytes: int) -> str | None:
     if not (1 <= nd <= 12 and _ints(dims, nd) and _ints(padded, nd) and _ints(strides, nd)
             and _ints(blocks) and _ints(idxs, len(blocks) if isinstance(blocks, list) else 0) and len(blocks) <= 12):
         return "malformed dims, strides or blocks"
-    if desc["dt"] not in TORCH_OF or desc["kind"] != 2 or not isinstance(desc["size"], int):
+    if not (isinstance(desc["dt"], int) and desc["dt"] in TORCH_OF) or desc["kind"] != 2 \
+            or not isinstance(desc["size"], int) or isinstance(desc["size"], bool):
         return "unknown data type or format kind"
     if any(i >= nd for i in idxs) or any(b < 1 for b in blocks):
         return "a block names no dim"
@@ -46,9 +47,11 @@ def check(desc, nbytes: int) -> str | None:
     if any(p < d or p % k for p, d, k in zip(padded, dims, per_dim)):
         return "padded dims do not hold their dims and blocks"
     item = TORCH_OF[desc["dt"]].itemsize
+    if desc["size"] != nbytes or nbytes != math.prod(padded) * item:   # oneDNN's weights are dense
+        return f"{nbytes} bytes do not hold the {math.prod(padded)} padded elements described"
     inner = math.prod(blocks)
     reach = inner + sum((p // k - 1) * s for p, k, s in zip(padded, per_dim, strides))
-    if reach * item > nbytes or desc["size"] != nbytes:
+    if reach * item > nbytes:
         return f"the layout reaches {reach * item} bytes of {nbytes}"
     return None
 

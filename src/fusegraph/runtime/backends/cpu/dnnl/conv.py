@@ -37,7 +37,7 @@ from .call import DnnlKernel, Slot
 from .capi import Dims
 from .layouts import channels_last, contiguous, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
-from .primitive import Attr, create
+from .primitive import Attr, create, exact_post_ops
 
 TYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -65,8 +65,12 @@ def _activation(activation: str, params: list[float], exact: bool):
     ops = maker(params) if maker is not None else None
     if ops is not None:
         return ops, None
+    return [], _after(activation, params)
+
+
+def _after(activation: str, params: list[float]):
     act = ACTIVATIONS[activation]
-    return [], (lambda y, _inputs: act(y, params))
+    return lambda y, _inputs: act(y, params)
 
 
 def conv_kernel(ctx, store, resources, exact: bool = True):
@@ -96,40 +100,45 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
         return Decline("negative pads", "dnnl")
     g = geo.group
     co, cig, kh, kw = (int(v) for v in w.shape)
-    post, after = _activation(activation, params, exact)
+    act_ops, after = _activation(activation, params, exact)
     y_strides = strides_of(y_v)          # the input is read in the output's layout (else staged)
     x_strides = channels_last(xs) if y_v.layout == "nhwc" else contiguous(xs)
     inplace = (z_v is not None and ctx.inplace_input == 3 and z_v.dtype == y_v.dtype
                and strides_of(z_v) == y_strides)
     x_md, y_md = MemDesc.of(xs, compute, x_strides), MemDesc.of(ys, compute, y_strides)
-    z_md = None
+    z_md, res_ops = None, []
     if z_v is not None:
         if inplace:
-            post = [("sum", 1.0)] + post
+            res_ops = [("sum", 1.0)]
         else:
             z_md = MemDesc.of(ys, compute, strides_of(z_v))
-            post = [("binary", "add", z_md)] + post
+            res_ops = [("binary", "add", z_md)]
     wdims = [co, cig, kh, kw] if g == 1 else [g, co // g, cig, kh, kw]
     w_any = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ANY)
     bias = None if b is None else b.to(compute if dtype == torch.float16 else b.dtype).contiguous()
     b_md = MemDesc.of((co,), bias.dtype) if bias is not None else None
     lib = capi.load()
-    attr = Attr(post)
     macs = conv_macs(ctx, w)
-    with threads_for(macs is not None and macs < PARALLEL_MACS):
-        try:
-            prim = create("convolution", lambda pd: lib.convolution_forward_primitive_desc_create(
+
+    def make(post_ops):
+        attr = Attr(post_ops)
+        with threads_for(macs is not None and macs < PARALLEL_MACS):
+            return create("convolution", lambda pd: lib.convolution_forward_primitive_desc_create(
                 pd, lib.engine, capi.FORWARD_INFERENCE, capi.CONVOLUTION_DIRECT, x_md.handle, w_any.handle,
                 b_md.handle if b_md is not None else None, y_md.handle, Dims(*s), Dims(*[v - 1 for v in d]),
                 Dims(*begin), Dims(*end), attr.handle))
-        except capi.DnnlError as exc:
-            return Decline(f"oneDNN has no convolution for this node: {exc}", "dnnl")
+    try:
+        prim = make(res_ops + act_ops)
+        if exact and act_ops and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
+            prim, after = make(res_ops), _after(activation, params)
+    except capi.DnnlError as exc:
+        return Decline(f"oneDNN has no convolution for this node: {exc}", "dnnl")
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference convolution ({prim.impl})", "dnnl")
     w_md = prim.md(capi.Q_WEIGHTS_MD)
     plain = w if w.device.type == "meta" else w.to(compute).contiguous()
     plain_md = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ABCD if g == 1 else capi.TAG_ABCDE)
-    packed = store.form(node.inputs[1].name, plain, plain_md, w_md)
+    packed = store.form(node.inputs[1].name, plain, range(4), plain_md, w_md)
     consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
     keep = [packed, w_md]
     if bias is not None:

@@ -23,7 +23,7 @@ from . import capi
 from .call import DnnlKernel, Slot
 from .layouts import contiguous, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
-from .primitive import Attr, create
+from .primitive import Attr, create, exact_post_ops
 
 TYPES = (torch.float32, torch.bfloat16, torch.float16)
 EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwise", "logistic", 0.0, 0.0)],
@@ -58,27 +58,31 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     post = (EXACT if exact else {**EXACT, **FAST}).get(activation)
     after = None
     if post is None:
-        act = ACTIVATIONS[activation]
-        post, after = [], (lambda y, _inputs: act(y))
+        post, after = [], _after(activation)
     x_md, y_md = MemDesc.of((m, k), compute), MemDesc.of((m, n), compute)
     w_any = MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
     bias = None if b is None else b.to(compute if dtype == torch.float16 else b.dtype).contiguous()
     b_md = MemDesc.of((1, n), bias.dtype) if bias is not None else None
     lib = capi.load()
-    attr = Attr(post)
-    with threads_for(m * n * k < SERIAL_MACS):
-        try:
-            prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
+
+    def make(post_ops):
+        attr = Attr(post_ops)
+        with threads_for(m * n * k < SERIAL_MACS):
+            return create("matmul", lambda pd: lib.matmul_primitive_desc_create(
                 pd, lib.engine, x_md.handle, w_any.handle, b_md.handle if b_md is not None else None,
                 y_md.handle, attr.handle))
-        except capi.DnnlError as exc:
-            return Decline(f"oneDNN has no matmul for this node: {exc}", "dnnl")
+    try:
+        prim = make(post)
+        if exact and post and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
+            prim, after = make([]), _after(activation)
+    except capi.DnnlError as exc:
+        return Decline(f"oneDNN has no matmul for this node: {exc}", "dnnl")
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference matmul ({prim.impl})", "dnnl")
     w_md = prim.md(capi.Q_WEIGHTS_MD)
     plain = w if w.device.type == "meta" else w.to(compute).contiguous()
-    plain_md = MemDesc.of((k, n), compute, (1, k) if trans_b else (n, 1))
-    packed = store.form(node.inputs[1].name, plain, plain_md, w_md)
+    plain_md = MemDesc.of((k, n), compute, (1, k) if trans_b else (n, 1))   # the operand is W^T under trans_b
+    packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
     consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
     keep = [packed, w_md]
     if bias is not None:
@@ -87,3 +91,8 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     x_slot = Slot(capi.ARG_SRC, xs, contiguous(xs), compute, x_md)
     y_slot = Slot(capi.ARG_DST, ys, contiguous(ys), compute, y_md)
     return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
+
+
+def _after(activation: str):
+    act = ACTIVATIONS[activation]
+    return lambda y, _inputs: act(y)

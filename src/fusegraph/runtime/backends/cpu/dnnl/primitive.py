@@ -106,6 +106,18 @@ class Primitive:
             pass
 
 
+# implementations whose post-ops run oneDNN's JIT eltwise injector, whose NaN / Inf behaviour
+# the EXACT tables of conv.py and linear.py were checked against (tests/runtime/test_nan_inf.py);
+# other ones (the GEMM convolution's epilogue) map NaN to 0 in logistic, so exact kernels apply
+# their activation after the primitive there
+INJECTOR_IMPLS = ("brgconv", "brdgmm", "brg:", "jit:")
+
+
+def exact_post_ops(impl: str) -> bool:
+    """Whether the exact post-op tables hold for primitive implementation ``impl``."""
+    return impl.startswith(INJECTOR_IMPLS)
+
+
 def create(what: str, make) -> Primitive:
     """``make(pd_pointer) -> status``: the primitive descriptor's creation call."""
     pd = vp()

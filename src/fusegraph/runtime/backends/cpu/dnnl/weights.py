@@ -1,28 +1,47 @@
 """Constant weights in the layouts oneDNN primitives want, each held once per layout.
 
 A primitive made with weights of format ``any`` picks a blocked layout (``OIhw16i16o``-like
-for convolutions, a packed one for products). ``WeightStore.form(name, plain, plain_md, want)``
-returns the bytes of weight ``name`` laid out as ``want``: the plain tensor itself when the
-layouts agree, a form made before (two nodes sharing a weight share its packed bytes), a form
-an artifact provided whose description matches (used as it is, no reorder: ``provide``), or a
-new reorder, of the plain tensor or of a provided form read back with ``blocked.unpack``
-(``reorders`` counts them: a load that finds its forms reorders nothing). ``export()`` gives
-each weight's forms with their descriptions; ``plain(name, ...)`` reads one back (``save()``
-and code that needs the plain tensor after the graph's copy was released).
+for convolutions, a packed one for products). Its operand is the graph's weight seen through
+``perm`` (``weight.permute(perm)`` reshaped to the operand's dims: a grouped convolution's
+``[g, O/g, I/g, kh, kw]``, a product's ``[K, N]`` which is ``W^T`` under ``trans_b``).
+
+``WeightStore.form(name, weight, perm, operand_md, want)`` returns the bytes of that operand in
+layout ``want``: the weight itself when the layouts agree, a form made before (two nodes
+sharing a weight and its orientation share the packed bytes), a provided form whose layout
+and orientation match (an artifact's, used as it is: ``provide``), or a new reorder of the
+plain weight or of a provided form read back with ``blocked.unpack`` (``reorders`` counts
+them: a load that finds its forms reorders nothing).
+
+After binding the graph keeps a shape-only "meta" placeholder for a weight the store holds
+(``release``); the placeholder remembers its store, so a later bind of the same graph (another
+backend, a rebinding) takes the packed forms from there instead of needing the plain tensor,
+and ``plain(name, placeholder)`` reads the weight back (``save()`` where no form is stored,
+a portable kernel, another device). ``export()`` gives each weight's forms with their
+descriptions and orientation.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
 from .blocked import unpack
 from .memory import MemDesc, reorder
 
+_OWNERS: dict[int, tuple] = {}    # id(placeholder) -> (weakref to it, the store holding its weight)
+
+
+def owner_of(t: torch.Tensor):
+    """The store holding the weight a placeholder stands for (None: not a released weight)."""
+    got = _OWNERS.get(id(t))
+    return got[1] if got is not None and got[0]() is t else None
+
 
 class Packed:
-    __slots__ = ("desc", "data")
+    __slots__ = ("desc", "data", "perm")
 
-    def __init__(self, desc: dict, data: torch.Tensor):
-        self.desc, self.data = desc, data
+    def __init__(self, desc: dict, data: torch.Tensor, perm: tuple[int, ...]):
+        self.desc, self.data, self.perm = desc, data, tuple(perm)
 
 
 class WeightStore:
@@ -34,58 +53,85 @@ class WeightStore:
     def holds(self, name: str) -> bool:
         return name in self.forms or name in self.provided
 
-    def provide(self, name: str, desc: dict, data: torch.Tensor) -> None:
+    def provide(self, name: str, desc: dict, data: torch.Tensor, perm) -> None:
         """A stored form (an artifact's, checked): used as it is when a primitive wants ``desc``."""
-        self.provided.setdefault(name, []).append(Packed(desc, data))
+        self.provided.setdefault(name, []).append(Packed(desc, data, perm))
 
-    def form(self, name: str, plain: torch.Tensor | None, plain_md: MemDesc, want: MemDesc) -> torch.Tensor:
-        """The bytes of weight ``name`` in layout ``want`` (a tensor the caller keeps alive);
-        ``plain`` may be None when the store was provided a form of it."""
-        if plain is not None and plain.device.type != "meta" and want == plain_md:
-            return plain
+    def release(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """The shape-only placeholder the graph keeps for ``weight`` (held here)."""
+        ph = torch.empty_strided(tuple(weight.shape), tuple(weight.stride()), dtype=weight.dtype, device="meta")
+        key = id(ph)
+        _OWNERS[key] = (weakref.ref(ph, lambda _r: _OWNERS.pop(key, None)), self)
+        return ph
+
+    def form(self, name: str, weight: torch.Tensor, perm, operand_md: MemDesc, want: MemDesc) -> torch.Tensor:
+        """The bytes of weight ``name`` seen through ``perm`` in layout ``want`` (a tensor the
+        caller keeps alive); ``weight`` is the plain tensor, or a placeholder."""
+        perm = tuple(perm)
+        plain = weight.device.type != "meta"
+        if plain and want == operand_md:
+            return weight
+        owner = None if plain else owner_of(weight)
+        if owner is not None and owner is not self:          # a rebinding of a released graph
+            for p in owner.forms.get(name, []) + owner.provided.get(name, []):
+                if all(p is not q for q in self.provided.get(name, ())):
+                    self.provided.setdefault(name, []).append(p)
         desc = want.describe()
         for p in self.forms.get(name, ()):
-            if p.desc == desc:
+            if p.desc == desc and p.perm == perm:
                 return p.data
         for p in self.provided.get(name, ()):
-            if p.desc == desc and p.data.numel() == want.size:
+            if p.desc == desc and p.perm == perm and p.data.numel() == want.size:
                 self.forms.setdefault(name, []).append(p)
                 return p.data
-        if plain is None or plain.device.type == "meta":
-            plain = self._plain_from_provided(name)
-        if plain is None:
-            raise KeyError(f"no plain or stored form of weight {name!r}")
-        plain = plain.contiguous()
+        if plain:
+            if not weight.is_contiguous():
+                raise ValueError(f"weight {name!r} is not contiguous")
+            src, src_md = weight, operand_md
+        else:
+            src = self.plain(name, weight, dtype=None).permute(perm).contiguous()
+            src_md = MemDesc.of(_operand_dims(want), src.dtype)
         with torch.inference_mode(False):
             data = torch.empty(max(want.size, 1), dtype=torch.uint8)
-        reorder(plain_md, plain.data_ptr(), want, data.data_ptr())
+        reorder(src_md, src.data_ptr(), want, data.data_ptr())
         self.reorders += 1
-        self.forms.setdefault(name, []).append(Packed(desc, data))
+        self.forms.setdefault(name, []).append(Packed(desc, data, perm))
         return data
 
-    def _plain_from_provided(self, name: str) -> torch.Tensor | None:
-        for p in self.provided.get(name, ()):
-            return unpack(p.desc, p.data)
-        return None
+    def plain(self, name: str, placeholder: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Weight ``name`` read back from one of its forms as a plain contiguous tensor of the
+        placeholder's shape, in ``dtype`` (default the placeholder's); ``ValueError`` when no
+        form holds it (another element count or type)."""
+        shape = tuple(placeholder.shape)
+        owner = owner_of(placeholder)
+        stores = [self] + ([owner] if owner is not None and owner is not self else [])
+        computed = torch.float32 if placeholder.dtype == torch.float16 else placeholder.dtype
+        for store in stores:
+            for p in store.forms.get(name, []) + store.provided.get(name, []):
+                operand = unpack(p.desc, p.data)
+                if len(p.perm) != len(shape) or sorted(p.perm) != list(range(len(shape))):
+                    continue
+                seen = tuple(shape[i] for i in p.perm)
+                if operand.numel() != placeholder.numel() or operand.dtype != computed:
+                    raise ValueError(f"the packed form of weight {name!r} holds {operand.dtype} "
+                                     f"{tuple(operand.shape)}, not {placeholder.dtype} {shape}")
+                inverse = [p.perm.index(i) for i in range(len(shape))]
+                w = operand.reshape(seen).permute(inverse)
+                return w.to(dtype or placeholder.dtype).contiguous()
+        raise ValueError(f"no packed form of weight {name!r} is held here")
 
-    def plain(self, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
-        """Weight ``name`` as a plain tensor of ``shape`` (from any of its forms)."""
-        for p in self.forms.get(name, []) + self.provided.get(name, []):
-            if p.data.dtype != torch.uint8:          # the plain tensor itself
-                return p.data.reshape(shape)
-            t = unpack(p.desc, p.data)
-            if t.numel() == torch.Size(shape).numel():   # a float16 weight is packed as float32: exact back
-                return t.to(dtype).reshape(shape)
-        raise KeyError(f"no form of weight {name!r}")
-
-    def export(self) -> dict[str, list[tuple[dict, torch.Tensor]]]:
-        """``{name: [(description, bytes)]}`` of every packed form made or provided (a weight
-        bound in its plain layout has none: the graph keeps it)."""
+    def export(self) -> dict[str, list[tuple[dict, torch.Tensor, tuple]]]:
+        """``{name: [(description, bytes, perm)]}`` of every packed form made or provided (a
+        weight bound in its plain layout has none: the graph keeps it)."""
         out: dict[str, list] = {}
         for name in sorted(set(self.forms) | set(self.provided)):
             seen = []
             for p in self.forms.get(name, []) + self.provided.get(name, []):
-                if p.data.dtype == torch.uint8 and p.desc not in seen:
-                    seen.append(p.desc)
-                    out.setdefault(name, []).append((p.desc, p.data))
+                if p.data.dtype == torch.uint8 and (p.desc, p.perm) not in seen:
+                    seen.append((p.desc, p.perm))
+                    out.setdefault(name, []).append((p.desc, p.data, p.perm))
         return out
+
+
+def _operand_dims(md: MemDesc) -> tuple[int, ...]:
+    return tuple(md.describe()["dims"])
