@@ -12,7 +12,8 @@ live in ``runtime/backends/cpu/conv.py``.
 
 ``ChannelShuffle(x)`` is ShuffleNet's ``Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4)
 -> Reshape [N, C, H, W]`` in one copy (``torch.native_channel_shuffle``, which keeps
-channels-last data channels-last), attribute ``groups``.
+channels-last data channels-last; with ``out=``, one strided copy into the planned buffer
+in whatever layout it has), attribute ``groups``.
 No pass logic here; rules decide what fuses.
 """
 from __future__ import annotations
@@ -82,7 +83,14 @@ def portable_kernel(ctx: NodeContext, activation: str, params: list[float]):
 # ---------------------------------------------------------------- ChannelShuffle
 
 @register("ChannelShuffle", domain=DOMAIN, since=1, fusion=FusionKind.INJECTIVE,
-          infer=lambda ctx: [(ctx.dtype(0) or None, ctx.shape(0))])
+          infer=lambda ctx: [(ctx.dtype(0) or None, ctx.shape(0))], writes_out=True)
 def _channel_shuffle(ctx: NodeContext):
     g = int(ctx.attr("groups"))
-    return lambda x: torch.native_channel_shuffle(x, g)   # ATen's kernel, channels-last aware
+
+    def shuffle(x, out=None):
+        if out is None:
+            return torch.native_channel_shuffle(x, g)   # ATen's kernel, channels-last aware
+        c = x.shape[1]                                  # output channel j * g + i <- input i * (C/g) + j
+        out.unflatten(1, (c // g, g)).copy_(x.unflatten(1, (g, c // g)).transpose(1, 2))
+        return out
+    return shuffle

@@ -3,7 +3,8 @@ into the planned arena, hold their weights once in the blocked layout they run o
 a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
-``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``), a
+``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``;
+``shuffle.py``: ChannelShuffle), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
 not).
@@ -15,6 +16,7 @@ from .conv import conv_kernel
 from .linear import linear_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
+from .shuffle import shuffle_kernel
 from .primitive import Resources
 from .weights import WeightStore
 
@@ -45,4 +47,6 @@ class DnnlKernels:
             return pool_kernel(ctx, opdef, self.resources, exact)
         if key == ("", "LRN"):
             return lrn_kernel(ctx, self.resources)
+        if key == ("fusegraph", "ChannelShuffle"):
+            return shuffle_kernel(ctx, self.resources)
         return None
