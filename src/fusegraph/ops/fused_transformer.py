@@ -221,12 +221,14 @@ def split_heads(x, heads):
 
 
 @register("ScaledDotProductAttention", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE,
-          infer=_sdpa_infer)
+          infer=_sdpa_infer, writes_out=True)
 def _sdpa(ctx: NodeContext):
     """Attributes: scale; k_transposed (4-D k given as [B, H, D, S]); q_heads / k_heads /
     v_heads (> 0: that operand comes as [B, S, H*D] and is split into heads here, k then
     untransposed); qkv_split [Eq, Ek, Ev] (q, k and v packed along the last axis of input 0,
-    inputs 1 and 2 absent); merge_heads (output [B, L, H*D] instead of [B, H, L, D]); nan_to_zero."""
+    inputs 1 and 2 absent); merge_heads (output [B, L, H*D] instead of [B, H, L, D]); nan_to_zero.
+    The kernel takes ``out=`` (its output buffer) and ``scores=`` (a buffer of at least the
+    scores' bytes, for ``q @ k^T``: a backend's workspace; else allocated per call)."""
     scale = float(ctx.attr("scale", 1.0))
     k_transposed = bool(ctx.attr("k_transposed", 0))
     nan_to_zero = bool(ctx.attr("nan_to_zero", 0))
@@ -235,16 +237,22 @@ def _sdpa(ctx: NodeContext):
     split = ctx.attr("qkv_split", None)
     split = None if split is None else [int(n) for n in split]
 
-    def composed(q, kt, v, mask):
-        s = torch.matmul(q, kt)
+    def composed(q, kt, v, mask, scores, out):
+        shape = tuple(torch.broadcast_shapes(q.shape[:-2], kt.shape[:-2])) + (q.shape[-2], kt.shape[-1])
+        n = math.prod(shape)
+        if scores is not None and scores.numel() * scores.element_size() >= n * q.element_size():
+            s = torch.matmul(q, kt, out=scores.view(torch.uint8)[:n * q.element_size()].view(q.dtype).view(shape))
+        else:
+            s = torch.matmul(q, kt)
         if mask is None:
             if scale != 1.0:
                 s.mul_(scale)
         else:     # in place: s is this node's own temporary, and the mask never enlarges it
             torch.add(mask, s, alpha=scale, out=s)
-        return torch.matmul(_softmax_(s, nan_to_zero), v)
+        p = _softmax_(s, nan_to_zero)
+        return torch.matmul(p, v) if out is None else torch.matmul(p, v, out=out)
 
-    def attention(q, k, v, mask=None):
+    def attention(q, k, v, mask=None, out=None, scores=None):
         if split is not None:
             q, k, v = torch.split(q, split, dim=-1)
         if qh:
@@ -256,6 +264,9 @@ def _sdpa(ctx: NodeContext):
             raise RuntimeError(f"the attention mask {tuple(mask.shape)} broadcasts the scores of q "
                                f"{tuple(q.shape)} and k^T {tuple(kt.shape)} to a larger shape, which the fused "
                                f"attention does not take; compile with disabled_passes=('attention',)")
+        heads_out = None
+        if out is not None:     # the [B, H, L, D] products written straight into the output's bytes
+            heads_out = (out.view(*out.shape[:-1], q.shape[-3], v.shape[-1]).transpose(-3, -2) if merge else out)
         y = None
         if (nan_to_zero and q.dim() == 4 and q.shape[-2] == 1 and v.dim() == 4 and q.shape[:2] == v.shape[:2]
                 and (mask is None or (mask.dim() <= 4 and mask.is_floating_point()))):
@@ -265,13 +276,35 @@ def _sdpa(ctx: NodeContext):
                 y = None
             if y is not None and bool(torch.isnan(y).any()):
                 y = None
+            if y is not None and heads_out is not None:
+                heads_out.copy_(y)
         if y is None:
-            y = composed(q, kt, v, mask)
+            y = composed(q, kt, v, mask, scores, heads_out)
+        if out is not None:
+            return out
         if merge:
             y = y.transpose(-3, -2).reshape(*y.shape[:-3], y.shape[-2], y.shape[-3] * y.shape[-1])
         return y
 
+    attention.scores_bytes = lambda: _scores_bytes(ctx, split, qh, kh, k_transposed)
     return attention
+
+
+def _scores_bytes(ctx: NodeContext, split, qh: int, kh: int, k_transposed: bool) -> int | None:
+    """Bytes of the ``q @ k^T`` scores with the node's static shapes (None: not static)."""
+    q, k = ctx.shape(0), ctx.shape(0 if split is not None else 1)
+    dtype = ctx.dtype(0)
+    if q is None or k is None or dtype is None or not all(isinstance(d, int) for d in tuple(q) + tuple(k)):
+        return None
+    if split is not None:
+        q, k = tuple(q[:-1]) + (split[0],), tuple(k[:-1]) + (split[1],)
+    if qh:
+        q = (q[0], qh, q[1], q[2] // qh)
+    if kh:
+        k = (k[0], kh, k[1], k[2] // kh)
+    s_len = k[-1] if (k_transposed and not kh) else k[-2]
+    batch = torch.broadcast_shapes(tuple(q[:-2]), tuple(k[:-2]))
+    return math.prod(batch) * q[-2] * s_len * dtype.to_torch().itemsize
 
 
 # ---------------------------------------------------------------- ElementwiseChain

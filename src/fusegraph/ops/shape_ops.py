@@ -153,13 +153,17 @@ def _transpose_infer(ctx: NodeContext):
     return [(dtype_or_none(ctx), tuple(s[p] for p in perm))]
 
 
-@register("Transpose", since=1, fusion=INJ, infer=_transpose_infer, layout_sensitive=True)
+@register("Transpose", since=1, fusion=INJ, infer=_transpose_infer, layout_sensitive=True, writes_out=True)
 def _transpose(ctx: NodeContext):
+    """One row-major copy of the permuted input (into ``out=``, the output's planned buffer,
+    when given): what reads it next (a Reshape merging heads) is then a view."""
     perm = ctx.attr("perm", None)
-    if perm is None:
-        return lambda x: x.permute(*range(x.dim() - 1, -1, -1))
-    perm = [int(p) for p in perm]
-    return lambda x: x.permute(perm)
+    perm = None if perm is None else [int(p) for p in perm]
+
+    def transpose(x, out=None):
+        y = x.permute(*range(x.dim() - 1, -1, -1)) if perm is None else x.permute(perm)
+        return y.contiguous() if out is None else out.copy_(y)
+    return transpose
 
 
 # ---------------------------------------------------------------- Squeeze / Unsqueeze / Flatten

@@ -4,8 +4,9 @@
   "onednn"), convolutions, weight products, pools and LRN run as oneDNN primitives that write
   into their planned arena slots and hold their weights packed; a node that family cannot
   take declines with a reason (``tried``, recorded in ``report.kernels``) and, like every
-  other op, runs its own portable ATen kernel. "portable" runs every node on its portable
-  kernel.
+  other op, runs its own portable ATen kernel; attention and embedding lookups run torch
+  kernels that write into planned memory (``attention.py``, with the per-thread
+  ``workspace.py``). "portable" runs every node on its portable kernel.
 - weights held once: after binding, ``release_weights`` replaces the graph's plain tensor of
   every weight only oneDNN kernels read with a shape-only placeholder (a "meta" tensor that
   remembers the store holding the weight: ``dnnl/weights.py``); ``portable_weight`` reads a
@@ -27,11 +28,17 @@ import torch
 from ....errors import ArtifactError, ConfigError
 from ..protocol import Backend, Decline
 from . import host_memory
+from .attention import attention_kernel, embedding_kernel
+from .workspace import Workspace
 from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
 from .dnnl.blocked import check as check_blocked
 from .dnnl.weights import WeightStore
 
 KERNEL_CHOICES = ("auto", "onednn", "portable")
+_PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py)
+    ("fusegraph", "ScaledDotProductAttention"): lambda ctx, opdef, ws: attention_kernel(ctx, opdef, ws),
+    ("", "Gather"): lambda ctx, opdef, ws: embedding_kernel(ctx),
+}
 FORM_KEY = "dnnl"      # the packed-form key of this backend's weights in an artifact
 
 
@@ -51,7 +58,9 @@ class CpuBackend(Backend):
                               f"use cpu_kernels='auto' or 'portable'")
         self.keep_freed_memory = keep_freed_memory
         self.exact = exact       # False (Config.fast_math): oneDNN's own NaN / Inf behaviour
+        self.kernels = kernels
         self.store = WeightStore()        # packed weights (made here, or provided by an artifact)
+        self.workspace = Workspace()      # scratch the torch kernels share (attention scores)
         self.dnnl = DnnlKernels(self.store) if kernels != "portable" and dnnl_available() else None
         self._tried: dict[str, list[Decline]] = {}
         self.where = "artifact"
@@ -70,12 +79,19 @@ class CpuBackend(Backend):
 
     # -- kernels
     def kernel(self, ctx, opdef):
+        key = (ctx.node.domain, ctx.node.op_type)
         if self.dnnl is not None:
-            got = self.dnnl.kernel(ctx, opdef, (ctx.node.domain, ctx.node.op_type), self.exact)
+            got = self.dnnl.kernel(ctx, opdef, key, self.exact)
             if got is not None and not isinstance(got, Decline):
                 return got
             if got is not None:
                 self._tried[ctx.node.name] = [got]
+        if self.kernels != "portable" and key in _PLANNED:     # torch kernels into planned memory
+            got = _PLANNED[key](ctx, opdef, self.workspace)
+            if got is not None and not isinstance(got, Decline):
+                return got
+            if got is not None:
+                self._tried.setdefault(ctx.node.name, []).append(got)
         for v in ctx.node.inputs:          # the portable kernel reads the plain weight
             if v is not None and v.is_const and is_placeholder(v.const):
                 v.const = self.portable_weight(v)

@@ -17,7 +17,6 @@ reuses.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -33,7 +32,7 @@ def keep_freed_memory() -> bool:
     ok = False
     if sys.platform.startswith("linux"):
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc = _libc()
             mallopt = libc.mallopt
             mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
             ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
@@ -48,10 +47,15 @@ def release_free_memory() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
+        return bool(_libc().malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+def _libc():
+    """glibc, by its soname (``ctypes.util.find_library`` would run ``ldconfig`` in a subprocess
+    on every call)."""
+    return ctypes.CDLL("libc.so.6")
 
 
 def freed_memory_kept() -> bool:

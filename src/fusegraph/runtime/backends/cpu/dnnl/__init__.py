@@ -4,7 +4,7 @@ a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
 ``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``;
-``shuffle.py``: ChannelShuffle), a
+``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
 not).
@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import capi
 from .conv import conv_kernel
 from .linear import linear_kernel
+from .layernorm import layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
 from .shuffle import shuffle_kernel
@@ -49,4 +50,6 @@ class DnnlKernels:
             return lrn_kernel(ctx, self.resources)
         if key == ("fusegraph", "ChannelShuffle"):
             return shuffle_kernel(ctx, self.resources)
+        if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")):
+            return layer_norm_kernel(ctx, opdef, self.resources)
         return None

@@ -1,0 +1,105 @@
+"""``fusegraph::LayerNorm`` / ``fusegraph::SkipLayerNorm`` as oneDNN layer normalisation over
+the last axis, into the planned output.
+
+SkipLayerNorm's sum ``s = a + b`` is written first (into its own output when the node gives
+the residual stream as a second output, else into the normalised output's bytes, which the
+primitive then normalises in place), then normalised with ``gamma`` / ``beta`` as the
+primitive's scale and shift. Exact (as the op's own kernel, ``ops/norm.layer_norm_exact``):
+when the result holds a NaN or an infinity (float32 sums of a finite row of values near 1e37
+overflow in oneDNN too), the node is computed again by the op's own kernel, which recomputes
+such rows in float64; a row with a NaN in it stays NaN. One sum decides. Float32 data with
+static shapes, the normalised axis last and every tensor row-major.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...protocol import Decline
+from . import capi
+from .call import DnnlKernel, Slot
+from .layouts import contiguous, static_shape, strides_of
+from .memory import MemDesc, Memory
+from .primitive import Attr, create
+
+
+def layer_norm_kernel(ctx, opdef, resources):
+    node = ctx.node
+    skip = node.op_type == "SkipLayerNorm"
+    first = 2 if skip else 1                       # gamma, beta follow the data inputs
+    x_v, y_v = node.inputs[0], node.outputs[0]
+    shape = static_shape(y_v)
+    if shape is None or x_v.dtype is None or x_v.dtype.to_torch() != torch.float32:
+        return Decline("needs float32 data of static shape", "dnnl")
+    data = [node.inputs[i] for i in range(first)]
+    if any(static_shape(v) != shape or strides_of(v) != contiguous(shape) for v in data) \
+            or strides_of(y_v) != contiguous(shape):
+        return Decline("needs row-major inputs of the output's shape (no broadcasting)", "dnnl")
+    d = shape[-1]
+    consts = []
+    for i in (first, first + 1):
+        t = ctx.const(i) if ctx.has_input(i) else None
+        if ctx.has_input(i) and (t is None or t.dtype != torch.float32 or t.numel() != d):
+            return Decline("gamma and beta must be float32 constants of the last axis' size", "dnnl")
+        consts.append(None if t is None else t.reshape(d).contiguous())
+    gamma, beta = consts
+    rows = (math.prod(shape[:-1]), d)
+    md = MemDesc.of(rows, torch.float32)
+    stat = MemDesc.of((d,), torch.float32)
+    flags = (capi.USE_SCALE if gamma is not None else 0) | (capi.USE_SHIFT if beta is not None else 0)
+    eps = float(ctx.attr("epsilon"))
+    lib = capi.load()
+    attr = Attr()
+    try:
+        prim = create("layer_normalization", lambda pd: lib.layer_normalization_forward_primitive_desc_create(
+            pd, lib.engine, capi.FORWARD_INFERENCE, md.handle, md.handle, None, eps, flags, attr.handle))
+    except capi.DnnlError as exc:
+        return Decline(f"oneDNN has no layer normalisation for this node: {exc}", "dnnl")
+    if prim.is_reference:
+        return Decline(f"oneDNN offers only its reference layer normalisation ({prim.impl})", "dnnl")
+    params = [(capi.ARG_SCALE, Memory(stat, gamma.data_ptr())) if gamma is not None else None,
+              (capi.ARG_SHIFT, Memory(stat, beta.data_ptr())) if beta is not None else None]
+    portable = opdef.build(ctx)
+    src_slot = Slot(capi.ARG_SRC, shape, contiguous(shape), torch.float32, md)
+    out_slot = Slot(capi.ARG_DST, shape, contiguous(shape), torch.float32, md)
+    keep = tuple(t for t in (gamma, beta) if t is not None)
+    inner = DnnlKernel(prim, [src_slot], out_slot, [p for p in params if p is not None], resources, (0,),
+                       keep=keep)
+    both = skip and len(node.outputs) == 2
+    return _SkipLayerNorm(inner, portable, skip, both) if skip else _LayerNorm(inner, portable)
+
+
+class _LayerNorm:
+    """The primitive, then the exactness check (the op's kernel recomputes a non-finite result)."""
+    writes_out = True
+    reads = None
+
+    def __init__(self, inner: DnnlKernel, portable):
+        self.inner, self.portable, self.impl = inner, portable, inner.impl
+
+    def _exact(self, y, args):
+        if not math.isfinite(float(y.sum())):
+            y.copy_(self.portable(*args))
+
+    def __call__(self, x, gamma=None, beta=None, out=None):
+        y = self.inner(x, out=out)
+        self._exact(y, (x, gamma, beta))
+        return y
+
+
+class _SkipLayerNorm(_LayerNorm):
+    def __init__(self, inner, portable, skip: bool, both: bool):
+        super().__init__(inner, portable)
+        self.both = both
+
+    def __call__(self, a, b, gamma=None, beta=None, out=None):
+        if out is None:
+            out = (torch.empty_like(a), torch.empty_like(a)) if self.both else torch.empty_like(a)
+        y, s = (out[0], out[1]) if self.both else (out, out)
+        torch.add(a, b, out=s)
+        self.inner(s, out=y)                # in place over s when the node has one output
+        if not math.isfinite(float(y.sum())):
+            got = self.portable(a, b, gamma, beta)
+            y.copy_(got[0] if self.both else got)
+        return (y, s) if self.both else y
