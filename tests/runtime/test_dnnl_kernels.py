@@ -28,6 +28,7 @@ import torch
 import fusegraph as fg
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+from fusegraph.runtime.backends.cpu.guard import Guarded
 from oracle import assert_outputs_close, ort_run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
@@ -48,6 +49,16 @@ def he(*shape, seed=0):
     return rnd(*shape, seed=seed, scale=float(np.sqrt(2.0 / np.prod(shape[1:]))))
 
 
+def fast_of(kernel):
+    """A guarded node's fast kernel (``runtime/backends/cpu/guard.py``), any other as it is."""
+    return kernel.fast if isinstance(kernel, Guarded) else kernel
+
+
+def exact_of(kernel):
+    """The kernel a run with non-finite (or too large) feeds uses."""
+    return kernel.exact if isinstance(kernel, Guarded) else kernel
+
+
 def dnnl_calls(cm, ops) -> list:
     """The calls of ``cm`` whose op is in ``ops``: at least one, each bound to a oneDNN kernel
     (not a reference one), none declined, each implementation counted in the report."""
@@ -56,7 +67,7 @@ def dnnl_calls(cm, ops) -> list:
     declined = {d["node"]: d["reason"] for d in cm.report.kernels["declined"]}
     impls = cm.report.kernels["implementations"]
     for c in calls:
-        k = c.kernel
+        k = fast_of(c.kernel)
         assert c.node.name not in declined, f"{c.node.name} declined: {declined[c.node.name]}"
         assert isinstance(k, DnnlKernel), f"{c.node.name} ({c.node.op_type}) runs {type(k).__name__}"
         assert k.impl and k.impl != "portable" and not k.impl.startswith("ref"), k.impl
@@ -155,7 +166,9 @@ def test_conv_activation_fused(name, fast_math):
     cm, calls, feeds = check(m, CONV, fg.Config(threads=2, fast_math=fast_math), scale=4.0 if bounded else 1.0)
     case = next(c for c in calls if c.node.inputs[1].name == "w")
     assert case.node.attrs.get("activation") == activation, case.node.attrs
-    assert (case.kernel.after is not None) == (activation in NOT_EXACT and not fast_math)
+    # exact: clip / hard sigmoid run after the primitive, unless the guard admits the fast form
+    assert (exact_of(case.kernel).after is not None) == (activation in NOT_EXACT and not fast_math)
+    assert isinstance(case.kernel, Guarded) == (activation in NOT_EXACT and not fast_math)
     if bounded:         # the pre-activations cross both bounds (clip: 0 and 6; the hard ones: -3 and 3)
         pre = ort_run(stem_then(n, i, out="c"), feeds)["c"]
         assert (pre < -3).any() and (pre > 6).any(), (pre.min(), pre.max())
@@ -343,7 +356,8 @@ def test_linear_act(shape, gemm, activation, fast_math):
     cm, calls, _ = check(_linear_graph(shape, activation, gemm), LINEAR, fg.Config(threads=2, fast_math=fast_math))
     assert len(calls) == 1 and calls[0].node.attrs.get("activation") == activation
     # exact GELU runs after the product (oneDNN's gives NaN for +-inf); fast_math fuses it
-    assert (calls[0].kernel.after is not None) == (activation == "gelu" and not fast_math)
+    assert (exact_of(calls[0].kernel).after is not None) == (activation == "gelu" and not fast_math)
+    assert fast_of(calls[0].kernel).after is None
 
 
 # --------------------------------------------------------------------------- precision
@@ -424,7 +438,7 @@ def test_exact_max_pool_propagates_nan_and_keeps_minus_inf():
               [("x", F, [1, 8, 8, 8])], ["y"], [], opset=17)
     cm = fg.compile(m, CFG)
     (pool,) = dnnl_calls(cm, ("MaxPool",))
-    assert pool.kernel.after is not None
+    assert isinstance(pool.kernel, Guarded) and exact_of(pool.kernel).after is not None
 
     def oracle(x):
         return x.reshape(1, 8, 4, 2, 4, 2).max(axis=(3, 5))
@@ -451,19 +465,20 @@ def test_exact_max_pool_channels_last_kernel_on_nan():
     m = stem_then([node("MaxPool", ["s"], "y", kernel_shape=[2, 2], strides=[2, 2])], [], hw=8, stems=2)
     cm = fg.compile(m, CFG)
     (pool,) = dnnl_calls(cm, ("MaxPool",))
-    slot = pool.kernel.inputs[0]
+    kernel = exact_of(pool.kernel)
+    slot = kernel.inputs[0]
     assert pool.node.inputs[0].layout == "nhwc" and slot.strides == (8 * 64, 1, 64, 8)
     x = torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(0)).contiguous(
         memory_format=torch.channels_last)
     x[0, 3, 0, 1] = float("nan")
     x[0, 5, 2:4, 4:6] = float("-inf")
     want = x.numpy().reshape(1, 8, 4, 2, 4, 2).max(axis=(3, 5))
-    out = torch.empty_strided(pool.kernel.output.shape, pool.kernel.output.strides)
-    got = pool.kernel(x, out=out)
+    out = torch.empty_strided(kernel.output.shape, kernel.output.strides)
+    got = kernel(x, out=out)
     assert got.data_ptr() == out.data_ptr() and np.isnan(want[0, 3, 0, 0]) and np.isneginf(want[0, 5, 1, 2])
     np.testing.assert_array_equal(out.numpy(), want)
     x = x.nan_to_num(0.0, 0.0, 0.0)
-    pool.kernel(x, out=out)
+    kernel(x, out=out)
     np.testing.assert_array_equal(out.numpy(), x.numpy().reshape(1, 8, 4, 2, 4, 2).max(axis=(3, 5)))
 
 
@@ -472,7 +487,7 @@ def test_fast_math_max_pool_runs_without_the_check():
                    [("x", F, [1, 8, 8, 8])], ["y"], [], opset=17)
     cm = fg.compile(direct, fg.Config(threads=2, fast_math=True))
     (pool,) = dnnl_calls(cm, ("MaxPool",))
-    assert pool.kernel.after is None
+    assert not isinstance(pool.kernel, Guarded) and pool.kernel.after is None
     x = rnd(1, 8, 8, 8)
     x[0, 0, 0, 0] = np.nan
     assert cm.run({"x": x})["y"].shape == (1, 8, 4, 4)

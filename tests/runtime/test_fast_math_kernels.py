@@ -11,6 +11,7 @@ import fusegraph as fg
 from fusegraph import zoo
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+from fusegraph.runtime.backends.cpu.guard import Guarded
 from model_builders import mobilenetv2_onnx
 from oracle import assert_outputs_close, ort_run
 
@@ -18,12 +19,13 @@ pytestmark = pytest.mark.skipif(not available(), reason="the oneDNN library does
 
 
 def _post_ops(model) -> list[str]:
-    """The eltwise post-op names of every convolution, and 'after' for activations run after it."""
+    """Per convolution with an activation: 'post-op', 'after' (applied after the primitive), or
+    'guarded' (the post-op while the feeds admit it, after otherwise: ``cpu/guard.py``)."""
     out = []
     for c in model._executor.binding.calls:
         k = c.kernel
-        if isinstance(k, DnnlKernel) and c.node.op_type == "FusedConv" and c.node.attrs.get("activation"):
-            out.append("after" if k.after is not None else "post-op")
+        if c.node.op_type == "FusedConv" and c.node.attrs.get("activation"):
+            out.append("guarded" if isinstance(k, Guarded) else "after" if k.after is not None else "post-op")
     return out
 
 
@@ -36,19 +38,19 @@ def test_fast_math_kernels_match_onnxruntime_on_finite_inputs(name):
     assert not fast._executor.backend.exact and exact._executor.backend.exact
     fast_pools, exact_pools = ([c.kernel for c in m._executor.binding.calls if c.node.op_type == "MaxPool"]
                                for m in (fast, exact))
-    assert fast_pools and all(isinstance(k, DnnlKernel) for k in fast_pools + exact_pools)
-    assert all(k.after is None for k in fast_pools) and all(k.after is not None for k in exact_pools)
+    assert fast_pools and all(isinstance(k, DnnlKernel) and k.after is None for k in fast_pools)
+    assert all(isinstance(k, Guarded) and k.exact.after is not None for k in exact_pools)   # the checked pool
     want = ort_run(model, feeds)
     assert_outputs_close(fast.run(feeds), want)
     assert_outputs_close(exact.run(feeds), want)
 
 
 def test_fast_math_fuses_the_clip_the_exact_kernel_applies_after(tmp_path):
-    """MobileNetV2's ReLU6: oneDNN's clip maps NaN to 0, so the exact kernel clamps after the
-    primitive; fast_math makes it a post-op."""
+    """MobileNetV2's ReLU6: oneDNN's clip maps NaN to 0, so the exact model guards it (the clamp
+    after the primitive for feeds that could bring a NaN there); fast_math makes it a post-op."""
     path = tmp_path / "m.onnx"
     mobilenetv2_onnx(str(path), width=0.35, size=96)
     exact, fast = (fg.compile(str(path), fg.Config(fast_math=f)) for f in (False, True))
-    assert "after" in _post_ops(exact) and "after" not in _post_ops(fast)
+    assert "guarded" in _post_ops(exact) and set(_post_ops(fast)) == {"post-op"}
     feeds = zoo.random_feeds(onnx.load(str(path)), seed=1)
     assert_outputs_close(fast.run(feeds), ort_run(onnx.load(str(path)), feeds))

@@ -82,6 +82,7 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     (an ``ExecutionPlan`` or None: no arena); ``strides`` (value name -> strides of its arena
     view) replaces the probe run when given."""
     backend = backend or Backend()
+    backend.bind_start(graph)
     kept = bool(backend.freed_memory_kept)
     declined: list[dict] = []
     order = execution_order(graph, plan.order if plan is not None else None)

@@ -118,6 +118,7 @@ class Executor:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
         try:
             with torch.inference_mode(), intra_op_threads(self.threads):
+                self.backend.before_run(tensors)
                 return self._runner(tensors, hook)
         except FusegraphError:
             raise

@@ -63,6 +63,12 @@ class Backend:
     def kernel(self, ctx, opdef) -> Callable | Decline:
         return opdef.build(ctx)
 
+    def bind_start(self, graph) -> None:
+        """Before the nodes' kernels are asked for: a look at the whole graph."""
+
+    def before_run(self, tensors) -> None:
+        """Before each run, with its input tensors."""
+
     def tried(self, node) -> list[Decline]:
         """Kernel families the backend tried for ``node`` and declined before the kernel it gave
         (recorded in ``report.kernels`` like a decline)."""

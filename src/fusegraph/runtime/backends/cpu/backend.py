@@ -22,16 +22,20 @@
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 
 from ....errors import ArtifactError, ConfigError
+from ....plan.finite import fast_limits, tensor_fact
 from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
+from .guard import Guarded, RunState
 from .workspace import Workspace
 from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
 from .dnnl.blocked import check as check_blocked
+from .dnnl.memory import TORCH_OF
 from .dnnl.weights import WeightStore
 
 KERNEL_CHOICES = ("auto", "onednn", "portable")
@@ -64,6 +68,8 @@ class CpuBackend(Backend):
         self.dnnl = DnnlKernels(self.store) if kernels != "portable" and dnnl_available() else None
         self._tried: dict[str, list[Decline]] = {}
         self.where = "artifact"
+        self.fast_limits: dict[str, float] = {}     # guarded node -> input magnitude its fast kernel admits
+        self.run_state = RunState()
 
     # -- host memory
     def prepare(self) -> None:
@@ -78,8 +84,30 @@ class CpuBackend(Backend):
         return host_memory.freed_memory_kept()
 
     # -- kernels
+    def bind_start(self, graph) -> None:
+        """Before binding: the exact kernels that can run fast, and under which input
+        magnitude (``plan/finite.py``, from the weights' own magnitudes: the plain tensors, or
+        a loaded model's packed bytes)."""
+        self.fast_limits = fast_limits(graph, self._absmax) if self.exact and self.dnnl is not None else {}
+
+    def before_run(self, tensors) -> None:
+        if self.run_state.needed:
+            self.run_state.measure(tensors)
+
+    def _absmax(self, value) -> float:
+        t = value.const
+        if not is_placeholder(t):
+            return tensor_fact(t).bound
+        forms = self.store.forms.get(value.name, []) + self.store.provided.get(value.name, [])
+        return max((tensor_fact(p.data.view(TORCH_OF[p.desc["dt"]])).bound for p in forms), default=math.inf)
+
     def kernel(self, ctx, opdef):
         key = (ctx.node.domain, ctx.node.op_type)
+        limit = self.fast_limits.get(ctx.node.name)
+        if limit is not None and self.dnnl is not None:
+            fast = self.dnnl.kernel(ctx, opdef, key, False)
+            if fast is not None and not isinstance(fast, Decline):
+                return Guarded(fast, lambda: self.dnnl.kernel(ctx, opdef, key, True), limit, self.run_state)
         if self.dnnl is not None:
             got = self.dnnl.kernel(ctx, opdef, key, self.exact)
             if got is not None and not isinstance(got, Decline):

@@ -1,0 +1,61 @@
+"""Kernels exact on NaN / Inf only when they must be: the fast form of a guarded node (a fused
+clip, GELU or hard sigmoid, a max pool without its finiteness check) runs whenever the run's
+inputs make it exact, the exact form otherwise.
+
+``plan/finite.py`` gives each guarded node a limit: while every float graph input is finite
+with ``max |x| < limit``, no NaN or infinity can reach the node, so its fast kernel computes
+what the exact one does. ``RunState.measure(feeds)`` finds the run's ``max |x|`` once before
+the run (NaN in a feed makes it NaN, an infinity infinite: no limit admits either, an
+unbounded one included); a ``Guarded`` kernel compares it with its limit on every call and
+runs the fast kernel or the exact one (made at its first use, so a model whose inputs are
+always finite never makes it).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+
+class RunState:
+    """What a run's guarded kernels read: the largest magnitude of its float feeds."""
+
+    def __init__(self):
+        self.m = math.nan
+        self.needed = False        # a guarded kernel with a finite limit was bound
+
+    def measure(self, tensors) -> None:
+        m = 0.0
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                lo, hi = (float(x) for x in torch.aminmax(t.reshape(-1)))
+                m = max(m, -lo, hi) if not (math.isnan(lo) or math.isnan(hi)) else math.nan
+                if math.isnan(m):
+                    break
+        self.m = m
+
+
+class Guarded:
+    """A node's fast kernel while the run's inputs admit it, its exact kernel otherwise."""
+    writes_out = True
+
+    def __init__(self, fast, make_exact: Callable, limit: float, state: RunState):
+        self.fast, self._make_exact, self.limit, self.state = fast, make_exact, limit, state
+        self.reads = getattr(fast, "reads", None)
+        self.impl = getattr(fast, "impl", "portable")
+        self._exact = None
+        state.needed = True
+
+    @property
+    def exact(self):
+        if self._exact is None:
+            self._exact = self._make_exact()
+            if getattr(self._exact, "reads", None) != self.reads:
+                raise RuntimeError("the exact kernel of a guarded node reads other inputs than its fast one")
+        return self._exact
+
+    def __call__(self, *args, out=None):
+        if self.state.m < self.limit:                # False for NaN, and for an infinite feed
+            return self.fast(*args, out=out)
+        return self.exact(*args, out=out)

@@ -1,0 +1,126 @@
+"""``plan/finite.py``: the input magnitudes under which a guarded node cannot see NaN or an
+infinity, checked on small graphs against bounds computed by hand, and on the transfer
+rules that reset bounds (clip, LayerNorm) or make them unknown (an op the table does not
+know); plus the guard at run time (``runtime/backends/cpu/guard.py``): finite feeds run the
+fast kernels and never make the exact ones, a NaN or a too-large feed runs the exact ones,
+and a loaded model derives the same limits from its packed weights."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import fusegraph as fg
+from fusegraph.ir import DType, Graph
+from fusegraph.plan.finite import FLOAT32_MAX, GRID, fast_limits, propagate
+from fusegraph.runtime.backends.cpu.dnnl import available
+from fusegraph.runtime.backends.cpu.guard import Guarded
+from oracle import ort_run
+
+F = TensorProto.FLOAT
+
+
+def _conv_graph(activation="hardtanh", params=(0.0, 6.0), w_value=0.5, pool=True, extra=None):
+    """x [1, 4, 6, 6] -> FusedConv(3x3, every weight w_value, bias 1) -> [extra] -> MaxPool."""
+    g = Graph("g")
+    x = g.add_input("x", DType.FLOAT, (1, 4, 6, 6))
+    w = g.add_constant("w", torch.full((4, 4, 3, 3), w_value))
+    b = g.add_constant("b", torch.ones(4))
+    attrs = {"pads": [1, 1, 1, 1], "activation": activation, "activation_params": list(params)}
+    y = _out(g.add_node("FusedConv", [x, w, b], attrs=attrs, domain="fusegraph", name="conv"), (1, 4, 6, 6))
+    if extra:
+        y = _out(g.add_node(extra, [y], name="extra"), (1, 4, 6, 6))
+    if pool:
+        y = _out(g.add_node("MaxPool", [y], attrs={"kernel_shape": [2, 2], "strides": [2, 2]}, name="pool"),
+                 (1, 4, 3, 3))
+    g.outputs.append(y)
+    return g
+
+
+def _out(node, shape):
+    v = node.outputs[0]
+    v.dtype, v.shape = DType.FLOAT, shape
+    return v
+
+
+def test_conv_bound_by_hand():
+    g = _conv_graph(activation="", params=())
+    facts = propagate(g, 2.0)
+    y = next(n for n in g.nodes if n.name == "conv").outputs[0]
+    assert facts[id(y)].bound == pytest.approx(2.0 * 0.5 * 36 + 1.0)   # M * max|w| * (4*3*3 terms) + |b|
+    assert facts[id(y)].finite
+
+
+def test_clip_resets_the_bound_and_keeps_nan_flag_off():
+    g = _conv_graph()
+    lim = fast_limits(g)
+    # after the clip the pool's input is in [0, 6] whatever the feed; the conv's own
+    # pre-activation overflows only for feeds near float32's largest (0.5 * 36 terms)
+    assert lim == {"conv": 1e32, "pool": math.inf}
+
+
+def test_unclipped_pool_limit_is_where_the_conv_would_overflow():
+    g = _conv_graph(activation="relu", params=(), w_value=1e20)
+    lim = fast_limits(g)
+    # the pre-activation bound is M * 1e20 * 36 + 1: below 1e38 up to M = 1e16, not at 1e32
+    assert lim == {"pool": 1e16}
+    assert max(m for m in GRID if m * 1e20 * 36 + 1 < 1e38) == 1e16
+
+
+def test_unknown_op_makes_the_pool_unguarded():
+    g = _conv_graph(activation="relu", params=(), extra="Log")     # log of a bounded value: NaN possible
+    assert "pool" not in fast_limits(g)
+
+
+def test_float32_max_input_admitted_only_through_a_reset():
+    g = _conv_graph(activation="relu", params=())
+    assert fast_limits(g)["pool"] < FLOAT32_MAX     # a conv of huge inputs overflows: finite limit
+    assert fast_limits(_conv_graph())["pool"] == math.inf
+
+
+def _clip_model():
+    rng = np.random.default_rng(0)
+    nodes, inits, src = [], [], "x"
+    for i in range(3):       # three conv + clip(0, 6) blocks: the layout pass goes channels-last
+        w = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
+        inits += [helper.make_tensor(f"w{i}", F, w.shape, w.flatten()), helper.make_tensor(f"b{i}", F, [8], [0.1] * 8)]
+        nodes += [helper.make_node("Conv", [src, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1] * 4),
+                  helper.make_node("Clip", [f"c{i}", "lo", "hi"], [f"r{i}"])]
+        src = f"r{i}"
+    nodes.append(helper.make_node("MaxPool", [src], ["y"], kernel_shape=[2, 2], strides=[2, 2]))
+    inits += [helper.make_tensor("lo", F, [], [0.0]), helper.make_tensor("hi", F, [], [6.0])]
+    graph = helper.make_graph(nodes, "clips", [helper.make_tensor_value_info("x", F, [1, 8, 12, 12])],
+                              [helper.make_tensor_value_info("y", F, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
+def test_guard_runs_fast_on_finite_feeds_and_exact_on_nan(tmp_path):
+    m = _clip_model()
+    cm = fg.compile(m, fg.Config(threads=2))
+    guarded = [c.kernel for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
+    assert len(guarded) == 4 and sorted(k.limit for k in guarded) == [1e32] + [math.inf] * 3
+    x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype(np.float32) * 5
+    np.testing.assert_allclose(cm.run({"x": x})["y"], ort_run(m, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+    assert all(k._exact is None for k in guarded)               # the exact kernels were never made
+    x[0, 0, 3, 3] = np.nan
+    got, want = cm.run({"x": x})["y"], ort_run(m, {"x": x})["y"]
+    assert all(k._exact is not None for k in guarded)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).any()
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4, atol=1e-5)
+    path = tmp_path / "c.fgm"
+    cm.save(path)
+    loaded = fg.load(path)          # limits from the packed bytes: the same as the compile's
+    assert {c.node.name: c.kernel.limit for c in loaded._executor.binding.calls if isinstance(c.kernel, Guarded)} \
+        == {c.node.name: c.kernel.limit for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)}
+
+
+@pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
+def test_fast_math_needs_no_guard():
+    cm = fg.compile(_clip_model(), fg.Config(threads=2, fast_math=True))
+    assert not any(isinstance(c.kernel, Guarded) for c in cm._executor.binding.calls)
