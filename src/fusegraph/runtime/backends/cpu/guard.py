@@ -22,8 +22,8 @@ class RunState:
     """What a run's guarded kernels read: the largest magnitude of its float feeds."""
 
     def __init__(self):
-        self.m = math.nan
-        self.needed = False        # a guarded kernel with a finite limit was bound
+        self.m = 0.0               # before any run: the layout probe's zero feeds
+        self.needed = False        # a guarded kernel was bound
 
     def measure(self, tensors) -> None:
         m = 0.0
