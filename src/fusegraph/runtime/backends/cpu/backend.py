@@ -107,7 +107,8 @@ class CpuBackend(Backend):
         if limit is not None and self.dnnl is not None:
             fast = self.dnnl.kernel(ctx, opdef, key, False)
             if fast is not None and not isinstance(fast, Decline):
-                return Guarded(fast, lambda: self.dnnl.kernel(ctx, opdef, key, True), limit, self.run_state)
+                return Guarded(fast, lambda: self._exact(ctx, opdef, key), limit, self.run_state,
+                               len(ctx.node.inputs))
         if self.dnnl is not None:
             got = self.dnnl.kernel(ctx, opdef, key, self.exact)
             if got is not None and not isinstance(got, Decline):
@@ -124,6 +125,11 @@ class CpuBackend(Backend):
             if v is not None and v.is_const and is_placeholder(v.const):
                 v.const = self.portable_weight(v)
         return opdef.build(ctx)
+
+    def _exact(self, ctx, opdef, key):
+        """A guarded node's exact kernel: oneDNN's exact form, else the op's own."""
+        got = self.dnnl.kernel(ctx, opdef, key, True)
+        return got if got is not None and not isinstance(got, Decline) else opdef.build(ctx)
 
     def tried(self, node) -> list[Decline]:
         return self._tried.get(node.name, [])

@@ -40,8 +40,9 @@ class Guarded:
     """A node's fast kernel while the run's inputs admit it, its exact kernel otherwise."""
     writes_out = True
 
-    def __init__(self, fast, make_exact: Callable, limit: float, state: RunState):
+    def __init__(self, fast, make_exact: Callable, limit: float, state: RunState, n_inputs: int):
         self.fast, self._make_exact, self.limit, self.state = fast, make_exact, limit, state
+        self.n_inputs = n_inputs
         self.reads = getattr(fast, "reads", None)
         self.impl = getattr(fast, "impl", "portable")
         self._exact = None
@@ -50,12 +51,18 @@ class Guarded:
     @property
     def exact(self):
         if self._exact is None:
-            self._exact = self._make_exact()
-            if getattr(self._exact, "reads", None) != self.reads:
+            exact = self._make_exact()
+            if _reads(exact, self.n_inputs) != _reads(self.fast, self.n_inputs):
                 raise RuntimeError("the exact kernel of a guarded node reads other inputs than its fast one")
+            self._exact = exact
         return self._exact
 
     def __call__(self, *args, out=None):
         if self.state.m < self.limit:                # False for NaN, and for an infinite feed
             return self.fast(*args, out=out)
         return self.exact(*args, out=out)
+
+
+def _reads(kernel, n_inputs: int) -> tuple:
+    reads = getattr(kernel, "reads", None)
+    return tuple(range(n_inputs)) if reads is None else tuple(reads)
