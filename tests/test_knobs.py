@@ -145,7 +145,7 @@ PROBES = {
     "op_precision": ((("Conv", "bf16"),), lambda d, p: _reduced(p) == 2 and _reduced(d) == 0),
     "accuracy_budget": (1e-6, None),   # special-cased below: two_conv_model
     "cuda_graph": (True, REFUSED if not torch.cuda.is_available() else None),
-    "keep_freed_memory": (False, None),   # special-cased below: host_memory is not touched
+    "keep_freed_memory": (True, None),    # special-cased below: host_memory is touched only then
     "cpu_kernels": ("portable", lambda d, p: set(p.report.kernels["implementations"]) == {"portable"}
                     and set(d.report.kernels["implementations"]) != {"portable"}),
 }
@@ -163,8 +163,8 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
         assert _verifies(fg.Config(verify_each=True)) > _verifies(fg.Config()) + 5
         return
     if field == "keep_freed_memory":
-        assert _kept_freed(fg.Config(), monkeypatch) and not _kept_freed(fg.Config(keep_freed_memory=False),
-                                                                          monkeypatch)
+        assert not _kept_freed(fg.Config(), monkeypatch) and _kept_freed(fg.Config(keep_freed_memory=True),
+                                                                              monkeypatch)
         return
     if field == "precision":
         plain, reduced = (fg.compile(two_conv_model(), config=fg.Config(precision=p)) for p in ("fp32", "bf16"))

@@ -61,7 +61,10 @@ class Config:
         pool: NaN becomes 0, the bound, or -FLT_MAX); faster where those fuse.
     keep_freed_memory: on CPU with glibc, raise malloc's mmap / trim thresholds once per
         process so memory a run frees is reused by the next run instead of being faulted in
-        again (process-wide; ``runtime/backends/cpu/host_memory.py``). Default on.
+        again (process-wide; ``runtime/backends/cpu/host_memory.py``). Off by default: the CPU
+        backend's kernels write into the planned arena and allocate nothing per run, and the
+        raised trim threshold keeps a compile's freed memory resident (MobileNetV2: 73 against
+        51 MiB). Worth turning on for models whose kernels do allocate (dynamic shapes).
     cpu_kernels: which kernels run on CPU. "auto" (default): oneDNN primitives called directly
         (``runtime/backends/cpu/dnnl/``: convolutions, weight products, pools, LRN, writing into
         the arena, weights packed once) where the ``onednn-cpu-gomp`` library loads, every
@@ -90,7 +93,7 @@ class Config:
     op_precision: tuple[tuple[str, str], ...] = field(default=())
     accuracy_budget: float = 1e-2
     cuda_graph: bool = False
-    keep_freed_memory: bool = True
+    keep_freed_memory: bool = False
     cpu_kernels: str = "auto"
 
     def __post_init__(self) -> None:

@@ -59,7 +59,7 @@ class _SingleRunner:
 class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
-                 keep_freed_memory: bool = True, backend_state: dict | None = None,
+                 keep_freed_memory: bool = False, backend_state: dict | None = None,
                  exact: bool = True, cpu_kernels: str = "auto"):
         self.graph = graph
         self.model_name = model_name

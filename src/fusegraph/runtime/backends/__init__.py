@@ -9,7 +9,7 @@ from __future__ import annotations
 from .protocol import Backend, Decline, Lowered
 
 
-def backend_for(device: str, keep_freed_memory: bool = True, exact: bool = True,
+def backend_for(device: str, keep_freed_memory: bool = False, exact: bool = True,
                 kernels: str = "auto") -> Backend:
     """``exact``: NaN / Inf as ONNX says (``Config.fast_math`` off); ``kernels``:
     ``Config.cpu_kernels`` (auto | onednn | portable)."""

@@ -54,7 +54,7 @@ def is_placeholder(t) -> bool:
 class CpuBackend(Backend):
     name = "cpu"
 
-    def __init__(self, keep_freed_memory: bool = True, exact: bool = True, kernels: str = "auto"):
+    def __init__(self, keep_freed_memory: bool = False, exact: bool = True, kernels: str = "auto"):
         if kernels not in KERNEL_CHOICES:
             raise ConfigError(f"cpu_kernels {kernels!r}: expected one of {', '.join(KERNEL_CHOICES)}")
         if kernels == "onednn" and not dnnl_available():

@@ -1,14 +1,15 @@
 """Host (CPU) memory reuse across runs: glibc malloc told to keep freed memory.
 
-A kernel that allocates its result (oneDNN with no ``out=``, pooling, concatenation …) asks
-malloc for the same sizes on every run. glibc serves requests over its mmap threshold with
-fresh ``mmap`` pages and hands the top of its heap back to the OS when more than its trim
-threshold is free, so such a run faults its pages in again every time: inception_v1 took
-~2000 minor page faults per run (a fifth of its latency). ``keep_freed_memory()`` raises
-both thresholds once per process (``mallopt``): allocations up to 32 MiB come from the heap
-and freed memory stays there for the next run, as onnxruntime's CPU arena and PyTorch's
-CUDA caching allocator keep theirs. It is process-wide — the host program's allocations
-follow the same thresholds — so ``Config(keep_freed_memory=False)`` leaves malloc alone.
+A kernel that allocates its result (the portable kernels of a model with dynamic shapes,
+which has no arena) asks malloc for the same sizes on every run. glibc serves requests over
+its mmap threshold with fresh ``mmap`` pages and hands the top of its heap back to the OS when
+more than its trim threshold is free, so such a run faults its pages in again every time
+(inception_v1 on per-node kernels: ~2000 minor page faults per run, a fifth of its latency).
+``keep_freed_memory()`` raises both thresholds once per process (``mallopt``): allocations up
+to 32 MiB come from the heap and freed memory stays there for the next run. It is
+process-wide — the host program's allocations follow the same thresholds — and keeps a
+compile's freed memory resident, so it runs only when ``Config(keep_freed_memory=True)``
+asks (the CPU backend's planned kernels allocate nothing per run).
 No-op (returns False) off glibc. ``release_free_memory()`` (``malloc_trim``) hands what is
 free now back to the OS: after binding and after a loaded model's first run, whose one-off
 work (probe runs, compiling, the check of a lazily compiled graph) frees more than a run
