@@ -20,6 +20,12 @@ from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
 pytestmark = pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
 
 
+def _dnnl_kernels(cm) -> list:
+    """The oneDNN kernels of ``cm``'s calls (a guarded node's fast kernel, ``cpu/guard.py``)."""
+    kernels = [getattr(c.kernel, "fast", c.kernel) for c in cm._executor.binding.calls]
+    return [k for k in kernels if isinstance(k, DnnlKernel)]
+
+
 @pytest.fixture(scope="module", params=["squeezenet", "inception_v1", "densenet121"])
 def saved(request, tmp_path_factory):
     model = zoo.randomize_weights(onnx.load(zoo.light_model_path(request.param)), seed=0)
@@ -46,13 +52,13 @@ def test_load_reorders_probes_and_compiles_nothing(saved, monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("torch.compile ran on load"))
     loaded = fg.load(path)
     assert loaded.load_info["weight_reorders"] == 0 and not reorders
-    oneDNN = [c for c in loaded._executor.binding.calls if isinstance(c.kernel, DnnlKernel)]
-    compiled_dnnl = [c for c in compiled._executor.binding.calls if isinstance(c.kernel, DnnlKernel)]
+    oneDNN = _dnnl_kernels(loaded)
+    compiled_dnnl = _dnnl_kernels(compiled)
     assert len(oneDNN) == len(compiled_dnnl) > 0
     declined = [d for d in loaded.report.kernels["declined"] if d["family"] == "dnnl"]
     assert "reorder" not in made            # one primitive per oneDNN kernel (or per node it declined)
     assert len(oneDNN) <= len(made) <= len(oneDNN) + len(declined)
-    assert [c.kernel.impl for c in oneDNN] == [c.kernel.impl for c in compiled_dnnl]
+    assert [k.impl for k in oneDNN] == [k.impl for k in compiled_dnnl]
     want = compiled.run(feeds)
     got = loaded.run(feeds)
     for name in want:
