@@ -99,10 +99,6 @@ class CompiledModel:
         report.kernel_count = len(graph.nodes) - report.shape_kernels
         report.kernels = {**kernel_summary(binding), "weights_released_bytes": self._executor.released_bytes,
                           "weight_reorders": getattr(self._executor.backend, "reorders", 0)}
-        lowered = self._executor.code.lowered
-        report.python_calls = len(lowered.calls) if lowered else report.kernel_count
-        if lowered and hasattr(report.memory, "not_writable_into_arena"):
-            report.memory.not_writable_into_arena += lowered.not_writable
 
     @classmethod
     def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,

@@ -31,7 +31,6 @@ class CompileReport:
     kernel_count: int = 0          # kernels launched per run (with the input shapes seen before)
     shape_kernels: int = 0         # kernels run once per input shapes instead (runtime/shape_memo.py)
     op_histogram: dict[str, int] = field(default_factory=dict)
-    python_calls: int = 0          # calls the generated run makes (after the backend lowering)
     kernels: dict[str, Any] = field(default_factory=dict)   # backend, implementations, declined (runtime/bind.py)
     passes: list[PassStat] = field(default_factory=list)
     fusions: list[FusionRecord] = field(default_factory=list)

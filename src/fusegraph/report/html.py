@@ -241,7 +241,7 @@ def figures_of(model, prof=None) -> dict[str, Any]:
     slow = list(getattr(mem, "not_writable_into_arena", []) or [])
     streams = getattr(model.plan, "streams", None)
     return {"model": model.name, "nodes_imported": r.nodes_imported, "nodes_final": r.nodes_final,
-            "kernel_count": r.kernel_count, "shape_kernels": r.shape_kernels, "python_calls": r.python_calls,
+            "kernel_count": r.kernel_count, "shape_kernels": r.shape_kernels,
             "arena_bytes": getattr(mem, "arena_bytes", 0), "lower_bound_bytes": getattr(mem, "lower_bound_bytes", 0),
             "order_floor_bytes": getattr(mem, "order_floor_bytes", None), "naive_bytes": getattr(mem, "naive_bytes", 0),
             "not_writable_nodes": len(slow), "not_writable_bytes": sum(int(d.get("bytes", 0)) for d in slow),
@@ -269,7 +269,6 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
         _fig("nodes imported", str(r.nodes_imported), "nodes_imported", r.nodes_imported),
         _fig("nodes after passes", str(r.nodes_final), "nodes_final", r.nodes_final),
         _fig("kernels per run", str(r.kernel_count), "kernel_count", r.kernel_count),
-        _fig("Python calls per run", str(r.python_calls), "python_calls", r.python_calls),
         _fig("fusions applied", str(figures["fusions_applied"]), "fusions_applied", figures["fusions_applied"]),
         _fig("streams", str(figures["streams"]), "streams", figures["streams"]),
         _fig("arena", _mib(figures["arena_bytes"])),

@@ -18,8 +18,7 @@ runs: allocation checks, timestamps). The source is readable (``fusegraph inspec
 The single-stream ``run`` leaves the nodes that depend only on the input shapes to a second
 function, ``_memo_fill``, called when those shapes are new (``shape_memo.py``); a call may
 read other values than its node's inputs (``NodeCall.args``: a Shape derived from them).
-With ``lower``, the calls first go through the backend's lowering (``backends/``). This file decides nothing about placement,
-kernels or streams; ``bind.py``, the backends and ``streams_*.py`` do.
+This file decides nothing about placement, kernels or streams; ``bind.py``, the backends and ``streams_*.py`` do.
 """
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ class GeneratedCode:
     functions: dict[str, Callable] = field(default_factory=dict)
     env: dict[str, object] = field(default_factory=dict)
     shape_kernels: int = 0                    # calls in ``_memo_fill`` (run once per input shapes)
-    lowered: object = None                    # backends.Lowered, when the backend lowered the calls
 
 
 class Names:
@@ -205,25 +203,11 @@ def arena_globals(binding: Binding) -> dict:
     return {"_AL": binding.arena.lo, "_AH": binding.arena.hi}
 
 
-def probe_function(graph, binding: Binding, filename: str) -> Callable:
-    """``probe(feeds, hook)``: one run of the per-node code with a debug hook, for a lowering
-    that needs example tensors."""
-    def probe(feeds, fn):
-        generate_run_function(graph, binding, filename + ":probe", hook=fn).function(*feeds)
-    return probe
-
-
-def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None,
-                          lower: bool = False) -> GeneratedCode:
-    """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order; with
-    ``lower`` (no hook), the backend's lowering rewrites the calls."""
+def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None) -> GeneratedCode:
+    """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order."""
     memo = shape_only_calls(graph, binding.calls) if hook is None else None
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
     calls = [c for c in binding.calls if id(c.node) not in memo_ids]
-    lowered = None
-    if lower and hook is None:
-        lowered = binding.backend.lower(graph, calls, binding, probe_function(graph, binding, filename))
-        calls = lowered.calls
     names = arena_names(binding, calls)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
@@ -241,5 +225,4 @@ def generate_run_function(graph, binding: Binding, filename: str, hook: Callable
         extra["_hook"] = hook
     code = generate_module(specs, names, filename, extra)
     code.shape_kernels = len(memo.calls) if memo else 0
-    code.lowered = lowered
     return code

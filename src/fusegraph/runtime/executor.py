@@ -40,9 +40,9 @@ from .feeds import convert_feeds
 class _SingleRunner:
     """One stream on one device: the generated function itself."""
 
-    def __init__(self, graph: Graph, binding: Binding, filename: str, lower: bool = False):
+    def __init__(self, graph: Graph, binding: Binding, filename: str):
         self.graph, self.binding, self.filename = graph, binding, filename
-        self.code = generate_run_function(graph, binding, filename, lower=lower)
+        self.code = generate_run_function(graph, binding, filename)
         self.codes = [self.code]
 
     def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
@@ -98,7 +98,7 @@ class Executor:
             from .streams_cpu import CpuStreamRunner
             self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads)
         else:
-            self._runner = _SingleRunner(graph, self.binding, filename, lower=self.backend.lowers(graph, 1))
+            self._runner = _SingleRunner(graph, self.binding, filename)
         self._lock = threading.Lock()
         self.backend.settle()                       # what binding's probe runs freed
         self._memo_storages = self.code.env.get("_MEMO_STORAGES", frozenset())  # kept current by the code

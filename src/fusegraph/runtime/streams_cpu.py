@@ -21,9 +21,8 @@ process-wide, while the workers live (other models in the process included: see
 benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for milliseconds
 after each wide node on a core the other stream needs (inception_v2: 1.35x slower).
 A failing stream sets the abort flag and opens every event, so the other streams stop at
-their next wait instead of blocking; the first real error is re-raised. The backend lowers
-each stream's calls between events (``stream_lowering.py``), so the
-streams run the fused kernels one stream runs.
+their next wait instead of blocking; the first real error is re-raised. Every stream runs
+the kernels one stream runs (the binding's).
 This file plans nothing: streams, waits and records come from the plan.
 """
 from __future__ import annotations
@@ -36,10 +35,8 @@ import torch
 
 from ..errors import PlanError
 from ..ir import Graph
-from .backends import Lowered
 from .bind import Binding
-from .codegen import FunctionSpec, GeneratedCode, arena_globals, arena_names, generate_module, probe_function
-from .stream_lowering import first_name, last_name, lower_streams
+from .codegen import FunctionSpec, GeneratedCode, arena_globals, arena_names, generate_module
 
 
 class _Aborted(Exception):
@@ -122,13 +119,11 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 
 def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: bool, wait_lines, record_lines,
-                       prefix: str = "stream", stream_calls: list[list] | None = None):
+                       prefix: str = "stream"):
     """FunctionSpecs (one per stream) and the E layout: (specs, n_slots, template, output_slots).
 
     ``wait_lines(event_ids)`` / ``record_lines(event_id)`` give the source lines of a wait
-    before a call and a record after it (CPU locks here, CUDA events in ``streams_cuda``);
-    ``stream_calls``: each stream's calls after the backend's lowering (default: its nodes'
-    calls), a segment waiting as its first node and recording as its last."""
+    before a call and a record after it (CPU locks here, CUDA events in ``streams_cuda``)."""
     calls = {c.node.name: c for c in binding.calls}
     if set(calls) != set(plan.stream_of):
         raise PlanError(f"{graph.name}: the stream plan does not cover exactly the graph's nodes")
@@ -153,15 +148,14 @@ def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: boo
                 read_on.setdefault(id(v), set()).add(stream_of[c.node.name])
     specs = []
     for k in range(plan.num_streams):
-        own = stream_calls[k] if stream_calls is not None else [calls[n] for n in plan.per_stream[k]]
-        spec = FunctionSpec(f"{prefix}{k}", own, params=["E"], hook=hook)
+        spec = FunctionSpec(f"{prefix}{k}", [calls[n] for n in plan.per_stream[k]], params=["E"], hook=hook)
         for pos, call in enumerate(spec.calls):
             node = call.node
-            waits = plan.waits.get(first_name(call), [])
+            waits = plan.waits.get(node.name, [])
             if waits:
                 spec.before[pos] = wait_lines(waits)
-            if last_name(call) in plan.records:
-                spec.after[pos] = record_lines(plan.records[last_name(call)])
+            if node.name in plan.records:
+                spec.after[pos] = record_lines(plan.records[node.name])
             for v in node.inputs:
                 if v is not None and names.is_local(v) and made_on.get(id(v)) != k:
                     spec.imports[id(v)] = slot_of(v)
@@ -186,7 +180,7 @@ def _thread_switches(spec: FunctionSpec, wide: frozenset) -> None:
     the other streams idle). Each stream starts a run at the narrow budget."""
     current = False
     for pos, call in enumerate(spec.calls):
-        is_wide = first_name(call) in wide
+        is_wide = call.node.name in wide
         if is_wide != current:
             spec.before.setdefault(pos, []).append(f"_snt(_tb[{0 if is_wide else 1}])")
             current = is_wide
@@ -204,7 +198,6 @@ class CpuStreamRunner:
         self.wide = frozenset(wide)
         self._budgets = [1, 1]                 # [wide, narrow] intra-op threads of this run
         self._abort_flag = [False]
-        self.lowered = []                      # the backend's lowering of each stream's pieces
         self.code = self._generate(None)
         self.codes = [self.code]
         self._workers: list[_Worker] = []
@@ -221,18 +214,9 @@ class CpuStreamRunner:
         def record_lines(i):
             return [f"e{i}.release()"]
 
-        stream_calls = None
-        backend = self.binding.backend
-        if hook is None and backend.lowers(self.graph, self.n):
-            budget = max(1, (self.threads or torch.get_num_threads()) // self.n)
-            stream_calls, self.lowered = lower_streams(self.graph, self.binding, self.plan, self.wide,
-                                                       probe_function(self.graph, self.binding, self.filename), budget)
-            names = arena_names(self.binding, [c for calls in stream_calls for c in calls])
-            for eid, lock in self.events.items():
-                names.env[f"e{eid}"] = lock
         specs, self.template, self.out_slots = build_stream_specs(
             self.graph, self.binding, self.plan, names, hook=hook is not None,
-            wait_lines=wait_lines, record_lines=record_lines, stream_calls=stream_calls)
+            wait_lines=wait_lines, record_lines=record_lines)
         if self.wide:
             for spec in specs:
                 _thread_switches(spec, self.wide)
@@ -244,8 +228,6 @@ class CpuStreamRunner:
         filename = self.filename + (":hook" if hook is not None else "")
         code = generate_module(specs, names, filename, extra)
         code.function = code.functions[specs[0].name]
-        if stream_calls is not None:
-            code.lowered = Lowered.merged(self.lowered)
         return code
 
     def _start_workers(self) -> None:

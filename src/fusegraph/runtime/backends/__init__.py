@@ -1,4 +1,4 @@
-"""Backends: the device-specific kernel choices, lowering and artifact state (``protocol.py``).
+"""Backends: the device-specific kernel choices and artifact state (``protocol.py``).
 
 ``backend_for(device, ...)`` gives the backend a model binds with: ``cpu/`` (oneDNN
 primitives writing into the arena with packed weights, host-memory policy) for CPU, the
@@ -6,7 +6,7 @@ portable backend (every op's own ATen kernel) elsewhere.
 """
 from __future__ import annotations
 
-from .protocol import Backend, Decline, Lowered
+from .protocol import Backend, Decline
 
 
 def backend_for(device: str, keep_freed_memory: bool = False, exact: bool = True,
@@ -19,4 +19,4 @@ def backend_for(device: str, keep_freed_memory: bool = False, exact: bool = True
     return Backend()
 
 
-__all__ = ["Backend", "Decline", "Lowered", "backend_for"]
+__all__ = ["Backend", "Decline", "backend_for"]

@@ -1,6 +1,6 @@
 """What a backend is: the runtime's one place for device-specific kernel choices.
 
-A backend answers three questions, and nothing else in the runtime asks them:
+A backend answers these questions, and nothing else in the runtime asks them:
 
 - ``kernel(ctx, opdef) -> kernel | Decline``: the kernel one node runs. A backend returns
   either a kernel of its own (a oneDNN primitive writing into the arena), or the op's own
@@ -8,11 +8,6 @@ A backend answers three questions, and nothing else in the runtime asks them:
   ops it has nothing better for, or ``Decline(reason)`` when it has a kernel family for the
   op but not for this node (bind then takes the portable kernel and records the reason in
   ``report.kernels``, the way fusion records its declines);
-- ``lower(graph, calls, binding, probe, readers) -> Lowered``: a rewrite of the final call
-  list of one generated function, or of one piece of a stream's function between its events;
-  ``probe(feeds, hook)`` runs the unlowered
-  calls once when the lowering needs example tensors; ``readers``: every call whose inputs
-  the lowered calls must still hand over (default ``calls``);
 - ``export_state(graph)`` / ``import_state(state)``: what the backend made at bind time that
   an artifact should carry so a load on the same machine makes nothing again (CPU: the
   packed weights), and ``portable_weight(value)``: the plain form of a weight the backend
@@ -22,8 +17,7 @@ Knows no op and no device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -31,26 +25,6 @@ class Decline:
     """The backend has a kernel family for this op, but not for this node: why."""
     reason: str
     family: str = ""
-
-
-@dataclass
-class Lowered:
-    """A function's calls after a backend's lowering, and what the lowering reports."""
-    calls: list
-    made: list[dict] = field(default_factory=list)           # e.g. script segments formed
-    dropped: list[dict] = field(default_factory=list)        # runs it tried and gave up, with the reason
-    not_writable: list[dict] = field(default_factory=list)   # {node, op, bytes}: arena slots left unused
-
-    @classmethod
-    def merged(cls, parts: list["Lowered"]) -> "Lowered":
-        """One record of several pieces' lowerings (a stream plan's)."""
-        out = cls([])
-        for p in parts:
-            out.calls += p.calls
-            out.made += p.made
-            out.dropped += p.dropped
-            out.not_writable += p.not_writable
-        return out
 
 
 class Backend:
@@ -83,13 +57,6 @@ class Backend:
 
     def settle(self) -> None:
         """After one-off work (binding, a loaded model's first run): release what it freed."""
-
-    def lowers(self, graph, streams: int) -> bool:
-        """Whether ``lower`` has anything to do for this graph run on ``streams`` streams."""
-        return False
-
-    def lower(self, graph, calls: list, binding, probe: Callable | None, readers: list | None = None) -> Lowered:
-        return Lowered(list(calls))
 
     def export_state(self, graph) -> dict:
         return {}
