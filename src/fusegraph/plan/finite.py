@@ -8,7 +8,7 @@ them, unless the op can overflow or create NaN itself (a division, a logarithm .
 given ``M`` ``propagate`` walks the graph once and gives every value a ``Fact``: a magnitude
 bound and whether it may hold NaN or +-inf. A kernel is *guarded* when its fast form is
 exact as long as its input (or pre-activation) is finite: ``fast_limits`` finds, per guarded
-node, the largest ``M`` of a short grid (1 .. 1e32) for which that holds (``math.inf`` when it
+node, the largest ``M`` of a short grid (1, 10, .. 1e32) for which that holds (``math.inf`` when it
 holds for float32's largest finite value too: for every finite input; nodes for which it
 never holds are left out). At run time the backend measures
 ``M`` on the feeds (NaN and +-inf give NaN, which no limit admits) and runs each guarded
@@ -35,7 +35,9 @@ from ..ir import DType, Graph, Node, Value
 LIMIT = 1e38                     # below float32's largest (3.4e38): room for rounding
 F16_MAX = 65504.0
 FLOAT32_MAX = 3.4028234663852886e38
-GRID = [1.0, 1e2, 1e4, 1e8, 1e16, 1e32, FLOAT32_MAX]   # input magnitudes tried; the last: any finite one
+# Input magnitudes tried; the last: any finite one. Denser where feeds are: normalised data
+# (a few units), raw pixels (up to 255), token embeddings' scale.
+GRID = [1.0, 1e1, 1e2, 1e3, 1e4, 1e8, 1e16, 1e32, FLOAT32_MAX]
 
 
 @dataclass(frozen=True)
