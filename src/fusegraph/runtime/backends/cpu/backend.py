@@ -27,7 +27,7 @@ import math
 import torch
 
 from ....errors import ArtifactError, ConfigError
-from ....plan.finite import fast_limits, tensor_fact
+from ...finite import fast_limits, tensor_fact
 from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
@@ -86,7 +86,7 @@ class CpuBackend(Backend):
     # -- kernels
     def bind_start(self, graph) -> None:
         """Before binding: the exact kernels that can run fast, and under which input
-        magnitude (``plan/finite.py``, from the weights' own magnitudes: the plain tensors, or
+        magnitude (``runtime/finite.py``, from the weights' own magnitudes: the plain tensors, or
         a loaded model's packed bytes)."""
         self.fast_limits = fast_limits(graph, self._absmax) if self.exact and self.dnnl is not None else {}
 

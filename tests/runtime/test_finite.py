@@ -1,4 +1,4 @@
-"""``plan/finite.py``: the input magnitudes under which a guarded node cannot see NaN or an
+"""``runtime/finite.py``: the input magnitudes under which a guarded node cannot see NaN or an
 infinity, checked on small graphs against bounds computed by hand, and on the transfer
 rules that reset bounds (clip, LayerNorm) or make them unknown (an op the table does not
 know); plus the guard at run time (``runtime/backends/cpu/guard.py``): finite feeds run the
@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 import fusegraph as fg
 from fusegraph.ir import DType, Graph
-from fusegraph.plan.finite import FLOAT32_MAX, GRID, fast_limits, propagate
+from fusegraph.runtime.finite import FLOAT32_MAX, GRID, fast_limits, propagate
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.guard import Guarded
 from oracle import ort_run
