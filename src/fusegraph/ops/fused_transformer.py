@@ -209,7 +209,7 @@ def _mask_fits(mask, q, kt) -> bool:
     (the fused node's output shape is inferred from q, k and v alone)."""
     scores = q[:-1] + kt[-1:]
     if len(kt) > 2 and kt[:-2] != q[:-2]:
-        scores = tuple(torch.broadcast_shapes(q[:-2], kt[:-2])) + scores[-2:]
+        scores = tuple(broadcast_shapes(q[:-2], kt[:-2])) + scores[-2:]
     if len(mask) > len(scores):
         return False
     return all(m == 1 or m == s for m, s in zip(mask[::-1], scores[::-1]))
@@ -238,7 +238,7 @@ def _sdpa(ctx: NodeContext):
     split = None if split is None else [int(n) for n in split]
 
     def composed(q, kt, v, mask, scores, out):
-        shape = tuple(torch.broadcast_shapes(q.shape[:-2], kt.shape[:-2])) + (q.shape[-2], kt.shape[-1])
+        shape = tuple(broadcast_shapes(tuple(q.shape[:-2]), tuple(kt.shape[:-2]))) + (q.shape[-2], kt.shape[-1])
         n = math.prod(shape)
         if scores is not None and scores.numel() * scores.element_size() >= n * q.element_size():
             s = torch.matmul(q, kt, out=scores.view(torch.uint8)[:n * q.element_size()].view(q.dtype).view(shape))
@@ -303,7 +303,7 @@ def _scores_bytes(ctx: NodeContext, split, qh: int, kh: int, k_transposed: bool)
     if kh:
         k = (k[0], kh, k[1], k[2] // kh)
     s_len = k[-1] if (k_transposed and not kh) else k[-2]
-    batch = torch.broadcast_shapes(tuple(q[:-2]), tuple(k[:-2]))
+    batch = broadcast_shapes(tuple(q[:-2]), tuple(k[:-2]))
     return math.prod(batch) * q[-2] * s_len * dtype.to_torch().itemsize
 
 

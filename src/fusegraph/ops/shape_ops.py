@@ -324,8 +324,8 @@ def _expand_splat(ctx: NodeContext, xs):
 def _expand(ctx: NodeContext):
     shape = const_ints(ctx, 1)
     if shape is None:
-        return lambda x, s: x.expand(torch.broadcast_shapes(x.shape, tuple(runtime_ints(s))))
-    return lambda x, *_: x.expand(torch.broadcast_shapes(x.shape, tuple(shape)))
+        return lambda x, s: x.expand(broadcast_shapes(x.shape, tuple(runtime_ints(s))))
+    return lambda x, *_: x.expand(broadcast_shapes(x.shape, tuple(shape)))
 
 
 def _tile_infer(ctx: NodeContext):

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from ..ir import Graph, Value
+from ..ir.shape import broadcast_shapes
 
 ShapeFn = Callable[[dict], tuple]     # {id(leaf): tensor} -> shape
 
@@ -72,7 +73,7 @@ def _derive(graph: Graph, v: Value, leaf_ok, memo: dict, depth: int):
     if op in BROADCAST and all(f is not None for f, u in zip(ins, node.inputs) if u is not None):
         parts = [f for f in ins if f is not None]
         fns = [f for f, _ in parts]
-        return (lambda env: tuple(torch.broadcast_shapes(*(f(env) for f in fns)))), _leaves(parts)
+        return (lambda env: tuple(broadcast_shapes(*(f(env) for f in fns)))), _leaves(parts)
     if op == ("", "Gather") and len(ins) == 2 and None not in ins and v is node.outputs[0]:
         (data, _), (idx, _) = ins
         axis = int(node.attrs.get("axis", 0))
