@@ -2,6 +2,8 @@
 at the same time overlap, offsets are aligned, the arena is never below the lower bound, the
 best-of result is no worse than any single algorithm, and the exact solver is no worse still."""
 import json
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -104,6 +106,40 @@ def test_milp_fallback_agrees_with_cpsat_on_a_small_case():
     check_assignment(buffers, offsets, c)
     assert proven
     assert memory.arena_of(buffers, offsets) == plan(buffers, c).arena_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(max_buffers=10, max_step=12))
+def test_cpsat_wrappers_agree_with_cp_model(problem):
+    """The text-format model solved through ortools' C++ wrappers reaches the optimum that its
+    ``cp_model`` module (the path before ortools 9.12) proves, in a valid packing."""
+    pytest.importorskip("ortools")
+    from fusegraph.plan import exact as ex
+    buffers, c = problem
+    c = Constraints(alignment=c.alignment, exclusive=c.exclusive, exact_time_limit_s=5.0)
+    live = [i for i, b in enumerate(buffers) if b.size > 0]
+    if not live:
+        return
+    adj = memory.conflicts(buffers, c)
+    hint = memory.plan(buffers, c, algorithms=HEURISTICS).offsets
+    wrapped, reference = ex._cpsat(buffers, c, adj, live, hint), ex._cpsat_model(buffers, c, live, hint)
+    assert wrapped is not None and reference is not None
+    check_assignment(buffers, wrapped[0], c)
+    if wrapped[1] and reference[1]:
+        assert memory.arena_of(buffers, wrapped[0], c.alignment) == memory.arena_of(buffers, reference[0], c.alignment)
+
+
+def test_exact_solver_imports_no_pandas():
+    """ortools' ``cp_model`` imports pandas (~30 MiB private for the process's life); the
+    planner builds its model without it."""
+    pytest.importorskip("ortools")
+    code = ("import sys\n"
+            "from fusegraph.plan.memory import Buffer, Constraints, exact\n"
+            "b = [Buffer('A', 128, ((0, 1),)), Buffer('B', 192, ((1, 2),)), Buffer('C', 64, ((0, 2),))]\n"
+            "assert exact(b, Constraints(exact_time_limit_s=2.0)) is not None\n"
+            "print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
 
 
 def test_conflict_graph_exports_as_json():

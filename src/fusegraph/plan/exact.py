@@ -1,9 +1,10 @@
 """Exact offset assignment for small problems, with a time limit.
 
 Offsets are counted in alignment units, so the model is a strip packing with fixed x (time
-spans) and free y (offset): OR-Tools CP-SAT's ``NoOverlap2D`` when ``ortools`` is installed,
-else a big-M MILP through ``scipy.optimize.milp`` (HiGHS) for the smallest cases. Both are
-optional: with neither, ``solve_exact`` returns None and the heuristics' result stands.
+spans) and free y (offset): OR-Tools CP-SAT's ``NoOverlap2D`` when ``ortools`` is installed
+(built as a text-format model through its C++ wrappers: its ``cp_model`` module imports
+pandas, ~30 MiB of private memory for the rest of the process), else a big-M MILP through
+``scipy.optimize.milp`` (HiGHS) for the smallest cases. Both are optional: with neither, ``solve_exact`` returns None and the heuristics' result stands.
 A heuristic solution seeds the search (hint / upper bound), so the result is never worse.
 """
 from __future__ import annotations
@@ -49,6 +50,64 @@ def _bounds(buffers, constraints, live, hint):
 
 
 def _cpsat(buffers, constraints, adj, live, hint):
+    try:
+        from ortools.sat.python import cp_model_helper as cmh
+        cmh.CpModelProto, cmh.SolveWrapper, cmh.SatParameters   # noqa: B018 - ortools >= 9.12's wrappers
+    except (ImportError, AttributeError):
+        return _cpsat_model(buffers, constraints, live, hint)
+    unit, sizes, upper, lower, horizon = _bounds(buffers, constraints, live, hint)
+    model = cmh.CpModelProto()
+    if not model.parse_text_format(_cpsat_text(buffers, constraints, live, hint, unit, sizes, upper, lower, horizon)):
+        return None
+    params = cmh.SatParameters()
+    params.max_time_in_seconds = float(constraints.exact_time_limit_s)
+    params.num_workers = 1
+    params.random_seed = 0
+    solver = cmh.SolveWrapper()
+    solver.set_parameters(params)
+    response = solver.solve(model)
+    if response.status not in (cmh.CpSolverStatus.OPTIMAL, cmh.CpSolverStatus.FEASIBLE):
+        return None
+    values = list(response.solution)
+    offsets = {b.name: 0 for b in buffers}
+    for k, i in enumerate(live):
+        offsets[buffers[i].name] = int(values[1 + k]) * unit
+    return offsets, response.status == cmh.CpSolverStatus.OPTIMAL
+
+
+def _cpsat_text(buffers, constraints, live, hint, unit, sizes, upper, lower, horizon) -> str:
+    """The strip packing as a ``CpModelProto`` in protobuf text format, made of integers only:
+    variable 0 is the arena top, 1 + k the offset of ``live[k]``; one offset interval per buffer,
+    one fixed time interval per span of it, ``NoOverlap2D`` over the pairs, ``y + size <= top``,
+    minimise ``top``."""
+    lines = [f"variables {{ domain: [{lower}, {upper}] }}"]
+    lines += [f"variables {{ domain: [0, {max(0, upper - sizes[i])}] }}" for i in live]
+    xs, y_boxes = [], []
+    for k, i in enumerate(live):
+        v, size = 1 + k, sizes[i]
+        lines.append(f"constraints {{ interval {{ start {{ vars: {v} coeffs: 1 }} "
+                     f"end {{ vars: {v} coeffs: 1 offset: {size} }} size {{ offset: {size} }} }} }}")
+    for k, i in enumerate(live):
+        b = buffers[i]
+        spans = ((0, horizon - 1),) if b.name in constraints.exclusive else b.spans
+        for s, e in spans:
+            xs.append(len(live) + len(xs))
+            y_boxes.append(k)
+            lines.append(f"constraints {{ interval {{ start {{ offset: {s} }} end {{ offset: {e + 1} }} "
+                         f"size {{ offset: {e - s + 1} }} }} }}")
+    lines.append(f"constraints {{ no_overlap_2d {{ x_intervals: {xs} y_intervals: {y_boxes} }} }}")
+    for k, i in enumerate(live):
+        lines.append(f"constraints {{ linear {{ vars: [{1 + k}, 0] coeffs: [1, -1] "
+                     f"domain: [{-(1 << 62)}, {-sizes[i]}] }} }}")
+    lines.append("objective { vars: [0] coeffs: [1] }")
+    if hint is not None:
+        hv = [1 + k for k in range(len(live))]
+        lines.append(f"solution_hint {{ vars: {hv} values: {[hint[buffers[i].name] // unit for i in live]} }}")
+    return "\n".join(lines)
+
+
+def _cpsat_model(buffers, constraints, live, hint):
+    """The same model through ``cp_model`` (ortools before 9.12; it imports pandas)."""
     from ortools.sat.python import cp_model
 
     unit, sizes, upper, lower, horizon = _bounds(buffers, constraints, live, hint)

@@ -56,7 +56,7 @@ class Backend:
         """Process-level set-up before binding (CPU: the host-memory policy)."""
 
     def settle(self) -> None:
-        """After one-off work (binding, a loaded model's first run): release what it freed."""
+        """After binding's one-off work (probe runs, packing): release what it freed."""
 
     def export_state(self, graph) -> dict:
         return {}

@@ -11,9 +11,8 @@ process-wide — the host program's allocations follow the same thresholds — a
 compile's freed memory resident, so it runs only when ``Config(keep_freed_memory=True)``
 asks (the CPU backend's planned kernels allocate nothing per run).
 No-op (returns False) off glibc. ``release_free_memory()`` (``malloc_trim``) hands what is
-free now back to the OS: after binding and after a loaded model's first run, whose one-off
-work (probe runs, compiling, the check of a lazily compiled graph) frees more than a run
-reuses.
+free now back to the OS, after binding, whose one-off work (the layout probe, packing the
+weights) frees more than a run reuses.
 """
 from __future__ import annotations
 

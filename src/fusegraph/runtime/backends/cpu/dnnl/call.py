@@ -13,7 +13,8 @@ memory object, or, when its layout differs, copied into a staging buffer of the 
 layout that the slot keeps for its life (a graph input in NCHW for a channels-last
 convolution; ``converted`` counts such copies). An output view with other strides gets a
 scratch result copied into it. Without ``out`` (probe and debug runs, memory "off") the
-kernel allocates its result in the layout it was made for.
+kernel allocates its result in the layout it was made for, and keeps no reference to that
+call's tensors (the bind-time probe's would otherwise stay alive until the first run).
 
 ``prefill``: the input that a ``sum`` post-op accumulates onto; it lives in the output's
 bytes when the planner put the output in place over it, else it is copied there first.
@@ -173,4 +174,6 @@ class DnnlKernel:
             target = copy_to
         if self.after is not None:
             self.after(target, ts)
+        if fresh:                                 # a probe's tensors: not kept alive until the next call
+            cur[:] = [None] * len(cur)
         return target
