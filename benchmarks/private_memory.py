@@ -8,14 +8,17 @@ median of runs 6..20 (ms; a fresh process each, so for latency ratios prefer ``f
 bench``, which alternates engines in one process), RssAnon after 20 runs minus after import
 (MiB), and RssFile beside it (file-backed pages: a memory map counts there, not in RssAnon).
 2 threads. ``--extra`` adds ONNX files (random weights already) by path: the BERT / GPT-2 /
-MobileNetV2 exports of ``tests/model_builders.py``.
+MobileNetV2 exports of ``tests/model_builders.py``. ``--repeat N`` (default 3) measures each
+engine N times, the engines taking turns, and gives each column's median: one fresh process
+is one sample, and a load of tens of milliseconds moves by a third from one to the next.
 
-    python benchmarks/private_memory.py [--models squeezenet,resnet50] [--engines compile,load,ort] [--extra a.onnx]
+    python benchmarks/private_memory.py [--models squeezenet,resnet50] [--engines compile,load,ort] [--extra a.onnx] [--repeat 3]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,6 +80,7 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default=",".join(zoo.LIGHT_MODELS))
     ap.add_argument("--engines", default="compile,load,ort")
     ap.add_argument("--extra", default="", help="ONNX files to add, comma-separated")
+    ap.add_argument("--repeat", type=int, default=3, help="fresh processes per engine and model (median)")
     args = ap.parse_args(argv)
     engines = args.engines.split(",")
     print("| model | " + " | ".join(f"{e} build s | {e} first ms | {e} run ms | {e} RssAnon MiB | {e} RssFile MiB"
@@ -95,9 +99,13 @@ def main(argv=None) -> None:
             fgm = str(Path(tmp) / f"{name}.fgm")
             if "load" in engines:
                 fg.compile(onnx_path, config=fg.Config(threads=2)).save(fgm)
+            samples = {e: [] for e in engines}
+            for _ in range(args.repeat):
+                for e in engines:
+                    samples[e].append(measure(e, fgm if e == "load" else onnx_path))
             cells = []
             for e in engines:
-                r = measure(e, fgm if e == "load" else onnx_path)
+                r = {k: statistics.median(x[k] for x in samples[e]) for k in samples[e][0]}
                 cells += [f"{r['build_s']:.3f}", f"{r['first_ms']:.1f}", f"{r['run_ms']:.2f}", f"{r['anon']:.0f}",
                           f"{r['file']:.0f}"]
             print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
