@@ -22,7 +22,7 @@ def _export(module, args, names, path: Path) -> Path:
     return path
 
 
-def build_transformer_models(folder: Path) -> dict[str, Path]:
+def build_transformer_models(folder: Path, layers: int = 2) -> dict[str, Path]:
     import torch
     from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
 
@@ -36,10 +36,10 @@ def build_transformer_models(folder: Path) -> dict[str, Path]:
         def forward(self, input_ids, attention_mask):
             return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    bert = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=768, num_hidden_layers=2,
+    bert = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=768, num_hidden_layers=layers,
                                 num_attention_heads=12, intermediate_size=3072,
                                 max_position_embeddings=128)).eval()
-    gpt2 = GPT2Model(GPT2Config(vocab_size=VOCAB, n_embd=768, n_layer=2, n_head=12, n_positions=128,
+    gpt2 = GPT2Model(GPT2Config(vocab_size=VOCAB, n_embd=768, n_layer=layers, n_head=12, n_positions=128,
                                 use_cache=False)).eval()
     ids = torch.randint(0, VOCAB, (1, SEQ))
     mask = torch.ones(1, SEQ, dtype=torch.int64)

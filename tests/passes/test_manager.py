@@ -83,6 +83,29 @@ def test_fixed_point_cap_fails_loudly():
         PassManager([FixedPoint("g", [_Flip()], max_iterations=5)]).run(_graph())
 
 
+class _PeelOne:
+    """Removes one Relu of a chain per run, like a fold that frees the next link only once the
+    previous one is gone: a fixed point that needs as many iterations as the chain is long."""
+    name = "peel_one"
+
+    def run(self, graph):
+        relus = [n for n in graph.nodes if n.op_type == "Relu"]
+        if len(relus) < 2:
+            return PassResult(False)
+        first = relus[0]
+        first.outputs[0].replace_all_uses_with(first.inputs[0])
+        graph.remove(first)
+        return PassResult(True)
+
+
+def test_fixed_point_goes_past_the_cap_while_the_graph_shrinks():
+    nodes = [node("Relu", ["x" if i == 0 else f"r{i}"], f"r{i + 1}" if i < 11 else "y") for i in range(12)]
+    g = import_onnx(model(nodes, [("x", F, [2, 3])], ["y"]))
+    infer_graph(g)
+    PassManager([FixedPoint("g", [_PeelOne()], max_iterations=5)]).run(g)
+    assert [n.op_type for n in g.nodes] == ["Relu"]
+
+
 def test_verify_each_names_the_pass():
     with pytest.raises(PassError, match="pass 'breaker' left graph"):
         PassManager([_Break()], verify_each=True, infer=infer_node).run(_graph())

@@ -65,7 +65,11 @@ class PassOptions:
 
 @dataclass
 class FixedPoint:
-    """Run ``passes`` in order, again and again, until none of them changes the graph."""
+    """Run ``passes`` in order, again and again, until none of them changes the graph. Past
+    ``max_iterations`` it goes on only while each iteration removes nodes (a measure that cannot
+    fall forever, so the group still ends): a chain that folds one link per iteration (a deep
+    transformer's shape reads, one layer after another) converges; two rewrites that undo each
+    other do not, and are reported."""
     name: str
     passes: list
     max_iterations: int = 16
@@ -104,13 +108,18 @@ class PassManager:
         return stats
 
     def _run_group(self, graph: Graph, group: FixedPoint, stats: list[PassStat]) -> None:
-        for iteration in range(1, group.max_iterations + 1):
+        iteration = 0
+        while True:
+            iteration += 1
+            nodes = len(graph.nodes)
             changed = [p.name for p in group.passes
                        if self._run_one(graph, p, stats, {"group": group.name, "iteration": iteration})]
             if not changed:
                 return
+            if iteration >= group.max_iterations and len(graph.nodes) >= nodes:
+                break
         raise PassError(f"graph {graph.name!r}: fixed-point group {group.name!r} did not converge after "
-                        f"{group.max_iterations} iterations; still changing: {', '.join(changed)}. "
+                        f"{iteration} iterations; still changing: {', '.join(changed)}. "
                         f"Two rewrites probably undo each other; disable one with "
                         f"fg.Config(disabled_passes=(...,))")
 
