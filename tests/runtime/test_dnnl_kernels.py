@@ -440,6 +440,65 @@ def test_reduced_precision(precision, bound, net):
         assert [fast_of(c.kernel).prefill for c in calls].count(1) == 1     # the residual accumulated in place
 
 
+# --------------------------------------------------------------------------- elementwise chains
+
+BF16 = fg.Config(threads=2, precision="bf16")
+
+
+def _chain_net(relu=True, seed=21):
+    """1x1 convolution, Concat, a pre-activation BatchNorm (Mul / Add by per-channel constants,
+    as ONNX exports it after a Concat) and its ReLU, then a 1x1 convolution: under bf16 the
+    chain runs in bfloat16 (the last convolution stays float32 as the logits), and a NaN stays
+    at its pixel through the 1x1 convolutions."""
+    n1, i1 = conv("x", "c", "w1", 4, 8, 1, seed=seed)
+    chain = [node("Mul", ["cat", "bn_s"], "bn_m"), node("Add", ["bn_m", "bn_b"], "bn_a" if relu else "h")]
+    if relu:
+        chain.append(node("Relu", ["bn_a"], "h"))
+    n2, i2 = conv("h", "y", "w2", 16, 8, 1, seed=seed + 1)
+    inits = [const("bn_s", rnd(16, 1, 1, seed=seed + 2, scale=0.5)), const("bn_b", rnd(16, 1, 1, seed=seed + 3))]
+    return model(n1 + [node("Concat", ["c", "c"], "cat", axis=1)] + chain + n2, [("x", F, [1, 4, 6, 6])], ["y"],
+                 i1 + inits + i2, opset=17)
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_bf16_chain_as_one_binary_primitive(relu):
+    """The bfloat16 chain is one binary primitive with post-ops: within bf16 error of
+    onnxruntime's float32, and equal (float32 arithmetic, one rounding) to the op's own kernel."""
+    m = _chain_net(relu)
+    fast = fg.compile(m, BF16)
+    (c,) = dnnl_calls(fast, ("ElementwiseChain",))
+    assert c.node.outputs[0].dtype == fg.ir.DType.BFLOAT16 and c.node.outputs[0].layout == "nhwc"
+    assert (fast_of(c.kernel).after is None) == (fast_of(c.kernel).impl.startswith("jit:"))
+    portable = fg.compile(m, fg.Config(threads=2, precision="bf16", cpu_kernels="portable"))
+    feeds = {"x": rnd(1, 4, 6, 6)}
+    got = fast.run(feeds)["y"]
+    assert _rel_l2(got, ort_run(m, feeds)["y"]) < 2e-2
+    assert _rel_l2(got, portable.run(feeds)["y"]) < 1e-5
+
+
+def test_float32_chain_declines_with_reason():
+    cm = fg.compile(_chain_net(), CFG)
+    (c,) = [c for c in cm._executor.binding.calls if c.node.op_type == "ElementwiseChain"]
+    why = [d["reason"] for d in cm.report.kernels["declined"] if d["node"] == c.node.name]
+    assert why and "float32" in why[0] and not isinstance(fast_of(c.kernel), DnnlKernel)
+
+
+def test_bf16_chain_keeps_nan_and_infinities():
+    """ONNX's Relu(NaN) is NaN: oneDNN's relu post-op would give 0 (then the last convolution a
+    finite number at that pixel), so the chain's ReLU is the NaN-keeping form."""
+    m = _chain_net(seed=31)
+    cm = fg.compile(m, BF16)
+    dnnl_calls(cm, ("ElementwiseChain",))
+    x = rnd(1, 4, 6, 6)
+    x[0, 0, 1, 1], x[0, 2, 3, 4] = np.nan, np.inf
+    got, want = cm.run({"x": x})["y"], ort_run(m, {"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, :, 1, 1]).all()
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    assert _rel_l2(got[finite], want[finite]) < 2e-2
+
+
 # --------------------------------------------------------------------------- NaN / Inf, streams
 
 def test_exact_max_pool_propagates_nan_and_keeps_minus_inf():

@@ -28,7 +28,7 @@ class Decline:
 
 
 class Backend:
-    """The portable backend: every op's own kernel, no lowering, no state. Device backends
+    """The portable backend: every op's own kernel, no state. Device backends
     subclass it."""
 
     name = "portable"

@@ -4,7 +4,8 @@ a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
 ``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``;
-``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm), a
+``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``binary.py``:
+ElementwiseChain of per-channel affine steps), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
 not).
@@ -12,6 +13,7 @@ not).
 from __future__ import annotations
 
 from . import capi
+from .binary import chain_kernel
 from .conv import conv_kernel
 from .linear import linear_kernel
 from .layernorm import layer_norm_kernel
@@ -52,4 +54,6 @@ class DnnlKernels:
             return shuffle_kernel(ctx, self.resources)
         if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")):
             return layer_norm_kernel(ctx, opdef, self.resources)
+        if key == ("fusegraph", "ElementwiseChain"):
+            return chain_kernel(ctx, self.resources, exact)
         return None
