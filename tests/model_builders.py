@@ -243,3 +243,59 @@ def mobilenetv2_onnx(path, width: float = 1.0, num_classes: int = 1000, size: in
         torch.onnx.export(net, (torch.randn(1, 3, size, size),), str(path), opset_version=17, dynamo=False,
                           input_names=["x"], output_names=["logits"])
     return Path(path)
+
+
+def gpt2_kv_cache_onnx(path, layers: int = 2, hidden: int = 64, heads: int = 4):
+    """A GPT-2 LM step with its KV cache as graph inputs and outputs, exported with dynamic
+    sequence (``seq``), past (``past``) and total (``total``) lengths: inputs ``input_ids``,
+    ``attention_mask``, ``past_0..past_{2L-1}`` (key, value per layer, ``[1, heads, past,
+    hidden / heads]``); outputs ``logits``, ``present_0..``. Returns (path, the torch model)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.cache_utils import DynamicCache
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=hidden, n_layer=layers, n_head=heads,
+                                       n_positions=128)).eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = DynamicCache()
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                          **{cache_keyword(self.lm): cache})
+            return (out.logits, *cache_tensors(out))
+
+    past = [torch.randn(1, heads, 3, hidden // heads) for _ in range(2 * layers)]
+    args = (torch.randint(0, VOCAB, (1, 5)), torch.ones(1, 8, dtype=torch.int64), *past)
+    names = ["input_ids", "attention_mask"] + [f"past_{i}" for i in range(2 * layers)]
+    outputs = ["logits"] + [f"present_{i}" for i in range(2 * layers)]
+    axes = {"input_ids": {1: "seq"}, "attention_mask": {1: "total"}, "logits": {1: "seq"}}
+    axes.update({f"past_{i}": {2: "past"} for i in range(2 * layers)})
+    axes.update({f"present_{i}": {2: "total"} for i in range(2 * layers)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Step(model).eval(), args, str(path), opset_version=17, dynamo=False,
+                          input_names=names, output_names=outputs, dynamic_axes=axes)
+    return Path(path), model
+
+
+def cache_keyword(model) -> str:
+    """The forward keyword of a transformers model's KV cache (``cache`` from transformers 5.24,
+    ``past_key_values`` before)."""
+    import inspect
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def cache_tensors(output) -> list:
+    """[key_0, value_0, key_1, ...] of the cache a transformers forward returned."""
+    cache = getattr(output, "cache", None)
+    cache = cache if cache is not None else output.past_key_values
+    if hasattr(cache, "layers"):
+        return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return [t for k, v in zip(cache.key_cache, cache.value_cache) for t in (k, v)]
