@@ -299,3 +299,40 @@ def cache_tensors(output) -> list:
     if hasattr(cache, "layers"):
         return [t for layer in cache.layers for t in (layer.keys, layer.values)]
     return [t for k, v in zip(cache.key_cache, cache.value_cache) for t in (k, v)]
+
+
+def t5_decoder_step_onnx(path, layers: int = 2, hidden: int = 64, heads: int = 4):
+    """A T5 decoder step (decoder stack + LM head, no cache: the target so far re-run each
+    step, cross-attending to the encoder's states) exported with dynamic target (``tgt``) and
+    source (``src``) lengths: inputs ``decoder_input_ids``, ``encoder_hidden_states``,
+    ``encoder_attention_mask``; output ``logits``. Returns (path, the torch step module)."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=hidden, d_kv=hidden // heads, d_ff=4 * hidden,
+                                             num_layers=layers, num_decoder_layers=layers, num_heads=heads,
+                                             use_cache=False)).eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, decoder_input_ids, encoder_hidden_states, encoder_attention_mask):
+            h = self.model.decoder(input_ids=decoder_input_ids, encoder_hidden_states=encoder_hidden_states,
+                                   encoder_attention_mask=encoder_attention_mask, use_cache=False).last_hidden_state
+            if self.model.config.tie_word_embeddings:      # as T5ForConditionalGeneration scales it
+                h = h * self.model.model_dim ** -0.5
+            return self.model.lm_head(h)
+
+    step = Step(t5).eval()
+    args = (torch.randint(0, VOCAB, (1, 4)), torch.randn(1, 7, hidden), torch.ones(1, 7, dtype=torch.int64))
+    names = ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask"]
+    axes = {"decoder_input_ids": {1: "tgt"}, "encoder_hidden_states": {1: "src"}, "encoder_attention_mask": {1: "src"},
+            "logits": {1: "tgt"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(step, args, str(path), opset_version=17, dynamo=False, input_names=names,
+                          output_names=["logits"], dynamic_axes=axes)
+    return Path(path), step
