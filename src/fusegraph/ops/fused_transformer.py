@@ -238,11 +238,13 @@ def _sdpa(ctx: NodeContext):
     split = None if split is None else [int(n) for n in split]
 
     def composed(q, kt, v, mask, scores, out):
-        shape = tuple(broadcast_shapes(tuple(q.shape[:-2]), tuple(kt.shape[:-2]))) + (q.shape[-2], kt.shape[-1])
-        n = math.prod(shape)
-        if scores is not None and scores.numel() * scores.element_size() >= n * q.element_size():
-            s = torch.matmul(q, kt, out=scores.view(torch.uint8)[:n * q.element_size()].view(q.dtype).view(shape))
-        else:
+        s = None
+        if scores is not None:
+            shape = tuple(broadcast_shapes(tuple(q.shape[:-2]), tuple(kt.shape[:-2]))) + (q.shape[-2], kt.shape[-1])
+            nbytes = math.prod(shape) * q.element_size()
+            if scores.numel() * scores.element_size() >= nbytes:
+                s = torch.matmul(q, kt, out=scores.view(torch.uint8)[:nbytes].view(q.dtype).view(shape))
+        if s is None:
             s = torch.matmul(q, kt)
         if mask is None:
             if scale != 1.0:

@@ -266,15 +266,19 @@ def propagate(graph: Graph, m: float, weights: Weights | None = None) -> dict[in
     return facts
 
 
-def _guard_fact(node: Node, facts: dict[int, Fact], weights: Weights) -> Fact | None:
-    """The fact a guarded node's fast kernel needs finite, or None when the node is not guarded."""
-    op = node.op_type
-    if op == "MaxPool" and len(node.outputs) == 1:
+def _guarded(node: Node) -> bool:
+    """A node whose fast kernel differs from the exact one on NaN / Inf only."""
+    return (node.op_type == "MaxPool" and len(node.outputs) == 1) or \
+        (node.op_type in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS)
+
+
+def _guard_fact(node: Node, facts: dict[int, Fact], weights: Weights) -> Fact:
+    """The fact a guarded node's fast kernel needs finite: a max pool's input, a convolution's
+    or product's pre-activation."""
+    if node.op_type == "MaxPool":
         return facts.get(id(node.inputs[0]), UNKNOWN)
-    if op in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS:
-        ins = [facts.get(id(v), UNKNOWN) if v is not None else Fact(0.0) for v in node.inputs]
-        return _pre_activation(node, ins, weights)
-    return None
+    ins = [facts.get(id(v), UNKNOWN) if v is not None else Fact(0.0) for v in node.inputs]
+    return _pre_activation(node, ins, weights)
 
 
 def fast_limits(graph: Graph, absmax=None) -> dict[str, float]:
@@ -282,16 +286,14 @@ def fast_limits(graph: Graph, absmax=None) -> dict[str, float]:
     ``max |float input| <= M`` (``math.inf``: for every finite input, as far as the grid
     tells); ``absmax(value)``: a constant's largest magnitude (default: read off its tensor)."""
     weights = Weights(absmax)
-    guarded = [n for n in graph.nodes if n.op_type == "MaxPool" or
-               (n.op_type in ("FusedConv", "LinearAct") and str(n.attrs.get("activation", "")) in GUARDED_ACTS)]
+    guarded = [n for n in graph.nodes if _guarded(n)]
     limits: dict[str, float] = {}
     alive = {n.name for n in guarded}
     for m in GRID:
         if not alive:
             break
         facts = propagate(graph, m, weights)
-        ok = {n.name for n in guarded if n.name in alive and (f := _guard_fact(n, facts, weights)) is not None
-              and f.finite}
+        ok = {n.name for n in guarded if n.name in alive and _guard_fact(n, facts, weights).finite}
         for name in ok:
             limits[name] = m
         alive = ok

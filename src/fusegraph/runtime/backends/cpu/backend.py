@@ -40,7 +40,7 @@ from .dnnl.weights import WeightStore
 
 KERNEL_CHOICES = ("auto", "onednn", "portable")
 _PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py)
-    ("fusegraph", "ScaledDotProductAttention"): lambda ctx, opdef, ws: attention_kernel(ctx, opdef, ws),
+    ("fusegraph", "ScaledDotProductAttention"): attention_kernel,
     ("", "Gather"): lambda ctx, opdef, ws: embedding_kernel(ctx),
 }
 FORM_KEY = "dnnl"      # the packed-form key of this backend's weights in an artifact

@@ -1,9 +1,8 @@
 """Workspace memory the CPU backend's kernels share: one buffer per thread that runs them, as
 large as the largest any bound kernel asked for (``need``, at bind time), made at its first
 use and kept for the model's life. A model's runs are serialised on its lock and each stream
-worker is one thread, so no two kernels use a thread's buffer at once. Reported as
-``report.memory``'s kernel workspace, beside the arena: planned once, allocated once, never
-per run.
+worker is one thread, so no two kernels use a thread's buffer at once: planned once,
+allocated once per thread, never per run.
 """
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ class Workspace:
     def __init__(self):
         self.bytes = 0
         self._local = threading.local()
-        self._held: list[torch.Tensor] = []
 
     def need(self, nbytes: int) -> None:
         self.bytes = max(self.bytes, int(nbytes))
@@ -27,9 +25,4 @@ class Workspace:
         if buf is None or buf.numel() < self.bytes:
             with torch.inference_mode(False):
                 buf = self._local.buf = torch.empty(max(self.bytes, 1), dtype=torch.uint8)
-            self._held.append(buf)
         return buf
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(b.numel() for b in self._held)

@@ -130,7 +130,6 @@ _SIGNATURES = {   # name -> (restype, argtypes)
         C.c_int, [_P(vp), vp, C.c_int, vp, vp, vp, C.c_float, C.c_uint, vp]),
     "dnnl_concat_primitive_desc_create": (C.c_int, [_P(vp), vp, vp, C.c_int, C.c_int, _P(vp), vp]),
     "dnnl_reduction_primitive_desc_create": (C.c_int, [_P(vp), vp, C.c_int, vp, vp, C.c_float, C.c_float, vp]),
-    "dnnl_shuffle_forward_primitive_desc_create": (C.c_int, [_P(vp), vp, C.c_int, vp, vp, C.c_int, C.c_int64, vp]),
     "dnnl_get_effective_cpu_isa": (C.c_int, []),
 }
 

@@ -35,7 +35,7 @@ from ..threading_policy import PARALLEL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .capi import Dims
-from .layouts import channels_last, contiguous, static_shape, strides_of
+from .layouts import channels_last, contiguous, dtype_of, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops
 
@@ -88,7 +88,7 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
         return Decline("weights or bias are not constant CPU tensors", "dnnl")
     if xs is None or ys is None or len(xs) != 4 or w.dim() != 4:
         return Decline("needs a 2-D convolution with static shapes", "dnnl")
-    dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
+    dtype = dtype_of(x_v)
     if dtype not in TYPES or w.dtype != dtype or y_v.dtype.to_torch() != dtype:
         return Decline(f"needs float32, bfloat16 or float16 data and weights (got {dtype}, {w.dtype})", "dnnl")
     if z_v is not None and (static_shape(z_v) != ys or z_v.dtype is None):

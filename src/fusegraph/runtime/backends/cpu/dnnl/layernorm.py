@@ -67,7 +67,7 @@ def layer_norm_kernel(ctx, opdef, resources):
     inner = DnnlKernel(prim, [src_slot], out_slot, [p for p in params if p is not None], resources, (0,),
                        keep=keep)
     both = skip and len(node.outputs) == 2
-    return _SkipLayerNorm(inner, portable, skip, both) if skip else _LayerNorm(inner, portable)
+    return _SkipLayerNorm(inner, portable, both) if skip else _LayerNorm(inner, portable)
 
 
 class _LayerNorm:
@@ -78,9 +78,11 @@ class _LayerNorm:
     def __init__(self, inner: DnnlKernel, portable):
         self.inner, self.portable, self.impl = inner, portable, inner.impl
 
-    def _exact(self, y, args):
+    def _exact(self, y, args, first: bool = False):
+        """``first``: the op's kernel returns (y, s); y is its first output."""
         if not math.isfinite(float(y.sum())):
-            y.copy_(self.portable(*args))
+            got = self.portable(*args)
+            y.copy_(got[0] if first else got)
 
     def __call__(self, x, gamma=None, beta=None, out=None):
         y = self.inner(x, out=out)
@@ -89,7 +91,7 @@ class _LayerNorm:
 
 
 class _SkipLayerNorm(_LayerNorm):
-    def __init__(self, inner, portable, skip: bool, both: bool):
+    def __init__(self, inner, portable, both: bool):
         super().__init__(inner, portable)
         self.both = both
 
@@ -99,7 +101,5 @@ class _SkipLayerNorm(_LayerNorm):
         y, s = (out[0], out[1]) if self.both else (out, out)
         torch.add(a, b, out=s)
         self.inner(s, out=y)                # in place over s when the node has one output
-        if not math.isfinite(float(y.sum())):
-            got = self.portable(a, b, gamma, beta)
-            y.copy_(got[0] if self.both else got)
+        self._exact(y, (a, b, gamma, beta), first=self.both)
         return (y, s) if self.both else y

@@ -27,6 +27,11 @@ def channels_last(shape) -> tuple[int, ...]:
     return tuple(strides)
 
 
+def dtype_of(value):
+    """The torch dtype of an IR value, or None when it has none."""
+    return value.dtype.to_torch() if value.dtype is not None else None
+
+
 def static_shape(value) -> tuple[int, ...] | None:
     s = value.shape if value is not None else None
     if s is None or not all(isinstance(d, int) for d in s):

@@ -21,7 +21,7 @@ from ...protocol import Decline
 from ..threading_policy import SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
-from .layouts import contiguous, static_shape, strides_of
+from .layouts import contiguous, dtype_of, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops
 
@@ -45,7 +45,7 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
         return Decline("weight or bias is not a constant 2-D / 1-D tensor", "dnnl")
     if xs is None or ys is None or len(xs) < 1:
         return Decline("needs static shapes", "dnnl")
-    dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
+    dtype = dtype_of(x_v)
     if dtype not in TYPES or w.dtype != dtype or y_v.dtype.to_torch() != dtype:
         return Decline(f"needs float32, bfloat16 or float16 data and weight (got {dtype}, {w.dtype})", "dnnl")
     compute = torch.float32 if dtype == torch.float16 else dtype    # float16: stored, not computed

@@ -14,7 +14,7 @@ import torch
 from ...protocol import Decline
 from . import capi
 from .call import DnnlKernel, Slot
-from .layouts import static_shape, strides_of
+from .layouts import dtype_of, static_shape, strides_of
 from .memory import MemDesc
 from .primitive import Attr, create
 
@@ -25,7 +25,7 @@ def lrn_kernel(ctx, resources):
     node = ctx.node
     x_v, y_v = node.inputs[0], node.outputs[0]
     xs = static_shape(x_v)
-    dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
+    dtype = dtype_of(x_v)
     size = int(ctx.attr("size"))
     if xs is None or len(xs) != 4 or dtype not in TYPES or static_shape(y_v) != xs:
         return Decline("needs a 4-D float32 / bfloat16 input of static shape", "dnnl")

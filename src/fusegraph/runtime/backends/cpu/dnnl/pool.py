@@ -25,7 +25,7 @@ from . import capi
 from .call import DnnlKernel, Slot
 from ..threading_policy import threads_for
 from .capi import Dims
-from .layouts import channels_last, contiguous, static_shape, strides_of
+from .layouts import channels_last, contiguous, dtype_of, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import Attr, create
 
@@ -56,7 +56,7 @@ def pool_kernel(ctx, opdef, resources, exact: bool = True):
         return Decline("MaxPool with indices", "dnnl")
     x_v, y_v = node.inputs[0], node.outputs[0]
     xs, ys = static_shape(x_v), static_shape(y_v)
-    dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
+    dtype = dtype_of(x_v)
     if xs is None or ys is None or len(xs) != 4 or dtype not in TYPES:
         return Decline("needs a 2-D float32 / bfloat16 pool with static shapes", "dnnl")
     geo = _geometry(ctx, kind, xs, ys)

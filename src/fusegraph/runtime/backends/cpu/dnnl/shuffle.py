@@ -14,7 +14,7 @@ import torch
 from ...protocol import Decline
 from . import capi
 from .call import DnnlKernel, Slot
-from .layouts import static_shape, strides_of
+from .layouts import dtype_of, static_shape, strides_of
 from .memory import MemDesc
 from .primitive import Attr, Primitive
 
@@ -32,7 +32,7 @@ def shuffle_kernel(ctx, resources):
     node = ctx.node
     x_v, y_v = node.inputs[0], node.outputs[0]
     xs = static_shape(x_v)
-    dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
+    dtype = dtype_of(x_v)
     g = int(ctx.attr("groups"))
     if xs is None or len(xs) < 2 or static_shape(y_v) != xs or dtype not in (torch.float32, torch.bfloat16):
         return Decline("needs a float32 / bfloat16 input of static shape", "dnnl")
