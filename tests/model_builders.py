@@ -22,7 +22,8 @@ def _export(module, args, names, path: Path) -> Path:
     return path
 
 
-def build_transformer_models(folder: Path, layers: int = 2) -> dict[str, Path]:
+def build_transformer_models(folder: Path, layers: int = 2, positions: int = 128) -> dict[str, Path]:
+    """BERT- and GPT-2-style exports with dynamic (batch, seq) axes, sequences up to ``positions``."""
     import torch
     from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
 
@@ -38,8 +39,8 @@ def build_transformer_models(folder: Path, layers: int = 2) -> dict[str, Path]:
 
     bert = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=768, num_hidden_layers=layers,
                                 num_attention_heads=12, intermediate_size=3072,
-                                max_position_embeddings=128)).eval()
-    gpt2 = GPT2Model(GPT2Config(vocab_size=VOCAB, n_embd=768, n_layer=layers, n_head=12, n_positions=128,
+                                max_position_embeddings=positions)).eval()
+    gpt2 = GPT2Model(GPT2Config(vocab_size=VOCAB, n_embd=768, n_layer=layers, n_head=12, n_positions=positions,
                                 use_cache=False)).eval()
     ids = torch.randint(0, VOCAB, (1, SEQ))
     mask = torch.ones(1, SEQ, dtype=torch.int64)

@@ -76,6 +76,17 @@ def test_bench_command_prints_json(small_model, capsys):
     assert out["runs"] == 3 and out["threads"] == 1 and "onnxruntime" in out["ratios"]
 
 
+def test_bench_runs_a_dynamic_model_at_the_sizes_given(tmp_path, capsys):
+    from test_knobs import knob_model
+    onnx.save(knob_model("N"), tmp_path / "dyn.onnx")
+    assert main(["bench", str(tmp_path / "dyn.onnx"), "--dim", "N=3", "--runs", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["shapes"] == {"x": [3, 8, 16, 16]}
+    assert bench(str(tmp_path / "dyn.onnx"), vs=(), threads=1, runs=3, warmup=1, dims={"N": 2}).shapes["x"][0] == 2
+    with pytest.raises(UsageError, match="no input has a symbolic dim named 'seq'"):
+        bench(str(tmp_path / "dyn.onnx"), vs=(), runs=3, dims={"seq": 3})
+
+
 def test_bench_rejects_an_unknown_peer_and_an_artifact_peer(small_model, tmp_path):
     with pytest.raises(UsageError, match="unknown peer"):
         bench(str(small_model), vs=("tensorrt",), runs=1, warmup=0)

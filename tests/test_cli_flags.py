@@ -88,6 +88,7 @@ WALK = {
     ("bench", "--vs"): (["--vs", "onnxruntime"], lambda b, p, t: "onnxruntime" in p and "onnxruntime" not in b),
     ("bench", "--threads"): (["--threads", "1"], lambda b, p, t: "1 threads" in p and "1 threads" not in b),
     ("bench", "--runs"): (["--runs", "4"], lambda b, p, t: "median of 4 runs" in p),
+    ("bench", "--dim"): (["--dim", "N=2"], REFUSED),   # m.onnx has no symbolic dim: test_bench.py runs one
     ("bench", "--json"): (["--json"], lambda b, p, t: json.loads(p)["runs"] == 3),
     ("compare", "--level"): (["--level", "O1"], lambda b, p, t: "(O1)" in p and "(O1)" not in b),
     ("compare", "--threads"): (["--threads", "1"], lambda b, p, t: "1 thread(s)" in p),

@@ -22,9 +22,10 @@ from fusegraph.runtime.backends.cpu import host_memory
 REFUSED = "refused"
 
 
-def knob_model():
+def knob_model(batch: int | str = 1):
     """Two conv branches (streams, kernels), a duplicated Relu (CSE), a foldable constant
-    product (folding), ``c * 0 + c`` (fast math), a ConstantOfShape (broadcast folding)."""
+    product (folding), ``c * 0 + c`` (fast math), a ConstantOfShape (broadcast folding);
+    ``batch``: the input's and output's dim 0 (a name: symbolic)."""
     rng = np.random.default_rng(0)
     w1, w2 = (numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32), n)
               for n in ("w1", "w2"))
@@ -48,8 +49,8 @@ def knob_model():
                     value=numpy_helper.from_array(np.array([1.0], np.float32))),
         H.make_node("Add", ["e", "ones"], ["y"], name="plus_ones"),
     ]
-    g = H.make_graph(nodes, "knobs", [H.make_tensor_value_info("x", T.FLOAT, [1, 8, 16, 16])],
-                     [H.make_tensor_value_info("y", T.FLOAT, [1, 8, 16, 16])], [w1, w2, k, two, zero, shape])
+    g = H.make_graph(nodes, "knobs", [H.make_tensor_value_info("x", T.FLOAT, [batch, 8, 16, 16])],
+                     [H.make_tensor_value_info("y", T.FLOAT, [batch, 8, 16, 16])], [w1, w2, k, two, zero, shape])
     return H.make_model(g, opset_imports=[H.make_opsetid("", 17)])
 
 
@@ -146,6 +147,8 @@ PROBES = {
     "accuracy_budget": (1e-6, None),   # special-cased below: two_conv_model
     "cuda_graph": (True, REFUSED if not torch.cuda.is_available() else None),
     "keep_freed_memory": (True, None),    # special-cased below: host_memory is touched only then
+    "shape_cache": (0, None),            # special-cased below: a model with a symbolic batch
+    "dynamic_batch": (True, lambda d, p: p.specializations is not None and d.specializations is None),
     "cpu_kernels": ("portable", lambda d, p: set(p.report.kernels["implementations"]) == {"portable"}
                     and set(d.report.kernels["implementations"]) != {"portable"}),
 }
@@ -177,6 +180,12 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
                         for b in (1e-2, 1e-6))
         assert _reduced(loose) == 1 and _reduced(tight) == 0
         assert [k["node"] for k in tight.report.precision["auto"]["kept_fp32"]] == ["conv_a"]
+        return
+    if field == "shape_cache":      # 0: the symbolic-batch model runs its shape-generic kernels
+        x = {"x": np.random.default_rng(1).standard_normal((3, 8, 16, 16)).astype(np.float32)}
+        per_shape, generic = (fg.compile(knob_model("N"), config=fg.Config(shape_cache=n)) for n in (8, 0))
+        np.testing.assert_allclose(per_shape.run(x)["y"], generic.run(x)["y"], rtol=1e-4, atol=1e-5)
+        assert generic.specializations is None and len(per_shape.specializations) == 1
         return
     if changed is None:
         pytest.skip(f"{field}: needs a CUDA device")

@@ -27,6 +27,7 @@ class BenchResult:
     fusegraph_ms: float
     peers_ms: dict[str, float] = field(default_factory=dict)
     kernels: int = 0
+    shapes: dict[str, list[int]] = field(default_factory=dict)    # the inputs' shapes it ran at
 
     def ratio(self, peer: str) -> float:
         return self.fusegraph_ms / self.peers_ms[peer]
@@ -37,12 +38,21 @@ class BenchResult:
         return d
 
 
-def random_feeds_for(model, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
-    """Random inputs matching ``model.inputs``; symbolic dims become ``batch`` (first) or 1."""
+def random_feeds_for(model, seed: int = 0, batch: int = 1, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs matching ``model.inputs``; a symbolic dim named in ``dims`` takes that
+    size, the others ``batch`` (first) or 1. A name in ``dims`` that no input has is a
+    UsageError."""
+    dims = dict(dims or {})
+    named = {d for spec in model.inputs for d in (spec.shape or ()) if isinstance(d, str)}
+    unknown = sorted(set(dims) - named)
+    if unknown:
+        raise UsageError(f"{getattr(model, 'name', 'the model')}: no input has a symbolic dim named {', '.join(map(repr, unknown))}; its "
+                         f"symbolic dims are {sorted(named) or 'none'}")
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in model.inputs:
-        shape = [d if isinstance(d, int) else (batch if i == 0 else 1) for i, d in enumerate(spec.shape or ())]
+        shape = [d if isinstance(d, int) else dims.get(d, batch if i == 0 else 1)
+                 for i, d in enumerate(spec.shape or ())]
         dt = spec.dtype.to_numpy()
         if np.issubdtype(dt, np.floating):
             feeds[spec.name] = rng.standard_normal(shape).astype(dt)
@@ -101,7 +111,9 @@ def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: 
 
 
 def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int = 2, runs: int = 30,
-          warmup: int = 5, config=None) -> BenchResult:
+          warmup: int = 5, config=None, dims: dict[str, int] | None = None) -> BenchResult:
+    """``dims``: sizes of named symbolic input dims (``{"seq": 128}``): a model with dynamic axes
+    runs its compile at those shapes (``specialize.py``), made in the warm-up."""
     import fusegraph as fg
 
     config = (config or fg.Config()).replace(threads=threads)
@@ -109,7 +121,7 @@ def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int 
     if is_artifact and vs:
         raise UsageError(f"{model_path}: peers ({', '.join(vs)}) run the .onnx model, not an .fgm artifact")
     model = fg.load(model_path, threads=threads) if is_artifact else fg.compile(model_path, config)
-    feeds = random_feeds_for(model)
+    feeds = random_feeds_for(model, dims=dims)
     runners: dict[str, Callable[[], object]] = {"fusegraph": lambda: model.run(feeds)}
     for peer in vs:
         if peer == "onnxruntime":
@@ -121,5 +133,7 @@ def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int 
             raise UsageError(f"unknown peer {peer!r}; choose onnxruntime or torch")
     samples = alternate(runners, runs=runs, warmup=warmup)
     med = {k: statistics.median(v) for k, v in samples.items()}
+    ran = model.specializations.model_for(feeds) if model.specializations is not None else None
     return BenchResult(model=str(model_path), threads=threads, runs=runs, fusegraph_ms=med.pop("fusegraph"),
-                       peers_ms=med, kernels=model.report.kernel_count)
+                       peers_ms=med, kernels=(ran or model).report.kernel_count,
+                       shapes={k: list(v.shape) for k, v in feeds.items()})

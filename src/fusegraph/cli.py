@@ -109,6 +109,13 @@ def _threads_arg(text: str) -> int:
     return n
 
 
+def _dim_arg(text: str) -> tuple[str, int]:
+    name, sep, size = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=SIZE (a symbolic dim and its size), got {text!r}")
+    return name, _positive_int(size, f"a positive size for dim {name!r}")
+
+
 def _positive_int(text: str, what: str = "a positive integer") -> int:
     try:
         n = int(text)
@@ -245,12 +252,14 @@ def cmd_bench(args) -> int:
             raise UsageError(f"{args.model}: --precision and --op-precision apply when compiling a model; an "
                              f".fgm artifact is already compiled (recompile the .onnx model instead)")
         config = _config(args)
-    result = bench(args.model, vs=tuple(args.vs or ()), threads=args.threads, runs=args.runs, config=config)
+    result = bench(args.model, vs=tuple(args.vs or ()), threads=args.threads, runs=args.runs, config=config,
+                   dims=dict(args.dim or ()))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
     prec = f", {config.precision} precision" if config is not None else ""
     print(f"{result.model}: {result.threads} threads{prec}, median of {result.runs} runs, {result.kernels} kernels")
+    print("  inputs " + ", ".join(f"{k} {v}" for k, v in result.shapes.items()))
     print(f"  fusegraph   {result.fusegraph_ms:9.2f} ms")
     for peer, ms in result.peers_ms.items():
         print(f"  {peer:<11} {ms:9.2f} ms   ratio fusegraph/{peer} = {result.ratio(peer):.3f}")
@@ -360,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vs", action="append", choices=["onnxruntime", "torch"], help="peer (repeatable)")
     p.add_argument("--threads", type=_threads_arg, default=min(2, _cores()))
     p.add_argument("--runs", type=_positive_int, default=30, help="timed runs per engine (at least 30 advised)")
+    p.add_argument("--dim", action="append", type=_dim_arg, metavar="NAME=SIZE",
+                   help="size of a symbolic input dim, e.g. seq=128 (repeatable; others: batch 1, else 1)")
     p.add_argument("--json", action="store_true")
     precision_flags(p)
     p.set_defaults(func=cmd_bench)

@@ -31,6 +31,9 @@ from .plan.memory_plan import PlanOptions, plan_memory
 from .runtime.bind import kernel_summary
 from .runtime.executor import Executor
 from .runtime.threads import intra_op_threads
+from .ir.serialize import copy_graph
+from .runtime.backends.cpu.dnnl.weights import SharedForms
+from .specialize import ShapeSpecializations, specialization_kind
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -76,8 +79,9 @@ def _device(config: Config) -> str:
 
 class CompiledModel:
     def __init__(self, graph: Graph, config: Config, report: CompileReport, plan: ExecutionPlan | None = None,
-                 strides: dict | None = None, backend_state: dict | None = None):
+                 strides: dict | None = None, backend_state: dict | None = None, shared_forms=None):
         self.graph = graph
+        self.specializations: ShapeSpecializations | None = None   # per-shape compiles (compile() sets it)
         self.config = config
         self.report = report
         self.plan = plan
@@ -91,7 +95,7 @@ class CompiledModel:
                                       cuda_graph=config.cuda_graph, strides=strides,
                                       keep_freed_memory=config.keep_freed_memory,
                                       backend_state=backend_state, exact=not config.fast_math,
-                                      cpu_kernels=config.cpu_kernels)
+                                      cpu_kernels=config.cpu_kernels, shared_forms=shared_forms)
         binding = self._executor.binding
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(binding.not_writable)
@@ -103,11 +107,11 @@ class CompiledModel:
     @classmethod
     def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,
                        plan: ExecutionPlan | None = None, strides: dict | None = None,
-                       backend_state: dict | None = None) -> "CompiledModel":
+                       backend_state: dict | None = None, shared_forms=None) -> "CompiledModel":
         """Bind an already optimised and planned graph: runs no pass and no planning
         (without a stored ``plan``, every tensor gets its own allocation, as memory "off";
         ``strides``: the arena view layouts the compile's probe found, so binding probes nothing)."""
-        return cls(graph, config, report, plan, strides, backend_state)
+        return cls(graph, config, report, plan, strides, backend_state, shared_forms)
 
     def save(self, path: str | Path) -> None:
         """Write the offline ``.fgm`` artifact (see ``fusegraph.artifact``)."""
@@ -136,8 +140,25 @@ class CompiledModel:
 
         ``hook(index, phase, outputs)`` (debugging) runs a variant of the generated code that
         calls it before (phase 0) and after (phase 1, with the node's output tensors) the
-        node at ``index`` of ``plan.order``, on the thread that runs the node."""
+        node at ``index`` of ``plan.order``, on the thread that runs the node.
+
+        A model with symbolic input dims (or ``Config.dynamic_batch``) runs its compile at the
+        feeds' exact shapes (``specialize.py``), made on the first run at those shapes; ``hook``'s
+        index is then into that compile's ``plan.order`` (``model.specialize(shapes)``)."""
+        if self.specializations is not None:
+            model = self.specializations.model_for(feeds)
+            if model is not None:
+                return model.run(feeds, hook=hook)
         return self._executor.run(feeds, hook=hook)
+
+    def specialize(self, shapes: Mapping[str, tuple[int, ...]]) -> "CompiledModel":
+        """The compile of this dynamic model at exact input shapes (``{input: shape}``), made now
+        if it is not kept yet (so the first run at those shapes compiles nothing)."""
+        if self.specializations is None:
+            raise ConfigError(f"{self.name}: the model has no symbolic input dim to specialise (or "
+                              f"Config.shape_cache is 0); Config.dynamic_batch lets a compiled static "
+                              f"model take other batch sizes")
+        return self.specializations.at(shapes)
 
     def close(self) -> None:
         """Stop the stream workers now (they also stop when the model is garbage-collected);
@@ -189,42 +210,78 @@ def _compile(model: Any, config: Config, stage: Callable[[str], None], example_i
     t0 = time.perf_counter()
     stage("import")
     graph = _import(model, example_inputs, dynamic_shapes)
-    report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
     t1 = time.perf_counter()
     for node in graph.nodes:  # every node must have a kernel: fail at compile time, not run time
         opdef_for(node)
     infer_graph(graph)
     check_op_precision(graph, config)
+    kind = specialization_kind(graph, config)
+    source = copy_graph(graph) if kind == "batch" else None     # a static graph, before any pass
+    report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
     stage("passes")
     if config.precision == "auto":
         from .precision_auto import search
         search(graph, config, report, calibration, stage)   # optimises the graph at the chosen policy
     else:
         optimize(graph, config, report)
+    if kind == "shapes":
+        source = copy_graph(graph)        # optimised, shape-generic: each compile folds its shapes
     t2 = time.perf_counter()
     stage("planning")
+    shared = SharedForms() if kind else None
+    compiled = _plan_and_bind(graph, config, report, shared)
+    report.timings = {"import": t1 - t0, "infer": t2 - t1, "plan": report.timings["plan"],
+                      "bind": report.timings["bind"]}
+    if kind:
+        _attach_specializations(compiled, source, kind, shared)
+    return compiled
+
+
+def _attach_specializations(model: CompiledModel, source: Graph, kind: str, shared: SharedForms) -> None:
+    config = model.config
+    model.specializations = ShapeSpecializations(
+        source, kind, config, model, shared, lambda g, cfg: _plan_and_bind(g, config, _optimized(g, cfg), shared))
+
+
+def _optimized(graph: Graph, config: Config) -> CompileReport:
+    report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
+    optimize(graph, config, report)
+    return report
+
+
+def _plan_and_bind(graph: Graph, config: Config, report: CompileReport, shared_forms=None) -> CompiledModel:
+    """An optimised graph through the planner and binding (``shared_forms``: packed weights
+    shared with the model's other per-shape compiles)."""
+    t2 = time.perf_counter()
     report.nodes_final = len(graph.nodes)
     report.op_histogram = graph.op_histogram()
     plan = _plan(graph, config, report)
     t3 = time.perf_counter()
-    compiled = CompiledModel(graph, config, report, plan)
-    report.timings = {"import": t1 - t0, "infer": t2 - t1, "plan": t3 - t2, "bind": time.perf_counter() - t3}
+    compiled = CompiledModel(graph, config, report, plan, shared_forms=shared_forms)
+    report.timings = {**report.timings, "plan": t3 - t2, "bind": time.perf_counter() - t3}
     return compiled
 
 
 def load(path: str | Path, *, threads: int | None = None) -> CompiledModel:
     """Load a ``.fgm`` artifact (``artifact.read``) and bind its kernels: no pass and no
     planning runs. The model runs at the stored ``Config.threads`` bounded by this machine's
-    cores, or at ``threads``; the process's own thread count is left as it was."""
+    cores, or at ``threads``; the process's own thread count is left as it was. A model with
+    symbolic input dims compiles at each new input shape on its first run there, from the
+    stored shape-generic graph, as a compiled one does (``specialize.py``)."""
     t0 = time.perf_counter()
     stored = artifact.read(path, threads=threads)
+    dynamic = specialization_kind(stored.graph, stored.config) == "shapes"   # not "batch": its batch is folded
+    shared = SharedForms() if dynamic else None
     try:
+        source = copy_graph(stored.graph) if dynamic else None                # before binding changes it
         model = CompiledModel.from_optimized(stored.graph, stored.config, stored.report, stored.plan,
-                                             stored.strides, stored.backend_state)
+                                             stored.strides, stored.backend_state, shared)
     except MemoryError:
         raise
     except Exception as exc:  # a file whose graph or plan cannot be bound: ArtifactError, never other
         raise artifact.refusal(str(path), exc) from exc
+    if dynamic:
+        _attach_specializations(model, source, "shapes", shared)
     seconds = time.perf_counter() - t0
     stored.report.timings["load"] = seconds
     reorders = model.report.kernels.get("weight_reorders", 0)

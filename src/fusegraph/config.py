@@ -71,6 +71,14 @@ class Config:
         other node its op's portable ATen kernel; "onednn": the same, refused with a
         ConfigError where the library does not load; "portable": every node its portable
         ATen kernel (a reference to compare against).
+    shape_cache: for a model whose inputs have symbolic dims (a dynamic batch or sequence), how
+        many compiles at exact input shapes to keep (``specialize.py``): a run at new shapes
+        compiles the model at them (folded shape arithmetic, fused kernels, a planned arena, as
+        a static model gets) and the least recently used compile goes when there are more;
+        0: no per-shape compiles, every run takes the shape-generic kernels (no planned arena).
+    dynamic_batch: let a model compiled with a static batch dim accept other batch sizes, each
+        compiled at its size (within ``shape_cache``); a model whose graph fixes its batch in a
+        constant is refused at that size with an InputError naming the output.
     """
 
     level: str = "O2"
@@ -95,6 +103,8 @@ class Config:
     cuda_graph: bool = False
     keep_freed_memory: bool = False
     cpu_kernels: str = "auto"
+    shape_cache: int = 8
+    dynamic_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -115,7 +125,13 @@ class Config:
         _refuse_unavailable(self)
         if self.cpu_kernels not in CPU_KERNELS:
             raise ConfigError(f"Config.cpu_kernels must be one of {CPU_KERNELS}, got {self.cpu_kernels!r}")
-        for name in ("cuda_graph", "keep_freed_memory"):
+        if (not isinstance(self.shape_cache, int) or isinstance(self.shape_cache, bool)
+                or not 0 <= self.shape_cache <= 256):
+            raise ConfigError(f"Config.shape_cache must be an integer 0..256, got {self.shape_cache!r}")
+        if self.dynamic_batch is True and self.shape_cache == 0:
+            raise ConfigError("Config.dynamic_batch compiles the model per batch size, which "
+                              "shape_cache=0 forbids; give shape_cache >= 1 or drop dynamic_batch")
+        for name in ("cuda_graph", "keep_freed_memory", "dynamic_batch"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Config.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("fold_size_limit", "fold_broadcast_limit"):

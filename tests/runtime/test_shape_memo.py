@@ -2,7 +2,9 @@
 
 The oracle is onnxruntime with ORT_DISABLE_ALL (or the reference evaluator): every run is
 checked, including runs that reuse a remembered shape after other shapes, and graphs whose
-shapes depend on input *values* (which must never be remembered)."""
+shapes depend on input *values* (which must never be remembered). The memo serves the
+shape-generic kernels: ``Config(shape_cache=0)`` and loaded artifacts of a ``shape_cache=0``
+compile (with per-shape compiles, ``specialize.py``, each compile has its shapes folded)."""
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
@@ -13,6 +15,8 @@ import fusegraph as fg
 from fusegraph.runtime import shape_memo
 from model_builders import transformer_feeds
 from oracle import assert_outputs_close, ort_run
+
+GENERIC = fg.Config(shape_cache=0)
 
 
 def _run_source(model) -> tuple[str, str]:
@@ -28,7 +32,7 @@ def _calls(text: str) -> int:
 @pytest.mark.parametrize("name, most", [("bert", 25), ("gpt2", 25)])
 def test_transformer_runs_shape_work_once_per_shape(transformer_models, name, most):
     path = str(transformer_models[name])
-    model = fg.compile(path)
+    model = fg.compile(path, GENERIC)
     run, fill = _run_source(model)
     nodes = len(model._executor.binding.calls)
     assert _calls(run) <= most < nodes and _calls(run) + _calls(fill) == nodes
@@ -58,7 +62,7 @@ def _nonzero_model():
 
 def test_value_dependent_shapes_are_never_remembered():
     m = _nonzero_model()
-    model = fg.compile(m)
+    model = fg.compile(m, GENERIC)
     run, fill = _run_source(model)
     assert "NonZero" in run and "Shape" in run        # Shape(NonZero(x)) stays in the run
     assert "'Shape' 'sr'" in fill                          # Shape(x) (the no-op Reshape folded) is remembered
@@ -81,7 +85,7 @@ def test_shape_of_a_value_made_by_a_reshape_stays_in_the_run():
                                              helper.make_tensor_value_info("t", TP.INT64, [2])],
                           [helper.make_tensor_value_info("sf", TP.FLOAT, None)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model = fg.compile(m)
+    model = fg.compile(m, GENERIC)
     x = np.zeros((3, 4), np.float32)
     for t in ([4, 3], [2, 6], [12, 1]):
         got = model.run({"x": x, "t": np.array(t, np.int64)})
@@ -91,7 +95,7 @@ def test_shape_of_a_value_made_by_a_reshape_stays_in_the_run():
 
 def test_memo_is_bounded():
     m = _nonzero_model()
-    model = fg.compile(m)
+    model = fg.compile(m, GENERIC)
     memo = model._executor.code.env["_MEMO"]
     for n in range(1, shape_memo.MEMO_ENTRIES + 10):
         x = np.arange(n, dtype=np.float32)
@@ -101,14 +105,14 @@ def test_memo_is_bounded():
 
 
 def test_debug_runs_see_every_node(transformer_models):
-    model = fg.compile(str(transformer_models["gpt2"]))
+    model = fg.compile(str(transformer_models["gpt2"]), GENERIC)
     seen = []
     model.run(transformer_feeds(batch=1, seq=4, pad=1), hook=lambda i, phase, outs: phase and seen.append(i))
     assert sorted(seen) == list(range(len(model._executor.binding.calls)))
 
 
 def test_a_caller_cannot_write_into_a_remembered_value():
-    model = fg.compile(_nonzero_model())
+    model = fg.compile(_nonzero_model(), GENERIC)
     x = np.arange(5, dtype=np.float32)
     first = model.run({"x": x})["sr"]            # Shape(x): a remembered value, handed out as a copy
     first[0] = 999
@@ -124,6 +128,6 @@ def test_a_shape_at_the_end_of_a_deep_chain():
               helper.make_node("Cast", ["shape"], ["y"], to=TP.FLOAT)]
     g = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3])],
                           [helper.make_tensor_value_info("y", TP.FLOAT, None)])
-    model = fg.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    model = fg.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), GENERIC)
     for n in (2, 5):
         np.testing.assert_array_equal(model.run({"x": np.zeros((n, 3), np.float32)})["y"], [n, 3])

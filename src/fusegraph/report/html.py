@@ -257,8 +257,12 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
                 comparison: Any = None) -> str:
     """The page for ``model``; ``feeds`` (inputs) for the measured run and the accuracy table,
     ``source`` (the model given to ``compile``) for the graph before optimisation,
-    ``comparison`` (a ``compare_precision.PrecisionComparison``) for its accuracy table."""
+    ``comparison`` (a ``compare_precision.PrecisionComparison``) for its accuracy table. A model
+    with symbolic input dims is shown as its compile at the feeds' shapes, the one its runs
+    execute."""
     from .profile import profile
+    if feeds is not None and getattr(model, "specializations", None) is not None:
+        model = model.specializations.model_for(feeds) or model
     prof = profile(model, feeds, runs=runs) if feeds is not None else None
     figures = figures_of(model, prof)
     before = _before_graph(source) if source is not None else None

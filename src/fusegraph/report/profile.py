@@ -130,9 +130,12 @@ def _shape_only_names(model) -> set[str]:
 
 def profile(model, feeds: Mapping[str, Any], runs: int = 10, warmup: int = 2) -> Profile:
     """Time every node of ``model``'s generated run over ``runs`` hooked runs (after ``warmup``
-    plain and hooked runs), and the plain run's total over as many runs."""
+    plain and hooked runs), and the plain run's total over as many runs. A model with symbolic
+    input dims is profiled in its compile at the feeds' shapes, which is what its runs execute."""
     if runs < 1:
         raise UsageError(f"profile: runs must be at least 1, got {runs}")
+    if getattr(model, "specializations", None) is not None:
+        model = model.specializations.model_for(feeds) or model
     nodes = {n.name: n for n in model.graph.nodes}
     order = list(model.plan.order) if model.plan is not None else [n.name for n in model.graph.nodes]
     streams = getattr(model.plan, "streams", None) if model.plan is not None else None

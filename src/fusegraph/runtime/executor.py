@@ -12,7 +12,8 @@ a caller holds, nor a caller what the next run reads. Runs of one executor are s
 calls ``hook(index, phase, outputs)`` around every node (tests: allocation checks, timing).
 The backend prepares the process first (CPU: malloc keeps freed memory unless the config
 says no, ``backends/cpu/host_memory.py``); ``backend_state`` is what a loaded artifact
-stored for it (CPU: packed weights). After binding, the backend releases the graph's plain
+stored for it (CPU: packed weights); ``shared_forms``, packed weights it shares with the other
+per-shape compiles of the same model. After binding, the backend releases the graph's plain
 copy of every weight it holds in its own form (``release_weights``: weights held once); a
 weight stored only packed is read back plain for a backend that cannot take the packed form
 (``packed_only``).
@@ -60,7 +61,7 @@ class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
                  keep_freed_memory: bool = False, backend_state: dict | None = None,
-                 exact: bool = True, cpu_kernels: str = "auto"):
+                 exact: bool = True, cpu_kernels: str = "auto", shared_forms=None):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -73,7 +74,7 @@ class Executor:
                               f"available (torch {torch.__version__}, CUDA build: "
                               f"{torch.version.cuda or 'no'}); use device='cpu' or 'auto'")
         self.backend = backend_for(self.device.type, keep_freed_memory=keep_freed_memory, exact=exact,
-                                   kernels=cpu_kernels)
+                                   kernels=cpu_kernels, shared_forms=shared_forms)
         self.backend.prepare()
         if backend_state is not None:
             self.backend.import_state(backend_state, model_name)

@@ -10,12 +10,14 @@ from .protocol import Backend, Decline
 
 
 def backend_for(device: str, keep_freed_memory: bool = False, exact: bool = True,
-                kernels: str = "auto") -> Backend:
+                kernels: str = "auto", shared_forms=None) -> Backend:
     """``exact``: NaN / Inf as ONNX says (``Config.fast_math`` off); ``kernels``:
-    ``Config.cpu_kernels`` (auto | onednn | portable)."""
+    ``Config.cpu_kernels`` (auto | onednn | portable); ``shared_forms``: packed weights shared
+    with other compiles of the same model (CPU: ``cpu/dnnl/weights.SharedForms``)."""
     if str(device).startswith("cpu"):
         from .cpu.backend import CpuBackend
-        return CpuBackend(keep_freed_memory=keep_freed_memory, exact=exact, kernels=kernels)
+        return CpuBackend(keep_freed_memory=keep_freed_memory, exact=exact, kernels=kernels,
+                          shared_forms=shared_forms)
     return Backend()
 
 

@@ -36,7 +36,7 @@ from .workspace import Workspace
 from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
 from .dnnl.blocked import check as check_blocked
 from .dnnl.memory import TORCH_OF
-from .dnnl.weights import WeightStore
+from .dnnl.weights import SharedForms, WeightStore
 
 KERNEL_CHOICES = ("auto", "onednn", "portable")
 _PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py)
@@ -54,7 +54,8 @@ def is_placeholder(t) -> bool:
 class CpuBackend(Backend):
     name = "cpu"
 
-    def __init__(self, keep_freed_memory: bool = False, exact: bool = True, kernels: str = "auto"):
+    def __init__(self, keep_freed_memory: bool = False, exact: bool = True, kernels: str = "auto",
+                 shared_forms: SharedForms | None = None):
         if kernels not in KERNEL_CHOICES:
             raise ConfigError(f"cpu_kernels {kernels!r}: expected one of {', '.join(KERNEL_CHOICES)}")
         if kernels == "onednn" and not dnnl_available():
@@ -63,7 +64,7 @@ class CpuBackend(Backend):
         self.keep_freed_memory = keep_freed_memory
         self.exact = exact       # False (Config.fast_math): oneDNN's own NaN / Inf behaviour
         self.kernels = kernels
-        self.store = WeightStore()        # packed weights (made here, or provided by an artifact)
+        self.store = WeightStore(shared_forms)   # packed weights (made here, provided by an artifact, shared)
         self.workspace = Workspace()      # scratch the torch kernels share (attention scores)
         self.dnnl = DnnlKernels(self.store) if kernels != "portable" and dnnl_available() else None
         self._tried: dict[str, list[Decline]] = {}

@@ -18,9 +18,15 @@ backend, a rebinding) takes the packed forms from there instead of needing the p
 and ``plain(name, placeholder)`` reads the weight back (``save()`` where no form is stored,
 a portable kernel, another device). ``export()`` gives each weight's forms with their
 descriptions and orientation.
+
+``SharedForms`` lets several stores (the per-shape compiles of one dynamic model,
+``specialize.py``) share the packed forms of the weights they all read: a form is shared only
+keyed by the plain weight's contents (a SHA-256 of its bytes), orientation and layout, never
+by name (a pass of one compile may give a name another compile's weight also has).
 """
 from __future__ import annotations
 
+import hashlib
 import weakref
 
 import torch
@@ -44,11 +50,39 @@ class Packed:
         self.desc, self.data, self.perm = desc, data, tuple(perm)
 
 
-class WeightStore:
+class SharedForms:
+    """Packed forms shared by the stores made with it, keyed by the plain weight's contents
+    (dtype, shape, strides, SHA-256 of its bytes), its orientation and the layout."""
+
     def __init__(self):
+        self._forms: dict[tuple, torch.Tensor] = {}
+        self.hits = 0
+
+    @staticmethod
+    def key(weight: torch.Tensor, perm, desc: dict) -> tuple:
+        data = weight.detach().contiguous().view(-1).view(torch.uint8).numpy()
+        return (str(weight.dtype), tuple(weight.shape), tuple(weight.stride()),
+                hashlib.sha256(memoryview(data)).digest(), tuple(perm), repr(sorted(desc.items())))
+
+    def get(self, key: tuple):
+        got = self._forms.get(key)
+        self.hits += got is not None
+        return got
+
+    def put(self, key: tuple, data: torch.Tensor) -> None:
+        self._forms[key] = data
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._forms.values())
+
+
+class WeightStore:
+    def __init__(self, shared: SharedForms | None = None):
         self.forms: dict[str, list[Packed]] = {}
         self.provided: dict[str, list[Packed]] = {}
         self.reorders = 0
+        self.shared = shared
 
     def holds(self, name: str) -> bool:
         return name in self.forms or name in self.provided
@@ -84,6 +118,10 @@ class WeightStore:
             if p.desc == desc and p.perm == perm and p.data.numel() == want.size:
                 self.forms.setdefault(name, []).append(p)
                 return p.data
+        shared_key = SharedForms.key(weight, perm, desc) if plain and self.shared is not None else None
+        if shared_key is not None and (data := self.shared.get(shared_key)) is not None:
+            self.forms.setdefault(name, []).append(Packed(desc, data, perm))
+            return data
         if plain:
             if not weight.is_contiguous():
                 raise ValueError(f"weight {name!r} is not contiguous")
@@ -95,6 +133,8 @@ class WeightStore:
             data = torch.empty(max(want.size, 1), dtype=torch.uint8)
         reorder(src_md, src.data_ptr(), want, data.data_ptr())
         self.reorders += 1
+        if shared_key is not None:
+            self.shared.put(shared_key, data)
         self.forms.setdefault(name, []).append(Packed(desc, data, perm))
         return data
 
