@@ -161,3 +161,11 @@ def test_the_knobs_are_checked():
         fg.Config(dynamic_batch=True, shape_cache=0)
     with pytest.raises(ConfigError, match="dynamic_batch"):
         fg.compile(knob_model()).specialize({"x": (2, 8, 16, 16)})
+
+
+def test_compare_reports_the_compile_its_runs_executed():
+    from fusegraph.compare import compare
+    per_shape, generic = (compare(knob_model("N"), runs=3, budget_s=1, config=fg.Config(shape_cache=n))[1]
+                          for n in (8, 0))
+    assert generic.arena_bytes == 0                  # nothing of the shape-generic compile is planned
+    assert per_shape.arena_bytes >= 8 * 16 * 16 * 4 and per_shape.outside_bytes == 0

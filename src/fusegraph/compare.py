@@ -3,7 +3,9 @@
 
 Rows: single-run latency (median, p90), throughput at batch 1 and at a larger batch when the
 model's batch dim is symbolic, planned activation memory (arena) beside every tensor in its
-own buffer, load time of a saved .fgm beside compiling from the model, kernels per run.
+own buffer, load time of a saved .fgm beside compiling from the model, kernels per run. A
+model with symbolic input dims reports the kernels and memory of its compile at the batch-1
+feeds' shapes (``specialize.py``), the one those runs executed.
 """
 from __future__ import annotations
 
@@ -56,14 +58,15 @@ def compare(model_src: Any, runs: int = 20, budget_s: float = 10.0, big_batch: i
         compile_s = time.perf_counter() - t0
         f1 = feeds or random_feeds_for(model)
         lat = measure(lambda: model.run(f1), runs=runs, warmup=2, budget_s=budget_s)
-        col = Column(level, compile_s, model.report.kernel_count, lat.median_ms, lat.p90_ms,
+        ran = (model.specializations.model_for(f1) if model.specializations is not None else None) or model
+        col = Column(level, compile_s, ran.report.kernel_count, lat.median_ms, lat.p90_ms,
                      {1: lat.per_second})
         if _batchable(model) and feeds is None:
             fb = random_feeds_for(model, batch=big_batch)
             big = measure(lambda: model.run(fb), runs=max(5, runs // 4), warmup=1, budget_s=budget_s)
             col.throughput[big_batch] = big.per_second * big_batch
-        col.arena_bytes, col.naive_bytes = _memory(model)
-        slow = getattr(model.report.memory, "not_writable_into_arena", None)
+        col.arena_bytes, col.naive_bytes = _memory(ran)      # the compile the batch-1 runs executed
+        slow = getattr(ran.report.memory, "not_writable_into_arena", None)
         col.outside_bytes = col.naive_bytes if level == "O0" else \
             (sum(d["bytes"] for d in slow) if slow is not None else None)
         with tempfile.TemporaryDirectory() as tmp:

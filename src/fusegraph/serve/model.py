@@ -5,7 +5,8 @@ worker thread (``batcher.py``), with ``torch.set_num_threads`` set on that threa
 x threads never exceed the machine's cores (``settings.bound_threads``).
 
 Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) runs any
-batch as it is. A static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch
+batch as it is: its first batch of each size compiles the model at that size, and
+``Config.shape_cache`` sizes stay compiled (``specialize.py``; the model's config.toml sets it). A static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch
 size, since fusegraph plans memory and binds its kernels for fixed shapes: from its ONNX source,
 lazily (or at start with ``warmup``), for the sizes 1, 2, 4, ... up to ``max_batch_size`` (and
 that size itself), or the config's ``batch_sizes``. A batch runs as chunks of those sizes,
