@@ -4,9 +4,11 @@ An *instance* is one ``CompiledModel`` (its own arena and executor lock) driven 
 worker thread (``batcher.py``), with ``torch.set_num_threads`` set on that thread; instances
 x threads never exceed the machine's cores (``settings.bound_threads``).
 
-Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) runs any
-batch as it is: its first batch of each size compiles the model at that size, and
-``Config.shape_cache`` sizes stay compiled (``specialize.py``; the model's config.toml sets it). A static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch
+Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) compiles
+itself at each batch size it runs (``specialize.py``), keeping ``Config.shape_cache`` of them;
+so that a stream of arbitrary batch sizes does not compile on every new one, its batches run
+as chunks of the same sizes as a static model's below (``warmup`` compiles them at start
+when the inputs' other dims are static; a sequence length, say, waits for the first request). A static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch
 size, since fusegraph plans memory and binds its kernels for fixed shapes: from its ONNX source,
 lazily (or at start with ``warmup``), for the sizes 1, 2, 4, ... up to ``max_batch_size`` (and
 that size itself), or the config's ``batch_sizes``. A batch runs as chunks of those sizes,
@@ -153,8 +155,8 @@ class Instance:
         self.failed: set[int] = set()
 
     def _model_for(self, size: int):
-        if size == self.served.static_batch:
-            return self.base
+        if size == self.served.static_batch or self.served.static_batch is None:
+            return self.base                   # a symbolic batch: the base compiles per size
         if size in self.variants:
             self.variants.move_to_end(size)
             return self.variants[size]
@@ -213,9 +215,19 @@ class Instance:
         torch.set_num_threads(self.served.threads)
         try:
             for size in (self.served.sizes if self.served.resizes else []):
-                self._model_for(size)
+                if self.served.static_batch is None:
+                    self._specialize(size)
+                else:
+                    self._model_for(size)
         finally:
             torch.set_num_threads(before)
+
+    def _specialize(self, size: int) -> None:
+        """A symbolic-batch model's compile at batch ``size``, where its other dims are static."""
+        axis = self.served.settings.batch_axis
+        shapes = {v.name: tuple(size if i == axis else d for i, d in enumerate(v.shape)) for v in self.base.inputs}
+        if self.base.specializations is not None and all(isinstance(d, int) for s in shapes.values() for d in s):
+            self.base.specialize(shapes)
 
     def run(self, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         """Run ``rows`` stacked rows: directly, or as chunks of the compiled batch sizes."""
@@ -249,9 +261,12 @@ class Instance:
         if size > rows:
             feeds = {k: np.concatenate([v] + [np.take(v, [rows - 1], axis=axis)] * (size - rows), axis=axis)
                      for k, v in feeds.items()}
+        specs = getattr(model, "specializations", None)
+        compiles = len(specs.compiled) if specs is not None else 0
         t0 = time.perf_counter()
         outputs = model.run(feeds)
-        served.timed(size, time.perf_counter() - t0)
+        compiled = specs is not None and len(specs.compiled) > compiles   # this run compiled its shapes first
+        served.timed(size, time.perf_counter() - t0, first=compiled)
         if size > rows:
             outputs = {k: np.take(v, range(rows), axis=axis) for k, v in outputs.items()}
         return outputs
@@ -289,9 +304,13 @@ class ServedModel:
             raise ModelLoadError(f"model {name!r}: the inputs disagree on the batch axis {axis}: {sorted(map(str, dims))}")
         dim = next(iter(dims)) if dims else None
         self.static_batch = dim if isinstance(dim, int) else None
-        self.resizes = axis is not None and self.static_batch is not None
+        self.resizes = axis is not None
         self.sizes = variant_sizes(settings, self.static_batch) if self.resizes else []
-        if self.resizes and self.source.onnx is None:
+        cache = getattr(base.config, "shape_cache", 0)
+        if self.static_batch is None and self.resizes and cache < len(self.sizes):
+            self.note_once(f"shape_cache {cache} keeps fewer compiles than the {len(self.sizes)} batch sizes "
+                           f"{self.sizes}: batches of the others compile again")
+        if self.resizes and self.static_batch is not None and self.source.onnx is None:
             self.note_once("a static-shape .fgm cannot be recompiled per batch size; batches run request by "
                            "request (serve the ONNX model to batch it)")
         self.batch_axis = axis
