@@ -169,3 +169,17 @@ def test_compare_reports_the_compile_its_runs_executed():
                           for n in (8, 0))
     assert generic.arena_bytes == 0                  # nothing of the shape-generic compile is planned
     assert per_shape.arena_bytes >= 8 * 16 * 16 * 4 and per_shape.outside_bytes == 0
+
+
+def test_a_closed_dynamic_model_refuses_to_run(transformer_models):
+    from fusegraph.errors import ModelClosedError
+    model = fg.compile(str(transformer_models["gpt2"]), fg.Config(streams=2))
+    kept = model.specialize({"input_ids": (1, 8), "attention_mask": (1, 8)})
+    model.close()
+    for seq in (8, 9):          # a kept shape and a new one
+        with pytest.raises(ModelClosedError):
+            model.run(transformer_feeds(seq=seq))
+    with pytest.raises(ModelClosedError):
+        kept.run(transformer_feeds(seq=8))
+    with pytest.raises(ModelClosedError):
+        model.specialize({"input_ids": (1, 10), "attention_mask": (1, 10)})

@@ -20,7 +20,7 @@ import torch
 
 from . import artifact
 from .config import Config
-from .errors import ConfigError, ModelLoadError
+from .errors import ConfigError, ModelClosedError, ModelLoadError
 from .ir import DType, Graph
 from .ir.shape import Shape
 from .ops import infer_graph, opdef_for
@@ -145,7 +145,7 @@ class CompiledModel:
         A model with symbolic input dims (or ``Config.dynamic_batch``) runs its compile at the
         feeds' exact shapes (``specialize.py``), made on the first run at those shapes; ``hook``'s
         index is then into that compile's ``plan.order`` (``model.specialize(shapes)``)."""
-        if self.specializations is not None:
+        if self.specializations is not None and not self._executor.closed:
             model = self.specializations.model_for(feeds)
             if model is not None:
                 return model.run(feeds, hook=hook)
@@ -158,12 +158,16 @@ class CompiledModel:
             raise ConfigError(f"{self.name}: the model has no symbolic input dim to specialise (or "
                               f"Config.shape_cache is 0); Config.dynamic_batch lets a compiled static "
                               f"model take other batch sizes")
+        if self._executor.closed:
+            raise ModelClosedError(f"{self.name}: the model was closed; compile or load it again to run it")
         return self.specializations.at(shapes)
 
     def close(self) -> None:
         """Stop the stream workers now (they also stop when the model is garbage-collected);
-        ``run`` raises ``ModelClosedError`` afterwards."""
+        ``run`` raises ``ModelClosedError`` afterwards (the per-shape compiles are closed too)."""
         self._executor.close()
+        if self.specializations is not None:
+            self.specializations.close()
 
 
 def _plan(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:

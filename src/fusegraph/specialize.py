@@ -115,6 +115,13 @@ class ShapeSpecializations:
         """The input shapes of the compiles kept, least recently used first."""
         return [self._shapes(key) for key in self._cache]
 
+    def close(self) -> None:
+        """Close every compile kept and drop them (the model's ``close``)."""
+        with self._lock:
+            for model in self._cache.values():
+                model.close()
+            self._cache.clear()
+
     def _shapes(self, key: tuple) -> dict[str, tuple[int, ...]]:
         return {v.name: shape for v, shape in zip(self.source.inputs, key)}
 

@@ -107,6 +107,10 @@ class Executor:
                                 + list(self.binding.dense.values()) if t.numel() and t.device.type != "meta"}
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def code(self) -> GeneratedCode:
         return self._runner.code
 
