@@ -6,10 +6,10 @@ For each ONNX file with dynamic (batch, sequence) inputs (the BERT / GPT-2 expor
 - latency: the dynamic model (``fg.compile(path)``; its runs take the compile at their exact
   shapes, ``specialize.py``), the same export with its input dims fixed (``static_shapes``), a
   second compile of that static model (its twin: what two identical models differ by, the
-  noise floor of the ratio) and an onnxruntime session on the dynamic export, in one process, alternating blocks, median of
-  ``--runs`` runs after a warm-up (``fusegraph.bench.alternate``: a pause before each block so
-  onnxruntime's spinning pool does not tax the next engine); the first run at a shape, which
-  compiles, is timed apart;
+  noise floor of the ratio) and an onnxruntime session on the dynamic export, in one process,
+  alternating blocks, median of ``--runs`` runs after a warm-up (``fusegraph.bench.alternate``:
+  a pause before each block so onnxruntime's spinning pool does not tax the next engine); the
+  first run at a shape, which compiles, is timed apart;
 - the first run at each length (ms): the dynamic model's per-shape compile plus its run;
 - memory (``--memory``): RssAnon after runs at every length, minus after import, one fresh
   process per engine: the dynamic model, the static model at the longest length only, and
@@ -116,8 +116,8 @@ def main() -> None:
     seqs = [int(s) for s in args.seqs.split(",")]
     for path in args.models.split(","):
         print(f"\n{path}")
-        print(f"{'seq':>5} {'dynamic ms':>11} {'static ms':>10} {'ORT ms':>8} {'dyn/static':>10} {'twin/static':>11} {'dyn/ORT':>8} "
-              f"{'first run ms':>12} {'unplannable':>11} {'arena/bound':>11} {'err vs ORT':>10}")
+        print(f"{'seq':>5} {'dynamic ms':>11} {'static ms':>10} {'ORT ms':>8} {'dyn/static':>10} "
+              f"{'twin/static':>11} {'dyn/ORT':>8} {'first run ms':>12} {'unplannable':>11} {'arena/bound':>11} {'err vs ORT':>10}")
         for r in _latency(path, seqs, args.runs):
             print(f"{r['seq']:>5} {r['dynamic_ms']:>11.2f} {r['static_ms']:>10.2f} {r['onnxruntime_ms']:>8.2f} "
                   f"{r['dynamic_ms'] / r['static_ms']:>10.3f} {r['twin_ms'] / r['static_ms']:>11.3f} "

@@ -38,7 +38,8 @@ class BenchResult:
         return d
 
 
-def random_feeds_for(model, seed: int = 0, batch: int = 1, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+def random_feeds_for(model, seed: int = 0, batch: int = 1,
+                     dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """Random inputs matching ``model.inputs``; a symbolic dim named in ``dims`` takes that
     size, the others ``batch`` (first) or 1. A name in ``dims`` that no input has is a
     UsageError."""
@@ -46,8 +47,8 @@ def random_feeds_for(model, seed: int = 0, batch: int = 1, dims: dict[str, int] 
     named = {d for spec in model.inputs for d in (spec.shape or ()) if isinstance(d, str)}
     unknown = sorted(set(dims) - named)
     if unknown:
-        raise UsageError(f"{getattr(model, 'name', 'the model')}: no input has a symbolic dim named {', '.join(map(repr, unknown))}; its "
-                         f"symbolic dims are {sorted(named) or 'none'}")
+        raise UsageError(f"{getattr(model, 'name', 'the model')}: no input has a symbolic dim named "
+                         f"{', '.join(map(repr, unknown))}; its symbolic dims are {sorted(named) or 'none'}")
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in model.inputs:

@@ -8,7 +8,8 @@ Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) 
 itself at each batch size it runs (``specialize.py``), keeping ``Config.shape_cache`` of them;
 so that a stream of arbitrary batch sizes does not compile on every new one, its batches run
 as chunks of the same sizes as a static model's below (``warmup`` compiles them at start
-when the inputs' other dims are static; a sequence length, say, waits for the first request). A static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch
+when the inputs' other dims are static; a sequence length, say, waits for the first request).
+A static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch
 size, since fusegraph plans memory and binds its kernels for fixed shapes: from its ONNX source,
 lazily (or at start with ``warmup``), for the sizes 1, 2, 4, ... up to ``max_batch_size`` (and
 that size itself), or the config's ``batch_sizes``. A batch runs as chunks of those sizes,
