@@ -182,7 +182,8 @@ def test_inspect_prints_a_precision_line(path, capsys):
     assert main(["inspect", str(path), "--precision", "bf16"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("precision:")]
-    want = ("precision: bf16 policy: nodes 2 bf16, 1 fp32; 2 cast(s); 1 heavy op(s) kept in fp32 "
+    want = ("precision: bf16 policy: nodes 2 bf16, 1 fp32; 1 cast(s) (1 more folded into their producers); "
+            "1 heavy op(s) kept in fp32 "
             "(first: gemm_to_linear_linear (Linear): the model's logits (its last heavy op before an "
             "output): float32 unless op_precision names it)")
     assert lines == [want], out

@@ -88,6 +88,8 @@ def precision_line(report) -> str | None:
     kept = list(get("kept_fp32") or [])
     ops = dict(get("op_precision") or {})
     line = f"precision: {get('policy')} policy: nodes {counts}; {get('casts') or 0} cast(s)"
+    if get("casts_folded"):
+        line += f" ({get('casts_folded')} more folded into their producers)"
     if ops:
         line += "; op_precision " + ", ".join(f"{k}={v}" for k, v in ops.items())
     if kept:

@@ -4,7 +4,8 @@ Operator-replacement passes (``passes/replace_*.py``) create these; no frontend 
 
 - ``Linear(x, w, b?)``: ``x @ w + b`` in one kernel (``F.linear``, i.e. addmm). ``w`` is 2-D,
   ``[K, N]`` (MatMul layout) or ``[N, K]`` with ``trans_b=1`` (Gemm transB / torch layout);
-  ``b`` is absent or ``[N]``. ``x`` has any rank >= 1.
+  ``b`` is absent or ``[N]``. ``x`` has any rank >= 1. ``out_dtype`` (float32 for a bfloat16
+  product: a Cast folded in, ``passes/fold_casts.py``): the products written unrounded.
 - ``BatchMatMul(a, b)``: ``matmul(a^T?, b^T?)`` where ``trans_a`` / ``trans_b`` swap the last
   two axes of that operand (a strided view, no copy). Both operands have rank >= 2.
 - ``ScaledReduce(x)``: a reduction of a tensor that was broadcast (``Expand``) before being
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from .registry import FusionKind, NodeContext, no_out, register
 
@@ -35,10 +37,20 @@ def _linear_infer(ctx: NodeContext):
     xs, ws = ctx.shape(0), ctx.shape(1)
     if ws is not None and len(ws) != 2:
         raise ValueError(f"Linear weight must be 2-D, got rank {len(ws)}")
+    given = ctx.attr("out_dtype", None)    # a float32 output folded in from a Cast (passes/fold_casts.py)
+    dtype = DType(int(given)) if given is not None else (ctx.dtype(0) or None)
     if xs is None or ws is None:
-        return [(ctx.dtype(0) or None, None)]
+        return [(dtype, None)]
     n = ws[0] if ctx.attr("trans_b", 0) else ws[1]
-    return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
+    return [(dtype, tuple(xs[:-1]) + (n,))]
+
+
+def _widened(kernel):
+    """``kernel`` on float32 copies of its operands: a float32 output of a reduced product,
+    the products unrounded (``out_dtype``)."""
+    def widened(x, w, b=None, **kw):
+        return kernel(x.float(), w.float(), None if b is None else b.float(), **kw)
+    return widened
 
 
 @register("Linear", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_infer,
@@ -49,6 +61,8 @@ def _linear(ctx: NodeContext):
     def kernel(x, w, b=None):
         return F.linear(x, w if trans_b else w.t(), b)
     xs = ctx.shape(0)
+    if ctx.attr("out_dtype", None) is not None:
+        return no_out(_widened(kernel))
     if xs is None or len(xs) != 2:
         return no_out(kernel)
 

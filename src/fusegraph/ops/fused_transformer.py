@@ -58,12 +58,20 @@ def _mm_into(x, w, b, out):
     return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
 
 
+def out_dtype(ctx: NodeContext):
+    """The output type of a product that computes in its inputs' type: its ``out_dtype``
+    attribute (a float32 output folded in from a Cast, ``passes/fold_casts.py``), else the
+    input's."""
+    given = ctx.attr("out_dtype", None)
+    return DType(int(given)) if given is not None else (ctx.dtype(0) or None)
+
+
 def _linear_act_infer(ctx: NodeContext):
     xs, ws = ctx.shape(0), ctx.shape(1)
     if xs is None or ws is None:
-        return [(ctx.dtype(0) or None, None)]
+        return [(out_dtype(ctx), None)]
     n = ws[0] if ctx.attr("trans_b", 0) else ws[1]
-    return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
+    return [(out_dtype(ctx), tuple(xs[:-1]) + (n,))]
 
 
 @register("LinearAct", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_act_infer,
@@ -74,8 +82,11 @@ def _linear_act(ctx: NodeContext):
     if name != "none" and name not in ACTIVATIONS:
         raise ctx.unsupported(f"activation {name!r} (expected none or one of {sorted(ACTIVATIONS)})")
     act = ACTIVATIONS.get(name)
+    widen = ctx.attr("out_dtype", None) is not None    # float32 out: products of the inputs, unrounded
 
     def kernel(x, w, b=None, out=None):
+        if widen:
+            x, w, b = x.float(), w.float(), None if b is None else b.float()
         wt = w.t() if trans_b else w
         k, n = wt.shape
         x2 = x.reshape(-1, k)

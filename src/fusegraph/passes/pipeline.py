@@ -15,6 +15,7 @@ from . import replace_reduce, shape_chain
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
+from .fold_casts import FoldCasts
 from .fusion.engine import FusionPass, rule_names as fusion_rule_names
 from .layout import LayoutPass
 from .precision import PrecisionPass
@@ -43,7 +44,7 @@ RULE_FAMILIES = {
     "replace_reduce": replace_reduce.RULES,
 }
 REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce"})
-OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "layout")
+OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "layout", "fold_casts")
 
 SIMPLIFY = Group("simplify", (
     "shape_chain_fold",     # first: turns Shape reads of static dims into constants ...
@@ -128,4 +129,6 @@ def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
             steps.extend(make([step]))
     if options.precision != "fp32" or options.op_precision:
         steps.append(PrecisionPass(options.precision, options.op_precision, precision_log))
+        if "fold_casts" not in options.disabled:   # after precision: the Casts it inserted
+            steps.append(FoldCasts())
     return steps

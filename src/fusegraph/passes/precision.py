@@ -188,12 +188,14 @@ def _converted(t: torch.Tensor, dtype: DType) -> torch.Tensor:
 
 def precision_summary(graph: Graph, options, log: list[dict]) -> dict:
     """``report.precision``: the policy, per-node dtypes with their reasons, the casts left in
-    the graph, and the heavy ops kept in float32 (with why)."""
+    the graph and those folded into their producers (``fold_casts.py``), and the heavy ops kept
+    in float32 (with why)."""
     by_dtype: dict[str, int] = {}
     for r in log:
         by_dtype[r["dtype"]] = by_dtype.get(r["dtype"], 0) + 1
     return {"policy": options.precision, "op_precision": dict(options.op_precision), "nodes": list(log),
             "by_dtype": by_dtype,
             "casts": sum(1 for n in graph.nodes if n.op_type == "Cast" and n.meta.get("rule") == "precision"),
+            "casts_folded": sum(1 for n in graph.nodes if "out_dtype" in n.attrs),   # fold_casts.py
             "kept_fp32": [{"node": r["node"], "op": r["op"], "why": r["why"]} for r in log   # the logits, or asked for
                           if r["dtype"] == "fp32" and (r["why"] == LOGITS_WHY or r["why"] == "Config.op_precision: fp32")]}

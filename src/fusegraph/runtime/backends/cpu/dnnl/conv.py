@@ -9,6 +9,8 @@ NCHW-to-NHWC convolution here), NCHW in graphs the pass left alone (oneDNN's GEM
 converted in the staging buffer, its result rounded once into the float16 output. The
 weights are reordered once into the blocked layout the primitive picks (``weights.py``) and
 are not read from the graph at run time (``DnnlKernel.reads``: the input, and the residual).
+A bfloat16 convolution whose node has a float32 output (``out_dtype``: a Cast folded in,
+``passes/fold_casts.py``) writes float32, the accumulations unrounded (without a residual).
 
 Post-ops, in order:
 - the residual ``z``: a ``sum`` post-op when the planner put the output in place over ``z``
@@ -89,11 +91,16 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     if xs is None or ys is None or len(xs) != 4 or w.dim() != 4:
         return Decline("needs a 2-D convolution with static shapes", "dnnl")
     dtype = dtype_of(x_v)
-    if dtype not in TYPES or w.dtype != dtype or y_v.dtype.to_torch() != dtype:
+    y_dtype = y_v.dtype.to_torch()
+    widened = (dtype, y_dtype) == (torch.bfloat16, torch.float32)    # ``out_dtype``: a Cast folded in
+    if dtype not in TYPES or w.dtype != dtype or (y_dtype != dtype and not widened):
         return Decline(f"needs float32, bfloat16 or float16 data and weights (got {dtype}, {w.dtype})", "dnnl")
+    if widened and z_v is not None:
+        return Decline("a float32 output with a residual", "dnnl")
     if z_v is not None and (static_shape(z_v) != ys or z_v.dtype is None):
         return Decline("the residual does not have the output's static shape", "dnnl")
     compute = torch.float32 if dtype == torch.float16 else dtype    # float16: stored, not computed
+    out = y_dtype if widened else compute
     geo = ConvGeometry(ctx)
     s, d, begin, end = geo.resolve(tuple(xs[2:]), tuple(w.shape[2:]))
     if min(begin + end) < 0:
@@ -105,7 +112,7 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     x_strides = channels_last(xs) if y_v.layout == "nhwc" else contiguous(xs)
     inplace = (z_v is not None and ctx.inplace_input == 3 and z_v.dtype == y_v.dtype
                and strides_of(z_v) == y_strides)
-    x_md, y_md = MemDesc.of(xs, compute, x_strides), MemDesc.of(ys, compute, y_strides)
+    x_md, y_md = MemDesc.of(xs, compute, x_strides), MemDesc.of(ys, out, y_strides)
     z_md, res_ops = None, []
     if z_v is not None:
         if inplace:
@@ -145,7 +152,7 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
         consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
         keep.append(bias)
     x_slot = Slot(capi.ARG_SRC, xs, x_strides, compute, x_md)
-    y_slot = Slot(capi.ARG_DST, ys, y_strides, compute, y_md)
+    y_slot = Slot(capi.ARG_DST, ys, y_strides, out, y_md)
     if z_v is None:
         return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
     z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, strides_of(z_v), compute, z_md)

@@ -8,7 +8,9 @@ is reordered once into the blocked layout the primitive picks and not read from 
 run time; ``b`` is broadcast over rows. The activation is a post-op where oneDNN's eltwise is
 exact on NaN / Inf (relu as ``elu`` with alpha 0, sigmoid, tanh, silu as ``swish``); GELU's
 eltwise gives NaN for +-inf, so it runs after the product in place with torch, unless
-``Config.fast_math``. Products under ``SERIAL_MACS`` multiply-adds are made for one thread.
+``Config.fast_math``. Products under ``SERIAL_MACS`` multiply-adds are made for one thread. A bfloat16 product whose node has a
+float32 output (``out_dtype``: a Cast folded in, ``passes/fold_casts.py``) writes float32,
+the accumulations unrounded.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops
 
 TYPES = (torch.float32, torch.bfloat16, torch.float16)
+WIDENED = (torch.bfloat16, torch.float32)   # bfloat16 products written as float32 (``out_dtype``)
 EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwise", "logistic", 0.0, 0.0)],
          "tanh": [("eltwise", "tanh", 0.0, 0.0)], "silu": [("eltwise", "swish", 1.0, 0.0)]}
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
@@ -46,9 +49,11 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     if xs is None or ys is None or len(xs) < 1:
         return Decline("needs static shapes", "dnnl")
     dtype = dtype_of(x_v)
-    if dtype not in TYPES or w.dtype != dtype or y_v.dtype.to_torch() != dtype:
+    y_dtype = y_v.dtype.to_torch()
+    if dtype not in TYPES or w.dtype != dtype or (y_dtype != dtype and (dtype, y_dtype) != WIDENED):
         return Decline(f"needs float32, bfloat16 or float16 data and weight (got {dtype}, {w.dtype})", "dnnl")
     compute = torch.float32 if dtype == torch.float16 else dtype    # float16: stored, not computed
+    out = y_dtype if y_dtype != dtype else compute
     if strides_of(x_v) != contiguous(xs) or strides_of(y_v) != contiguous(ys):
         return Decline("needs row-major input and output", "dnnl")
     n, k = (w.shape[0], w.shape[1]) if trans_b else (w.shape[1], w.shape[0])
@@ -59,7 +64,7 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     after = None
     if post is None:
         post, after = [], _after(activation)
-    x_md, y_md = MemDesc.of((m, k), compute), MemDesc.of((m, n), compute)
+    x_md, y_md = MemDesc.of((m, k), compute), MemDesc.of((m, n), out)
     w_any = MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
     bias = None if b is None else b.to(compute if dtype == torch.float16 else b.dtype).contiguous()
     b_md = MemDesc.of((1, n), bias.dtype) if bias is not None else None
@@ -89,7 +94,7 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
         consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
         keep.append(bias)
     x_slot = Slot(capi.ARG_SRC, xs, contiguous(xs), compute, x_md)
-    y_slot = Slot(capi.ARG_DST, ys, contiguous(ys), compute, y_md)
+    y_slot = Slot(capi.ARG_DST, ys, contiguous(ys), out, y_md)
     return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
 
 

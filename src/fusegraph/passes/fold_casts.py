@@ -1,0 +1,66 @@
+"""Pass "fold_casts": a Cast to float32 right after a bfloat16 product becomes the product's
+own float32 output (a cast is a post-op, not a kernel).
+
+The precision pass puts a ``Cast`` to float32 where a reduced value meets a float32 reader
+(a LayerNorm's statistics, an LRN, the logits' pooling). When that value is the output of a
+``Linear``, ``LinearAct`` or ``FusedConv`` computing in bfloat16 (directly, or through views that keep
+the type: Reshape, Flatten, Squeeze, Unsqueeze) and the Cast is its only reader, the product
+writes float32 instead (attribute ``out_dtype``): its accumulations, float32 already,
+are no longer rounded to bfloat16 first, and one kernel per boundary goes. The ops' kernels
+honour the attribute (``ops/fused_basic.py``, ``ops/fused_transformer.py``, ``ops/fused_cnn.py``; oneDNN's
+``dnnl/linear.py``, ``dnnl/conv.py``).
+
+Declined, with the reason counted in the stats: a product whose output has another reader or
+is a graph output, a convolution with a residual input (its sum would change type), a Cast
+whose output is a graph output (its name is the model's), a locked value.
+"""
+from __future__ import annotations
+
+from ..ir import DType, Graph
+from .manager import PassResult, is_locked
+
+PRODUCTS = {("fusegraph", "Linear"), ("fusegraph", "LinearAct"), ("fusegraph", "FusedConv")}
+VIEWS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze")}
+
+
+def _path(cast):
+    """The values from the product's output to the Cast's input (views between them included:
+    a Reshape, Flatten, Squeeze or Unsqueeze keeps its input's type), or a reason string."""
+    path = [cast.inputs[0]]
+    while path[-1] is not None and path[-1].producer is not None \
+            and (path[-1].producer.domain, path[-1].producer.op_type) in VIEWS:
+        path.append(path[-1].producer.inputs[0])
+    src = path[-1]
+    node = src.producer if src is not None else None
+    if node is None or (node.domain, node.op_type) not in PRODUCTS:
+        return "not after a product"
+    if src.dtype != DType.BFLOAT16 or node.inputs[0] is None or node.inputs[0].dtype != DType.BFLOAT16:
+        return "not a bfloat16 product"
+    if any(len(v.uses) != 1 or v.is_graph_output or is_locked(v) for v in path) or is_locked(cast.outputs[0]):
+        return "the product's output has other readers, is a graph output or is locked"
+    if node.op_type == "FusedConv" and len(node.inputs) > 3 and node.inputs[3] is not None:
+        return "a convolution with a residual"
+    if cast.outputs[0].is_graph_output:
+        return "the Cast's output is a graph output"
+    return path
+
+
+class FoldCasts:
+    name = "fold_casts"
+
+    def run(self, graph: Graph) -> PassResult:
+        folded, declined = 0, {}
+        for cast in [n for n in graph.nodes if n.op_type == "Cast" and n.domain == ""]:
+            if int(cast.attrs.get("to", 0)) != int(DType.FLOAT):
+                continue
+            path = _path(cast)
+            if isinstance(path, str):
+                declined[path] = declined.get(path, 0) + 1
+                continue
+            path[-1].producer.attrs["out_dtype"] = int(DType.FLOAT)
+            for v in path:
+                v.dtype = DType.FLOAT
+            cast.outputs[0].replace_all_uses_with(path[0])
+            graph.remove(cast)
+            folded += 1
+        return PassResult(bool(folded), {"folded": folded, **{f"declined: {k}": v for k, v in declined.items()}})
