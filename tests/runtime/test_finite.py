@@ -128,3 +128,39 @@ def test_guard_runs_fast_on_finite_feeds_and_exact_on_nan(tmp_path):
 def test_fast_math_needs_no_guard():
     cm = fg.compile(_clip_model(), fg.Config(threads=2, fast_math=True))
     assert not any(isinstance(c.kernel, Guarded) for c in cm._executor.binding.calls)
+
+
+def test_a_cast_keeps_the_bound_and_a_reduced_type_rounds_up():
+    from fusegraph.runtime.finite import ROUNDING
+    g = Graph("g")
+    x = g.add_input("x", DType.FLOAT, (4,))
+    to_bf16 = _out(g.add_node("Cast", [x], attrs={"to": int(DType.BFLOAT16)}, name="bf"), (4,))
+    to_bf16.dtype = DType.BFLOAT16
+    to_f16 = _out(g.add_node("Cast", [x], attrs={"to": int(DType.FLOAT16)}, name="h"), (4,))
+    to_f16.dtype = DType.FLOAT16
+    g.outputs += [to_bf16, to_f16]
+    small, large = propagate(g, 10.0), propagate(g, 1e5)
+    assert small[id(to_bf16)].bound == pytest.approx(10.0 * ROUNDING) and small[id(to_bf16)].finite
+    assert small[id(to_f16)].finite
+    assert large[id(to_bf16)].finite and not large[id(to_f16)].finite     # float16 overflows above 65504
+
+
+@pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
+def test_a_bf16_model_runs_its_fast_kernels_and_stays_exact_on_nan():
+    """Through the precision pass's Casts the bounds carry on: the bf16 model's clip and pool
+    kernels are guarded too (before, a Cast made every bound unknown and every one exact)."""
+    m = _clip_model()
+    cm = fg.compile(m, fg.Config(threads=2, precision="bf16"))
+    guarded = [c.kernel for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
+    assert len(guarded) >= 3
+    x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype(np.float32) * 5
+    got = cm.run({"x": x})["y"]
+    want = ort_run(m, {"x": x})["y"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
+    assert all(k._exact is None for k in guarded)
+    x[0, 0, 3, 3] = np.nan
+    got = cm.run({"x": x})["y"]
+    want = fg.compile(m, fg.Config(threads=2, precision="bf16", cpu_kernels="portable")).run({"x": x})["y"]
+    assert all(k._exact is not None for k in guarded)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).any()

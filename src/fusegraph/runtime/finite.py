@@ -18,7 +18,9 @@ Bounds are conservative: a convolution or product multiplies its input bound by 
 weight magnitude times the terms each output sums (every partial sum is then below it too;
 computable from the packed bytes alone, so a loaded model derives the same limits from its
 own weights and trusts nothing the file says about them), an addition adds bounds,
-LayerNorm and softmax reset them, clip / sigmoid / tanh cap them. Ops the table does not
+LayerNorm and softmax reset them, clip / sigmoid / tanh cap them, a Cast keeps them (a value
+stored in bfloat16 or float16 may round up by 2^-8 of itself, float16 overflows above 65504:
+``_cap``). Ops the table does not
 know give "unknown": no guarded node downstream admits any ``M`` through them. Integer and
 boolean values are finite by nature. A transfer function reads only node attributes and
 constants; nothing here mutates the graph.
@@ -33,6 +35,7 @@ import torch
 from ..ir import DType, Graph, Node, Value
 
 LIMIT = 1e38                     # below float32's largest (3.4e38): room for rounding
+ROUNDING = 1.0 + 2.0 ** -7       # a bfloat16 / float16 rounding moves a value by at most 2^-8 of it
 F16_MAX = 65504.0
 FLOAT32_MAX = 3.4028234663852886e38
 # Input magnitudes tried; the last: any finite one. Denser where feeds are: normalised data
@@ -56,7 +59,11 @@ INTEGER = Fact(2.0 ** 63)
 
 
 def _cap(f: Fact, dtype: DType | None) -> Fact:
-    """A bound at or above what the value's type holds overflows to +-inf (float16: 65504)."""
+    """A bound at or above what the value's type holds overflows to +-inf (float16: 65504). A
+    value stored in a reduced type (bfloat16, float16) may round up: its bound grows by
+    ``ROUNDING``."""
+    if dtype in (DType.BFLOAT16, DType.FLOAT16) and math.isfinite(f.bound):
+        f = Fact(f.bound * ROUNDING, f.nan, f.inf)
     top = F16_MAX if dtype == DType.FLOAT16 else LIMIT
     if f.bound >= top:
         return Fact(math.inf, f.nan or f.inf, True)
@@ -162,6 +169,8 @@ def _transfer(node: Node, ins: list[Fact], weights: Weights) -> list[Fact]:
     op, attrs = node.op_type, node.attrs
     same = lambda: [ins[0]] * len(node.outputs)                         # noqa: E731
     if op in PASS_THROUGH:
+        return same()
+    if op == "Cast":          # a float's type changes (its rounding and range: ``_cap``), an integer's bound holds
         return same()
     if op in ("Concat", "Max", "Min", "Sum", "Where"):
         return [_union(*(ins[1:] if op == "Where" else ins))]
