@@ -429,8 +429,8 @@ def test_reduced_precision(precision, bound, net):
     assert err <= bound, f"{precision}: relative L2 error {err:.2e} > {bound}"
     assert err > 1e-6, "as exact as fp32: the reduced precision did not take effect"
     reduced = fg.ir.DType.BFLOAT16 if precision == "bf16" else fg.ir.DType.FLOAT16
-    calls = [c for c in dnnl_calls(cm, ops) if c.node.outputs[0].dtype == reduced]
-    assert len(calls) >= 2, [(c.node.name, c.node.outputs[0].dtype) for c in dnnl_calls(cm, ops)]
+    calls = [c for c in dnnl_calls(cm, ops) if c.node.inputs[0].dtype == reduced]   # computing reduced
+    assert len(calls) >= 2, [(c.node.name, c.node.inputs[0].dtype) for c in dnnl_calls(cm, ops)]
     for c in calls:
         if precision == "bf16":
             assert "bf16" in fast_of(c.kernel).impl, fast_of(c.kernel).impl
