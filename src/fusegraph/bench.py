@@ -134,7 +134,6 @@ def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int 
             raise UsageError(f"unknown peer {peer!r}; choose onnxruntime or torch")
     samples = alternate(runners, runs=runs, warmup=warmup)
     med = {k: statistics.median(v) for k, v in samples.items()}
-    ran = model.specializations.model_for(feeds) if model.specializations is not None else None
     return BenchResult(model=str(model_path), threads=threads, runs=runs, fusegraph_ms=med.pop("fusegraph"),
-                       peers_ms=med, kernels=(ran or model).report.kernel_count,
+                       peers_ms=med, kernels=model.runs_as(feeds).report.kernel_count,
                        shapes={k: list(v.shape) for k, v in feeds.items()})

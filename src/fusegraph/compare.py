@@ -58,7 +58,7 @@ def compare(model_src: Any, runs: int = 20, budget_s: float = 10.0, big_batch: i
         compile_s = time.perf_counter() - t0
         f1 = feeds or random_feeds_for(model)
         lat = measure(lambda: model.run(f1), runs=runs, warmup=2, budget_s=budget_s)
-        ran = (model.specializations.model_for(f1) if model.specializations is not None else None) or model
+        ran = model.runs_as(f1)
         col = Column(level, compile_s, ran.report.kernel_count, lat.median_ms, lat.p90_ms,
                      {1: lat.per_second})
         if _batchable(model) and feeds is None:

@@ -22,6 +22,7 @@ from . import artifact
 from .config import Config
 from .errors import ConfigError, ModelClosedError, ModelLoadError
 from .ir import DType, Graph
+from .ir.serialize import copy_graph
 from .ir.shape import Shape
 from .ops import infer_graph, opdef_for
 from .passes import optimize
@@ -30,9 +31,8 @@ from .plan.exec_plan import ExecutionPlan
 from .plan.memory_plan import PlanOptions, plan_memory
 from .runtime.bind import kernel_summary
 from .runtime.executor import Executor
-from .runtime.threads import intra_op_threads
-from .ir.serialize import copy_graph
 from .runtime.backends.cpu.dnnl.weights import SharedForms
+from .runtime.threads import intra_op_threads
 from .specialize import ShapeSpecializations, specialization_kind
 
 @dataclass(frozen=True)
@@ -145,11 +145,18 @@ class CompiledModel:
         A model with symbolic input dims (or ``Config.dynamic_batch``) runs its compile at the
         feeds' exact shapes (``specialize.py``), made on the first run at those shapes; ``hook``'s
         index is then into that compile's ``plan.order`` (``model.specialize(shapes)``)."""
-        if self.specializations is not None and not self._executor.closed:
-            model = self.specializations.model_for(feeds)
-            if model is not None:
-                return model.run(feeds, hook=hook)
+        model = self.runs_as(feeds)
+        if model is not self:
+            return model.run(feeds, hook=hook)
         return self._executor.run(feeds, hook=hook)
+
+    def runs_as(self, feeds: Mapping[str, Any]) -> "CompiledModel":
+        """The compile a run with ``feeds`` executes: this model, or for a model with symbolic
+        input dims its compile at the feeds' shapes (made now if it is not kept; what reports,
+        profiles and benchmarks should describe)."""
+        if self.specializations is not None and not self._executor.closed:
+            return self.specializations.model_for(feeds) or self
+        return self
 
     def specialize(self, shapes: Mapping[str, tuple[int, ...]]) -> "CompiledModel":
         """The compile of this dynamic model at exact input shapes (``{input: shape}``), made now
@@ -234,8 +241,7 @@ def _compile(model: Any, config: Config, stage: Callable[[str], None], example_i
     stage("planning")
     shared = SharedForms() if kind else None
     compiled = _plan_and_bind(graph, config, report, shared)
-    report.timings = {"import": t1 - t0, "infer": t2 - t1, "plan": report.timings["plan"],
-                      "bind": report.timings["bind"]}
+    report.timings = {"import": t1 - t0, "infer": t2 - t1, **report.timings}    # then plan, bind
     if kind:
         _attach_specializations(compiled, source, kind, shared)
     return compiled

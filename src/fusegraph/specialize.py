@@ -85,6 +85,7 @@ class ShapeSpecializations:
     def __init__(self, source: Graph, kind: str, config: Config, main: "CompiledModel", shared: SharedForms,
                  build: Callable[[Graph, Config], "CompiledModel"]):
         self.source = source
+        self._names = frozenset(v.name for v in source.inputs)
         self.kind = kind
         if kind == "batch":
             for v in source.inputs:
@@ -129,23 +130,28 @@ class ShapeSpecializations:
         """The compile for ``feeds``' shapes (made now on a miss); None where the model's own
         compile runs them (its static shapes) or where the feeds are malformed (its feed checks
         then name the fault)."""
-        if not isinstance(feeds, Mapping) or set(feeds) != {v.name for v in self.source.inputs}:
+        if not isinstance(feeds, Mapping) or feeds.keys() != self._names:
             return None
         key = tuple(_shape_of(feeds[v.name]) for v in self.source.inputs)
         if any(k is None for k in key) or key == self._main_key:
             return None
+        return self._get(key, feeds)
+
+    def _get(self, key: tuple, feeds: Mapping[str, Any]) -> "CompiledModel":
+        """The compile kept for ``key`` (now the most recently used), else ``feeds`` checked
+        against the inputs' specs (an InputError naming a bad one) and the compile made."""
         with self._lock:
             got = self._cache.get(key)
             if got is not None:
                 self._cache.move_to_end(key)
                 return got
-        convert_feeds(self.name, self.source.inputs, feeds)   # InputError naming a bad input
+        convert_feeds(self.name, self.source.inputs, feeds)
         return self._compile(key)
 
     def at(self, shapes: Mapping[str, tuple[int, ...]]) -> "CompiledModel":
         """The compile at ``{input: shape}``, made now if it is not kept."""
         names = [v.name for v in self.source.inputs]
-        if not isinstance(shapes, Mapping) or set(shapes) != set(names):
+        if not isinstance(shapes, Mapping) or shapes.keys() != self._names:
             raise InputError(f"{self.name}: give a shape for each input {names}, got {shapes!r}")
         feeds = {}
         for v in self.source.inputs:
@@ -155,13 +161,7 @@ class ShapeSpecializations:
                 raise InputError(f"{self.name}: input {v.name!r}: a shape is a list of non-negative "
                                  f"integers, got {shape!r}")
             feeds[v.name] = torch.empty(tuple(shape), dtype=v.dtype.to_torch(), device="meta")  # checks only
-        key = tuple(tuple(int(d) for d in shapes[n]) for n in names)
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
-        convert_feeds(self.name, self.source.inputs, feeds)
-        return self._compile(key)
+        return self._get(tuple(tuple(int(d) for d in shapes[n]) for n in names), feeds)
 
     def _compile(self, key: tuple) -> "CompiledModel":
         with self._lock:

@@ -17,6 +17,25 @@ def same_as_input(i: int = 0):
     return infer
 
 
+def product_out_dtype(ctx: NodeContext):
+    """The output type of a product (Linear, LinearAct, FusedConv) that computes in its inputs'
+    type: its ``out_dtype`` attribute (a float32 output folded in from a Cast,
+    ``passes/fold_casts.py``), else input 0's."""
+    given = ctx.attr("out_dtype", None)
+    return DType(int(given)) if given is not None else (ctx.dtype(0) or None)
+
+
+def widens(ctx: NodeContext) -> bool:
+    """Whether a product's kernel computes on float32 copies of its operands: a float32 output
+    of a reduced product (``out_dtype``), its products unrounded."""
+    return ctx.attr("out_dtype", None) is not None
+
+
+def widened(*tensors):
+    """``tensors`` as float32 (None stays None)."""
+    return tuple(None if t is None else t.float() for t in tensors)
+
+
 def broadcast_of_inputs(dtype: DType | None = None, dtype_from: int = 0):
     """Output 0 is the broadcast of all inputs; dtype fixed or taken from input ``dtype_from``."""
     def infer(ctx: NodeContext):

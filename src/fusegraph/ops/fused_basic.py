@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..ir import DType
 from ..ir.shape import broadcast_shapes
+from .common import product_out_dtype, widened, widens
 from .registry import FusionKind, NodeContext, no_out, register
 
 DOMAIN = "fusegraph"
@@ -37,20 +37,11 @@ def _linear_infer(ctx: NodeContext):
     xs, ws = ctx.shape(0), ctx.shape(1)
     if ws is not None and len(ws) != 2:
         raise ValueError(f"Linear weight must be 2-D, got rank {len(ws)}")
-    given = ctx.attr("out_dtype", None)    # a float32 output folded in from a Cast (passes/fold_casts.py)
-    dtype = DType(int(given)) if given is not None else (ctx.dtype(0) or None)
+    dtype = product_out_dtype(ctx)
     if xs is None or ws is None:
         return [(dtype, None)]
     n = ws[0] if ctx.attr("trans_b", 0) else ws[1]
     return [(dtype, tuple(xs[:-1]) + (n,))]
-
-
-def _widened(kernel):
-    """``kernel`` on float32 copies of its operands: a float32 output of a reduced product,
-    the products unrounded (``out_dtype``)."""
-    def widened(x, w, b=None, **kw):
-        return kernel(x.float(), w.float(), None if b is None else b.float(), **kw)
-    return widened
 
 
 @register("Linear", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_infer,
@@ -61,8 +52,8 @@ def _linear(ctx: NodeContext):
     def kernel(x, w, b=None):
         return F.linear(x, w if trans_b else w.t(), b)
     xs = ctx.shape(0)
-    if ctx.attr("out_dtype", None) is not None:
-        return no_out(_widened(kernel))
+    if widens(ctx):
+        return no_out(lambda x, w, b=None: kernel(*widened(x, w, b)))
     if xs is None or len(xs) != 2:
         return no_out(kernel)
 

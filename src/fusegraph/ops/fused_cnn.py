@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..ir import DType
 from .activations import gelu
+from .common import product_out_dtype, widened, widens
 from .conv import conv_call, conv_infer, ints_attr, ConvGeometry
 from .registry import FusionKind, NodeContext, register
 
@@ -47,9 +47,7 @@ ACTIVATIONS = {
 def _fused_conv_infer(ctx: NodeContext):
     """``conv_infer``, with the output type of an ``out_dtype`` attribute (a float32 output
     folded in from a Cast, ``passes/fold_casts.py``)."""
-    got = conv_infer(ctx)
-    given = ctx.attr("out_dtype", None)
-    return got if given is None else [(DType(int(given)), got[0][1])]
+    return [(product_out_dtype(ctx), conv_infer(ctx)[0][1])]
 
 
 @register("FusedConv", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True,
@@ -78,11 +76,11 @@ def portable_kernel(ctx: NodeContext, activation: str, params: list[float]):
     geo = ConvGeometry(ctx)
     act = ACTIVATIONS[activation]
     g = geo.group
-    widen = ctx.attr("out_dtype", None) is not None    # float32 out: products of the inputs, unrounded
+    widen = widens(ctx)
 
     def kernel(x, w, b=None, z=None):
         if widen:
-            x, w, b, z = (None if t is None else t.float() for t in (x, w, b, z))
+            x, w, b, z = widened(x, w, b, z)
         s, d, begin, end = geo.resolve(tuple(x.shape[2:]), tuple(w.shape[2:]))
         y = conv_call(x, w, b, s, d, g, begin, end)
         if z is not None:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from .activations import gelu as _gelu_fn
-from .common import same_as_input
+from .common import product_out_dtype, same_as_input, widened, widens
 from .norm import layer_norm_exact as layer_norm
 from .registry import FusionKind, NodeContext, register
 
@@ -58,20 +58,12 @@ def _mm_into(x, w, b, out):
     return torch.mm(x, w, out=out) if b is None else torch.addmm(b, x, w, out=out)
 
 
-def out_dtype(ctx: NodeContext):
-    """The output type of a product that computes in its inputs' type: its ``out_dtype``
-    attribute (a float32 output folded in from a Cast, ``passes/fold_casts.py``), else the
-    input's."""
-    given = ctx.attr("out_dtype", None)
-    return DType(int(given)) if given is not None else (ctx.dtype(0) or None)
-
-
 def _linear_act_infer(ctx: NodeContext):
     xs, ws = ctx.shape(0), ctx.shape(1)
     if xs is None or ws is None:
-        return [(out_dtype(ctx), None)]
+        return [(product_out_dtype(ctx), None)]
     n = ws[0] if ctx.attr("trans_b", 0) else ws[1]
-    return [(out_dtype(ctx), tuple(xs[:-1]) + (n,))]
+    return [(product_out_dtype(ctx), tuple(xs[:-1]) + (n,))]
 
 
 @register("LinearAct", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_act_infer,
@@ -82,11 +74,11 @@ def _linear_act(ctx: NodeContext):
     if name != "none" and name not in ACTIVATIONS:
         raise ctx.unsupported(f"activation {name!r} (expected none or one of {sorted(ACTIVATIONS)})")
     act = ACTIVATIONS.get(name)
-    widen = ctx.attr("out_dtype", None) is not None    # float32 out: products of the inputs, unrounded
+    widen = widens(ctx)
 
     def kernel(x, w, b=None, out=None):
         if widen:
-            x, w, b = x.float(), w.float(), None if b is None else b.float()
+            x, w, b = widened(x, w, b)
         wt = w.t() if trans_b else w
         k, n = wt.shape
         x2 = x.reshape(-1, k)

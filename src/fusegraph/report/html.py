@@ -261,8 +261,8 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
     with symbolic input dims is shown as its compile at the feeds' shapes, the one its runs
     execute."""
     from .profile import profile
-    if feeds is not None and getattr(model, "specializations", None) is not None:
-        model = model.specializations.model_for(feeds) or model
+    if feeds is not None:
+        model = model.runs_as(feeds)
     prof = profile(model, feeds, runs=runs) if feeds is not None else None
     figures = figures_of(model, prof)
     before = _before_graph(source) if source is not None else None

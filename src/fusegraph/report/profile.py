@@ -134,8 +134,7 @@ def profile(model, feeds: Mapping[str, Any], runs: int = 10, warmup: int = 2) ->
     input dims is profiled in its compile at the feeds' shapes, which is what its runs execute."""
     if runs < 1:
         raise UsageError(f"profile: runs must be at least 1, got {runs}")
-    if getattr(model, "specializations", None) is not None:
-        model = model.specializations.model_for(feeds) or model
+    model = model.runs_as(feeds)
     nodes = {n.name: n for n in model.graph.nodes}
     order = list(model.plan.order) if model.plan is not None else [n.name for n in model.graph.nodes]
     streams = getattr(model.plan, "streams", None) if model.plan is not None else None

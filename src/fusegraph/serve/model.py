@@ -307,7 +307,7 @@ class ServedModel:
         self.static_batch = dim if isinstance(dim, int) else None
         self.resizes = axis is not None
         self.sizes = variant_sizes(settings, self.static_batch) if self.resizes else []
-        cache = getattr(base.config, "shape_cache", 0)
+        cache = base.config.shape_cache
         if self.static_batch is None and self.resizes and cache < len(self.sizes):
             self.note_once(f"shape_cache {cache} keeps fewer compiles than the {len(self.sizes)} batch sizes "
                            f"{self.sizes}: batches of the others compile again")
