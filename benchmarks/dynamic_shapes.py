@@ -11,9 +11,10 @@ For each ONNX file with dynamic (batch, sequence) inputs (the BERT / GPT-2 expor
   a pause before each block so onnxruntime's spinning pool does not tax the next engine); the
   first run at a shape, which compiles, is timed apart;
 - the first run at each length (ms): the dynamic model's per-shape compile plus its run;
-- memory (``--memory``): RssAnon after runs at every length, minus after import, one fresh
-  process per engine: the dynamic model, the static model at the longest length only, and
-  onnxruntime's session on the dynamic export; and each engine's build time.
+- memory and load (``--memory``): RssAnon after runs at every length, minus after import, one
+  fresh process per engine: the dynamic model compiled and its ``.fgm`` loaded, the static
+  model at the longest length only (compiled, and loaded), and onnxruntime's session on the
+  dynamic export; beside each, its build time (compile, ``fg.load``, session creation).
 
 2 threads. ``python benchmarks/dynamic_shapes.py --models /tmp/dyn/bert.onnx,/tmp/dyn/gpt2.onnx
 --seqs 8,64,128,384 --runs 30 --memory``
@@ -25,6 +26,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,7 +50,8 @@ base = rss()
 t = time.perf_counter()
 if engine == "static":
     model = fg.compile(static_shapes(path, 1, max(seqs)), fg.Config(threads=2)); run = model.run
-    seqs = [max(seqs)]
+elif engine.endswith("load"):           # path: the .fgm the parent saved
+    model = fg.load(path); run = model.run
 elif engine == "dynamic":
     model = fg.compile(path, fg.Config(threads=2)); run = model.run
 else:
@@ -56,6 +59,8 @@ else:
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     run = lambda f: sess.run(None, f)
 build = time.perf_counter() - t
+if engine.startswith("static"):
+    seqs = [max(seqs)]
 for s in seqs:
     for _ in range(5):
         run(transformer_feeds(0, 1, s))
@@ -98,11 +103,18 @@ def _latency(path: str, seqs: list[int], runs: int) -> list[dict]:
 
 
 def _memory(path: str, seqs: list[int]) -> dict:
+    import fusegraph as fg
+    from model_builders import static_shapes
     out = {}
-    for engine in ("dynamic", "static", "onnxruntime"):
-        got = subprocess.run([sys.executable, "-c", _CHILD, engine, path, ",".join(map(str, seqs)),
-                              str(ROOT / "tests")], capture_output=True, text=True, check=True)
-        out[engine] = json.loads(got.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {"dynamic load": Path(tmp) / "dynamic.fgm", "static load": Path(tmp) / "static.fgm"}
+        fg.compile(path, fg.Config(threads=2)).save(files["dynamic load"])
+        fg.compile(static_shapes(path, 1, max(seqs)), fg.Config(threads=2)).save(files["static load"])
+        for engine in ("dynamic", "dynamic load", "static", "static load", "onnxruntime"):
+            got = subprocess.run([sys.executable, "-c", _CHILD, engine, str(files.get(engine, path)),
+                                  ",".join(map(str, seqs)), str(ROOT / "tests")],
+                                 capture_output=True, text=True, check=True)
+            out[engine] = json.loads(got.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -126,7 +138,7 @@ def main() -> None:
                   f"{r['max_rel_err_vs_ort']:>10.1e}")
         if args.memory:
             mem = _memory(path, seqs)
-            print(f"RssAnon MiB after runs at {args.seqs} (static: at {max(seqs)} only), build s: "
+            print(f"RssAnon MiB after runs at {args.seqs} (static: at {max(seqs)} only) / build or load s: "
                   + ", ".join(f"{k} {v['rss_mib']:.0f} MiB / {v['build_s']:.2f} s" for k, v in mem.items()))
 
 
