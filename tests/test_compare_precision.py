@@ -78,9 +78,10 @@ def test_compare_precision_figures(result, bf16):
     assert acc["fp32"]["top1_agree"] == 1.0
     assert result.worst_rel_l2() == acc["reduced"]["rel_l2"]
     prec = bf16.report.precision
-    assert result.reduced.by_dtype == prec["by_dtype"] == {"bf16": 2, "fp32": 1}
+    assert result.reduced.by_dtype == prec["by_dtype"] == {"bf16": 3}         # the logits: bf16 operands
     assert result.reduced.casts == prec["casts"] > 0 and result.fp32.by_dtype == {} and result.fp32.casts == 0
-    assert result.kept_fp32 == prec["kept_fp32"] and result.kept_fp32[0]["op"] == "Linear"
+    assert result.kept_fp32 == prec["kept_fp32"] == []
+    assert result.fp32_logits == prec["fp32_logits"] and [k["op"] for k in result.fp32_logits] == ["Linear"]
     assert result.reduced.arena_bytes == bf16.report.memory.arena_bytes and result.fp32.arena_bytes > 0
     assert result.fp32.artifact_bytes > 1000 and result.reduced.artifact_bytes > 1000
     assert result.fp32.latency_ms > 0 and result.reduced.p90_ms >= result.reduced.latency_ms
@@ -90,8 +91,8 @@ def test_compare_precision_figures(result, bf16):
 def test_render_has_every_row(result):
     text = _text(render_precision(result, "t"))
     for words in ("latency median", "latency p90", "activation arena (planned)", "artifact (.fgm) size",
-                  "nodes by dtype", "bf16 2, fp32 1", "rel L2 error (worst)", "max abs error", "cosine (mean)",
-                  "top-1 agreement", "bf16 vs ref", "fp32 vs ref", "heavy ops kept in fp32 (1)"):
+                  "nodes by dtype", "bf16 3", "rel L2 error (worst)", "max abs error", "cosine (mean)",
+                  "top-1 agreement", "bf16 vs ref", "fp32 vs ref", "logits written in fp32 from bf16 operands (1)"):
         assert words in text, words
     rel = f"{result.accuracy['logits']['reduced']['rel_l2']:.3g}"
     assert re.search(rf"rel L2 error \(worst\)[\s│|]+\S+[\s│|]+{re.escape(rel)}\s", text), text
@@ -109,7 +110,7 @@ def test_non_onnx_source_is_checked_against_fp32_at_O0():
 def test_op_precision_reaches_the_reduced_side_only(path):
     r = compare_precision(str(path), "bf16", inputs=1, runs=1, config=fg.Config(threads=1),
                           op_precision=(("/head/gemm", "bf16"),))
-    assert r.reduced.by_dtype == {"bf16": 3} and r.kept_fp32 == [] and r.fp32.by_dtype == {}
+    assert r.reduced.by_dtype == {"bf16": 3} and r.kept_fp32 == r.fp32_logits == [] and r.fp32.by_dtype == {}
     with pytest.raises(UsageError, match="reduced side"):
         compare_precision(str(path), "fp32")
 
@@ -182,10 +183,8 @@ def test_inspect_prints_a_precision_line(path, capsys):
     assert main(["inspect", str(path), "--precision", "bf16"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("precision:")]
-    want = ("precision: bf16 policy: nodes 2 bf16, 1 fp32; 1 cast(s) (1 more folded into their producers); "
-            "1 heavy op(s) kept in fp32 "
-            "(first: gemm_to_linear_linear (Linear): the model's logits (its last heavy op before an "
-            "output): float32 unless op_precision names it)")
+    want = ("precision: bf16 policy: nodes 3 bf16; 1 cast(s); 1 logits product(s) write fp32 from bf16 operands "
+            "(first: gemm_to_linear_linear (Linear))")
     assert lines == [want], out
     assert "runs as: O2, bf16 precision," in out
     assert main(["inspect", str(path)]) == 0
@@ -211,12 +210,12 @@ def test_html_precision_section(bf16, path, result):
         [(n["node"], n["op"], n["dtype"], n["class"], n["why"]) for n in prec["nodes"]]
     shown = dict(re.findall(r'data-fig="([^"]+)" data-value="([^"]*)"', sec))
     assert shown["precision_policy"] == "bf16" and shown["precision_casts"] == str(prec["casts"])
-    assert shown["precision_nodes_bf16"] == "2" and shown["precision_nodes_fp32"] == "1"
-    assert shown["precision_kept_fp32"] == str(len(prec["kept_fp32"]))
+    assert shown["precision_nodes_bf16"] == "3" and "precision_nodes_fp32" not in shown
+    assert shown["precision_kept_fp32"] == "0" and shown["precision_fp32_logits"] == "1"
     figs = json.loads(re.search(r'id="fg-figures">(.*?)</script>', page, re.DOTALL).group(1))
     assert figs["precision"] == {"policy": "bf16", "by_dtype": prec["by_dtype"], "casts": prec["casts"],
-                                 "kept_fp32": 1, "nodes": len(prec["nodes"]), "op_precision": {}}
-    assert h.escape(prec["kept_fp32"][0]["why"], quote=True) in sec
+                                 "kept_fp32": 0, "fp32_logits": 1, "nodes": len(prec["nodes"]), "op_precision": {}}
+    assert h.escape(prec["fp32_logits"][0]["why"], quote=True) in sec
     # the accuracy against fp32 O0: a real, non-zero rel L2 for bf16
     acc = re.search(r"<td>logits</td><td>\(1, 10\)</td><td class=num>([^<]*)</td>", sec)
     assert acc and 1e-4 < float(acc.group(1)) < 5e-2

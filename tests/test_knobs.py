@@ -55,8 +55,8 @@ def knob_model(batch: int | str = 1):
 
 
 def two_conv_model():
-    """Conv -> Relu -> Conv -> ReduceMean: the second conv is the logits (fp32 by policy), the
-    first is reduced under bf16."""
+    """Conv -> Relu -> Conv -> ReduceMean: under bf16 both convolutions read bf16 operands; the
+    second is the logits and writes them in fp32 (the policy)."""
     rng = np.random.default_rng(0)
     w1, w2 = (numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32), n)
               for n in ("w1", "w2"))
@@ -171,15 +171,16 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
         return
     if field == "precision":
         plain, reduced = (fg.compile(two_conv_model(), config=fg.Config(precision=p)) for p in ("fp32", "bf16"))
-        assert _reduced(plain) == 0 and _reduced(reduced) == 1
+        assert _reduced(plain) == 0 and _reduced(reduced) == 2
+        assert [k["op"] for k in reduced.report.precision["fp32_logits"]] == ["FusedConv"]
         x = {"x": np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)}
         np.testing.assert_allclose(reduced.run(x)["y"], plain.run(x)["y"], rtol=2e-2, atol=2e-2)
         return
-    if field == "accuracy_budget":   # 1e-6: the search moves the first conv to fp32 (1e-2 keeps it bf16)
+    if field == "accuracy_budget":   # 1e-6: the search moves both convs to fp32 (1e-2 keeps them bf16)
         loose, tight = (fg.compile(two_conv_model(), config=fg.Config(precision="auto", accuracy_budget=b))
                         for b in (1e-2, 1e-6))
-        assert _reduced(loose) == 1 and _reduced(tight) == 0
-        assert [k["node"] for k in tight.report.precision["auto"]["kept_fp32"]] == ["conv_a"]
+        assert _reduced(loose) == 2 and _reduced(tight) == 0
+        assert [k["node"] for k in tight.report.precision["auto"]["kept_fp32"]] == ["conv_a", "conv_b"]
         return
     if field == "shape_cache":      # 0: the symbolic-batch model runs its shape-generic kernels
         x = {"x": np.random.default_rng(1).standard_normal((3, 8, 16, 16)).astype(np.float32)}

@@ -96,6 +96,10 @@ def precision_line(report) -> str | None:
         first = kept[0]
         line += (f"; {len(kept)} heavy op(s) kept in fp32 (first: {first['node']} ({first['op']}): "
                  f"{first['why']})")
+    logits = list(get("fp32_logits") or [])
+    if logits:
+        line += (f"; {len(logits)} logits product(s) write fp32 from {get('policy')} operands "
+                 f"(first: {logits[0]['node']} ({logits[0]['op']}))")
     return line
 
 

@@ -43,6 +43,7 @@ class PrecisionComparison:
     # (each ``report.accuracy.accumulate``'s: rel_l2, max_abs, cosine, inputs, top1_agree)
     accuracy: dict[str, dict[str, dict]] = field(default_factory=dict)
     kept_fp32: list[dict] = field(default_factory=list)
+    fp32_logits: list[dict] = field(default_factory=list)    # bf16 operands, float32 output
 
     def worst_rel_l2(self, side: str = "reduced") -> float:
         from .report.accuracy import worst_rel_l2
@@ -169,7 +170,8 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
         return PrecisionComparison(
             model=str(model_src) if isinstance(model_src, (str, Path)) else fp32.name, precision=precision, reference=ref_name, inputs=inputs, runs=runs,
             threads=threads, fp32=sides["fp32"], reduced=sides["reduced"], accuracy=accuracy,
-            kept_fp32=list((red.report.precision or {}).get("kept_fp32") or []))
+            kept_fp32=list((red.report.precision or {}).get("kept_fp32") or []),
+            fp32_logits=list((red.report.precision or {}).get("fp32_logits") or []))
     finally:
         ref_close()
         for m in models.values():
@@ -221,12 +223,15 @@ def render_precision(result: PrecisionComparison, title: str):
                 continue
             acc.add_row(name if i == 0 else "", label, *(fmt(v) for v in vals))
     parts = [perf, acc]
-    if result.kept_fp32:
-        kept = Table(title=f"heavy ops kept in fp32 ({len(result.kept_fp32)})")
-        kept.add_column("node")
-        kept.add_column("op")
-        kept.add_column("why")
-        for k in result.kept_fp32[:20]:
-            kept.add_row(k["node"], k["op"], k["why"])
-        parts.append(kept)
+    for title, rows in ((f"heavy ops kept in fp32 ({len(result.kept_fp32)})", result.kept_fp32),
+                        (f"logits written in fp32 from {result.precision} operands ({len(result.fp32_logits)})",
+                         result.fp32_logits)):
+        if rows:
+            kept = Table(title=title)
+            kept.add_column("node")
+            kept.add_column("op")
+            kept.add_column("why")
+            for k in rows[:20]:
+                kept.add_row(k["node"], k["op"], k["why"])
+            parts.append(kept)
     return Group(*parts)

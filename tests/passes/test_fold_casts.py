@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from onnx import TensorProto, helper
 from oracle import ort_run
 from passes_util import const, model
@@ -65,7 +66,9 @@ def _casts(m) -> int:
 
 
 def _folded(m) -> list[str]:
-    return [n.op_type for n in m.graph.nodes if n.attrs.get("out_dtype") == int(DType.FLOAT)]
+    """Products writing float32 because a Cast folded in (the logits write float32 by policy)."""
+    logits = {k["node"] for k in (m.report.precision or {}).get("fp32_logits", [])}
+    return [n.op_type for n in m.graph.nodes if n.attrs.get("out_dtype") == int(DType.FLOAT) and n.name not in logits]
 
 
 def _rel(got, want) -> float:
@@ -107,3 +110,81 @@ def test_declines(build, why):
 def test_not_at_fp32():
     m = fg.compile(_linear_then_layernorm())
     assert "fold_casts" not in [p.name for p in m.report.passes] and _folded(m) == []
+
+
+def _norm_then_product(pre_ln: bool):
+    """x [+ r] -> layer norm (fp32 statistics; decomposed as older exporters write it, or
+    LayerNormalization after the sum) -> MatMul + bias (a bf16 Linear) -> Relu -> MatMul (the
+    logits) [+ the sum: a pre-LN residual stream, the SkipLayerNorm's second output] -> y."""
+    r = _rng(4)
+    h = helper.make_node
+    if pre_ln:
+        nodes = [h("Add", ["x", "r"], ["s"]), h("LayerNormalization", ["s", "g", "beta"], ["n"], axis=-1)]
+    else:       # the decomposed form: mean, centred, variance, sqrt, divide, scale and shift
+        nodes = [h("ReduceMean", ["x", "ax"], ["mu"]), h("Sub", ["x", "mu"], ["c"]),
+                 h("Pow", ["c", "two"], ["c2"]), h("ReduceMean", ["c2", "ax"], ["var"]),
+                 h("Add", ["var", "eps"], ["ve"]), h("Sqrt", ["ve"], ["sd"]), h("Div", ["c", "sd"], ["z"]),
+                 h("Mul", ["z", "g"], ["zg"]), h("Add", ["zg", "beta"], ["n"])]
+    nodes += [h("MatMul", ["n", "w"], ["m0"]), h("Add", ["m0", "b"], ["m1"]), h("Relu", ["m1"], ["m2"]),
+              h("MatMul", ["m2", "w2"], ["m" if pre_ln else "y"])]
+    if pre_ln:
+        nodes.append(h("Add", ["m", "s"], ["y"]))
+    inits = [const("g", 1 + 0.1 * r.standard_normal(64)), const("beta", 0.1 * r.standard_normal(64)),
+             const("w", r.standard_normal((64, 64)) * 0.2), const("b", r.standard_normal(64) * 0.1),
+             const("w2", r.standard_normal((64, 64)) * 0.2), const("r", r.standard_normal((1, 16, 64))),
+             const("two", np.array(2.0)), const("eps", np.array(1e-5)), const("ax", [-1], np.int64)]
+    return model(nodes, [("x", F, [1, 16, 64])], ["y"], inits)
+
+
+def _bf16_normalised(m, feeds) -> torch.Tensor:
+    """The bfloat16 normalised values the model's first product reads (the norm's own output
+    when the Cast is folded, else the Cast's), captured with ``run(hook=)``."""
+    nodes = {n.name: n for n in m.graph.nodes}
+    order = [nodes[name] for name in m.plan.order]
+    want = next(i for i, n in enumerate(order) if n.op_type == "LinearAct")
+    seen = {}
+
+    def hook(index, phase, outputs):
+        if phase == 1 and order[want].inputs[0] in order[index].outputs:
+            seen["x"] = outputs[order[index].outputs.index(order[want].inputs[0])].clone()
+    m.run(feeds, hook=hook)
+    return seen["x"]
+
+
+@pytest.mark.parametrize("pre_ln", [False, True], ids=["layernorm", "skip-layernorm-with-sum"])
+@pytest.mark.parametrize("kernels", ["auto", "portable"])
+def test_the_cast_after_a_layer_norm_folds_into_it_bitwise(pre_ln, kernels):
+    onnx_model = _norm_then_product(pre_ln)
+    folded = fg.compile(onnx_model, BF16.replace(cpu_kernels=kernels))
+    unfolded = fg.compile(onnx_model, UNFOLDED.replace(cpu_kernels=kernels))
+    norm = next(n for n in folded.graph.nodes if n.op_type in ("LayerNorm", "SkipLayerNorm"))
+    assert norm.op_type == ("SkipLayerNorm" if pre_ln else "LayerNorm") and len(norm.outputs) == (2 if pre_ln else 1)
+    assert norm.attrs["out_dtype"] == int(DType.BFLOAT16) and norm.outputs[0].dtype == DType.BFLOAT16
+    stats = next(p.stats for p in folded.report.passes if p.name == "fold_casts")
+    assert stats["folded"] == 2 and _casts(folded) == _casts(unfolded) - 2    # the norm's, the product's
+    if pre_ln:
+        assert norm.outputs[1].dtype == DType.FLOAT          # the residual stream stays float32
+    if kernels == "auto":
+        impls = {c.node.op_type: getattr(c.kernel, "impl", "portable") for c in folded._executor.binding.calls}
+        assert impls[norm.op_type] != "portable", impls     # oneDNN's norm writes the bfloat16
+    x = {"x": _rng(5).standard_normal((1, 16, 64)).astype(np.float32)}
+    got, want = _bf16_normalised(folded, x), _bf16_normalised(unfolded, x)
+    assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)     # rounded once, the same way
+    assert _rel(folded.run(x)["y"], ort_run(onnx_model, x)["y"]) < 1e-2
+
+
+def test_a_layer_norm_read_by_another_op_keeps_its_cast():
+    """BERT's post-LN form: the normalised output is the next residual too (float32)."""
+    r = _rng(6)
+    h = helper.make_node
+    nodes = [h("Add", ["x", "r"], ["s"]), h("LayerNormalization", ["s", "g", "beta"], ["n"], axis=-1),
+             h("MatMul", ["n", "w"], ["m0"]), h("Add", ["m0", "b"], ["m"]), h("Add", ["m", "n"], ["a"]),
+             h("LayerNormalization", ["a", "g", "beta"], ["y"], axis=-1)]
+    inits = [const("g", 1 + 0.1 * r.standard_normal(32)), const("beta", 0.1 * r.standard_normal(32)),
+             const("w", r.standard_normal((32, 32)) * 0.2), const("b", r.standard_normal(32) * 0.1),
+             const("r", r.standard_normal((1, 8, 32)))]
+    m = fg.compile(model(nodes, [("x", F, [1, 8, 32])], ["y"], inits), BF16)
+    first = next(n for n in m.graph.nodes if n.op_type == "SkipLayerNorm")
+    assert "out_dtype" not in first.attrs and first.outputs[0].dtype == DType.FLOAT
+    stats = next(p.stats for p in m.report.passes if p.name == "fold_casts")
+    assert stats["declined: the norm's output has other readers, is a graph output or is locked"] == 1

@@ -22,7 +22,7 @@ import fusegraph as fg
 from fusegraph.ir import DType, Graph
 from fusegraph.ops import infer_graph, infer_node
 from fusegraph.passes import precision_policy as pp
-from fusegraph.passes.precision import PrecisionPass
+from fusegraph.passes.precision import PrecisionPass, precision_summary
 
 FP, BF, H, I64 = DType.FLOAT, DType.BFLOAT16, DType.FLOAT16, DType.INT64
 SHAPE = (1, 4, 6, 6)
@@ -540,6 +540,57 @@ def test_the_last_heavy_op_before_an_output_stays_fp32(through):
     assert [(v.name, v.dtype) for v in g.outputs] == [("logits", FP)] and g.outputs[0].producer.op_type != "Cast"
 
 
+def _linear_head(op="Linear", relu=False):
+    """x -> conv0 -> Flatten -> fusegraph ``op`` "head" (a Linear, or a FusedConv 1x1) -> output."""
+    g, _x, conv0 = _graph()
+    flat = g.add_node("Flatten", [conv0.outputs[0]], attrs={"axis": 1}, name="flat")
+    if op == "Linear":
+        head = g.add_node("Linear", [flat.outputs[0], _c(g, "hw", _w(144, 10, seed=30))], name="head",
+                          domain=FG, outputs=["logits"])
+    else:
+        head = g.add_node("FusedConv", [conv0.outputs[0], _c(g, "hw", _w(10, 4, 1, 1, seed=30))], name="head",
+                          domain=FG, outputs=["logits"], attrs={"activation": "relu" if relu else ""})
+    g.outputs.append(head.outputs[0])
+    infer_graph(g)
+    return g, head
+
+
+@pytest.mark.parametrize("op", ["Linear", "FusedConv"])
+def test_bf16_logits_of_a_product_read_bf16_and_write_fp32(op):
+    g, head = _linear_head(op)
+    w = head.inputs[1]
+    res, log = _run(g)
+    assert log["head"] == {"node": "head", "op": op, "dtype": "bf16", "class": REDUCE, "why": pp.LOGITS_OUT_WHY}
+    assert [v.dtype for v in head.inputs] == [BF, BF] and head.inputs[1].const.dtype == torch.bfloat16
+    assert torch.equal(head.inputs[1].const, w.const.to(torch.bfloat16))
+    assert head.attrs["out_dtype"] == int(FP) and head.outputs[0].dtype == FP
+    assert [(v.name, v.dtype, v.producer) for v in g.outputs] == [("logits", FP, head)]   # no Cast after it
+    assert [n.inputs[0].name for n in _casts(g)] == ["x"] and res.stats["casts"] == 1   # none around the head
+    report = precision_summary(g, fg.Config(precision="bf16"), list(log.values()))
+    assert report["fp32_logits"] == [{"node": "head", "op": op, "why": pp.LOGITS_OUT_WHY}]
+    assert report["kept_fp32"] == [] and report["casts_folded"] == 0
+
+
+def test_fp32_logits_keep_fp32_operands_when_asked_or_under_fp16():
+    g, head = _linear_head()
+    _, log = _run(g, overrides=[("head", "fp32")])
+    assert (log["head"]["dtype"], "out_dtype" in head.attrs) == ("fp32", False)
+    assert all(v.dtype == FP for v in head.inputs + head.outputs)
+    g, head = _linear_head()
+    _, log = _run(g, "fp16")      # the fp16 products do not write fp32: the logits stay fp32 throughout
+    assert (log["head"]["dtype"], log["head"]["why"], "out_dtype" in head.attrs) == ("fp32", pp.LOGITS_WHY, False)
+
+
+def test_a_residual_convolution_as_the_logits_stays_fp32():
+    g, _x, conv0 = _graph()
+    head = g.add_node("FusedConv", [conv0.outputs[0], _c(g, "hw", _w(4, 4, 1, 1, seed=30)), None,
+                                    conv0.outputs[0]], name="head", domain=FG, outputs=["logits"])
+    g.outputs.append(head.outputs[0])
+    infer_graph(g)
+    _, log = _run(g)
+    assert (log["head"]["dtype"], log["head"]["why"]) == ("fp32", pp.LOGITS_WHY) and "out_dtype" not in head.attrs
+
+
 def test_a_heavy_op_before_a_layernorm_is_reduced():
     g, _head = _cnn_head("LayerNorm")
     _, log = _run(g)
@@ -610,7 +661,8 @@ def test_bf16_model_matches_onnxruntime_at_bf16_tolerance():
     assert rel > 1e-4, "nothing ran in bf16"   # fp32 gives ~2e-7: the check measures a reduced model
     prec = compiled.report.precision
     assert prec["by_dtype"].get("bf16", 0) >= 4, prec["nodes"]
-    assert [k["why"] for k in prec["kept_fp32"]] == [pp.LOGITS_WHY]     # the last Gemm only
+    assert [k["why"] for k in prec["fp32_logits"]] == [pp.LOGITS_OUT_WHY]     # the last Gemm only
+    assert prec["kept_fp32"] == []
 
 
 def test_one_value_listed_twice_as_an_output_is_restored_once():

@@ -164,3 +164,47 @@ def test_a_bf16_model_runs_its_fast_kernels_and_stays_exact_on_nan():
     assert all(k._exact is not None for k in guarded)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got).any()
+
+
+def _skip_layer_norm_model(d=64):
+    """x + r -> LayerNormalization (the skip_layer_norm fusion makes one SkipLayerNorm)."""
+    rng = np.random.default_rng(2)
+    g, b, r = (rng.standard_normal(s).astype(np.float32) for s in ((d,), (d,), (1, 16, d)))
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    inits = [helper.make_tensor(n, F, t.shape, t.flatten()) for n, t in (("g", g), ("b", b), ("r", r))]
+    graph = helper.make_graph(nodes, "skip_ln", [helper.make_tensor_value_info("x", F, [1, 16, d])],
+                              [helper.make_tensor_value_info("y", F, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_layer_norm_limit_is_where_its_squared_deviations_overflow():
+    g = Graph("ln", opset={"": 17, "fusegraph": 1})
+    x = g.add_input("x", DType.FLOAT, (1, 4, 64))
+    n = g.add_node("LayerNorm", [x, g.add_constant("g", torch.ones(64)), g.add_constant("b", torch.zeros(64))],
+                   domain="fusegraph", attrs={"epsilon": 1e-5}, name="ln")
+    n.outputs[0].dtype, n.outputs[0].shape = DType.FLOAT, (1, 4, 64)
+    g.outputs.append(n.outputs[0])
+    # 4 * 64 * M^2 < 1e38 for M <= 1e16, not for 1e32
+    assert fast_limits(g) == {"ln": 1e16}
+
+
+@pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
+def test_layer_norm_runs_without_its_check_while_rows_cannot_overflow():
+    m = _skip_layer_norm_model()
+    cm = fg.compile(m, fg.Config(threads=2))
+    guarded = [c for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
+    assert [(c.node.op_type, c.kernel.limit) for c in guarded] == [("SkipLayerNorm", 1e16)]
+    kernel = guarded[0].kernel
+    assert kernel.fast.portable is None and kernel.fast.impl != "portable"    # the primitive, no check
+    x = np.random.default_rng(1).standard_normal((1, 16, 64)).astype(np.float32) * 5
+    np.testing.assert_allclose(cm.run({"x": x})["y"], ort_run(m, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+    assert kernel._exact is None
+    x[0, 3] = 3e37          # a row whose float32 sum of squares overflows: the exact kernel's float64 rows
+    x[0, 5, 7] = np.nan     # a row with NaN stays NaN
+    got = cm.run({"x": x})["y"]
+    assert kernel._exact is not None and kernel.exact.portable is not None
+    want = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable")).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, 5]).all() and np.isfinite(got[0, 3]).all()
+    np.testing.assert_allclose(got[0, 3], want[0, 3], rtol=1e-4, atol=1e-4)

@@ -1,7 +1,8 @@
 """Type conversion: Cast, CastLike (``saturate`` for float8, ``round_mode`` for float8e8m0) and
 BitCast.
 
-Conversions are torch ``.to`` calls, with ONNX's float8 rules added where torch differs:
+Conversions are torch ``.to`` calls (``copy_`` into a planned output, the same conversion), with
+ONNX's float8 rules added where torch differs:
 saturation clamps to the type's largest finite value first, and a non-saturating cast to
 float8e4m3fn turns overflow into NaN (torch saturates that type). Types torch cannot hold
 (strings, 4-bit and 2-bit types, float4) are refused at build time.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import DType
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, NodeContext, no_out, register
 
 _FLOAT8 = {DType.FLOAT8E4M3FN, DType.FLOAT8E4M3FNUZ, DType.FLOAT8E5M2, DType.FLOAT8E5M2FNUZ}
 _WIDE_FLOATS = {DType.FLOAT, DType.DOUBLE, DType.FLOAT16, DType.BFLOAT16}
@@ -82,15 +83,18 @@ def _cast(ctx: NodeContext, src: DType, dst: DType):
     tdst = _torch_type(ctx, dst, "target")
     saturate = bool(ctx.attr("saturate", 1))
     if dst in _FLOAT8:
-        return _to_float8(src, dst, tdst, saturate)
+        return no_out(_to_float8(src, dst, tdst, saturate))
     if dst == DType.FLOAT8E8M0:
         round_mode = ctx.attr("round_mode", "up")
         if round_mode not in ("up", "down", "nearest"):
             raise ctx.unsupported(f"round_mode={round_mode!r}")
-        return _to_e8m0(tdst, saturate, round_mode)
-    if src == dst:
-        return lambda x: x.clone()
-    return lambda x: x.to(tdst)
+        return no_out(_to_e8m0(tdst, saturate, round_mode))
+
+    def cast(x, out=None):      # copy_ converts as .to does (bfloat16 / float16: to nearest even)
+        if out is not None:
+            return out.copy_(x)
+        return x.clone() if src == dst else x.to(tdst)
+    return cast
 
 
 def _to_attr(ctx: NodeContext) -> DType:
@@ -101,7 +105,7 @@ def _to_attr(ctx: NodeContext) -> DType:
         raise ctx.unsupported(f"unknown target type to={to!r}") from None
 
 
-@register("Cast", since=1, fusion=FusionKind.ELEMENTWISE,
+@register("Cast", since=1, fusion=FusionKind.ELEMENTWISE, writes_out=True,
           infer=lambda ctx: [(_to_attr(ctx), ctx.shape(0))])
 def _cast_build(ctx: NodeContext):
     return _cast(ctx, ctx.dtype(0), _to_attr(ctx))
@@ -113,7 +117,7 @@ def _castlike_build(ctx: NodeContext):
     if ctx.dtype(1) == DType.UNDEFINED:
         raise ctx.unsupported("the target_type input has an unknown type")
     k = _cast(ctx, ctx.dtype(0), ctx.dtype(1))
-    return lambda x, like: k(x)
+    return no_out(lambda x, like: k(x))
 
 
 

@@ -18,8 +18,8 @@ def same_as_input(i: int = 0):
 
 
 def product_out_dtype(ctx: NodeContext):
-    """The output type of a product (Linear, LinearAct, FusedConv) that computes in its inputs'
-    type: its ``out_dtype`` attribute (a float32 output folded in from a Cast,
+    """The output type of a product (Linear, LinearAct, FusedConv) or a layer norm that
+    computes in its inputs' type: its ``out_dtype`` attribute (a Cast folded in,
     ``passes/fold_casts.py``), else input 0's."""
     given = ctx.attr("out_dtype", None)
     return DType(int(given)) if given is not None else (ctx.dtype(0) or None)

@@ -10,6 +10,8 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
   float64 when float32 sums overflow: ``norm.layer_norm_exact``).
 - ``SkipLayerNorm(a, b, gamma?, beta?)``: ``s = a + b``; outputs ``layer_norm(s)`` and,
   when the node has a second output, ``s`` itself (the residual stream of pre-LN models).
+  Both norms take ``out_dtype`` (a Cast to a reduced type folded in, ``passes/fold_casts.py``):
+  the normalised output computed in float32 and rounded once to it.
 - ``MaskedSoftmax(x, mask?)``: ``softmax(x * scale + mask)`` over the last axis;
   ``nan_to_zero`` maps NaN rows to 0 (the exporters' ``Where(IsNaN(p), 0, p)``).
 - ``ScaledDotProductAttention(q, k, v, mask?)``: ``softmax(q @ k^T * scale + mask) @ v``;
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from .activations import gelu as _gelu_fn
-from .common import product_out_dtype, same_as_input, widened, widens
+from .common import product_out_dtype, widened, widens
 from .norm import layer_norm_exact as layer_norm
 from .registry import FusionKind, NodeContext, register
 
@@ -112,20 +114,30 @@ def _gelu(ctx: NodeContext):
 
 # ---------------------------------------------------------------- LayerNorm / SkipLayerNorm
 
-@register("LayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=same_as_input(0),
+def _ln_infer(ctx: NodeContext):
+    return [(product_out_dtype(ctx), ctx.shape(0))]
+
+
+def _rounded(y, ctx: NodeContext):
+    """A layer norm's float32 result in its ``out_dtype`` (a Cast folded in: rounded once)."""
+    given = ctx.attr("out_dtype", None)
+    return y if given is None else y.to(DType(int(given)).to_torch())
+
+
+@register("LayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_ln_infer,
           layout_sensitive=True)
 def _layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon"))
 
     def kernel(x, gamma=None, beta=None):
-        return layer_norm(x, x.shape[-1:], gamma, beta, eps)
+        return _rounded(layer_norm(x, x.shape[-1:], gamma, beta, eps), ctx)
     return kernel
 
 
 def _skip_ln_infer(ctx: NodeContext):
     a, b = ctx.shape(0), ctx.shape(1)
     shape = broadcast_shapes(a, b) if a is not None and b is not None else None
-    return [(ctx.dtype(0) or None, shape)] * ctx.n_outputs
+    return [(product_out_dtype(ctx), shape), (ctx.dtype(0) or None, shape)][:ctx.n_outputs]
 
 
 @register("SkipLayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_skip_ln_infer,
@@ -136,7 +148,7 @@ def _skip_layer_norm(ctx: NodeContext):
 
     def skip_ln(a, b, gamma=None, beta=None):
         s = torch.add(a, b)
-        y = layer_norm(s, s.shape[-1:], gamma, beta, eps)
+        y = _rounded(layer_norm(s, s.shape[-1:], gamma, beta, eps), ctx)
         return (y, s) if both else y
 
     return skip_ln

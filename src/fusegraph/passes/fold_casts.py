@@ -1,5 +1,6 @@
 """Pass "fold_casts": a Cast to float32 right after a bfloat16 product becomes the product's
-own float32 output (a cast is a post-op, not a kernel).
+own float32 output, and a Cast to bfloat16 right after a float32 layer norm its own bfloat16
+output (a cast is a post-op, not a kernel).
 
 The precision pass puts a ``Cast`` to float32 where a reduced value meets a float32 reader
 (a LayerNorm's statistics, an LRN, the logits' pooling). When that value is the output of a
@@ -10,17 +11,26 @@ are no longer rounded to bfloat16 first, and one kernel per boundary goes. The o
 honour the attribute (``ops/fused_basic.py``, ``ops/fused_transformer.py``, ``ops/fused_cnn.py``; oneDNN's
 ``dnnl/linear.py``, ``dnnl/conv.py``).
 
-Declined, with the reason counted in the stats: a product whose output has another reader or
-is a graph output, a convolution with a residual input (its sum would change type), a Cast
-whose output is a graph output (its name is the model's), a locked value.
+The precision pass also puts a Cast to bfloat16 between a LayerNorm (float32 statistics) and
+the product reading it. When the norm's normalised output (a ``LayerNorm``, or a
+``SkipLayerNorm`` that gives its sum as a second output: the pre-LN residual stream) has the
+Cast as its only reader, the norm writes bfloat16 (``out_dtype``): computed in float32 as
+before and rounded once, the same numbers, one kernel and one float32 buffer fewer
+(``ops/fused_transformer.py``, oneDNN's ``dnnl/layernorm.py``).
+
+Declined, with the reason counted in the stats: a product or norm whose output has another
+reader or is a graph output, a convolution with a residual input (its sum would change type),
+a SkipLayerNorm whose sum shares its output's bytes, a Cast whose output is a graph output (its
+name is the model's), a locked value.
 """
 from __future__ import annotations
 
 from ..ir import DType, Graph
 from .manager import PassResult, is_locked
+from .precision_policy import FP32_OUTPUT_PRODUCTS as PRODUCTS
 
-PRODUCTS = {("fusegraph", "Linear"), ("fusegraph", "LinearAct"), ("fusegraph", "FusedConv")}
 VIEWS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze")}
+NORMS = {("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")}
 
 
 def _path(cast):
@@ -45,12 +55,40 @@ def _path(cast):
     return path
 
 
+def _norm(cast):
+    """The layer norm whose float32 normalised output the Cast to bfloat16 reads, or a reason."""
+    src = cast.inputs[0]
+    node = src.producer if src is not None else None
+    if node is None or (node.domain, node.op_type) not in NORMS or src is not node.outputs[0]:
+        return "not after a layer norm"
+    if src.dtype != DType.FLOAT or "out_dtype" in node.attrs:
+        return "not a float32 layer norm"
+    if len(src.uses) != 1 or src.is_graph_output or is_locked(src) or is_locked(cast.outputs[0]):
+        return "the norm's output has other readers, is a graph output or is locked"
+    if node.op_type == "SkipLayerNorm" and len(node.outputs) != 2:
+        return "a SkipLayerNorm that normalises its sum in place"
+    if cast.outputs[0].is_graph_output:
+        return "the Cast's output is a graph output"
+    return node
+
+
 class FoldCasts:
     name = "fold_casts"
 
     def run(self, graph: Graph) -> PassResult:
         folded, declined = 0, {}
         for cast in [n for n in graph.nodes if n.op_type == "Cast" and n.domain == ""]:
+            if int(cast.attrs.get("to", 0)) == int(DType.BFLOAT16):
+                norm = _norm(cast)
+                if isinstance(norm, str):
+                    declined[norm] = declined.get(norm, 0) + 1
+                    continue
+                norm.attrs["out_dtype"] = int(DType.BFLOAT16)
+                norm.outputs[0].dtype = DType.BFLOAT16
+                cast.outputs[0].replace_all_uses_with(norm.outputs[0])
+                graph.remove(cast)
+                folded += 1
+                continue
             if int(cast.attrs.get("to", 0)) != int(DType.FLOAT):
                 continue
             path = _path(cast)

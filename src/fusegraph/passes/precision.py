@@ -5,7 +5,9 @@ value crosses from one precision to the other.
 One forward sweep in graph order. A node's target is:
 - ``Config.op_precision``'s entry for the node (by name, or the name of a node fused into
   it) or, failing that, for its op type (its own, or one fused into it);
-- else float32 for the model's last heavy ops (the logits: ``precision_policy.LOGITS_WHY``);
+- else, for the model's last heavy ops (the logits), float32 values: under bf16 a product
+  that writes float32 itself reads bf16 operands and gets ``out_dtype`` float32
+  (``precision_policy.LOGITS_OUT_WHY``), any other stays float32 (``LOGITS_WHY``);
 - else its policy class: ``REDUCE`` takes the policy's type, ``FOLLOW`` takes its inputs'
   reduced type when every non-constant float input has it, ``KEEP`` float32.
 Only the model's own float32 values change type: a float32 constant input of a reduced node is
@@ -26,7 +28,8 @@ from ..errors import PassError
 from ..ir import DType, Graph, Node, Value
 from ..ir.subgraphs import subgraphs
 from .manager import PassResult, is_locked
-from .precision_policy import ANY, FLOAT32_CONSTANTS, FOLLOW, KEEP, LOGITS_WHY, NORMALISATIONS, REDUCE, classify
+from .precision_policy import (ANY, FLOAT32_CONSTANTS, FOLLOW, FP32_OUTPUT_PRODUCTS, KEEP, LOGITS_OUT_WHY, LOGITS_WHY,
+                               NORMALISATIONS, REDUCE, classify)
 
 REDUCED = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16}
 _NAMES = {DType.FLOAT: "fp32", DType.BFLOAT16: "bf16", DType.FLOAT16: "fp16"}
@@ -88,11 +91,19 @@ class PrecisionPass:
                 out[id(n)] = (REDUCE if dt != DType.FLOAT else KEEP, dt, f"Config.op_precision: {forced}")
             elif self.default is None and c == REDUCE:
                 out[id(n)] = (KEEP, None, "precision fp32")
+            elif id(n) in logits and c == REDUCE and self._writes_fp32(n):
+                out[id(n)] = (REDUCE, self.default, LOGITS_OUT_WHY)
             elif id(n) in logits and c == REDUCE:
                 out[id(n)] = (KEEP, None, LOGITS_WHY)
             else:
                 out[id(n)] = (c, self.default if c == REDUCE else None, why)
         return out
+
+    def _writes_fp32(self, node: Node) -> bool:
+        """Whether logits ``node`` can read bf16 operands and write float32 itself."""
+        residual = node.op_type == "FusedConv" and len(node.inputs) > 3 and node.inputs[3] is not None
+        return (self.default == DType.BFLOAT16 and (node.domain, node.op_type) in FP32_OUTPUT_PRODUCTS
+                and not residual)
 
     # -- rewriting
     def run(self, graph: Graph) -> PassResult:
@@ -120,9 +131,13 @@ class PrecisionPass:
                 v = node.inputs[i]
                 if v.dtype != target and not (keep_consts and v.is_const and v.dtype == DType.FLOAT):
                     node.set_input(i, self._convert(graph, v, target, node))
+            if why == LOGITS_OUT_WHY:
+                node.attrs["out_dtype"] = int(DType.FLOAT)      # the logits stay float32
             if target != DType.FLOAT:
                 for out, (odt, shape) in zip(node.outputs, infer_node(node) or []):
                     if out.dtype == DType.FLOAT:
+                        if odt == DType.FLOAT and why == LOGITS_OUT_WHY:
+                            continue
                         if odt != target:
                             raise PassError(f"pass 'precision': node {node.name!r} ({node.op_type}) does not "
                                             f"compute in {target.name} (its inference gives {odt!r})")
@@ -188,14 +203,18 @@ def _converted(t: torch.Tensor, dtype: DType) -> torch.Tensor:
 
 def precision_summary(graph: Graph, options, log: list[dict]) -> dict:
     """``report.precision``: the policy, per-node dtypes with their reasons, the casts left in
-    the graph and those folded into their producers (``fold_casts.py``), and the heavy ops kept
-    in float32 (with why)."""
+    the graph and those folded into their producers (``fold_casts.py``), the heavy ops kept
+    in float32 (with why), and the logits products with bf16 operands and float32 outputs."""
     by_dtype: dict[str, int] = {}
+    logits_out = {r["node"] for r in log if r["why"] == LOGITS_OUT_WHY}
     for r in log:
         by_dtype[r["dtype"]] = by_dtype.get(r["dtype"], 0) + 1
     return {"policy": options.precision, "op_precision": dict(options.op_precision), "nodes": list(log),
             "by_dtype": by_dtype,
             "casts": sum(1 for n in graph.nodes if n.op_type == "Cast" and n.meta.get("rule") == "precision"),
-            "casts_folded": sum(1 for n in graph.nodes if "out_dtype" in n.attrs),   # fold_casts.py
+            "casts_folded": sum(1 for n in graph.nodes if "out_dtype" in n.attrs      # fold_casts.py
+                                and n.name not in logits_out),
             "kept_fp32": [{"node": r["node"], "op": r["op"], "why": r["why"]} for r in log   # the logits, or asked for
-                          if r["dtype"] == "fp32" and (r["why"] == LOGITS_WHY or r["why"] == "Config.op_precision: fp32")]}
+                          if r["dtype"] == "fp32" and (r["why"] == LOGITS_WHY or r["why"] == "Config.op_precision: fp32")],
+            "fp32_logits": [{"node": r["node"], "op": r["op"], "why": r["why"]} for r in log
+                            if r["why"] == LOGITS_OUT_WHY]}

@@ -11,9 +11,12 @@ Classes (``passes/precision.py`` applies them):
 - ``KEEP``: numerically sensitive ops (exponentials, normalisation statistics, reductions,
   accumulations): float32, their reduced inputs cast back.
 - ``ANY``: ops that read only a value's shape; no cast either way.
-Ops the policy does not name stay in float32 (``KEEP``, the safe default), and so do the
-model's last heavy ops, whose outputs reach a graph output through no normalisation (the
-logits), unless ``Config.op_precision`` names them.
+Ops the policy does not name stay in float32 (``KEEP``, the safe default). The model's last
+heavy ops, whose outputs reach a graph output through no normalisation (the logits), keep
+float32 values unless ``Config.op_precision`` names them: under bf16 a product that can write
+float32 itself (``FP32_OUTPUT_PRODUCTS``) reads its operands in bf16 and accumulates and writes
+the logits in float32 (OpenVINO's bf16 rounds the logits too; a float32 accumulation of bf16
+operands is the product's own arithmetic); any other keeps float32 throughout.
 """
 from __future__ import annotations
 
@@ -81,6 +84,10 @@ POLICY: dict[tuple[str, str], tuple[str, str]] = {
 
 DEFAULT = (KEEP, "not in the policy: float32 (the safe default)")
 LOGITS_WHY = "the model's logits (its last heavy op before an output): float32 unless op_precision names it"
+LOGITS_OUT_WHY = ("the model's logits (its last heavy op before an output): bf16 operands, accumulated and "
+                  "written in float32; op_precision fp32 keeps the operands float32 too")
+# products whose kernels write a float32 output from bf16 operands (attribute ``out_dtype``)
+FP32_OUTPUT_PRODUCTS = frozenset({("fusegraph", "Linear"), ("fusegraph", "LinearAct"), ("fusegraph", "FusedConv")})
 # ops the logits search looks through (graph output backwards to the last heavy ops); a
 # normalisation stops it: what follows one is a hidden state, not logits
 NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "LayerNormalization", "BatchNormalization",

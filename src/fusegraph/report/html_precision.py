@@ -30,6 +30,7 @@ def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any 
         get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
         by_dtype = dict(get("by_dtype") or {})
         kept = list(get("kept_fp32") or [])
+        logits = list(get("fp32_logits") or [])
         nodes = list(get("nodes") or [])
         overrides = dict(get("op_precision") or {})
         parts.append('<div class="figs">')
@@ -38,6 +39,7 @@ def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any 
             parts.append(_fig(f"nodes in {dtype}", str(count), f"precision_nodes_{dtype}", count))
         parts.append(_fig("precision casts", str(get("casts") or 0), "precision_casts", get("casts") or 0))
         parts.append(_fig("heavy ops kept in fp32", str(len(kept)), "precision_kept_fp32", len(kept)))
+        parts.append(_fig("logits written in fp32", str(len(logits)), "precision_fp32_logits", len(logits)))
         parts.append("</div>")
         if overrides:
             parts.append("<p>op_precision: " + _e(", ".join(f"{k}={v}" for k, v in overrides.items())) + "</p>")
@@ -45,6 +47,11 @@ def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any 
                      f"the reason ({len(kept)})</summary>"
                      + _table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
                                                      for k in kept]) + "</details>")
+        if logits:
+            parts.append(f'<details class="group"><summary>logits written in fp32 from reduced operands '
+                         f"({len(logits)})</summary>"
+                         + _table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
+                                                         for k in logits]) + "</details>")
         head = "".join(f"<th>{_e(h)}</th>" for h in ["node", "op", "dtype", "class", "why"])
         items = [(_scope(str(r.get("node", ""))),
                   _row(f"{r.get('node', '')} {r.get('op', '')} {r.get('dtype', '')}",
@@ -96,5 +103,6 @@ def _precision_figures(prec) -> dict[str, Any] | None:
         return None
     get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
     return {"policy": get("policy"), "by_dtype": dict(get("by_dtype") or {}), "casts": get("casts") or 0,
-            "kept_fp32": len(get("kept_fp32") or []), "nodes": len(get("nodes") or []),
+            "kept_fp32": len(get("kept_fp32") or []), "fp32_logits": len(get("fp32_logits") or []),
+            "nodes": len(get("nodes") or []),
             "op_precision": dict(get("op_precision") or {})}

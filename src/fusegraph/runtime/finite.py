@@ -7,7 +7,8 @@ finite with known magnitude bounds, its output is finite with a bound that follo
 them, unless the op can overflow or create NaN itself (a division, a logarithm ...). For a
 given ``M`` ``propagate`` walks the graph once and gives every value a ``Fact``: a magnitude
 bound and whether it may hold NaN or +-inf. A kernel is *guarded* when its fast form is
-exact as long as its input (or pre-activation) is finite: ``fast_limits`` finds, per guarded
+exact as long as its input (or pre-activation) is finite (a layer norm: as long as its row's
+sum of squared deviations is): ``fast_limits`` finds, per guarded
 node, the largest ``M`` of a short grid (1, 10, .. 1e32) for which that holds (``math.inf`` when it
 holds for float32's largest finite value too: for every finite input; nodes for which it
 never holds are left out). At run time the backend measures
@@ -275,18 +276,28 @@ def propagate(graph: Graph, m: float, weights: Weights | None = None) -> dict[in
     return facts
 
 
+NORMS = ("LayerNorm", "SkipLayerNorm")
+
+
 def _guarded(node: Node) -> bool:
     """A node whose fast kernel differs from the exact one on NaN / Inf only."""
     return (node.op_type == "MaxPool" and len(node.outputs) == 1) or \
-        (node.op_type in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS)
+        (node.op_type in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS) or \
+        (node.domain == "fusegraph" and node.op_type in NORMS)
 
 
 def _guard_fact(node: Node, facts: dict[int, Fact], weights: Weights) -> Fact:
     """The fact a guarded node's fast kernel needs finite: a max pool's input, a convolution's
-    or product's pre-activation."""
+    or product's pre-activation, a layer norm's sum of squared deviations per row."""
     if node.op_type == "MaxPool":
         return facts.get(id(node.inputs[0]), UNKNOWN)
     ins = [facts.get(id(v), UNKNOWN) if v is not None else Fact(0.0) for v in node.inputs]
+    if node.op_type in NORMS:         # the row's sum of squared deviations: at most d * (2 max|x|)^2
+        x = _sum(*ins[:2]) if node.op_type == "SkipLayerNorm" else ins[0]
+        d = node.outputs[0].shape[-1] if node.outputs[0].shape else None
+        if not isinstance(d, int):
+            return UNKNOWN
+        return Fact(4.0 * d * x.bound * x.bound, x.nan, x.inf)
     return _pre_activation(node, ins, weights)
 
 

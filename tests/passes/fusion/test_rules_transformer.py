@@ -326,6 +326,15 @@ def test_attention_pack_declines_two_inputs():
     assert "q, k, v are not projections of one input" in declined(c, "attention_pack_qkv")
 
 
+@pytest.mark.parametrize("merged", [(-1, H * D), (2 * 6, H * D)], ids=["minus-one", "rows"])
+def test_attention_merge_takes_the_rows_flattened(merged):
+    """GPT-2's export merges the heads into ``[B*L, H*D]``: the merged output, viewed flat."""
+    c = check(_attention(merged=merged), oracle="ort", feeds=_attention_feeds())
+    assert ops(c) == ["ScaledDotProductAttention", "Reshape"]       # no Transpose (a copy) left
+    assert fused(c, "ScaledDotProductAttention")[0].attrs["merge_heads"] == 1
+    assert c.graph.outputs[0].shape == (2 * 6, H * D)
+
+
 def test_attention_merge_declines_other_reshape():
     c = check(_attention(merged=(0, -1)), oracle="ort", feeds=_attention_feeds())
     assert "Transpose" in ops(c) and "ScaledDotProductAttention" in ops(c)

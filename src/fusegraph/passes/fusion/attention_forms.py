@@ -141,7 +141,8 @@ def absorb_heads(node):
 
 def merge_heads_reason(sdpa, transpose, inner, root):
     """Why (a ``Decline``) ``Reshape(Transpose(Reshape?(sdpa_out), [0,2,1,3]), s)`` is not the plain
-    head merge ``[B, H, L, D] -> [B, L, H*D]`` (None: it is). Shapes are compared symbolically."""
+    head merge ``[B, H, L, D] -> [B, L, H*D]``, or that merge with its rows flattened,
+    ``[B*L, H*D]`` (None: it is). Shapes are compared symbolically."""
     o = sdpa.outputs[0].shape
     if o is None or len(o) != 4 or not isinstance(o[1], int) or not isinstance(o[3], int):
         return Decline("the attention output's head count / size is unknown")
@@ -151,7 +152,13 @@ def merge_heads_reason(sdpa, transpose, inner, root):
                                               int(inner.attrs.get("allowzero", 0))):
         return Decline("the Reshape after the attention is not provably a no-op")
     want = [alias[0], alias[2], {o[1] * o[3]}]
-    if not _same_vector(shape_vector(root.inputs[1]), want, int(root.attrs.get("allowzero", 0))):
+    target = shape_vector(root.inputs[1])
+    rows = {o[0] * o[2]} if isinstance(o[0], int) and isinstance(o[2], int) else set()
+    if 1 in alias[0]:              # one batch item: B*L is L
+        rows |= alias[2]
+    merged = _same_vector(target, want, int(root.attrs.get("allowzero", 0)))
+    flattened = _same_vector(target, [rows, {o[1] * o[3]}], 1)    # [B*L | -1, H*D]; a 0 would copy B
+    if not (merged or flattened):
         return Decline("the final Reshape does not provably merge the heads")
     keep = {id(n) for n in (inner, root) if n is not None}
     for user, _ in sdpa.outputs[0].uses:

@@ -132,6 +132,9 @@ def _merge_check(m, ctx):
 def _merge_rewrite(m, _, ctx):
     sdpa = m.nodes["sdpa"]
     new = ctx.emit("ScaledDotProductAttention", list(sdpa.inputs), {**sdpa.attrs, "merge_heads": 1}, domain=FG)
+    shape = m.root.outputs[0].shape
+    if shape is not None and len(shape) == 2:       # [B*L, H*D]: the merged rows, viewed flat
+        new = ctx.emit("Reshape", [new, m.root.inputs[1]], {"allowzero": 0})
     return keep_shape(new, m.root)
 
 

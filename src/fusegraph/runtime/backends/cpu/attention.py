@@ -1,6 +1,7 @@
 """The CPU backend's kernels around attention that write into planned memory:
 
-- ``fusegraph::ScaledDotProductAttention``: the op's own kernel (torch products and softmax),
+- ``fusegraph::ScaledDotProductAttention`` that oneDNN's primitives decline
+  (``dnnl/attention.py`` runs the others): the op's own kernel (torch products and softmax),
   its output written into the planned buffer (``out=``) and its ``q @ k^T`` scores into the
   backend's per-thread workspace (``workspace.py``) instead of a fresh allocation per run,
   when the shapes are static;

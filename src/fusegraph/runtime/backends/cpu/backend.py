@@ -1,12 +1,13 @@
 """``CpuBackend``: the CPU's kernel choices, the weights it holds, and its artifact state.
 
 - ``kernel``: with oneDNN loadable here (``dnnl/``; ``Config.cpu_kernels`` "auto" or
-  "onednn"), convolutions, weight products, pools and LRN run as oneDNN primitives that write
-  into their planned arena slots and hold their weights packed; a node that family cannot
-  take declines with a reason (``tried``, recorded in ``report.kernels``) and, like every
-  other op, runs its own portable ATen kernel; attention and embedding lookups run torch
-  kernels that write into planned memory (``attention.py``, with the per-thread
-  ``workspace.py``). "portable" runs every node on its portable kernel.
+  "onednn"), convolutions, weight products, pools, LRN, layer norms and static-shape
+  attention run as oneDNN primitives that write into their planned arena slots and hold their
+  weights packed; a node that family cannot take declines with a reason (``tried``, recorded
+  in ``report.kernels``) and, like every other op, runs its own portable ATen kernel; other
+  attention and embedding lookups run torch kernels that write into planned memory
+  (``attention.py``, with the per-thread ``workspace.py``). "portable" runs every node on its
+  portable kernel.
 - weights held once: after binding, ``release_weights`` replaces the graph's plain tensor of
   every weight only oneDNN kernels read with a shape-only placeholder (a "meta" tensor that
   remembers the store holding the weight: ``dnnl/weights.py``); ``portable_weight`` reads a

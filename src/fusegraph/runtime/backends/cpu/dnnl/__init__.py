@@ -5,7 +5,7 @@ a few microseconds a call.
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
 ``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``;
 ``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``binary.py``:
-ElementwiseChain of per-channel affine steps), a
+ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
 not).
@@ -13,6 +13,7 @@ not).
 from __future__ import annotations
 
 from . import capi
+from .attention import attention_kernel
 from .binary import chain_kernel
 from .conv import conv_kernel
 from .linear import linear_kernel
@@ -53,7 +54,9 @@ class DnnlKernels:
         if key == ("fusegraph", "ChannelShuffle"):
             return shuffle_kernel(ctx, self.resources)
         if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")):
-            return layer_norm_kernel(ctx, opdef, self.resources)
+            return layer_norm_kernel(ctx, opdef, self.resources, exact)
         if key == ("fusegraph", "ElementwiseChain"):
             return chain_kernel(ctx, self.resources, exact)
+        if key == ("fusegraph", "ScaledDotProductAttention"):
+            return attention_kernel(ctx, self.resources)
         return None

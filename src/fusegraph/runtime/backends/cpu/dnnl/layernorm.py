@@ -7,8 +7,11 @@ primitive then normalises in place), then normalised with ``gamma`` / ``beta`` a
 primitive's scale and shift. Exact (as the op's own kernel, ``ops/norm.layer_norm_exact``):
 when the result holds a NaN or an infinity (float32 sums of a finite row of values near 1e37
 overflow in oneDNN too), the node is computed again by the op's own kernel, which recomputes
-such rows in float64; a row with a NaN in it stays NaN. One sum decides. Float32 data with
-static shapes, the normalised axis last and every tensor row-major.
+such rows in float64; a row with a NaN in it stays NaN. One sum decides. The fast form
+(``exact`` off: a guarded node whose rows cannot overflow, ``runtime/finite.py``, or
+``Config.fast_math``) skips that check. Float32 data with static shapes, the normalised axis
+last and every tensor row-major; the normalised output float32, or bfloat16 (``out_dtype``: a
+Cast folded in, ``passes/fold_casts.py``; oneDNN rounds once) where it has its own bytes.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from .memory import MemDesc, Memory
 from .primitive import Attr, create
 
 
-def layer_norm_kernel(ctx, opdef, resources):
+def layer_norm_kernel(ctx, opdef, resources, exact: bool = True):
     node = ctx.node
     skip = node.op_type == "SkipLayerNorm"
     first = 2 if skip else 1                       # gamma, beta follow the data inputs
@@ -36,6 +39,10 @@ def layer_norm_kernel(ctx, opdef, resources):
     if any(static_shape(v) != shape or strides_of(v) != contiguous(shape) for v in data) \
             or strides_of(y_v) != contiguous(shape):
         return Decline("needs row-major inputs of the output's shape (no broadcasting)", "dnnl")
+    y_dtype = y_v.dtype.to_torch() if y_v.dtype is not None else None
+    both = skip and len(node.outputs) == 2
+    if y_dtype not in (torch.float32, torch.bfloat16) or (y_dtype != torch.float32 and skip and not both):
+        return Decline("writes float32, or bfloat16 from its own buffer (not over the sum)", "dnnl")
     d = shape[-1]
     consts = []
     for i in (first, first + 1):
@@ -45,7 +52,7 @@ def layer_norm_kernel(ctx, opdef, resources):
         consts.append(None if t is None else t.reshape(d).contiguous())
     gamma, beta = consts
     rows = (math.prod(shape[:-1]), d)
-    md = MemDesc.of(rows, torch.float32)
+    md, y_md = MemDesc.of(rows, torch.float32), MemDesc.of(rows, y_dtype)
     stat = MemDesc.of((d,), torch.float32)
     flags = (capi.USE_SCALE if gamma is not None else 0) | (capi.USE_SHIFT if beta is not None else 0)
     eps = float(ctx.attr("epsilon"))
@@ -53,25 +60,25 @@ def layer_norm_kernel(ctx, opdef, resources):
     attr = Attr()
     try:
         prim = create("layer_normalization", lambda pd: lib.layer_normalization_forward_primitive_desc_create(
-            pd, lib.engine, capi.FORWARD_INFERENCE, md.handle, md.handle, None, eps, flags, attr.handle))
+            pd, lib.engine, capi.FORWARD_INFERENCE, md.handle, y_md.handle, None, eps, flags, attr.handle))
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no layer normalisation for this node: {exc}", "dnnl")
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference layer normalisation ({prim.impl})", "dnnl")
     params = [(capi.ARG_SCALE, Memory(stat, gamma.data_ptr())) if gamma is not None else None,
               (capi.ARG_SHIFT, Memory(stat, beta.data_ptr())) if beta is not None else None]
-    portable = opdef.build(ctx)
+    portable = opdef.build(ctx) if exact else None
     src_slot = Slot(capi.ARG_SRC, shape, contiguous(shape), torch.float32, md)
-    out_slot = Slot(capi.ARG_DST, shape, contiguous(shape), torch.float32, md)
+    out_slot = Slot(capi.ARG_DST, shape, contiguous(shape), y_dtype, y_md)
     keep = tuple(t for t in (gamma, beta) if t is not None)
     inner = DnnlKernel(prim, [src_slot], out_slot, [p for p in params if p is not None], resources, (0,),
                        keep=keep)
-    both = skip and len(node.outputs) == 2
     return _SkipLayerNorm(inner, portable, both) if skip else _LayerNorm(inner, portable)
 
 
 class _LayerNorm:
-    """The primitive, then the exactness check (the op's kernel recomputes a non-finite result)."""
+    """The primitive, then the exactness check (the op's kernel recomputes a non-finite result;
+    none in the fast form, ``portable`` None)."""
     writes_out = True
     reads = None
 
@@ -80,7 +87,7 @@ class _LayerNorm:
 
     def _exact(self, y, args, first: bool = False):
         """``first``: the op's kernel returns (y, s); y is its first output."""
-        if not math.isfinite(float(y.sum())):
+        if self.portable is not None and not math.isfinite(float(y.sum())):
             got = self.portable(*args)
             y.copy_(got[0] if first else got)
 
@@ -97,7 +104,8 @@ class _SkipLayerNorm(_LayerNorm):
 
     def __call__(self, a, b, gamma=None, beta=None, out=None):
         if out is None:
-            out = (torch.empty_like(a), torch.empty_like(a)) if self.both else torch.empty_like(a)
+            y = self.inner.output.empty()
+            out = (y, torch.empty_like(a)) if self.both else y
         y, s = (out[0], out[1]) if self.both else (out, out)
         torch.add(a, b, out=s)
         self.inner(s, out=y)                # in place over s when the node has one output

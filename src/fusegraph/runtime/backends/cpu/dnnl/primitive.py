@@ -152,6 +152,11 @@ class Resources:
                 mem = loc.mems[nbytes] = Memory(MemDesc.tagged([nbytes], capi.U8, capi.TAG_A), buf.data_ptr())
         return thread_stream(), mem
 
+    def tensor_for_thread(self) -> torch.Tensor:
+        """This thread's buffer (after ``for_thread``), as a uint8 tensor: a kernel's own
+        temporaries live past its primitives' scratchpad bytes."""
+        return self._local.buf
+
     @property
     def held_bytes(self) -> int:
         return sum(b.numel() for b in self._held)
