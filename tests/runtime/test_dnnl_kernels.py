@@ -597,3 +597,32 @@ def test_two_streams_bitwise_identical():
         for k in a:
             assert np.array_equal(a[k], b[k]), f"{k}: streams=2 differs from streams=1 " \
                                                f"(max {np.abs(a[k] - b[k]).max():.3g})"
+
+
+# --------------------------------------------------------------------------- concat
+
+@pytest.mark.parametrize("axis", [1, 2, -1], ids=["channels", "rows", "columns"])
+def test_bf16_concat_is_one_primitive_moving_the_same_bits(axis, monkeypatch):
+    """Two channels-last convolutions' outputs joined, then a convolution: under bf16 the join
+    is one oneDNN primitive, bit for bit the op's own kernel (torch.cat); float32 joins
+    decline with their reason."""
+    from fusegraph.runtime.backends.cpu.dnnl import DnnlKernels
+    n1, i1 = conv("s", "a", "wa", 8, 6, 3, seed=31, pads=[1] * 4)
+    n2, i2 = conv("s", "b", "wb", 8, 10 if axis == 1 else 6, 1, seed=32)
+    n3, i3 = conv("cat", "y", "wc", 16 if axis == 1 else 6, 4, 1, seed=33)
+    m = stem_then(n1 + n2 + [node("Concat", ["a", "b"], "cat", axis=axis)] + n3, i1 + i2 + i3)
+    bf16 = fg.compile(m, fg.Config(threads=2, precision="bf16"))
+    (call,) = [c for c in bf16._executor.binding.calls if c.node.op_type == "Concat"]
+    assert isinstance(call.kernel, DnnlKernel) and not call.kernel.impl.startswith("ref")
+    assert call.node.inputs[0].layout == "nhwc" and call.node.inputs[0].dtype.name == "BFLOAT16"
+    real = DnnlKernels.kernel
+    monkeypatch.setattr(DnnlKernels, "kernel", lambda self, ctx, opdef, key, exact:
+                        None if key == ("", "Concat") else real(self, ctx, opdef, key, exact))
+    own = fg.compile(m, fg.Config(threads=2, precision="bf16"))
+    assert not any(isinstance(c.kernel, DnnlKernel) for c in own._executor.binding.calls if c.node.op_type == "Concat")
+    x = {"x": rnd(1, 4, 12, 12, seed=3)}
+    np.testing.assert_array_equal(bf16.run(x)["y"], own.run(x)["y"])
+    monkeypatch.undo()
+    fp32 = fg.compile(m, CFG)
+    reasons = [d["reason"] for d in fp32.report.kernels["declined"] if d["op"] == "Concat"]
+    assert reasons and "float32" in reasons[0]

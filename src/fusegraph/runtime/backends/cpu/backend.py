@@ -1,8 +1,8 @@
 """``CpuBackend``: the CPU's kernel choices, the weights it holds, and its artifact state.
 
 - ``kernel``: with oneDNN loadable here (``dnnl/``; ``Config.cpu_kernels`` "auto" or
-  "onednn"), convolutions, weight products, pools, LRN, layer norms and static-shape
-  attention run as oneDNN primitives that write into their planned arena slots and hold their
+  "onednn"), convolutions, weight products, pools, LRN, layer norms, bfloat16 joins and
+  static-shape attention run as oneDNN primitives that write into their planned arena slots and hold their
   weights packed; a node that family cannot take declines with a reason (``tried``, recorded
   in ``report.kernels``) and, like every other op, runs its own portable ATen kernel; other
   attention and embedding lookups run torch kernels that write into planned memory

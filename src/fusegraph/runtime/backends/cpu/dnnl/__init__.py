@@ -5,7 +5,8 @@ a few microseconds a call.
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
 ``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``;
 ``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``binary.py``:
-ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention), a
+ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
+``concat.py``: bfloat16 Concat), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
 not).
@@ -15,6 +16,7 @@ from __future__ import annotations
 from . import capi
 from .attention import attention_kernel
 from .binary import chain_kernel
+from .concat import concat_kernel
 from .conv import conv_kernel
 from .linear import linear_kernel
 from .layernorm import layer_norm_kernel
@@ -59,4 +61,6 @@ class DnnlKernels:
             return chain_kernel(ctx, self.resources, exact)
         if key == ("fusegraph", "ScaledDotProductAttention"):
             return attention_kernel(ctx, self.resources)
+        if key == ("", "Concat"):
+            return concat_kernel(ctx, self.resources)
         return None
