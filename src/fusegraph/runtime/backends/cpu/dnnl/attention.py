@@ -11,10 +11,10 @@ mask) @ v`` in four calls, its temporaries in the thread's scratch buffer.
 4. ``p @ v`` written straight into the planned output, heads merged (``merge_heads``) by
    the destination's strides.
 
-A batch of several items runs the calls once per item (the primitives are made for one: oneDNN's
-brgemm takes neither a broadcast mask nor merged heads across a batch). NaN and Inf: a row with a NaN or +inf score, or only -inf scores, gives NaN, as ONNX's
-softmax does; ``nan_to_zero`` then zeroes NaN in the probabilities with torch, as the op's own
-kernel does. Made for one thread under ``SERIAL_MACS`` multiply-adds. Anything else declines
+A batch of several items runs the calls once per item (the primitives are made for one:
+oneDNN's brgemm takes neither a broadcast mask nor merged heads across a batch). NaN and Inf: a
+row with a NaN or +inf score, or only -inf scores, gives NaN, as ONNX's softmax does;
+``nan_to_zero`` then zeroes NaN in the probabilities with torch, as the op's own kernel does. Made for one thread under ``SERIAL_MACS`` multiply-adds. Anything else declines
 with its reason (dynamic shapes, broadcast batch dims, mixed types, strided operands): the op's
 own kernel runs it.
 """
@@ -131,8 +131,9 @@ class DnnlAttention:
         self.reads = tuple(i for i, v in enumerate(ctx.node.inputs) if v is not None)
         self.out_shape = (batch, length, h * dv) if merge else (batch, h, length, dv)
         self.batch = batch
-        self.steps = ([o[3][0] * es for o in ops], length * h * dv * es, mask_step * (es if self.mask_dtype == dtype
-                                                                                    else 4))
+        mask_es = torch.empty((), dtype=self.mask_dtype).element_size() if mask is not None else 0
+        # bytes from one batch item to the next: per operand source, in the output, in the mask
+        self.steps = ([o[3][0] * es for o in ops], length * h * dv * es, mask_step * mask_es)
         self.dtype, self.resources = dtype, resources
         shapes = [(b, h, length, d), (b, h, s_len, d), (b, h, s_len, dv)]
         sizes = [_align(b * h * x * y * es) for _, _, x, y in shapes]
