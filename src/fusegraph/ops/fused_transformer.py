@@ -118,19 +118,23 @@ def _ln_infer(ctx: NodeContext):
     return [(product_out_dtype(ctx), ctx.shape(0))]
 
 
-def _rounded(y, ctx: NodeContext):
-    """A layer norm's float32 result in its ``out_dtype`` (a Cast folded in: rounded once)."""
+def _rounding(ctx: NodeContext):
+    """A layer norm's float32 result -> its ``out_dtype`` (a Cast folded in: rounded once)."""
     given = ctx.attr("out_dtype", None)
-    return y if given is None else y.to(DType(int(given)).to_torch())
+    if given is None:
+        return lambda y: y
+    dtype = DType(int(given)).to_torch()
+    return lambda y: y.to(dtype)
 
 
 @register("LayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_ln_infer,
           layout_sensitive=True)
 def _layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon"))
+    rounded = _rounding(ctx)
 
     def kernel(x, gamma=None, beta=None):
-        return _rounded(layer_norm(x, x.shape[-1:], gamma, beta, eps), ctx)
+        return rounded(layer_norm(x, x.shape[-1:], gamma, beta, eps))
     return kernel
 
 
@@ -145,10 +149,11 @@ def _skip_ln_infer(ctx: NodeContext):
 def _skip_layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon"))
     both = ctx.n_outputs == 2
+    rounded = _rounding(ctx)
 
     def skip_ln(a, b, gamma=None, beta=None):
         s = torch.add(a, b)
-        y = _rounded(layer_norm(s, s.shape[-1:], gamma, beta, eps), ctx)
+        y = rounded(layer_norm(s, s.shape[-1:], gamma, beta, eps))
         return (y, s) if both else y
 
     return skip_ln

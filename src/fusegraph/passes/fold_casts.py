@@ -28,12 +28,13 @@ from __future__ import annotations
 from ..ir import DType, Graph
 from .manager import PassResult, is_locked
 from .precision_policy import FP32_OUTPUT_PRODUCTS as PRODUCTS
+from .precision_policy import has_residual
 
 VIEWS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze")}
 NORMS = {("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")}
 
 
-def _path(cast):
+def _product_path(cast):
     """The values from the product's output to the Cast's input (views between them included:
     a Reshape, Flatten, Squeeze or Unsqueeze keeps its input's type), or a reason string."""
     path = [cast.inputs[0]]
@@ -48,15 +49,15 @@ def _path(cast):
         return "not a bfloat16 product"
     if any(len(v.uses) != 1 or v.is_graph_output or is_locked(v) for v in path) or is_locked(cast.outputs[0]):
         return "the product's output has other readers, is a graph output or is locked"
-    if node.op_type == "FusedConv" and len(node.inputs) > 3 and node.inputs[3] is not None:
+    if has_residual(node):
         return "a convolution with a residual"
     if cast.outputs[0].is_graph_output:
         return "the Cast's output is a graph output"
     return path
 
 
-def _norm(cast):
-    """The layer norm whose float32 normalised output the Cast to bfloat16 reads, or a reason."""
+def _norm_path(cast):
+    """``[the layer norm's float32 normalised output]`` the Cast to bfloat16 reads, or a reason."""
     src = cast.inputs[0]
     node = src.producer if src is not None else None
     if node is None or (node.domain, node.op_type) not in NORMS or src is not node.outputs[0]:
@@ -69,7 +70,10 @@ def _norm(cast):
         return "a SkipLayerNorm that normalises its sum in place"
     if cast.outputs[0].is_graph_output:
         return "the Cast's output is a graph output"
-    return node
+    return [src]
+
+
+FOLDS = {int(DType.FLOAT): _product_path, int(DType.BFLOAT16): _norm_path}    # the Cast's type -> its fold
 
 
 class FoldCasts:
@@ -78,26 +82,16 @@ class FoldCasts:
     def run(self, graph: Graph) -> PassResult:
         folded, declined = 0, {}
         for cast in [n for n in graph.nodes if n.op_type == "Cast" and n.domain == ""]:
-            if int(cast.attrs.get("to", 0)) == int(DType.BFLOAT16):
-                norm = _norm(cast)
-                if isinstance(norm, str):
-                    declined[norm] = declined.get(norm, 0) + 1
-                    continue
-                norm.attrs["out_dtype"] = int(DType.BFLOAT16)
-                norm.outputs[0].dtype = DType.BFLOAT16
-                cast.outputs[0].replace_all_uses_with(norm.outputs[0])
-                graph.remove(cast)
-                folded += 1
+            to = int(cast.attrs.get("to", 0))
+            if to not in FOLDS:
                 continue
-            if int(cast.attrs.get("to", 0)) != int(DType.FLOAT):
-                continue
-            path = _path(cast)
+            path = FOLDS[to](cast)
             if isinstance(path, str):
                 declined[path] = declined.get(path, 0) + 1
                 continue
-            path[-1].producer.attrs["out_dtype"] = int(DType.FLOAT)
+            path[-1].producer.attrs["out_dtype"] = to      # the producer writes the Cast's type
             for v in path:
-                v.dtype = DType.FLOAT
+                v.dtype = DType(to)
             cast.outputs[0].replace_all_uses_with(path[0])
             graph.remove(cast)
             folded += 1

@@ -29,7 +29,7 @@ from ..ir import DType, Graph, Node, Value
 from ..ir.subgraphs import subgraphs
 from .manager import PassResult, is_locked
 from .precision_policy import (ANY, FLOAT32_CONSTANTS, FOLLOW, FP32_OUTPUT_PRODUCTS, KEEP, LOGITS_OUT_WHY, LOGITS_WHY,
-                               NORMALISATIONS, REDUCE, classify)
+                               NORMALISATIONS, REDUCE, classify, has_residual)
 
 REDUCED = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16}
 _NAMES = {DType.FLOAT: "fp32", DType.BFLOAT16: "bf16", DType.FLOAT16: "fp16"}
@@ -101,9 +101,8 @@ class PrecisionPass:
 
     def _writes_fp32(self, node: Node) -> bool:
         """Whether logits ``node`` can read bf16 operands and write float32 itself."""
-        residual = node.op_type == "FusedConv" and len(node.inputs) > 3 and node.inputs[3] is not None
         return (self.default == DType.BFLOAT16 and (node.domain, node.op_type) in FP32_OUTPUT_PRODUCTS
-                and not residual)
+                and not has_residual(node))
 
     # -- rewriting
     def run(self, graph: Graph) -> PassResult:

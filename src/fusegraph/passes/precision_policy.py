@@ -88,6 +88,12 @@ LOGITS_OUT_WHY = ("the model's logits (its last heavy op before an output): bf16
                   "written in float32; op_precision fp32 keeps the operands float32 too")
 # products whose kernels write a float32 output from bf16 operands (attribute ``out_dtype``)
 FP32_OUTPUT_PRODUCTS = frozenset({("fusegraph", "Linear"), ("fusegraph", "LinearAct"), ("fusegraph", "FusedConv")})
+
+
+def has_residual(node) -> bool:
+    """A FusedConv that adds a residual input: its sum would change type with its output, so
+    it writes no float32 output from bf16 operands."""
+    return node.op_type == "FusedConv" and len(node.inputs) > 3 and node.inputs[3] is not None
 # ops the logits search looks through (graph output backwards to the last heavy ops); a
 # normalisation stops it: what follows one is a hidden state, not logits
 NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "LayerNormalization", "BatchNormalization",

@@ -21,6 +21,7 @@ own kernel runs it.
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import torch
 
@@ -112,6 +113,16 @@ def attention_kernel(ctx, resources):
         return Decline(str(exc), "dnnl")
 
 
+class HeadsCopy(NamedTuple):
+    """One reorder of operand heads into their contiguous buffer."""
+    prim: object            # the reorder primitive
+    index: int              # the node input it reads
+    offset: int             # bytes into that input (q, k or v of a packed input)
+    src: Memory             # the input's heads, one batch item (pointed per call)
+    dst: Memory             # the contiguous buffer (pointed per thread)
+    first: int              # the first operand it copies: 0 / 1 / 2 (q / k / v)
+
+
 class NoFastForm(Exception):
     """oneDNN offers only slow forms (reference, or GEMM instead of brgemm) for a primitive."""
 
@@ -160,7 +171,7 @@ class DnnlAttention:
                 scores_md.handle, 3, attrs[1].handle))
             self.pv = create("attention output", lambda pd: lib.matmul_primitive_desc_create(
                 pd, lib.engine, scores_md.handle, v_md.handle, None, out_md.handle, attrs[2].handle))
-        prims = [r[0] for r in self.reorders] + [self.qk, self.softmax, self.pv]
+        prims = [r.prim for r in self.reorders] + [self.qk, self.softmax, self.pv]
         slow = [p.impl for p in prims if p.is_reference] + [p.impl for p in (self.qk, self.pv)
                                                            if not p.impl.startswith("brg")]
         if slow:
@@ -170,8 +181,8 @@ class DnnlAttention:
         self.scores_bytes = b * h * length * s_len * es
         self.nbytes = self.scratch + self.scores_at + self.scores_bytes
         resources.need(self.nbytes)
-        self.heads = [Memory(q_md, 0), Memory(MemDesc.of(shapes[1], dtype), 0), Memory(v_md, 0)]
-        self.kt, self.scores = Memory(kt_md, 0), Memory(scores_md, 0)
+        self.q, self.kt, self.v = Memory(q_md, 0), Memory(kt_md, 0), Memory(v_md, 0)   # the head buffers
+        self.scores = Memory(scores_md, 0)
         self.mask = Memory(mask_md, 0) if mask_md is not None else None
         self.out = Memory(out_md, 0)
         self._keep = (q_md, kt_md, scores_md, v_md, out_md, mask_md, attrs)
@@ -179,9 +190,8 @@ class DnnlAttention:
         self._tid = None
         self._calls = self._pv = self._stream = self._scores_t = None
 
-    def _reorder(self, lib, ops, dtype, first: int, n: int):
-        """(primitive, input index, byte offset, source memory, destination memory, head index):
-        the copy of ``n`` operands' heads (three side by side when packed) into their buffers."""
+    def _reorder(self, lib, ops, dtype, first: int, n: int) -> HeadsCopy:
+        """The copy of ``n`` operands' heads (three side by side when packed) into their buffers."""
         index, offset, shape, strides = ops[first]
         shape = (1, *shape[1:])          # one batch item
         if n == 3:          # q, k, v as one more leading axis, ``split[0]`` elements apart
@@ -190,7 +200,7 @@ class DnnlAttention:
         attr = Attr()
         prim = create("attention heads", lambda pd: lib.reorder_primitive_desc_create(
             pd, src.handle, lib.engine, dst.handle, lib.engine, attr.handle))
-        return prim, index, offset * self.es, Memory(src, 0), Memory(dst, 0), first
+        return HeadsCopy(prim, index, offset * self.es, Memory(src, 0), Memory(dst, 0), first)
 
     def _thread(self) -> None:
         """Point the temporaries at this thread's buffer and prepare the argument arrays."""
@@ -198,18 +208,17 @@ class DnnlAttention:
         self._stream, scratch = self.resources.for_thread(self.nbytes)
         buf = self.resources.tensor_for_thread()
         tail = scratch.ptr + self.scratch
-        for mem, at in zip(self.heads, self.heads_at):
+        for mem, at in zip((self.q, self.kt, self.v), self.heads_at):
             mem.point(tail + at)
-        self.kt.point(tail + self.heads_at[1])
         self.scores.point(tail + self.scores_at)
         start = self.scratch + self.scores_at
         self._scores_t = buf[start:start + self.scores_bytes].view(self.dtype).view(self.scores_shape)
         sp = ExecArg(capi.ARG_SCRATCHPAD, scratch.handle)
         calls = []
-        for prim, _index, _offset, src, dst, first in self.reorders:
-            dst.point(tail + self.heads_at[first])
-            calls.append((prim, _args([ExecArg(capi.ARG_SRC, src.handle), ExecArg(capi.ARG_DST, dst.handle), sp])))
-        qk = [ExecArg(capi.ARG_SRC, self.heads[0].handle), ExecArg(capi.ARG_WEIGHTS, self.kt.handle),
+        for r in self.reorders:
+            r.dst.point(tail + self.heads_at[r.first])
+            calls.append((r.prim, _args([ExecArg(capi.ARG_SRC, r.src.handle), ExecArg(capi.ARG_DST, r.dst.handle), sp])))
+        qk = [ExecArg(capi.ARG_SRC, self.q.handle), ExecArg(capi.ARG_WEIGHTS, self.kt.handle),
               ExecArg(capi.ARG_DST, self.scores.handle), sp]
         if self.mask is not None:
             qk.append(ExecArg(self.mask_arg, self.mask.handle))
@@ -218,7 +227,7 @@ class DnnlAttention:
                                            ExecArg(capi.ARG_DST, self.scores.handle), sp])))
         self._calls = calls
         self._pv = (self.pv, _args([ExecArg(capi.ARG_SRC, self.scores.handle),
-                                    ExecArg(capi.ARG_WEIGHTS, self.heads[2].handle),
+                                    ExecArg(capi.ARG_WEIGHTS, self.v.handle),
                                     ExecArg(capi.ARG_DST, self.out.handle), sp]))
 
     @staticmethod
@@ -232,7 +241,7 @@ class DnnlAttention:
         if self._tid != threading.get_ident():
             self._thread()
         given = dict(zip(self.reads, ts))
-        sources = [self._check(given[r[1]], "an operand", self.dtype).data_ptr() + r[2] for r in self.reorders]
+        sources = [self._check(given[r.index], "an operand", self.dtype).data_ptr() + r.offset for r in self.reorders]
         mask = self._check(given[3], "the mask", self.mask_dtype).data_ptr() if self.mask is not None else 0
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.dtype)
@@ -240,24 +249,24 @@ class DnnlAttention:
             raise TypeError(f"oneDNN attention: output {out.dtype} {tuple(out.shape)}, expected a contiguous "
                             f"{self.dtype} {self.out_shape}")
         steps_in, step_out, step_mask = self.steps
-        stream, run, dst = self._stream, self._exec, out.data_ptr()
+        dst = out.data_ptr()
         for item in range(self.batch):
             for r, src in zip(self.reorders, sources):
-                r[3].point(src + item * steps_in[r[5]])
+                r.src.point(src + item * steps_in[r.first])
             if self.mask is not None:
                 self.mask.point(mask + item * step_mask)
             self.out.point(dst + item * step_out)
             for prim, args in self._calls:
-                status = run(prim.handle, stream, len(args), args)
-                if status:
-                    raise capi.DnnlError(f"execute {prim.what}", status)
+                self._execute(prim, args)
             if self.nan_to_zero:
                 torch.nan_to_num_(self._scores_t, nan=0.0)   # a probability is never +-inf: only NaN changes
-            prim, args = self._pv
-            status = run(prim.handle, stream, len(args), args)
-            if status:
-                raise capi.DnnlError(f"execute {prim.what}", status)
+            self._execute(*self._pv)
         return out
+
+    def _execute(self, prim, args) -> None:
+        status = self._exec(prim.handle, self._stream, len(args), args)
+        if status:
+            raise capi.DnnlError(f"execute {prim.what}", status)
 
 
 def _args(items):
