@@ -29,8 +29,9 @@ class Config:
     precision: the whole-model policy (``passes/precision_policy.py``): ``fp32`` (default);
         ``bf16`` / ``fp16``: heavy ops (convolutions, products, attention) in that type, sensitive
         ones (softmax, normalisation, reductions, exp / log / pow) and the logits in fp32;
-        ``auto``: bf16, with the ops whose reduced precision costs the most moved back to fp32
-        until the outputs' relative L2 error on calibration inputs is within ``accuracy_budget``.
+        ``auto``: bf16, with the ops whose reduced precision costs the most error per
+        microsecond of work moved back to fp32 until the outputs' relative L2 error on
+        calibration inputs is within ``accuracy_budget`` (``precision_auto.py``).
     op_precision: per node name or op type, ``fp32`` | ``bf16`` | ``fp16``, over the policy
         (``{"Conv": "bf16", "/head/MatMul": "fp32"}``; a dict or pairs). A name or type the
         model does not have is a ConfigError at compile.

@@ -9,11 +9,18 @@ chosen policy and records the search in ``report.precision["auto"]``:
 2. the candidate with the whole bf16 policy; within budget (the largest relative L2 error of
    any output on any calibration input), it is the answer;
 3. otherwise each reduced node's sensitivity: the outputs' error when only that node's
-   outputs are rounded to bf16 in the float32 reference (one hooked run per node);
-4. a search over k, the number of most sensitive nodes kept in float32 (k = 1, 2, 4 ... until
-   within budget, then a bisection; each step one precision pass on a copy, a bind and a run
-   on the calibration inputs), for the smallest k within budget (k = all of them is the
-   float32 model, which always is).
+   outputs are rounded to bf16 in the float32 reference (one hooked run per node), and its
+   estimated time (``CostModel.product_us``: flops or, for a one-row product, its weights'
+   bytes). Errors of independent roundings add in quadrature, and bf16 roughly halves either
+   time, so a node's claim on float32 is its squared error per microsecond: the nodes are
+   ranked by ``sensitivity ** 2 / time`` (``rank``), and a cheap sensitive node goes back to
+   float32 before an expensive one of the same sensitivity;
+4. a search over k, the number of first-ranked nodes kept in float32 (k = 1, 2, 4 ... until
+   within budget, then a bisection; each step a bind and a run on the calibration inputs of a
+   copy put through the pipeline's precision tail, ``passes.pipeline.precision_steps``, the
+   precision pass and the cast folding, as the final compile does: what is measured is what
+   is built), for the smallest k within budget (k = all of them is the float32 model, which
+   always is).
 
 The user's own ``op_precision`` entries hold in every candidate. Nothing here is a pass: it
 drives the compiler, as ``report/bisect.py`` does.
@@ -21,6 +28,7 @@ drives the compiler, as ``report/bisect.py`` does.
 from __future__ import annotations
 
 import gc
+import math
 from typing import Any, Callable
 
 import torch
@@ -28,6 +36,7 @@ import torch
 from .errors import InputError
 from .ir import Graph
 from .ir.serialize import copy_graph
+from .plan.cost import CostModel
 from .report.accuracy import worst_error
 
 CALIBRATION_INPUTS = 2
@@ -68,6 +77,14 @@ def sensitivity(model, feeds: dict, want: dict, names: list[str], dtype: torch.d
     return out
 
 
+def rank(sensitivity: dict[str, float], time_us: dict[str, float]) -> list[str]:
+    """Node names, the first to keep in float32 first: the highest squared error per
+    microsecond (an unmeasured node's error counts as infinite, an unknown time as 1 us)."""
+    def claim(name: str) -> float:
+        return sensitivity.get(name, math.inf) ** 2 / max(time_us.get(name, 0.0), 1.0)
+    return sorted(sensitivity.keys() | time_us.keys(), key=lambda n: (-claim(n), n))
+
+
 def _model_names(imported: Graph, optimised: Graph) -> dict[str, str]:
     """Optimised node name -> the imported node name ``op_precision`` can use for it (its own,
     or the first node fused into it)."""
@@ -81,9 +98,9 @@ def _model_names(imported: Graph, optimised: Graph) -> dict[str, str]:
 
 
 def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str], None]) -> None:
-    from .compiler import CompiledModel, _plan
+    from .compiler import CompiledModel, _device, _plan
     from .passes import optimize
-    from .passes.precision import PrecisionPass
+    from .passes.pipeline import precision_steps
     from .report import CompileReport
 
     feeds = _feeds(graph, calibration)
@@ -101,7 +118,8 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
 
     def candidate(kept: list[str]):
         g, log = copy_graph(base), []
-        PrecisionPass("bf16", user + tuple((n, "fp32") for n in kept), log).run(g)
+        for step in precision_steps("bf16", user + tuple((n, "fp32") for n in kept), config.disabled_passes, log):
+            step.run(g)
         model = bind(g, fp32)
         candidates[len(kept)] = _error(model, feeds, want)
         return model, log
@@ -109,32 +127,38 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     stage("precision search")
     full, log = candidate([])
     budget = config.accuracy_budget
-    ranked: list[tuple[str, float]] = []
+    ranked: list[str] = []
+    cost: dict[str, float] = {}
+    time_us: dict[str, float] = {}
     k = 0
     if candidates[0] > budget:
         keys = _model_names(graph, full.graph)
-        reduced = [r["node"] for r in log if r["dtype"] != "fp32" and r["class"] == "reduce"]
-        cost = sensitivity(reference, feeds[0], want[0], reduced, torch.bfloat16)
-        ranked = sorted(((keys[n], cost.get(n, float("inf"))) for n in reduced if n in keys), key=lambda p: -p[1])
+        nodes = {n.name: n for n in full.graph.nodes}
+        reduced = [r["node"] for r in log if r["dtype"] != "fp32" and r["class"] == "reduce" and r["node"] in keys]
+        measured = sensitivity(reference, feeds[0], want[0], reduced, torch.bfloat16)
+        cost = {keys[n]: measured.get(n, math.inf) for n in reduced}
+        costs = CostModel.for_device(_device(config))
+        time_us = {keys[n]: costs.product_us(nodes[n]) for n in reduced}
+        ranked = rank(cost, time_us)
         lo, hi = 1, len(ranked)          # the smallest k in [lo, hi] within budget; hi always is
         step = 1                         # galloping first: a few ops often carry most of the error
         while step < hi:
-            candidate([n for n, _ in ranked[:step]])
+            candidate(ranked[:step])
             if candidates[step] <= budget:
                 hi = step
                 break
             lo, step = step + 1, step * 2
         while lo < hi:
             mid = (lo + hi) // 2
-            candidate([n for n, _ in ranked[:mid]])
+            candidate(ranked[:mid])
             if candidates[mid] <= budget:
                 hi = mid
             else:
                 lo = mid + 1
         k = lo
         if k not in candidates:          # every reduced node kept: the bound, never measured
-            candidate([n for n, _ in ranked[:k]])
-    kept = [n for n, _ in ranked[:k]]
+            candidate(ranked[:k])
+    kept = ranked[:k]
     full = reference = base = None
     gc.collect()          # the candidates' bound kernels and packed weights go before the real bind
     optimize(graph, fp32.replace(precision="bf16", op_precision=user + tuple((n, "fp32") for n in kept)), report)
@@ -142,6 +166,8 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     report.precision["auto"] = {
         "budget": budget, "calibration_inputs": len(feeds), "error": candidates.get(k),
         "bf16_error": candidates[0],
-        "kept_fp32": [{"node": n, "sensitivity": e, "why": "among the most sensitive ops: the budget needs it"}
-                      for n, e in ranked[:k]],
+        "bf16_time_share": (sum(time_us[n] for n in ranked[k:]) / sum(time_us.values())) if time_us else 1.0,
+        "kept_fp32": [{"node": n, "sensitivity": cost[n], "time_us": time_us[n],
+                       "why": "among the highest error per microsecond in bf16: the budget needs it"}
+                      for n in kept],
         "steps": [{"kept": n, "error": e} for n, e in sorted(candidates.items())]}

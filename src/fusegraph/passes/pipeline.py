@@ -128,7 +128,15 @@ def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
         else:
             steps.extend(make([step]))
     if options.precision != "fp32" or options.op_precision:
-        steps.append(PrecisionPass(options.precision, options.op_precision, precision_log))
-        if "fold_casts" not in options.disabled:   # after precision: the Casts it inserted
-            steps.append(FoldCasts())
+        steps.extend(precision_steps(options.precision, options.op_precision, options.disabled, precision_log))
+    return steps
+
+
+def precision_steps(precision: str, op_precision, disabled=frozenset(), log: list | None = None) -> list:
+    """The pipeline's tail under reduced precision: the precision pass, then the folding of
+    the Casts it inserted (unless disabled). The auto search runs exactly these on its
+    candidates, so what it measures is what it builds."""
+    steps = [PrecisionPass(precision, op_precision, log)]
+    if "fold_casts" not in disabled:
+        steps.append(FoldCasts())
     return steps

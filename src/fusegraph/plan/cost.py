@@ -93,6 +93,24 @@ def node_work(node: Node) -> Work:
     return Work(flops, moved, window)
 
 
+def product_flops(node: Node) -> float:
+    """Flops of one product node, fused forms included (``FusedConv``, ``LinearAct``,
+    ``ScaledDotProductAttention``: ``4 * out_numel * keys``), from static shapes; ``node_work``'s
+    count for any other node (0 when unknown)."""
+    out = node.outputs[0] if node.outputs else None
+    w = node.input(1)
+    if node.op_type == "FusedConv" and w is not None and w.shape:
+        return 2.0 * _n(out) * _prod(w.shape[1:])
+    if node.op_type == "LinearAct" and node.input(0) is not None and node.input(0).shape:
+        k = node.input(0).shape[-1]
+        return 2.0 * _n(out) * (k if isinstance(k, int) else 0)
+    if node.op_type == "ScaledDotProductAttention":
+        v = node.input(0) if node.attrs.get("qkv_split") is not None else node.input(2)
+        keys = v.shape[-2] if v is not None and v.shape and len(v.shape) >= 2 else None
+        return 4.0 * _n(out) * (keys if isinstance(keys, int) else 0)
+    return node_work(node).flops
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Per-node time estimates in microseconds (the planner's cost unit).
@@ -165,6 +183,11 @@ class CostModel:
         w = node_work(node)
         single = max(w.flops / self.flops_per_us, w.bytes / self.bytes_per_us, w.window / self.window_per_us)
         return self.scaled_us(single, self.threads)
+
+    def product_us(self, node: Node) -> float:
+        """One-thread roofline time of a product node, its fused forms included
+        (``product_flops``): what running it in a reduced type would roughly halve."""
+        return max(product_flops(node) / self.flops_per_us, node_work(node).bytes / self.bytes_per_us)
 
     def scaled_us(self, single_us: float, threads: int) -> float:
         """A one-thread time ``single_us`` at ``threads`` intra-op threads (the module doc's

@@ -1,6 +1,6 @@
 """Where NaN / Inf cannot occur: the largest input magnitude under which a kernel whose only
-difference from ONNX is NaN / Inf (a fused relu, clip, GELU or hard sigmoid, a max pool
-without its finiteness check) computes exactly what the exact kernel does.
+difference from ONNX is NaN / Inf (a fused relu, clip, GELU or hard sigmoid, a chain's final
+Relu, a max pool without its finiteness check) computes exactly what the exact kernel does.
 
 Induction: if every float graph input is finite with ``max |x| <= M``, and an op's inputs are
 finite with known magnitude bounds, its output is finite with a bound that follows from
@@ -13,7 +13,10 @@ node, the largest ``M`` of a short grid (1, 10, .. 1e32) for which that holds (`
 holds for float32's largest finite value too: for every finite input; nodes for which it
 never holds are left out). At run time the backend measures
 ``M`` on the feeds (NaN and +-inf give NaN, which no limit admits) and runs each guarded
-node's fast kernel when ``M <= limit``, its exact kernel otherwise.
+node's fast kernel when ``M <= limit``, its exact kernel otherwise. Deep in a network the
+bounds from the graph inputs outgrow every limit: ``guard_plan`` lets such a node measure its
+own large inputs at run time instead (``GuardPlan.measured``, ``backends/cpu/guard.py``), and
+bounds them, its outputs and everything computed from them like a graph input.
 
 Bounds are conservative: a convolution or product multiplies its input bound by its largest
 weight magnitude times the terms each output sums (every partial sum is then below it too;
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir import DType, Graph, Node, Value
+from ..ir.shape import numel
 
 LIMIT = 1e38                     # below float32's largest (3.4e38): room for rounding
 ROUNDING = 1.0 + 2.0 ** -7       # a bfloat16 / float16 rounding moves a value by at most 2^-8 of it
@@ -249,30 +253,36 @@ def _chain(node: Node, ins: list[Fact]) -> Fact:
     return prev or UNKNOWN
 
 
-def propagate(graph: Graph, m: float, weights: Weights | None = None) -> dict[int, Fact]:
-    """``{id(value): Fact}`` for float graph inputs finite with ``max |x| <= m``."""
-    weights = weights or Weights()
+def propagate_init(graph: Graph, m: float, weights: Weights) -> dict[int, Fact]:
+    """The facts before any node: float graph inputs ``Fact(m)``, constants their own."""
     facts: dict[int, Fact] = {}
     for v in graph.inputs:
         facts[id(v)] = INTEGER if v.dtype is not None and not v.dtype.is_float else Fact(m)
     for v in graph.constants.values():
         facts[id(v)] = weights.const(v)
+    return facts
 
-    def fact(v: Value | None) -> Fact | None:
-        if v is None:
-            return None
-        return facts.get(id(v), UNKNOWN)
+
+def _record(node: Node, ins: list[Fact], facts: dict[int, Fact], weights: Weights) -> None:
+    """One node's output facts into ``facts``, from its inputs' (``ins``; an absent optional
+    input's is ``Fact(0.0)``)."""
+    try:
+        outs = _transfer(node, ins, weights) if not node.inputs or node.inputs[0] is not None \
+            else [UNKNOWN] * len(node.outputs)
+    except (IndexError, TypeError, ValueError, KeyError):
+        outs = [UNKNOWN] * len(node.outputs)
+    for o, f in zip(node.outputs, outs):
+        if o.dtype is not None and not o.dtype.is_float:
+            f = INTEGER
+        facts[id(o)] = _cap(f, o.dtype)
+
+
+def propagate(graph: Graph, m: float, weights: Weights | None = None) -> dict[int, Fact]:
+    """``{id(value): Fact}`` for float graph inputs finite with ``max |x| <= m``."""
+    weights = weights or Weights()
+    facts = propagate_init(graph, m, weights)
     for node in graph.nodes:
-        ins = [fact(v) for v in node.inputs]
-        try:
-            outs = _transfer(node, [f if f is not None else Fact(0.0) for f in ins], weights) \
-                if all(f is not None for f in ins[:1]) else [UNKNOWN] * len(node.outputs)
-        except (IndexError, TypeError, ValueError, KeyError):
-            outs = [UNKNOWN] * len(node.outputs)
-        for o, f in zip(node.outputs, outs):
-            if o.dtype is not None and not o.dtype.is_float:
-                f = INTEGER
-            facts[id(o)] = _cap(f, o.dtype)
+        _record(node, [Fact(0.0) if v is None else facts.get(id(v), UNKNOWN) for v in node.inputs], facts, weights)
     return facts
 
 
@@ -283,15 +293,24 @@ def _guarded(node: Node) -> bool:
     """A node whose fast kernel differs from the exact one on NaN / Inf only."""
     return (node.op_type == "MaxPool" and len(node.outputs) == 1) or \
         (node.op_type in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS) or \
-        (node.domain == "fusegraph" and node.op_type in NORMS)
+        (node.domain == "fusegraph" and node.op_type in NORMS) or _relu_chain(node)
 
 
-def _guard_fact(node: Node, facts: dict[int, Fact], weights: Weights) -> Fact:
-    """The fact a guarded node's fast kernel needs finite: a max pool's input, a convolution's
-    or product's pre-activation, a layer norm's sum of squared deviations per row."""
+def _relu_chain(node: Node) -> bool:
+    """An elementwise chain ending in a Relu (a pre-activation BatchNorm and its ReLU): its fast
+    kernel's relu post-op maps NaN to 0."""
+    steps = node.attrs.get("steps", []) if node.op_type == "ElementwiseChain" else []
+    return len(steps) > 1 and str(steps[-1]).split() == ["Relu", "p"]
+
+
+def _guard_fact(node: Node, ins: list[Fact], weights: Weights) -> Fact:
+    """The fact a guarded node's fast kernel needs finite, from its inputs' facts: a max pool's
+    input, a convolution's or product's pre-activation, a chain's value (its Relu keeps NaN in
+    the analysis), a layer norm's sum of squared deviations per row."""
     if node.op_type == "MaxPool":
-        return facts.get(id(node.inputs[0]), UNKNOWN)
-    ins = [facts.get(id(v), UNKNOWN) if v is not None else Fact(0.0) for v in node.inputs]
+        return ins[0]
+    if node.op_type == "ElementwiseChain":
+        return _chain(node, ins)
     if node.op_type in NORMS:         # the row's sum of squared deviations: at most d * (2 max|x|)^2
         x = _sum(*ins[:2]) if node.op_type == "SkipLayerNorm" else ins[0]
         d = node.outputs[0].shape[-1] if node.outputs[0].shape else None
@@ -301,20 +320,77 @@ def _guard_fact(node: Node, facts: dict[int, Fact], weights: Weights) -> Fact:
     return _pre_activation(node, ins, weights)
 
 
+MEASURE_MIN = 1 << 17        # elements: a smaller input is not worth a measurement (guard.py)
+MEASURED_OPS = ("FusedConv", "ElementwiseChain")
+
+
+@dataclass
+class GuardPlan:
+    """``limits``: guarded node -> the largest ``M`` its fast kernel admits; ``measured``:
+    guarded node -> the indices of the inputs it measures itself at run time (their facts
+    are then ``M``-bounded like a graph input's, and so is everything computed from its output)."""
+    limits: dict[str, float]
+    measured: dict[str, tuple[int, ...]]
+
+
+def _limit(ok: list[bool]) -> float | None:
+    """The largest grid value of the finite prefix (``math.inf`` for the whole grid), or None."""
+    n = next((i for i, good in enumerate(ok) if not good), len(ok))
+    return None if n == 0 else (math.inf if n == len(GRID) else GRID[n - 1])
+
+
+def _measurable(node: Node) -> tuple[int, ...]:
+    """The float data inputs a weakly admitted convolution or chain could measure: computed
+    values (not graph inputs or constants) of at least ``MEASURE_MIN`` elements."""
+    if node.op_type not in MEASURED_OPS:
+        return ()
+    picks = (0, 3) if node.op_type == "FusedConv" else range(len(node.inputs))
+    out = []
+    for i in picks:
+        v = node.inputs[i] if i < len(node.inputs) else None
+        if v is None or v.is_const or v.producer is None or v.dtype is None or not v.dtype.is_float:
+            continue
+        n = numel(v.shape) if v.shape is not None else None
+        if isinstance(n, int) and n >= MEASURE_MIN:
+            out.append(i)
+    return tuple(out)
+
+
+def guard_plan(graph: Graph, absmax=None, measure_below: float = 0.0) -> GuardPlan:
+    """Every guarded node's limit, in one walk evaluating the whole grid at once. A guarded
+    node admitted only below ``measure_below`` (or not at all) measures its large computed
+    inputs at run time (``_measurable``) when that admits it further: their facts become
+    ``Fact(M)`` for it and for its outputs, so everything downstream of it benefits (its
+    measurement precedes them: they read its result). Nothing else sees those facts: a node
+    reading the same input by another path does not depend on this one having run."""
+    weights = Weights(absmax)
+    facts = [propagate_init(graph, m, weights) for m in GRID]
+    limits: dict[str, float] = {}
+    measured: dict[str, tuple[int, ...]] = {}
+
+    def fact(table, v):
+        return Fact(0.0) if v is None else table.get(id(v), UNKNOWN)
+
+    for node in graph.nodes:
+        ins = [[fact(t, v) for v in node.inputs] for t in facts]
+        if _guarded(node):
+            limit = _limit([_guard_fact(node, x, weights).finite for x in ins])
+            picks = _measurable(node) if (limit is None or limit < measure_below) else ()
+            if picks:
+                anchored = [[Fact(m) if i in picks else f for i, f in enumerate(x)] for m, x in zip(GRID, ins)]
+                better = _limit([_guard_fact(node, x, weights).finite for x in anchored])
+                if better is not None and (limit is None or better > limit):
+                    limit, ins = better, anchored
+                    measured[node.name] = picks
+            if limit is not None:
+                limits[node.name] = limit
+        for table, x in zip(facts, ins):
+            _record(node, x, table, weights)
+    return GuardPlan(limits, measured)
+
+
 def fast_limits(graph: Graph, absmax=None) -> dict[str, float]:
     """``{node name: largest M}`` for the guarded nodes whose fast kernel is exact while
     ``max |float input| <= M`` (``math.inf``: for every finite input, as far as the grid
     tells); ``absmax(value)``: a constant's largest magnitude (default: read off its tensor)."""
-    weights = Weights(absmax)
-    guarded = [n for n in graph.nodes if _guarded(n)]
-    limits: dict[str, float] = {}
-    alive = {n.name for n in guarded}
-    for m in GRID:
-        if not alive:
-            break
-        facts = propagate(graph, m, weights)
-        ok = {n.name for n in guarded if n.name in alive and _guard_fact(n, facts, weights).finite}
-        for name in ok:
-            limits[name] = m
-        alive = ok
-    return {name: (math.inf if m == GRID[-1] else m) for name, m in limits.items()}
+    return guard_plan(graph, absmax).limits

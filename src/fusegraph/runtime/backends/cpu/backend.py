@@ -28,7 +28,7 @@ import math
 import torch
 
 from ....errors import ArtifactError, ConfigError
-from ...finite import fast_limits, tensor_fact
+from ...finite import GuardPlan, guard_plan, tensor_fact
 from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
@@ -40,6 +40,9 @@ from .dnnl.memory import TORCH_OF
 from .dnnl.weights import SharedForms, WeightStore
 
 KERNEL_CHOICES = ("auto", "onednn", "portable")
+# a guarded node admitted only below this input magnitude measures its own large inputs
+# (``finite.guard_plan``): images in 0..255 or normalised ones sit well below it
+MEASURE_BELOW = 1e4
 _PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py)
     ("fusegraph", "ScaledDotProductAttention"): attention_kernel,
     ("", "Gather"): lambda ctx, opdef, ws: embedding_kernel(ctx),
@@ -70,7 +73,7 @@ class CpuBackend(Backend):
         self.dnnl = DnnlKernels(self.store) if kernels != "portable" and dnnl_available() else None
         self._tried: dict[str, list[Decline]] = {}
         self.where = "artifact"
-        self.fast_limits: dict[str, float] = {}     # guarded node -> input magnitude its fast kernel admits
+        self.guards = GuardPlan({}, {})     # which nodes run fast below which input magnitude, what they measure
         self.run_state = RunState()
 
     # -- host memory
@@ -90,7 +93,8 @@ class CpuBackend(Backend):
         """Before binding: the exact kernels that can run fast, and under which input
         magnitude (``runtime/finite.py``, from the weights' own magnitudes: the plain tensors, or
         a loaded model's packed bytes)."""
-        self.fast_limits = fast_limits(graph, self._absmax) if self.exact and self.dnnl is not None else {}
+        self.guards = guard_plan(graph, self._absmax, MEASURE_BELOW) if self.exact and self.dnnl is not None \
+            else GuardPlan({}, {})
 
     def before_run(self, tensors) -> None:
         if self.run_state.needed:
@@ -105,12 +109,16 @@ class CpuBackend(Backend):
 
     def kernel(self, ctx, opdef):
         key = (ctx.node.domain, ctx.node.op_type)
-        limit = self.fast_limits.get(ctx.node.name)
+        limit = self.guards.limits.get(ctx.node.name)
         if limit is not None and self.dnnl is not None:
+            measured = self.guards.measured.get(ctx.node.name, ())
             fast = self.dnnl.kernel(ctx, opdef, key, False)
             if fast is not None and not isinstance(fast, Decline):
                 return Guarded(fast, lambda: self._exact(ctx, opdef, key), limit, self.run_state,
-                               len(ctx.node.inputs))
+                               len(ctx.node.inputs), measured)
+            if measured:      # the nodes after it were admitted on its measurement: it still measures
+                exact = self._exact(ctx, opdef, key)
+                return Guarded(exact, lambda: exact, limit, self.run_state, len(ctx.node.inputs), measured)
         if self.dnnl is not None:
             got = self.dnnl.kernel(ctx, opdef, key, self.exact)
             if got is not None and not isinstance(got, Decline):
