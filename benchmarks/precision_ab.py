@@ -57,7 +57,7 @@ def _medians(models: dict, feeds: dict, runs: int) -> dict[str, float]:
 def guards(path: str, feeds: dict, precision: str, runs: int) -> str:
     cfg = fg.Config(threads=THREADS, precision=precision)
     keep_below, keep_chain = backend.MEASURE_BELOW, finite._relu_chain
-    backend.MEASURE_BELOW, finite._relu_chain = 0.0, (lambda node: False)
+    backend.MEASURE_BELOW, finite._relu_chain = None, (lambda node: False)
     try:
         before = fg.compile(path, cfg)
     finally:

@@ -259,3 +259,32 @@ def test_a_measured_input_admits_the_fast_kernels_downstream_and_catches_what_ov
     else:                # (values at float32's edge may round to inf in one kernel and not the other)
         assert chain._exact is not None and conv._exact is not None
         assert np.isnan(got).any()
+
+
+def test_a_measurement_serves_the_nodes_downstream_of_it_and_no_others():
+    """u comes from an op the analysis does not know. chain1 measures it; a join downstream of
+    chain1 (through its convolution) reads u again and is bounded by that measurement, so
+    chain2 after the join needs none of its own. chain3 reads u too but may run before
+    chain1: it measures u itself."""
+    from fusegraph.runtime.finite import guard_plan
+    g = Graph("g")
+    shape, wide = (1, 16, 128, 128), (1, 32, 128, 128)
+    x = g.add_input("x", DType.FLOAT, shape)
+    u = _out(g.add_node("Elu", [x], name="unknown"), shape)
+    steps = {"steps": ["Mul i0 i1", "Add p i2", "Relu p"]}
+
+    def chain(src, name, s):
+        scale, shift = g.add_constant(f"{name}_s", torch.full((s[1], 1, 1), 0.5)), \
+            g.add_constant(f"{name}_b", torch.ones(s[1], 1, 1))
+        return _out(g.add_node("ElementwiseChain", [src, scale, shift], attrs=steps, domain="fusegraph",
+                               name=name), s)
+    h1 = chain(u, "chain1", shape)
+    w = g.add_constant("w", torch.full((16, 16, 1, 1), 0.1))
+    c1 = _out(g.add_node("FusedConv", [h1, w], attrs={"activation": "relu"}, domain="fusegraph", name="conv1"),
+              shape)
+    cat = _out(g.add_node("Concat", [u, c1], attrs={"axis": 1}, name="join"), wide)
+    g.outputs += [chain(cat, "chain2", wide), chain(u, "chain3", shape)]
+    plan = guard_plan(g, measure_below=1e4)
+    assert plan.measured == {"chain1": (0,), "chain3": (0,)}
+    assert plan.limits["conv1"] >= 1e16 and plan.limits["chain2"] >= 1e16
+    assert guard_plan(g).measured == {} and "chain2" not in guard_plan(g).limits

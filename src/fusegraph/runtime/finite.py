@@ -356,34 +356,44 @@ def _measurable(node: Node) -> tuple[int, ...]:
     return tuple(out)
 
 
-def guard_plan(graph: Graph, absmax=None, measure_below: float = 0.0) -> GuardPlan:
-    """Every guarded node's limit, in one walk evaluating the whole grid at once. A guarded
-    node admitted only below ``measure_below`` (or not at all) measures its large computed
-    inputs at run time (``_measurable``) when that admits it further: their facts become
-    ``Fact(M)`` for it and for its outputs, so everything downstream of it benefits (its
-    measurement precedes them: they read its result). Nothing else sees those facts: a node
-    reading the same input by another path does not depend on this one having run."""
+def guard_plan(graph: Graph, absmax=None, measure_below: float | None = None) -> GuardPlan:
+    """Every guarded node's limit, in one walk evaluating the whole grid at once. With
+    ``measure_below``, a guarded node admitted only below it (or not at all) measures its large computed
+    inputs at run time (``_measurable``) when that admits it further. A measured value's fact
+    is then ``Fact(M)`` for the measuring node and for every node downstream of it (they run
+    after the measurement: they read what it computed), the same value read there by another
+    path included (a DenseNet join that reads the join an earlier layer measured): nodes off
+    that path keep the value's own fact, as they may run before the measurement."""
     weights = Weights(absmax)
     facts = [propagate_init(graph, m, weights) for m in GRID]
     limits: dict[str, float] = {}
     measured: dict[str, tuple[int, ...]] = {}
+    known: dict[int, frozenset] = {}        # id(node) -> ids of the values measured before it runs
 
-    def fact(table, v):
-        return Fact(0.0) if v is None else table.get(id(v), UNKNOWN)
+    def fact(table, v, m, seen):
+        if v is None:
+            return Fact(0.0)
+        return Fact(m) if id(v) in seen else table.get(id(v), UNKNOWN)
 
     for node in graph.nodes:
-        ins = [[fact(t, v) for v in node.inputs] for t in facts]
+        seen = frozenset().union(*(known.get(id(v.producer), ()) for v in node.inputs
+                                   if v is not None and v.producer is not None))
+        ins = [[fact(t, v, m, seen) for v in node.inputs] for m, t in zip(GRID, facts)]
         if _guarded(node):
             limit = _limit([_guard_fact(node, x, weights).finite for x in ins])
-            picks = _measurable(node) if (limit is None or limit < measure_below) else ()
+            weak = measure_below is not None and (limit is None or limit < measure_below)
+            picks = _measurable(node) if weak else ()
+            picks = tuple(i for i in picks if id(node.inputs[i]) not in seen)
             if picks:
                 anchored = [[Fact(m) if i in picks else f for i, f in enumerate(x)] for m, x in zip(GRID, ins)]
                 better = _limit([_guard_fact(node, x, weights).finite for x in anchored])
                 if better is not None and (limit is None or better > limit):
                     limit, ins = better, anchored
                     measured[node.name] = picks
+                    seen = seen | {id(node.inputs[i]) for i in picks}
             if limit is not None:
                 limits[node.name] = limit
+        known[id(node)] = seen
         for table, x in zip(facts, ins):
             _record(node, x, table, weights)
     return GuardPlan(limits, measured)
