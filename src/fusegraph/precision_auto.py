@@ -20,7 +20,11 @@ chosen policy and records the search in ``report.precision["auto"]``:
    copy put through the pipeline's precision tail, ``passes.pipeline.precision_steps``, the
    precision pass and the cast folding, as the final compile does: what is measured is what
    is built), for the smallest k within budget (k = all of them is the float32 model, which
-   always is).
+   always is);
+5. when the nodes that k leaves in bf16 hold less than ``MIN_BF16_SHARE`` of the estimated
+   product time, the float32 model instead: that little bf16 work does not pay for the casts
+   around it (measured, benchmarks/RESULTS.md: AlexNet keeps 7 of its 8 products, 0.12 of the
+   time, and ran 0.98-1.07x its float32 model; ShuffleNet 0.17, 1.01-1.31x).
 
 The user's own ``op_precision`` entries hold in every candidate. Nothing here is a pass: it
 drives the compiler, as ``report/bisect.py`` does.
@@ -40,6 +44,7 @@ from .plan.cost import CostModel
 from .report.accuracy import worst_error
 
 CALIBRATION_INPUTS = 2
+MIN_BF16_SHARE = 0.2
 
 
 def _feeds(graph: Graph, calibration) -> list[dict]:
@@ -130,7 +135,12 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     ranked: list[str] = []
     cost: dict[str, float] = {}
     time_us: dict[str, float] = {}
-    k = 0
+    k = budget_kept = 0
+    fallback = None
+
+    def share(names) -> float:
+        return sum(time_us[n] for n in names) / sum(time_us.values()) if time_us else 1.0
+
     if candidates[0] > budget:
         keys = _model_names(graph, full.graph)
         nodes = {n.name: n for n in full.graph.nodes}
@@ -156,6 +166,9 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
             else:
                 lo = mid + 1
         k = lo
+        if k < len(ranked) and share(ranked[k:]) < MIN_BF16_SHARE:
+            fallback = share(ranked[k:])
+            budget_kept, k = k, len(ranked)
         if k not in candidates:          # every reduced node kept: the bound, never measured
             candidate(ranked[:k])
     kept = ranked[:k]
@@ -166,8 +179,11 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     report.precision["auto"] = {
         "budget": budget, "calibration_inputs": len(feeds), "error": candidates.get(k),
         "bf16_error": candidates[0],
-        "bf16_time_share": (sum(time_us[n] for n in ranked[k:]) / sum(time_us.values())) if time_us else 1.0,
+        "bf16_time_share": share(ranked[k:]), "fp32_fallback": fallback,
         "kept_fp32": [{"node": n, "sensitivity": cost[n], "time_us": time_us[n],
-                       "why": "among the highest error per microsecond in bf16: the budget needs it"}
-                      for n in kept],
+                       "why": "among the highest error per microsecond in bf16: the budget needs it" if i < budget_kept
+                       or fallback is None else
+                       f"the budget leaves {fallback:.0%} of the estimated product time in bf16, under "
+                       f"{MIN_BF16_SHARE:.0%}: too little to pay for its casts"}
+                      for i, n in enumerate(kept)],
         "steps": [{"kept": n, "error": e} for n, e in sorted(candidates.items())]}
