@@ -45,6 +45,7 @@ from .report.accuracy import worst_error
 
 CALIBRATION_INPUTS = 2
 MIN_BF16_SHARE = 0.2
+BUDGET_WHY = "among the highest error per microsecond in bf16: the budget needs it"
 
 
 def _feeds(graph: Graph, calibration) -> list[dict]:
@@ -135,7 +136,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     ranked: list[str] = []
     cost: dict[str, float] = {}
     time_us: dict[str, float] = {}
-    k = budget_kept = 0
+    k = budget_kept = 0                 # budget_kept: the k the budget asked for (k is larger after a fallback)
     fallback = None
 
     def share(names) -> float:
@@ -165,13 +166,15 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
                 hi = mid
             else:
                 lo = mid + 1
-        k = lo
+        k = budget_kept = lo
         if k < len(ranked) and share(ranked[k:]) < MIN_BF16_SHARE:
-            fallback = share(ranked[k:])
-            budget_kept, k = k, len(ranked)
+            fallback, k = share(ranked[k:]), len(ranked)
         if k not in candidates:          # every reduced node kept: the bound, never measured
             candidate(ranked[:k])
     kept = ranked[:k]
+    fallback_why = None if fallback is None else (
+        f"the budget leaves {fallback:.0%} of the estimated product time in bf16, under {MIN_BF16_SHARE:.0%}: "
+        "too little to pay for its casts")
     full = reference = base = None
     gc.collect()          # the candidates' bound kernels and packed weights go before the real bind
     optimize(graph, fp32.replace(precision="bf16", op_precision=user + tuple((n, "fp32") for n in kept)), report)
@@ -180,10 +183,6 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
         "budget": budget, "calibration_inputs": len(feeds), "error": candidates.get(k),
         "bf16_error": candidates[0],
         "bf16_time_share": share(ranked[k:]), "fp32_fallback": fallback,
-        "kept_fp32": [{"node": n, "sensitivity": cost[n], "time_us": time_us[n],
-                       "why": "among the highest error per microsecond in bf16: the budget needs it" if i < budget_kept
-                       or fallback is None else
-                       f"the budget leaves {fallback:.0%} of the estimated product time in bf16, under "
-                       f"{MIN_BF16_SHARE:.0%}: too little to pay for its casts"}
-                      for i, n in enumerate(kept)],
+        "kept_fp32": [{"node": n, "sensitivity": cost[n], "time_us": time_us[n], "why": why}
+                      for n, why in zip(kept, [BUDGET_WHY] * budget_kept + [fallback_why] * (k - budget_kept))],
         "steps": [{"kept": n, "error": e} for n, e in sorted(candidates.items())]}

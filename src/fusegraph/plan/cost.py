@@ -64,51 +64,53 @@ def _prod(xs) -> int:
     return out
 
 
+def _arithmetic(op: str, node: Node) -> float:
+    """Flops of a convolution- or matmul-like ``op`` computed by ``node`` (0 for any other op)."""
+    out = node.outputs[0] if node.outputs else None
+    x, w = node.input(0), node.input(1)
+    if op in CONV_OPS and w is not None and w.shape:
+        return 2.0 * _n(out) * _prod(w.shape[1:])
+    if op == "ConvTranspose" and w is not None and w.shape:
+        return 2.0 * _n(x) * _prod(w.shape[1:])
+    if op in MATMUL_OPS and x is not None and x.shape:
+        k = x.shape[-1]
+        if op == "Gemm" and node.attrs.get("transA", 0) and len(x.shape) >= 2:
+            k = x.shape[-2]
+        if op == "BatchMatMul" and node.attrs.get("trans_a", 0) and len(x.shape) >= 2:
+            k = x.shape[-2]
+        return 2.0 * _n(out) * (k if isinstance(k, int) else 0)
+    return 0.0
+
+
 def node_work(node: Node) -> Work:
     """Flops, bytes moved and window elements of one node, from static shapes (0 when unknown)."""
     if view_source(node) is not None:
         return Work()
     moved = float(sum(_bytes(v) for v in node.inputs) + sum(_bytes(o) for o in node.outputs))
     op = node.op_type
-    out = node.outputs[0] if node.outputs else None
-    flops = window = 0.0
-    x, w = node.input(0), node.input(1)
-    if op in CONV_OPS and w is not None and w.shape:
-        flops = 2.0 * _n(out) * _prod(w.shape[1:])
-    elif op == "ConvTranspose" and w is not None and w.shape:
-        flops = 2.0 * _n(x) * _prod(w.shape[1:])
-    elif op in MATMUL_OPS and x is not None and x.shape:
-        k = x.shape[-1]
-        if op == "Gemm" and node.attrs.get("transA", 0) and len(x.shape) >= 2:
-            k = x.shape[-2]
-        if op == "BatchMatMul" and node.attrs.get("trans_a", 0) and len(x.shape) >= 2:
-            k = x.shape[-2]
-        flops = 2.0 * _n(out) * (k if isinstance(k, int) else 0)
-    elif op in POOL_OPS:
+    out, x = (node.outputs[0] if node.outputs else None), node.input(0)
+    window = 0.0
+    if op in POOL_OPS:
         window = float(_n(out) * _prod(node.attrs.get("kernel_shape", ())))
     elif op in GLOBAL_POOL_OPS:
         window = float(_n(x))
     elif op == "LRN":
         window = float(_n(x) * int(node.attrs.get("size", 1)))
-    return Work(flops, moved, window)
+    return Work(_arithmetic(op, node), moved, window)
+
+
+FUSED_PRODUCTS = {"FusedConv": "Conv", "LinearAct": "Linear"}   # fused op -> the product it computes
 
 
 def product_flops(node: Node) -> float:
-    """Flops of one product node, fused forms included (``FusedConv``, ``LinearAct``,
+    """Flops of one product node, fused forms included (``FUSED_PRODUCTS``;
     ``ScaledDotProductAttention``: ``4 * out_numel * keys``), from static shapes; ``node_work``'s
     count for any other node (0 when unknown)."""
-    out = node.outputs[0] if node.outputs else None
-    w = node.input(1)
-    if node.op_type == "FusedConv" and w is not None and w.shape:
-        return 2.0 * _n(out) * _prod(w.shape[1:])
-    if node.op_type == "LinearAct" and node.input(0) is not None and node.input(0).shape:
-        k = node.input(0).shape[-1]
-        return 2.0 * _n(out) * (k if isinstance(k, int) else 0)
     if node.op_type == "ScaledDotProductAttention":
         v = node.input(0) if node.attrs.get("qkv_split") is not None else node.input(2)
         keys = v.shape[-2] if v is not None and v.shape and len(v.shape) >= 2 else None
-        return 4.0 * _n(out) * (keys if isinstance(keys, int) else 0)
-    return node_work(node).flops
+        return 4.0 * _n(node.outputs[0]) * (keys if isinstance(keys, int) else 0)
+    return _arithmetic(FUSED_PRODUCTS.get(node.op_type, node.op_type), node)
 
 
 @dataclass(frozen=True)
