@@ -3,10 +3,10 @@
 Inside the run, a debug hook times each kernel (``model.run(feeds, hook=...)``; this variant
 runs every node, shape-only ones included). Alone, each kernel is called repeatedly on inputs
 captured from a run. With ``--ort``, onnxruntime's own node profile (ORT_ENABLE_ALL) of the
-same model and inputs, grouped by op type. Random-weight light models and the BERT / GPT-2
+same model and inputs, grouped by op type; with ``--openvino``, OpenVINO's (``PERF_COUNT``). Random-weight light models and the BERT / GPT-2
 exports, as in ``bench_latency.py``; batch 1, medians.
 
-    python benchmarks/profile_nodes.py MODEL [--threads 2] [--top 25] [--ort]
+    python benchmarks/profile_nodes.py MODEL [--threads 2] [--top 25] [--ort] [--precision bf16] [--openvino bf16] [--cold]
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from fusegraph.runtime.backends import resolved
 from fusegraph.timing import measure
 
 
@@ -29,7 +28,21 @@ def _median_us(fn) -> float:
     return measure(fn, runs=30, warmup=5).median_ms * 1000.0
 
 
-def profile(model, feeds) -> list[tuple[str, str, float, float]]:
+_EVICT = None
+
+
+def evict_caches(cold: bool) -> None:
+    """With ``cold``, read a buffer larger than the last-level cache: the next run starts with
+    its weights and activations in memory, as when other work ran in between (read, not
+    written: no dirty lines left to write back during the run)."""
+    global _EVICT
+    if cold:
+        if _EVICT is None:
+            _EVICT = torch.ones(64 << 20, dtype=torch.float32)
+        _EVICT.max()
+
+
+def profile(model, feeds, cold: bool = False) -> list[tuple[str, str, float, float]]:
     """[(op, node, us inside the run, us alone)] in execution order."""
     ex = model._executor
     calls = ex.binding.calls
@@ -47,10 +60,10 @@ def profile(model, feeds) -> list[tuple[str, str, float, float]]:
         return ex.binding.dense.get(id(v), v.const) if v.is_const else values[id(v)]
     alone = []
     for c in calls:
-        args = [arg(v) for v in c.node.inputs]
+        args = [arg(v) for v in c.inputs]
         kw = {"out": c.out[0] if len(c.out) == 1 else c.out} if c.out is not None else {}
-        kernel = resolved(c.kernel)
-        alone.append(_median_us(lambda: kernel(*args, **kw)))
+        with torch.inference_mode():          # as the executor calls its kernels
+            alone.append(_median_us(lambda: c.kernel(*args, **kw)))
     spans: dict[int, list[float]] = {}
     start: dict[int, float] = {}
 
@@ -62,6 +75,7 @@ def profile(model, feeds) -> list[tuple[str, str, float, float]]:
     for n in range(25):
         if n == 5:
             spans.clear()
+        evict_caches(cold)
         model.run(feeds, hook=timing)
     return [(c.node.op_type, c.node.name, statistics.median(spans[i]), alone[i]) for i, c in enumerate(calls)]
 
@@ -86,6 +100,26 @@ def ort_profile(path: str, feeds, threads: int) -> dict[str, list[float]]:
     return by_op
 
 
+def openvino_profile(path: str, feeds, threads: int, precision: str,
+                     cold: bool = False) -> list[tuple[str, str, float]]:
+    """OpenVINO's own per-node profile (``PERF_COUNT``): [(node type, node name, us)], median of 30 runs."""
+    import openvino as ov
+    compiled = ov.Core().compile_model(path, "CPU", {
+        "INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
+        "PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": True})
+    request = compiled.create_infer_request()
+    per_node: dict[tuple[str, str], list[float]] = {}
+    for n in range(35):
+        evict_caches(cold)
+        request.infer(feeds)
+        if n >= 5:
+            for info in request.profiling_info:
+                if info.status == info.Status.EXECUTED:
+                    per_node.setdefault((info.node_type, info.node_name), []).append(
+                        info.real_time.total_seconds() * 1e6)
+    return [(op, name, statistics.median(us)) for (op, name), us in per_node.items()]
+
+
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_latency import model_files
@@ -97,13 +131,16 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--ort", action="store_true")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--cold", action="store_true", help="evict the caches before every timed run")
+    ap.add_argument("--openvino", metavar="PRECISION", help="OpenVINO's node profile too (f32 | bf16)")
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp())
     path = str(model_files(folder, [args.model])[args.model])
-    model = fg.compile(path, fg.Config(threads=args.threads))
+    model = fg.compile(path, fg.Config(threads=args.threads, precision=args.precision))
     feeds = random_feeds_for(model)
-    rows = profile(model, feeds)
-    print(f"{args.model}, {args.threads} threads: kernels inside the run {sum(r[2] for r in rows) / 1e3:.2f} ms, "
+    rows = profile(model, feeds, args.cold)
+    print(f"{args.model}, {args.precision}, {args.threads} threads: kernels inside the run {sum(r[2] for r in rows) / 1e3:.2f} ms, "
           f"alone {sum(r[3] for r in rows) / 1e3:.2f} ms\n")
     by_op: dict[str, list[float]] = {}
     for op, _, inside, alone in rows:
@@ -122,6 +159,18 @@ def main() -> int:
         print("\nonnxruntime node profile (ORT_ENABLE_ALL):\n\n| op | nodes | ms |\n|---|---:|---:|")
         for op, durs in sorted(ort_profile(path, feeds, args.threads).items(), key=lambda kv: -sum(kv[1])):
             print(f"| {op} | {len(durs)} | {sum(durs) / 1e3:.2f} |")
+    if args.openvino:
+        rows = openvino_profile(path, feeds, args.threads, args.openvino, args.cold)
+        print(f"\nOpenVINO node profile ({args.openvino}), {sum(r[2] for r in rows) / 1e3:.2f} ms:"
+              "\n\n| op | nodes | ms |\n|---|---:|---:|")
+        grouped: dict[str, list[float]] = {}
+        for op, _, us in rows:
+            grouped.setdefault(op, []).append(us)
+        for op, us in sorted(grouped.items(), key=lambda kv: -sum(kv[1])):
+            print(f"| {op} | {len(us)} | {sum(us) / 1e3:.2f} |")
+        print(f"\nlargest {args.top} (us):")
+        for op, name, us in sorted(rows, key=lambda r: -r[2])[:args.top]:
+            print(f"  {us:8.0f}  {op} {name}")
     return 0
 
 

@@ -23,7 +23,7 @@ def _post_ops(model) -> list[str]:
     'guarded' (the post-op while the feeds admit it, after otherwise: ``cpu/guard.py``)."""
     out = []
     for c in model._executor.binding.calls:
-        k = c.kernel
+        k = getattr(c.kernel, "kernel", c.kernel)         # a kernel that measures its output: its own
         if c.node.op_type == "FusedConv" and c.node.attrs.get("activation"):
             out.append("guarded" if isinstance(k, Guarded) else "after" if k.after is not None else "post-op")
     return out

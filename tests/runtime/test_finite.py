@@ -17,7 +17,7 @@ import fusegraph as fg
 from fusegraph.ir import DType, Graph
 from fusegraph.runtime.finite import FLOAT32_MAX, GRID, fast_limits, propagate
 from fusegraph.runtime.backends.cpu.dnnl import available
-from fusegraph.runtime.backends.cpu.guard import Guarded
+from fusegraph.runtime.backends.cpu.guard import Guarded, Measuring
 from oracle import ort_run
 
 F = TensorProto.FLOAT
@@ -237,54 +237,82 @@ def _measured_chain_model(divisor: float):
 @pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("divisor", [2.0, 1e-38], ids=["finite", "overflows_inside"])
-def test_a_measured_input_admits_the_fast_kernels_downstream_and_catches_what_overflows_inside(divisor, precision):
-    """Nothing follows from the feeds' magnitude past the Elu, so the chain measures its own
-    input on every call, and the chain and the convolution after it run their fast relu while
-    that input is finite (a float32 chain has no fast form: it measures, and runs its own
-    kernel, for the convolution's sake). Divided by 1e-38 the finite feed overflows inside: the measured
-    infinity sends both to their exact kernels, and the NaN that 0 * inf makes in channel 0
-    comes out as the portable kernels give it (the fast relu would have made it 0)."""
+def test_a_measured_value_admits_the_fast_kernels_downstream_and_catches_what_overflows_inside(divisor, precision):
+    """Nothing follows from the feeds' magnitude past the Elu, so the Elu measures its output
+    after every call (the join of it with itself is bounded by that), and the chain and the
+    convolution after it run their fast relu while it is finite (a float32 chain has no fast
+    form). Divided by 1e-38 the finite feed overflows inside: the measured infinity sends them
+    to their exact kernels, and the NaN that 0 * inf makes in channel 0 comes out as the
+    portable kernels give it (the fast relu would have made it 0)."""
     m = _measured_chain_model(divisor)
     cm = fg.compile(m, fg.Config(threads=2, precision=precision))
-    calls = {c.node.op_type: c.kernel for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)}
-    chain, conv = calls["ElementwiseChain"], calls["FusedConv"]
-    assert chain.measured == (0,) and not conv.measured and conv.limit >= 1e8
+    calls = {c.node.op_type: c.kernel for c in cm._executor.binding.calls}
+    elu, chain, conv = calls["Elu"], calls["ElementwiseChain"], calls["FusedConv"]
+    assert isinstance(elu, Measuring) and elu.measures == (0,)
+    assert isinstance(conv, Guarded) and not conv.measures and conv.limit >= 1e8
+    assert isinstance(chain, Guarded) == (precision == "bf16")
     x = np.random.default_rng(2).standard_normal((1, 8, 128, 128)).astype(np.float32)
     got = cm.run({"x": x})["y"]
     want = fg.compile(m, fg.Config(threads=2, precision=precision, cpu_kernels="portable")).run({"x": x})["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    guarded = [k for k in (chain, conv) if isinstance(k, Guarded)]
     if divisor == 2.0:
         assert np.isfinite(want).all() and np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
-        assert chain._exact is None and conv._exact is None       # fast all along, never made
+        assert all(k._exact is None for k in guarded)       # fast all along, never made
     else:                # (values at float32's edge may round to inf in one kernel and not the other)
-        assert chain._exact is not None and conv._exact is not None
+        assert all(k._exact is not None for k in guarded)
         assert np.isnan(got).any()
 
 
-def test_a_measurement_serves_the_nodes_downstream_of_it_and_no_others():
-    """u comes from an op the analysis does not know. chain1 measures it; a join downstream of
-    chain1 (through its convolution) reads u again and is bounded by that measurement, so
-    chain2 after the join needs none of its own. chain3 reads u too but may run before
-    chain1: it measures u itself."""
+def _chain(g, src, name, shape):
+    steps = {"steps": ["Mul i0 i1", "Add p i2", "Relu p"]}
+    scale, shift = g.add_constant(f"{name}_s", torch.full((shape[1], 1, 1), 0.5)), \
+        g.add_constant(f"{name}_b", torch.ones(shape[1], 1, 1))
+    return _out(g.add_node("ElementwiseChain", [src, scale, shift], attrs=steps, domain="fusegraph", name=name),
+                shape)
+
+
+def test_a_measured_value_bounds_every_reader_and_everything_downstream():
+    """u comes from an op the analysis does not know. chain1 reads it, so u is measured where
+    it is made; conv1 after chain1, a join reading u again, chain2 after the join and chain3
+    (which may run before chain1) are all bounded by that one measurement."""
     from fusegraph.runtime.finite import guard_plan
     g = Graph("g")
     shape, wide = (1, 16, 128, 128), (1, 32, 128, 128)
     x = g.add_input("x", DType.FLOAT, shape)
     u = _out(g.add_node("Elu", [x], name="unknown"), shape)
-    steps = {"steps": ["Mul i0 i1", "Add p i2", "Relu p"]}
-
-    def chain(src, name, s):
-        scale, shift = g.add_constant(f"{name}_s", torch.full((s[1], 1, 1), 0.5)), \
-            g.add_constant(f"{name}_b", torch.ones(s[1], 1, 1))
-        return _out(g.add_node("ElementwiseChain", [src, scale, shift], attrs=steps, domain="fusegraph",
-                               name=name), s)
-    h1 = chain(u, "chain1", shape)
+    h1 = _chain(g, u, "chain1", shape)
     w = g.add_constant("w", torch.full((16, 16, 1, 1), 0.1))
     c1 = _out(g.add_node("FusedConv", [h1, w], attrs={"activation": "relu"}, domain="fusegraph", name="conv1"),
               shape)
     cat = _out(g.add_node("Concat", [u, c1], attrs={"axis": 1}, name="join"), wide)
-    g.outputs += [chain(cat, "chain2", wide), chain(u, "chain3", shape)]
+    g.outputs += [_chain(g, cat, "chain2", wide), _chain(g, u, "chain3", shape)]
     plan = guard_plan(g, measure_below=1e4)
-    assert plan.measured == {"chain1": (0,), "chain3": (0,)}
-    assert plan.limits["conv1"] >= 1e16 and plan.limits["chain2"] >= 1e16
+    assert plan.measured == {"unknown": (0,)}
+    assert all(plan.limits[n] >= 1e16 for n in ("chain1", "conv1", "chain2", "chain3"))
     assert guard_plan(g).measured == {} and "chain2" not in guard_plan(g).limits
+
+
+def test_a_join_is_bounded_by_measuring_its_parts_each_once():
+    """A DenseNet block: each layer's join appends a new part to the previous join, and a
+    BatchNorm-ReLU chain and a convolution read it. The parts are measured where they are made
+    (through the chain and the joins), each once; neither the chains' outputs nor the growing
+    joins are measured."""
+    from fusegraph.runtime.finite import guard_plan
+    g = Graph("g")
+    part = (1, 16, 64, 64)
+    x = g.add_input("x", DType.FLOAT, part)
+    joined = _out(g.add_node("Elu", [x], name="stem"), part)
+    for k in range(4):
+        width = (1, 16 * (k + 1), 64, 64)
+        h = _chain(g, joined, f"chain{k}", width)
+        w = g.add_constant(f"w{k}", torch.full((16, width[1], 1, 1), 0.1))
+        new = _out(g.add_node("FusedConv", [h, w], attrs={"activation": "relu"}, domain="fusegraph",
+                              name=f"conv{k}"), part)
+        new = _out(g.add_node("Elu", [new], name=f"grow{k}"), part)
+        joined = _out(g.add_node("Concat", [joined, new], attrs={"axis": 1}, name=f"join{k}"),
+                      (1, 16 * (k + 2), 64, 64))
+    g.outputs.append(joined)
+    plan = guard_plan(g, measure_below=1e4)
+    assert plan.measured == {"stem": (0,), "grow0": (0,), "grow1": (0,), "grow2": (0,)}
+    assert all(plan.limits[f"{kind}{k}"] >= 1e16 for kind in ("chain", "conv") for k in range(4))

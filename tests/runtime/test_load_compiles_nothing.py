@@ -24,8 +24,10 @@ pytestmark = pytest.mark.skipif(not available(), reason="the oneDNN library does
 
 
 def _dnnl_kernels(cm) -> list:
-    """The oneDNN kernels of ``cm``'s calls (a guarded node's fast kernel, ``cpu/guard.py``)."""
-    kernels = [getattr(c.kernel, "fast", c.kernel) for c in cm._executor.binding.calls]
+    """The oneDNN kernels of ``cm``'s calls (a guarded node's fast kernel, a measuring node's
+    own: ``cpu/guard.py``)."""
+    kernels = [getattr(c.kernel, "kernel", c.kernel) for c in cm._executor.binding.calls]
+    kernels = [getattr(k, "fast", k) for k in kernels]
     return [k for k in kernels if isinstance(k, DnnlKernel)]
 
 

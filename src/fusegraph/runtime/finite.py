@@ -14,9 +14,10 @@ holds for float32's largest finite value too: for every finite input; nodes for 
 never holds are left out). At run time the backend measures
 ``M`` on the feeds (NaN and +-inf give NaN, which no limit admits) and runs each guarded
 node's fast kernel when ``M <= limit``, its exact kernel otherwise. Deep in a network the
-bounds from the graph inputs outgrow every limit: ``guard_plan`` lets such a node measure its
-own large inputs at run time instead (``GuardPlan.measured``, ``backends/cpu/guard.py``), and
-bounds them, its outputs and everything computed from them like a graph input.
+bounds from the graph inputs outgrow every limit: ``guard_plan`` has the values such a node
+reads measured at run time where they are made (``GuardPlan.measured``: the producer takes
+their ``max |x|`` right after it runs, ``backends/cpu/guard.py``), and bounds them, and
+everything computed from them, like a graph input.
 
 Bounds are conservative: a convolution or product multiplies its input bound by its largest
 weight magnitude times the terms each output sums (every partial sum is then below it too;
@@ -32,6 +33,7 @@ constants; nothing here mutates the graph.
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from dataclasses import dataclass
 
 import torch
@@ -320,15 +322,21 @@ def _guard_fact(node: Node, ins: list[Fact], weights: Weights) -> Fact:
     return _pre_activation(node, ins, weights)
 
 
-MEASURE_MIN = 1 << 17        # elements: a smaller input is not worth a measurement (guard.py)
-MEASURED_OPS = ("FusedConv", "ElementwiseChain")
+MEASURE_MIN = 1 << 14        # output elements: a smaller guarded node saves less than a measurement costs
+# Where a value a weak guarded node reads is measured (``_sources``): through a join or a
+# reshape the parts it is made of (a DenseNet join: its newest part, not the whole join
+# again); first also through cheap elementwise work (the BatchNorm-ReLU chain in front of a
+# DenseNet convolution: the join's parts, not the chain's output), else at the join.
+SHALLOW = frozenset({("", "Concat"), ("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"),
+                     ("", "Identity")})
+DEEP = SHALLOW | {("fusegraph", "ElementwiseChain"), ("", "Cast"), ("", "Relu")}
 
 
 @dataclass
 class GuardPlan:
     """``limits``: guarded node -> the largest ``M`` its fast kernel admits; ``measured``:
-    guarded node -> the indices of the inputs it measures itself at run time (their facts
-    are then ``M``-bounded like a graph input's, and so is everything computed from its output)."""
+    node -> the indices of its outputs it measures right after it runs (their facts are then
+    ``M``-bounded like a graph input's for every reader, and so is everything computed from them)."""
     limits: dict[str, float]
     measured: dict[str, tuple[int, ...]]
 
@@ -339,63 +347,98 @@ def _limit(ok: list[bool]) -> float | None:
     return None if n == 0 else (math.inf if n == len(GRID) else GRID[n - 1])
 
 
-def _measurable(node: Node) -> tuple[int, ...]:
-    """The float data inputs a weakly admitted convolution or chain could measure: computed
-    values (not graph inputs or constants) of at least ``MEASURE_MIN`` elements."""
-    if node.op_type not in MEASURED_OPS:
-        return ()
-    picks = (0, 3) if node.op_type == "FusedConv" else range(len(node.inputs))
-    out = []
-    for i in picks:
-        v = node.inputs[i] if i < len(node.inputs) else None
-        if v is None or v.is_const or v.producer is None or v.dtype is None or not v.dtype.is_float:
-            continue
-        n = numel(v.shape) if v.shape is not None else None
-        if isinstance(n, int) and n >= MEASURE_MIN:
-            out.append(i)
-    return tuple(out)
+def _sources(v: Value | None, anchored: dict[int, Value], out: dict[int, Value], through: frozenset) -> None:
+    """Into ``out``: the computed float values to measure so that ``v`` is bounded from
+    measurements: ``v`` itself, or, when its producer is one of ``through``, what that reads.
+    Graph inputs and constants have facts of their own; measured values are bounded."""
+    if v is None or v.is_const or v.producer is None or v.dtype is None or not v.dtype.is_float \
+            or id(v) in anchored:
+        return
+    p = v.producer
+    if (p.domain, p.op_type) in through:
+        for x in p.inputs:
+            _sources(x, anchored, out, through)
+    else:
+        out[id(v)] = v
+
+
+def _worth_measuring(node: Node) -> bool:
+    n = numel(node.outputs[0].shape) if node.outputs and node.outputs[0].shape is not None else None
+    return isinstance(n, int) and n >= MEASURE_MIN
+
+
+def _anchor(outputs, anchored, table: dict, m: float) -> None:
+    for o in outputs:
+        if id(o) in anchored:
+            table[id(o)] = Fact(m)
+
+
+def _trial(nodes: list[Node], lo: int, node: Node, hi: int, sources: dict[int, Value], facts: list[dict],
+           anchored: dict[int, Value], weights: Weights) -> float | None:
+    """``node``'s limit were ``sources`` measured too: the facts of ``nodes[lo:hi]`` downstream
+    of them derived again on an overlay of each grid point's table."""
+    both = {**anchored, **sources}
+    ok = []
+    for m, table in zip(GRID, facts):
+        over = {k: Fact(m) for k in sources}
+        view = ChainMap(over, table)
+        for n in nodes[lo:hi]:
+            if any(v is not None and id(v) in over for v in n.inputs):
+                _record(n, [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in n.inputs], over, weights)
+                _anchor(n.outputs, both, over, m)
+        ins = [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in node.inputs]
+        ok.append(_guard_fact(node, ins, weights).finite)
+    return _limit(ok)
 
 
 def guard_plan(graph: Graph, absmax=None, measure_below: float | None = None) -> GuardPlan:
     """Every guarded node's limit, in one walk evaluating the whole grid at once. With
-    ``measure_below``, a guarded node admitted only below it (or not at all) measures its large computed
-    inputs at run time (``_measurable``) when that admits it further. A measured value's fact
-    is then ``Fact(M)`` for the measuring node and for every node downstream of it (they run
-    after the measurement: they read what it computed), the same value read there by another
-    path included (a DenseNet join that reads the join an earlier layer measured): nodes off
-    that path keep the value's own fact, as they may run before the measurement."""
+    ``measure_below``, a guarded node admitted only below it (or not at all) has values it
+    depends on measured where they are made (``_sources``, deep then shallow: right after
+    their producer runs, before any reader) when that admits it further (``_trial``); the walk
+    then resumes at the earliest such producer, so every reader of a measured value, and
+    everything downstream, is bounded by the measurement."""
     weights = Weights(absmax)
+    nodes = list(graph.nodes)
+    position = {id(n): i for i, n in enumerate(nodes)}
     facts = [propagate_init(graph, m, weights) for m in GRID]
     limits: dict[str, float] = {}
-    measured: dict[str, tuple[int, ...]] = {}
-    known: dict[int, frozenset] = {}        # id(node) -> ids of the values measured before it runs
-
-    def fact(table, v, m, seen):
-        if v is None:
-            return Fact(0.0)
-        return Fact(m) if id(v) in seen else table.get(id(v), UNKNOWN)
-
-    for node in graph.nodes:
-        seen = frozenset().union(*(known.get(id(v.producer), ()) for v in node.inputs
-                                   if v is not None and v.producer is not None))
-        ins = [[fact(t, v, m, seen) for v in node.inputs] for m, t in zip(GRID, facts)]
+    anchored: dict[int, Value] = {}           # id(value) -> value measured after its producer runs
+    i = 0
+    while i < len(nodes):
+        node = nodes[i]
+        ins = [[Fact(0.0) if v is None else t.get(id(v), UNKNOWN) for v in node.inputs] for t in facts]
         if _guarded(node):
+            limits.pop(node.name, None)
             limit = _limit([_guard_fact(node, x, weights).finite for x in ins])
-            weak = measure_below is not None and (limit is None or limit < measure_below)
-            picks = _measurable(node) if weak else ()
-            picks = tuple(i for i in picks if id(node.inputs[i]) not in seen)
-            if picks:
-                anchored = [[Fact(m) if i in picks else f for i, f in enumerate(x)] for m, x in zip(GRID, ins)]
-                better = _limit([_guard_fact(node, x, weights).finite for x in anchored])
-                if better is not None and (limit is None or better > limit):
-                    limit, ins = better, anchored
-                    measured[node.name] = picks
-                    seen = seen | {id(node.inputs[i]) for i in picks}
+            if measure_below is not None and (limit is None or limit < measure_below) and _worth_measuring(node):
+                restart = None
+                for through in (DEEP, SHALLOW):
+                    new: dict[int, Value] = {}
+                    for v in node.inputs:
+                        _sources(v, anchored, new, through)
+                    if not new:
+                        continue
+                    lo = min(position[id(v.producer)] for v in new.values())
+                    better = _trial(nodes, lo + 1, node, i, new, facts, anchored, weights)
+                    if better is not None and (limit is None or better > limit):
+                        anchored.update(new)
+                        restart = lo
+                        break
+                if restart is not None:
+                    i = restart
+                    continue
             if limit is not None:
                 limits[node.name] = limit
-        known[id(node)] = seen
-        for table, x in zip(facts, ins):
+        for m, table, x in zip(GRID, facts, ins):
             _record(node, x, table, weights)
+            _anchor(node.outputs, anchored, table, m)
+        i += 1
+    measured: dict[str, tuple[int, ...]] = {}
+    for v in anchored.values():
+        p = v.producer
+        k = next(k for k, o in enumerate(p.outputs) if o is v)
+        measured[p.name] = tuple(sorted({*measured.get(p.name, ()), k}))
     return GuardPlan(limits, measured)
 
 

@@ -28,11 +28,12 @@ import math
 import torch
 
 from ....errors import ArtifactError, ConfigError
+from ....ops.registry import kernel_writes_out
 from ...finite import GuardPlan, guard_plan, tensor_fact
 from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
-from .guard import Guarded, RunState
+from .guard import Guarded, Measuring, RunState
 from .workspace import Workspace
 from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
 from .dnnl.blocked import check as check_blocked
@@ -40,8 +41,8 @@ from .dnnl.memory import TORCH_OF
 from .dnnl.weights import SharedForms, WeightStore
 
 KERNEL_CHOICES = ("auto", "onednn", "portable")
-# a guarded node admitted only below this input magnitude measures its own large inputs
-# (``finite.guard_plan``): images in 0..255 or normalised ones sit well below it
+# a guarded node admitted only below this input magnitude has the values it reads measured
+# where they are made (``finite.guard_plan``): images in 0..255 or normalised ones sit well below it
 MEASURE_BELOW = 1e4
 _PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py)
     ("fusegraph", "ScaledDotProductAttention"): attention_kernel,
@@ -108,17 +109,24 @@ class CpuBackend(Backend):
         return max((tensor_fact(p.data.view(TORCH_OF[p.desc["dt"]])).bound for p in forms), default=math.inf)
 
     def kernel(self, ctx, opdef):
+        """The node's kernel (``_choose``); a producer of values the guard plan measures
+        measures them after each call (the nodes reading them were admitted on it)."""
+        measures = self.guards.measured.get(ctx.node.name, ())
+        got = self._choose(ctx, opdef, measures)
+        if not measures or isinstance(got, Guarded):
+            return got
+        if isinstance(got, Decline):
+            got = self.portable(ctx, opdef)
+        return Measuring(got, measures, self.run_state, kernel_writes_out(opdef, got))
+
+    def _choose(self, ctx, opdef, measures: tuple[int, ...]):
         key = (ctx.node.domain, ctx.node.op_type)
         limit = self.guards.limits.get(ctx.node.name)
         if limit is not None and self.dnnl is not None:
-            measured = self.guards.measured.get(ctx.node.name, ())
             fast = self.dnnl.kernel(ctx, opdef, key, False)
             if fast is not None and not isinstance(fast, Decline):
                 return Guarded(fast, lambda: self._exact(ctx, opdef, key), limit, self.run_state,
-                               len(ctx.node.inputs), measured)
-            if measured:      # the nodes after it were admitted on its measurement: it still measures
-                exact = self._exact(ctx, opdef, key)
-                return Guarded(exact, lambda: exact, limit, self.run_state, len(ctx.node.inputs), measured)
+                               len(ctx.node.inputs), measures)
         if self.dnnl is not None:
             got = self.dnnl.kernel(ctx, opdef, key, self.exact)
             if got is not None and not isinstance(got, Decline):

@@ -10,12 +10,12 @@ unbounded one included); a ``Guarded`` kernel compares it with its limit on ever
 runs the fast kernel or the exact one (made at its first use, so a model whose inputs are
 always finite never makes it).
 
-Deep in a network the bounds that follow from the graph inputs alone grow past any limit. A
-guarded node may then measure its own large inputs (``GuardPlan.measured``): on every call it
-takes their ``max |x|`` (one ``aminmax`` pass; NaN in them gives NaN) into the run's ``m``, which
-only grows during a run, before comparing. The limits of everything computed from its output
-assumed those inputs bounded like the graph inputs, and it ran before them: they compare the
-grown ``m``.
+Deep in a network the bounds that follow from the graph inputs alone grow past any limit. The
+producer of a value such a node reads then measures it (``GuardPlan.measured``): right after
+each call it takes the output's ``max |x|`` (one ``aminmax`` pass; NaN in it gives NaN) into
+the run's ``m``, which only grows during a run (``Measuring``, or a ``Guarded`` producer's own
+``measures``). The limits of every node that reads it, or anything computed from it,
+assumed it bounded like the graph inputs, and they run after it: they compare the grown ``m``.
 """
 from __future__ import annotations
 
@@ -44,24 +44,34 @@ class RunState:
         seen = 0.0
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-                lo, hi = (float(x) for x in torch.aminmax(_flat(t)))
-                seen = max(seen, -lo, hi) if not (math.isnan(lo) or math.isnan(hi)) else math.nan
+                view = _dense_view(t)
+                seen = _grown(seen, t.reshape(-1) if view is None else view)
                 if math.isnan(seen):
                     break
+        self.grow(seen)
+
+    def grow(self, seen: float) -> None:
         with self._lock:
             self.m = math.nan if math.isnan(seen) or math.isnan(self.m) else max(self.m, seen)
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements as one axis: a view when its bytes are dense in any axis order (a
-    channels-last activation), a copy otherwise."""
+def _grown(seen: float, flat: torch.Tensor) -> float:
+    """``seen`` grown by ``flat``'s largest magnitude (NaN in it: NaN)."""
+    lo, hi = torch.aminmax(flat)
+    lo, hi = lo.item(), hi.item()
+    return max(seen, -lo, hi) if not (math.isnan(lo) or math.isnan(hi)) else math.nan
+
+
+def _dense_view(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s elements as a one-axis view when its bytes are dense in some axis order (a
+    channels-last activation), else None."""
     if t.is_contiguous():
-        return t.reshape(-1)
+        return t.view(-1)
     dims = sorted(range(t.dim()), key=lambda d: t.stride(d))
     step = 1
     for d in dims:
         if t.size(d) != 1 and t.stride(d) != step:
-            return t.reshape(-1)
+            return None
         step *= t.size(d)
     return t.as_strided((t.numel(),), (1,))
 
@@ -71,15 +81,13 @@ class Guarded:
     writes_out = True
 
     def __init__(self, fast, make_exact: Callable, limit: float, state: RunState, n_inputs: int,
-                 measured: tuple[int, ...] = ()):
+                 measures: tuple[int, ...] = ()):
         self.fast, self._make_exact, self.limit, self.state = fast, make_exact, limit, state
         self.n_inputs = n_inputs
         self.reads = getattr(fast, "reads", None)
         self.impl = getattr(fast, "impl", "portable")
-        reads = _reads(fast, n_inputs)
-        if any(i not in reads for i in measured):
-            raise RuntimeError("a guarded node measures an input its kernel is not given")
-        self.measured = tuple(reads.index(i) for i in measured)     # positions in the call's arguments
+        self.measures = measures              # output indices measured after each call
+        self._see = _Outputs(measures) if measures else None
         self._exact = None
         state.needed = True
 
@@ -93,11 +101,52 @@ class Guarded:
         return self._exact
 
     def __call__(self, *args, out=None):
-        if self.measured:
-            self.state.see([args[i] for i in self.measured])
         if self.state.m < self.limit:                # False for NaN, and for an infinite feed
-            return self.fast(*args, out=out)
-        return self.exact(*args, out=out)
+            result = self.fast(*args, out=out)
+        else:
+            result = self.exact(*args, out=out)
+        if self._see is not None:
+            self._see(self.state, result)
+        return result
+
+
+class Measuring:
+    """A node's kernel followed by the measurement of the outputs ``measures`` (indices)."""
+
+    def __init__(self, kernel, measures: tuple[int, ...], state: RunState, writes_out: bool):
+        self.kernel, self.measures, self.state, self.writes_out = kernel, measures, state, writes_out
+        self._see = _Outputs(measures)
+        self.reads = getattr(kernel, "reads", None)
+        self.impl = getattr(kernel, "impl", "portable")
+        state.needed = True
+
+    def __call__(self, *args, **kw):
+        result = self.kernel(*args, **kw)
+        self._see(self.state, result)
+        return result
+
+
+class _Outputs:
+    """The measurement of some outputs of a kernel; an output that is the same tensor as at the
+    previous call (an arena view) reuses its one-axis view (a strided one is flattened, a
+    copy, on every call)."""
+
+    def __init__(self, measures: tuple[int, ...]):
+        self.measures = measures
+        self._seen: list = [None] * len(measures)        # (tensor, its one-axis view) per output
+
+    def __call__(self, state: RunState, result) -> None:
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        seen = 0.0
+        for j, i in enumerate(self.measures):
+            t = outs[i]
+            last = self._seen[j]
+            if last is None or last[0] is not t:
+                if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
+                    continue
+                last = self._seen[j] = (t, _dense_view(t))
+            seen = _grown(seen, t.reshape(-1) if last[1] is None else last[1])
+        state.grow(seen)
 
 
 def _reads(kernel, n_inputs: int) -> tuple:
