@@ -106,7 +106,7 @@ class Guarded:
         else:
             result = self.exact(*args, out=out)
         if self._see is not None:
-            self._see(self.state, result)
+            self._see(self.state, result, out is not None)
         return result
 
 
@@ -122,20 +122,20 @@ class Measuring:
 
     def __call__(self, *args, **kw):
         result = self.kernel(*args, **kw)
-        self._see(self.state, result)
+        self._see(self.state, result, kw.get("out") is not None)
         return result
 
 
 class _Outputs:
-    """The measurement of some outputs of a kernel; an output that is the same tensor as at the
-    previous call (an arena view) reuses its one-axis view (a strided one is flattened, a
-    copy, on every call)."""
+    """The measurement of some outputs of a kernel. Written into planned views (``kept``), an
+    output that is the same tensor as at the previous call reuses its one-axis view; one the
+    kernel allocated (a probe run) is not kept alive. A strided output is flattened (a copy)."""
 
     def __init__(self, measures: tuple[int, ...]):
         self.measures = measures
         self._seen: list = [None] * len(measures)        # (tensor, its one-axis view) per output
 
-    def __call__(self, state: RunState, result) -> None:
+    def __call__(self, state: RunState, result, kept: bool) -> None:
         outs = result if isinstance(result, (tuple, list)) else (result,)
         seen = 0.0
         for j, i in enumerate(self.measures):
@@ -144,7 +144,8 @@ class _Outputs:
             if last is None or last[0] is not t:
                 if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
                     continue
-                last = self._seen[j] = (t, _dense_view(t))
+                last = (t, _dense_view(t))
+                self._seen[j] = last if kept else None
             seen = _grown(seen, t.reshape(-1) if last[1] is None else last[1])
         state.grow(seen)
 
