@@ -224,6 +224,26 @@ def test_first_conv_stages_nchw_graph_input():
     assert fast_of(inner.kernel).converted == 0, "an arena input in the kernel's layout was copied"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_staging_moves_every_bit_pattern_into_the_slot_layout(dtype):
+    """A slot's staging copy of an NCHW tensor into its channels-last layout (oneDNN's reorder)
+    keeps every bit: NaN payloads, infinities, subnormals, signed zeros; a tensor of another
+    float type is converted as ATen converts it."""
+    from fusegraph.runtime.backends.cpu.dnnl.call import Slot
+    from fusegraph.runtime.backends.cpu.dnnl.layouts import channels_last
+    shape = (1, 5, 7, 9)
+    ints = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    info = torch.iinfo(ints)
+    bits = torch.randint(info.min, info.max, shape, dtype=ints, generator=torch.Generator().manual_seed(0))
+    x = bits.view(dtype)
+    slot = Slot(0, shape, channels_last(shape), dtype)
+    staged = slot.stage(x)
+    assert staged.stride() == channels_last(shape) and slot._reorders[x.stride()] is not None
+    assert torch.equal(staged.view(ints), bits.contiguous(memory_format=torch.channels_last))
+    other = torch.randn(shape, dtype=torch.float64)
+    assert torch.equal(slot.stage(other), other.to(dtype))
+
+
 def test_shared_weight_is_packed_once():
     """Two convolutions of one weight (same geometry): one reorder, one packed copy."""
     n1, i1 = conv("s", "a", "w", 8, 8, 3, seed=6, pads=[1] * 4)
