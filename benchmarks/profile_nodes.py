@@ -3,10 +3,12 @@
 Inside the run, a debug hook times each kernel (``model.run(feeds, hook=...)``; this variant
 runs every node, shape-only ones included). Alone, each kernel is called repeatedly on inputs
 captured from a run. With ``--ort``, onnxruntime's own node profile (ORT_ENABLE_ALL) of the
-same model and inputs, grouped by op type; with ``--openvino``, OpenVINO's (``PERF_COUNT``). Random-weight light models and the BERT / GPT-2
-exports, as in ``bench_latency.py``; batch 1, medians.
+same model and inputs, grouped by op type; with ``--openvino PRECISION``, OpenVINO's
+(``PERF_COUNT``); ``--cold`` reads 256 MiB before every timed run. Random-weight light models
+and the BERT / GPT-2 exports, as in ``bench_latency.py``; batch 1, medians.
 
-    python benchmarks/profile_nodes.py MODEL [--threads 2] [--top 25] [--ort] [--precision bf16] [--openvino bf16] [--cold]
+    python benchmarks/profile_nodes.py MODEL [--threads 2] [--top 25] [--ort] [--precision bf16]
+                                             [--openvino bf16] [--cold]
 """
 from __future__ import annotations
 
@@ -140,8 +142,8 @@ def main() -> int:
     model = fg.compile(path, fg.Config(threads=args.threads, precision=args.precision))
     feeds = random_feeds_for(model)
     rows = profile(model, feeds, args.cold)
-    print(f"{args.model}, {args.precision}, {args.threads} threads: kernels inside the run {sum(r[2] for r in rows) / 1e3:.2f} ms, "
-          f"alone {sum(r[3] for r in rows) / 1e3:.2f} ms\n")
+    print(f"{args.model}, {args.precision}, {args.threads} threads: kernels inside the run "
+          f"{sum(r[2] for r in rows) / 1e3:.2f} ms, alone {sum(r[3] for r in rows) / 1e3:.2f} ms\n")
     by_op: dict[str, list[float]] = {}
     for op, _, inside, alone in rows:
         acc = by_op.setdefault(op, [0, 0.0, 0.0])
