@@ -316,3 +316,19 @@ def test_a_join_is_bounded_by_measuring_its_parts_each_once():
     plan = guard_plan(g, measure_below=1e4)
     assert plan.measured == {"stem": (0,), "grow0": (0,), "grow1": (0,), "grow2": (0,)}
     assert all(plan.limits[f"{kind}{k}"] >= 1e16 for kind in ("chain", "conv") for k in range(4))
+
+
+@pytest.mark.parametrize("steps", [["Mul ix i1", "Relu p"], ["", "Relu p"], ["Mul i0 i7", "Relu p"]],
+                         ids=["operand", "empty", "out_of_range"])
+def test_a_malformed_chain_is_unknown_to_the_analysis_not_a_crash(steps):
+    """The analysis runs before any kernel is built (a loaded artifact's chain steps are
+    untrusted): a step it cannot read makes the chain's value unknown, and no limit."""
+    from fusegraph.runtime.finite import guard_plan
+    g = Graph("g")
+    x = g.add_input("x", DType.FLOAT, (1, 4, 8, 8))
+    scale = g.add_constant("s", torch.ones(4, 1, 1))
+    y = _out(g.add_node("ElementwiseChain", [x, scale], attrs={"steps": steps}, domain="fusegraph", name="c"),
+             (1, 4, 8, 8))
+    g.outputs.append(y)
+    assert "c" not in guard_plan(g, measure_below=1e4).limits
+    assert math.isinf(propagate(g, 1.0)[id(y)].bound)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections import ChainMap
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -232,12 +233,30 @@ PASS_THROUGH = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Trans
 _CHAIN_BOUNDED = {"Sigmoid": 1.0, "Tanh": 1.0, "Erf": 1.0}
 
 
+@lru_cache(maxsize=4096)
+def _parsed(steps: tuple) -> tuple | None:
+    """A chain's steps as (op, argument indices: -1 the previous step's result), parsed once;
+    None when a step is malformed (a re-sealed artifact may say anything)."""
+    out = []
+    for step in steps:
+        words = str(step).split()
+        if not words:
+            return None
+        op, args = words[0], words[1:]
+        if not all(a == "p" or (a[:1] == "i" and a[1:].isdigit()) for a in args):
+            return None
+        out.append((op, tuple(-1 if a == "p" else int(a[1:]) for a in args)))
+    return tuple(out)
+
+
 def _chain(node: Node, ins: list[Fact]) -> Fact:
     """An elementwise chain, step by step (steps as ``ops/fused_transformer.chain_source``)."""
+    steps = _parsed(tuple(str(x) for x in node.attrs.get("steps", ())))
+    if steps is None or any(a >= len(ins) for _, args in steps for a in args):
+        return UNKNOWN
     prev = None
-    for step in node.attrs.get("steps", []):
-        op, *args = str(step).split()
-        xs = [prev if a == "p" else ins[int(a[1:])] for a in args]
+    for op, args in steps:
+        xs = [prev if a < 0 else ins[a] for a in args]
         if any(x is None for x in xs):
             return UNKNOWN
         if op in ("Relu", "Neg", "Abs"):
