@@ -8,8 +8,8 @@ every variant in one process, alternating runs, medians.
 ``guards``: the NaN-exact relu (oneDNN's ``elu`` with alpha 0, an ``exp`` per element) against
 the fast one, three ways: *inputs only* (the guard before measured inputs: a node runs its fast
 relu only where the graph inputs' magnitude bounds it; elementwise chains always exact),
-*measured* (the current code: ``runtime/finite.guard_plan`` lets a deep node measure its own
-large inputs), and ``fast_math`` (every fast kernel, NaN-inexact). The outputs of the first two
+*measured* (the current code: ``runtime/guard_plan.py`` has the values a deep node depends on
+measured where they are made), and ``fast_math`` (every fast kernel, NaN-inexact). The outputs of the first two
 are compared bit for bit on the feeds.
 
 ``auto-rank``: ``precision="auto"`` ranking the ops it moves back to fp32 by error alone (as
@@ -29,7 +29,7 @@ import onnx
 
 import fusegraph as fg
 from fusegraph import precision_auto, zoo
-from fusegraph.runtime import finite
+from fusegraph.runtime import guard_plan
 from fusegraph.runtime.backends.cpu import backend
 
 THREADS = 2
@@ -56,12 +56,12 @@ def _medians(models: dict, feeds: dict, runs: int) -> dict[str, float]:
 
 def guards(path: str, feeds: dict, precision: str, runs: int) -> str:
     cfg = fg.Config(threads=THREADS, precision=precision)
-    keep_below, keep_chain = backend.MEASURE_BELOW, finite._relu_chain
-    backend.MEASURE_BELOW, finite._relu_chain = None, (lambda node: False)
+    keep_below, keep_chain = backend.MEASURE_BELOW, guard_plan._relu_chain
+    backend.MEASURE_BELOW, guard_plan._relu_chain = None, (lambda node: False)
     try:
         before = fg.compile(path, cfg)
     finally:
-        backend.MEASURE_BELOW, finite._relu_chain = keep_below, keep_chain
+        backend.MEASURE_BELOW, guard_plan._relu_chain = keep_below, keep_chain
     models = {"inputs only": before, "measured": fg.compile(path, cfg),
               "fast_math": fg.compile(path, cfg.replace(fast_math=True))}
     a, b = models["inputs only"].run(feeds), models["measured"].run(feeds)

@@ -1,4 +1,4 @@
-"""``runtime/finite.py``: the input magnitudes under which a guarded node cannot see NaN or an
+"""``runtime/finite.py`` and ``runtime/guard_plan.py``: the input magnitudes under which a guarded node cannot see NaN or an
 infinity, checked on small graphs against bounds computed by hand, and on the transfer
 rules that reset bounds (clip, LayerNorm) or make them unknown (an op the table does not
 know); plus the guard at run time (``runtime/backends/cpu/guard.py``): finite feeds run the
@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 
 import fusegraph as fg
 from fusegraph.ir import DType, Graph
-from fusegraph.runtime.finite import FLOAT32_MAX, GRID, fast_limits, propagate
+from fusegraph.runtime.finite import FLOAT32_MAX, GRID, propagate
+from fusegraph.runtime.guard_plan import fast_limits, guard_plan
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.guard import Guarded, Measuring
 from oracle import ort_run
@@ -276,7 +277,6 @@ def test_a_measured_value_bounds_every_reader_and_everything_downstream():
     """u comes from an op the analysis does not know. chain1 reads it, so u is measured where
     it is made; conv1 after chain1, a join reading u again, chain2 after the join and chain3
     (which may run before chain1) are all bounded by that one measurement."""
-    from fusegraph.runtime.finite import guard_plan
     g = Graph("g")
     shape, wide = (1, 16, 128, 128), (1, 32, 128, 128)
     x = g.add_input("x", DType.FLOAT, shape)
@@ -298,7 +298,6 @@ def test_a_join_is_bounded_by_measuring_its_parts_each_once():
     BatchNorm-ReLU chain and a convolution read it. The parts are measured where they are made
     (through the chain and the joins), each once; neither the chains' outputs nor the growing
     joins are measured."""
-    from fusegraph.runtime.finite import guard_plan
     g = Graph("g")
     part = (1, 16, 64, 64)
     x = g.add_input("x", DType.FLOAT, part)
@@ -323,7 +322,6 @@ def test_a_join_is_bounded_by_measuring_its_parts_each_once():
 def test_a_malformed_chain_is_unknown_to_the_analysis_not_a_crash(steps):
     """The analysis runs before any kernel is built (a loaded artifact's chain steps are
     untrusted): a step it cannot read makes the chain's value unknown, and no limit."""
-    from fusegraph.runtime.finite import guard_plan
     g = Graph("g")
     x = g.add_input("x", DType.FLOAT, (1, 4, 8, 8))
     scale = g.add_constant("s", torch.ones(4, 1, 1))

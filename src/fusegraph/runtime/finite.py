@@ -1,23 +1,11 @@
-"""Where NaN / Inf cannot occur: the largest input magnitude under which a kernel whose only
-difference from ONNX is NaN / Inf (a fused relu, clip, GELU or hard sigmoid, a chain's final
-Relu, a max pool without its finiteness check) computes exactly what the exact kernel does.
+"""Magnitude bounds of every value: where NaN / Inf cannot occur.
 
 Induction: if every float graph input is finite with ``max |x| <= M``, and an op's inputs are
 finite with known magnitude bounds, its output is finite with a bound that follows from
 them, unless the op can overflow or create NaN itself (a division, a logarithm ...). For a
 given ``M`` ``propagate`` walks the graph once and gives every value a ``Fact``: a magnitude
-bound and whether it may hold NaN or +-inf. A kernel is *guarded* when its fast form is
-exact as long as its input (or pre-activation) is finite (a layer norm: as long as its row's
-sum of squared deviations is): ``fast_limits`` finds, per guarded
-node, the largest ``M`` of a short grid (1, 10, .. 1e32) for which that holds (``math.inf`` when it
-holds for float32's largest finite value too: for every finite input; nodes for which it
-never holds are left out). At run time the backend measures
-``M`` on the feeds (NaN and +-inf give NaN, which no limit admits) and runs each guarded
-node's fast kernel when ``M <= limit``, its exact kernel otherwise. Deep in a network the
-bounds from the graph inputs outgrow every limit: ``guard_plan`` has the values such a node
-reads measured at run time where they are made (``GuardPlan.measured``: the producer takes
-their ``max |x|`` right after it runs, ``backends/cpu/guard.py``), and bounds them, and
-everything computed from them, like a graph input.
+bound and whether it may hold NaN or +-inf. ``guard_plan.py`` uses the facts to decide which
+kernels may run their fast (NaN-inexact) form, under which ``M``.
 
 Bounds are conservative: a convolution or product multiplies its input bound by its largest
 weight magnitude times the terms each output sums (every partial sum is then below it too;
@@ -33,14 +21,12 @@ constants; nothing here mutates the graph.
 from __future__ import annotations
 
 import math
-from collections import ChainMap
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-from ..ir import DType, Graph, Node, Value
-from ..ir.shape import numel
+from ..ir import DType, Graph, Node
 
 LIMIT = 1e38                     # below float32's largest (3.4e38): room for rounding
 ROUNDING = 1.0 + 2.0 ** -7       # a bfloat16 / float16 rounding moves a value by at most 2^-8 of it
@@ -122,9 +108,7 @@ ACT_BOUND = {   # activation -> output fact from the pre-activation's
     "hardsigmoid": lambda f, p: Fact(1.0, f.nan),
     "hardtanh": lambda f, p: Fact(max(abs(p[0]), abs(p[1])), f.nan) if len(p) == 2 else f,
 }
-# fast post-op differs from the exact one on NaN / Inf only (relu: oneDNN's maps NaN to 0, the
-# exact elu with alpha 0 costs 5-10 % on conv nets)
-GUARDED_ACTS = {"relu", "hardtanh", "hardsigmoid", "gelu", "gelu_tanh"}
+
 
 
 class Weights:
@@ -305,164 +289,3 @@ def propagate(graph: Graph, m: float, weights: Weights | None = None) -> dict[in
     for node in graph.nodes:
         _record(node, [Fact(0.0) if v is None else facts.get(id(v), UNKNOWN) for v in node.inputs], facts, weights)
     return facts
-
-
-NORMS = ("LayerNorm", "SkipLayerNorm")
-
-
-def _guarded(node: Node) -> bool:
-    """A node whose fast kernel differs from the exact one on NaN / Inf only."""
-    return (node.op_type == "MaxPool" and len(node.outputs) == 1) or \
-        (node.op_type in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS) or \
-        (node.domain == "fusegraph" and node.op_type in NORMS) or _relu_chain(node)
-
-
-def _relu_chain(node: Node) -> bool:
-    """An elementwise chain ending in a Relu (a pre-activation BatchNorm and its ReLU): its fast
-    kernel's relu post-op maps NaN to 0."""
-    steps = node.attrs.get("steps", []) if node.op_type == "ElementwiseChain" else []
-    return len(steps) > 1 and str(steps[-1]).split() == ["Relu", "p"]
-
-
-def _guard_fact(node: Node, ins: list[Fact], weights: Weights) -> Fact:
-    """The fact a guarded node's fast kernel needs finite, from its inputs' facts: a max pool's
-    input, a convolution's or product's pre-activation, a chain's value (its Relu keeps NaN in
-    the analysis), a layer norm's sum of squared deviations per row."""
-    if node.op_type == "MaxPool":
-        return ins[0]
-    if node.op_type == "ElementwiseChain":
-        return _chain(node, ins)
-    if node.op_type in NORMS:         # the row's sum of squared deviations: at most d * (2 max|x|)^2
-        x = _sum(*ins[:2]) if node.op_type == "SkipLayerNorm" else ins[0]
-        d = node.outputs[0].shape[-1] if node.outputs[0].shape else None
-        if not isinstance(d, int):
-            return UNKNOWN
-        return Fact(4.0 * d * x.bound * x.bound, x.nan, x.inf)
-    return _pre_activation(node, ins, weights)
-
-
-MEASURE_MIN = 1 << 14        # output elements: a smaller guarded node saves less than a measurement costs
-# Where a value a weak guarded node reads is measured (``_sources``): through a join or a
-# reshape the parts it is made of (a DenseNet join: its newest part, not the whole join
-# again); first also through cheap elementwise work (the BatchNorm-ReLU chain in front of a
-# DenseNet convolution: the join's parts, not the chain's output), else at the join.
-SHALLOW = frozenset({("", "Concat"), ("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"),
-                     ("", "Identity")})
-DEEP = SHALLOW | {("fusegraph", "ElementwiseChain"), ("", "Cast"), ("", "Relu")}
-
-
-@dataclass
-class GuardPlan:
-    """``limits``: guarded node -> the largest ``M`` its fast kernel admits; ``measured``:
-    node -> the indices of its outputs it measures right after it runs (their facts are then
-    ``M``-bounded like a graph input's for every reader, and so is everything computed from them)."""
-    limits: dict[str, float]
-    measured: dict[str, tuple[int, ...]]
-
-
-def _limit(ok: list[bool]) -> float | None:
-    """The largest grid value of the finite prefix (``math.inf`` for the whole grid), or None."""
-    n = next((i for i, good in enumerate(ok) if not good), len(ok))
-    return None if n == 0 else (math.inf if n == len(GRID) else GRID[n - 1])
-
-
-def _sources(v: Value | None, anchored: dict[int, Value], out: dict[int, Value], through: frozenset) -> None:
-    """Into ``out``: the computed float values to measure so that ``v`` is bounded from
-    measurements: ``v`` itself, or, when its producer is one of ``through``, what that reads.
-    Graph inputs and constants have facts of their own; measured values are bounded."""
-    if v is None or v.is_const or v.producer is None or v.dtype is None or not v.dtype.is_float \
-            or id(v) in anchored:
-        return
-    p = v.producer
-    if (p.domain, p.op_type) in through:
-        for x in p.inputs:
-            _sources(x, anchored, out, through)
-    else:
-        out[id(v)] = v
-
-
-def _worth_measuring(node: Node) -> bool:
-    n = numel(node.outputs[0].shape) if node.outputs and node.outputs[0].shape is not None else None
-    return isinstance(n, int) and n >= MEASURE_MIN
-
-
-def _anchor(outputs, anchored, table: dict, m: float) -> None:
-    for o in outputs:
-        if id(o) in anchored:
-            table[id(o)] = Fact(m)
-
-
-def _trial(nodes: list[Node], lo: int, node: Node, hi: int, sources: dict[int, Value], facts: list[dict],
-           anchored: dict[int, Value], weights: Weights) -> float | None:
-    """``node``'s limit were ``sources`` measured too: the facts of ``nodes[lo:hi]`` downstream
-    of them derived again on an overlay of each grid point's table."""
-    both = {**anchored, **sources}
-    ok = []
-    for m, table in zip(GRID, facts):
-        over = {k: Fact(m) for k in sources}
-        view = ChainMap(over, table)
-        for n in nodes[lo:hi]:
-            if any(v is not None and id(v) in over for v in n.inputs):
-                _record(n, [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in n.inputs], over, weights)
-                _anchor(n.outputs, both, over, m)
-        ins = [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in node.inputs]
-        ok.append(_guard_fact(node, ins, weights).finite)
-    return _limit(ok)
-
-
-def guard_plan(graph: Graph, absmax=None, measure_below: float | None = None) -> GuardPlan:
-    """Every guarded node's limit, in one walk evaluating the whole grid at once. With
-    ``measure_below``, a guarded node admitted only below it (or not at all) has values it
-    depends on measured where they are made (``_sources``, deep then shallow: right after
-    their producer runs, before any reader) when that admits it further (``_trial``); the walk
-    then resumes at the earliest such producer, so every reader of a measured value, and
-    everything downstream, is bounded by the measurement."""
-    weights = Weights(absmax)
-    nodes = list(graph.nodes)
-    position = {id(n): i for i, n in enumerate(nodes)}
-    facts = [propagate_init(graph, m, weights) for m in GRID]
-    limits: dict[str, float] = {}
-    anchored: dict[int, Value] = {}           # id(value) -> value measured after its producer runs
-    i = 0
-    while i < len(nodes):
-        node = nodes[i]
-        ins = [[Fact(0.0) if v is None else t.get(id(v), UNKNOWN) for v in node.inputs] for t in facts]
-        if _guarded(node):
-            limits.pop(node.name, None)
-            limit = _limit([_guard_fact(node, x, weights).finite for x in ins])
-            if measure_below is not None and (limit is None or limit < measure_below) and _worth_measuring(node):
-                restart = None
-                for through in (DEEP, SHALLOW):
-                    new: dict[int, Value] = {}
-                    for v in node.inputs:
-                        _sources(v, anchored, new, through)
-                    if not new:
-                        continue
-                    lo = min(position[id(v.producer)] for v in new.values())
-                    better = _trial(nodes, lo + 1, node, i, new, facts, anchored, weights)
-                    if better is not None and (limit is None or better > limit):
-                        anchored.update(new)
-                        restart = lo
-                        break
-                if restart is not None:
-                    i = restart
-                    continue
-            if limit is not None:
-                limits[node.name] = limit
-        for m, table, x in zip(GRID, facts, ins):
-            _record(node, x, table, weights)
-            _anchor(node.outputs, anchored, table, m)
-        i += 1
-    measured: dict[str, tuple[int, ...]] = {}
-    for v in anchored.values():
-        p = v.producer
-        k = next(k for k, o in enumerate(p.outputs) if o is v)
-        measured[p.name] = tuple(sorted({*measured.get(p.name, ()), k}))
-    return GuardPlan(limits, measured)
-
-
-def fast_limits(graph: Graph, absmax=None) -> dict[str, float]:
-    """``{node name: largest M}`` for the guarded nodes whose fast kernel is exact while
-    ``max |float input| <= M`` (``math.inf``: for every finite input, as far as the grid
-    tells); ``absmax(value)``: a constant's largest magnitude (default: read off its tensor)."""
-    return guard_plan(graph, absmax).limits

@@ -29,7 +29,8 @@ import torch
 
 from ....errors import ArtifactError, ConfigError
 from ....ops.registry import kernel_writes_out
-from ...finite import GuardPlan, guard_plan, tensor_fact
+from ...finite import tensor_fact
+from ...guard_plan import GuardPlan, guard_plan
 from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
@@ -42,7 +43,7 @@ from .dnnl.weights import SharedForms, WeightStore
 
 KERNEL_CHOICES = ("auto", "onednn", "portable")
 # a guarded node admitted only below this input magnitude has the values it reads measured
-# where they are made (``finite.guard_plan``): images in 0..255 or normalised ones sit well below it
+# where they are made (``guard_plan.py``): images in 0..255 or normalised ones sit well below it
 MEASURE_BELOW = 1e4
 _PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py)
     ("fusegraph", "ScaledDotProductAttention"): attention_kernel,
@@ -92,7 +93,7 @@ class CpuBackend(Backend):
     # -- kernels
     def bind_start(self, graph) -> None:
         """Before binding: the exact kernels that can run fast, and under which input
-        magnitude (``runtime/finite.py``, from the weights' own magnitudes: the plain tensors, or
+        magnitude (``runtime/guard_plan.py``, from the weights' own magnitudes: the plain tensors, or
         a loaded model's packed bytes)."""
         self.guards = guard_plan(graph, self._absmax, MEASURE_BELOW) if self.exact and self.dnnl is not None \
             else GuardPlan({}, {})

@@ -2,7 +2,7 @@
 relu, clip, GELU or hard sigmoid, a max pool without its finiteness check) runs whenever the
 run's inputs make it exact, the exact form otherwise.
 
-``runtime/finite.py`` gives each guarded node a limit: while every float graph input is finite
+``runtime/guard_plan.py`` gives each guarded node a limit: while every float graph input is finite
 with ``max |x| < limit``, no NaN or infinity can reach the node, so its fast kernel computes
 what the exact one does. ``RunState.measure(feeds)`` finds the run's ``max |x|`` once before
 the run (NaN in a feed makes it NaN, an infinity infinite: no limit admits either, an
@@ -44,8 +44,7 @@ class RunState:
         seen = 0.0
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-                view = _dense_view(t)
-                seen = _grown(seen, t.reshape(-1) if view is None else view)
+                seen = _grown(seen, t, _dense_view(t))
                 if math.isnan(seen):
                     break
         self.grow(seen)
@@ -55,9 +54,10 @@ class RunState:
             self.m = math.nan if math.isnan(seen) or math.isnan(self.m) else max(self.m, seen)
 
 
-def _grown(seen: float, flat: torch.Tensor) -> float:
-    """``seen`` grown by ``flat``'s largest magnitude (NaN in it: NaN)."""
-    lo, hi = torch.aminmax(flat)
+def _grown(seen: float, t: torch.Tensor, view: torch.Tensor | None) -> float:
+    """``seen`` grown by ``t``'s largest magnitude (NaN in it: NaN), read through its one-axis
+    ``view`` (``_dense_view``), or a flattened copy where it has none."""
+    lo, hi = torch.aminmax(t.reshape(-1) if view is None else view)
     lo, hi = lo.item(), hi.item()
     return max(seen, -lo, hi) if not (math.isnan(lo) or math.isnan(hi)) else math.nan
 
@@ -146,7 +146,7 @@ class _Outputs:
                     continue
                 last = (t, _dense_view(t))
                 self._seen[j] = last if kept else None
-            seen = _grown(seen, t.reshape(-1) if last[1] is None else last[1])
+            seen = _grown(seen, t, last[1])
         state.grow(seen)
 
 
