@@ -29,6 +29,7 @@ import fusegraph as fg
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
 from fusegraph.runtime.backends.cpu.guard import Guarded, Measuring
+from fusegraph.runtime.codegen import generate_run_function
 from oracle import assert_outputs_close, ort_run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
@@ -203,6 +204,11 @@ def test_conv_residual_add_relu(in_place):
         assert cm.plan.kinds.get(call.node.outputs[0].name) == "inplace"
         assert slots[call.node.outputs[0].name][0] == slots[z.name][0]
         assert kernel.prefill == 1 and kernel.inputs[1] is None     # z is the summand, no slot
+        ex = cm._executor                 # the run calls it directly: offered only with no copy
+        assert any(ex.code.line_to_node.get(i + 1) is call.node and ":= " in line
+                   for i, line in enumerate(ex.code.source.splitlines())), ex.code.source
+        ex._runner.code = generate_run_function(ex.graph, ex.binding, "<python path>", direct=False)
+        cm.run(feeds)
         assert not kernel._prefill_copy, "the residual was copied though it lies in the output's bytes"
         producer = next(c for c in cm._executor.binding.calls if z in c.node.outputs)
         assert call.out[0].data_ptr() == producer.out[0].data_ptr()
@@ -262,7 +268,8 @@ def test_bind_probe_leaves_no_tensor_alive():
     n, i = conv("s", "y", "w", 8, 8, 3, seed=2, pads=[1] * 4)
     cm = fg.compile(stem_then(n, i), CFG)
     kernels = [fast_of(c.kernel) for c in dnnl_calls(cm, CONV)]
-    assert all(t is None for k in kernels for t in k._cur)
+    arena = cm._executor.arena            # a direct call's home tensors are arena views, no probe's
+    assert all(t is None or arena.contains(t) for k in kernels for t in k._cur)
     x = rnd(1, 4, 12, 12)
     cm.run({"x": x})                          # a planned run: arena views, kept for the next call
     assert any(t is not None for k in kernels for t in k._cur)

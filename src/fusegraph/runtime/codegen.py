@@ -14,7 +14,9 @@ the tensor is freed after its last use); ``before`` / ``after`` hold the extra l
 layer needs (event waits before a call, event records after it, stream switches). Exports
 precede the ``after`` lines, so a record always publishes the value first. With ``hook``,
 every call is bracketed by ``_hook(index, 0, None)`` and ``_hook(index, 1, outputs)`` (debug
-runs: allocation checks, timestamps). The source is readable (``fusegraph inspect --code``).
+runs: allocation checks, timestamps). A call whose kernel offers a prepared form for its
+fixed arena views is made by the line itself (``direct.py``), with the locals that
+``D0()`` returns at the top of the function. The source is readable (``fusegraph inspect --code``).
 The single-stream ``run`` leaves the nodes that depend only on the input shapes to a second
 function, ``_memo_fill``, called when those shapes are new (``shape_memo.py``); a call may
 read other values than its node's inputs (``NodeCall.args``: a Shape derived from them).
@@ -28,7 +30,11 @@ from typing import Callable
 from ..errors import PlanError
 from ..ir import Node, Value
 from .bind import Binding, NodeCall
+from .direct import LOCALS, ThreadEntry, direct_form, direct_lines
 from .shape_memo import fill_epilogue, memo_globals, memo_prologue, shape_only_calls
+
+
+DIRECT_CALLS = True      # the default; benchmarks/direct_calls.py measures it off
 
 
 @dataclass
@@ -93,6 +99,7 @@ class FunctionSpec:
     epilogue: list[str] = field(default_factory=list)
     returns: list[Value] | None = None
     hook: bool = False
+    direct: bool = False          # kernels that offer it are called directly (``direct.py``)
 
 
 def _label(node: Node) -> str:
@@ -105,6 +112,9 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
     for v, p in zip(spec.param_values, spec.params):
         names._names.setdefault(id(v), p)
     lines.append(f"def {spec.name}({', '.join(spec.params)}):")
+    entry = ThreadEntry() if spec.direct else None
+    if entry is not None:
+        lines.append(f"    {LOCALS} = {names.add_global('D', entry)}()")
     lines.extend("    " + s for s in spec.prologue)
     last_use: dict[int, int] = {}
     for pos, call in enumerate(spec.calls):
@@ -128,7 +138,12 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
         args = ", ".join("None" if v is None else names(v) for v in call.inputs)
         outs = [names(o) for o in node.outputs]
         line_to_node[len(lines) + 1] = node
-        if call.out is not None:
+        d = _direct(call, names) if entry is not None else None
+        if d is not None:
+            for s in direct_lines(d, entry, kname, args, outs[0]):
+                line_to_node[len(lines) + 1] = node
+                lines.append(f"    {s}  # {_label(node)}")
+        elif call.out is not None:
             target = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
             sep = ", " if args else ""
             lines.append(f"    {kname}({args}{sep}out={target})  # {_label(node)}")
@@ -163,6 +178,17 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
     lines.append("")
 
 
+def _direct(call: NodeCall, names: Names):
+    """The call's ``Direct`` when it writes one planned view and reads only planned views and
+    constants (the same tensors on every run), else None."""
+    if call.out is None or len(call.out) != 1 or len(call.node.outputs) != 1:
+        return None
+    if any(v is not None and names.is_local(v) for v in call.inputs):
+        return None
+    tensors = tuple(None if v is None else names.env[names(v)] for v in call.inputs)
+    return direct_form(call.kernel, tensors, call.out[0])
+
+
 def generate_module(specs: list[FunctionSpec], names: Names, filename: str,
                     extra_globals: dict | None = None) -> GeneratedCode:
     """Compile the functions of ``specs`` into one module; the first one is the entry.
@@ -173,7 +199,7 @@ def generate_module(specs: list[FunctionSpec], names: Names, filename: str,
     for spec in specs:
         _emit(spec, names, lines, line_to_node)
     for line in lines:   # every line is the generator's own: one ASCII line, no control characters
-        if not line.isascii() or any(c < " " for c in line):
+        if not (line.isascii() and line.isprintable()):
             raise PlanError(f"{filename}: refusing to compile a generated line holding a control or "
                             f"non-ASCII character: {line[:120]!r}")
     source = "\n".join(lines) + "\n"
@@ -203,15 +229,18 @@ def arena_globals(binding: Binding) -> dict:
     return {"_AL": binding.arena.lo, "_AH": binding.arena.hi}
 
 
-def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None) -> GeneratedCode:
-    """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order."""
+def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None,
+                          direct: bool | None = None) -> GeneratedCode:
+    """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order; with
+    ``direct`` (default ``DIRECT_CALLS``), kernels that offer it are called directly (``direct.py``)."""
+    direct = DIRECT_CALLS if direct is None else direct
     memo = shape_only_calls(graph, binding.calls) if hook is None else None
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
     calls = [c for c in binding.calls if id(c.node) not in memo_ids]
     names = arena_names(binding, calls)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
-                        returns=list(graph.outputs), hook=hook is not None)
+                        returns=list(graph.outputs), hook=hook is not None, direct=direct)
     extra = arena_globals(binding)
     specs = [spec]
     if memo:    # shape-only nodes run once per input shapes (shape_memo.py)

@@ -35,6 +35,7 @@ import torch
 
 from ..errors import PlanError
 from ..ir import Graph
+from . import codegen
 from .bind import Binding
 from .codegen import FunctionSpec, GeneratedCode, arena_globals, arena_names, generate_module
 
@@ -148,7 +149,8 @@ def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: boo
                 read_on.setdefault(id(v), set()).add(stream_of[c.node.name])
     specs = []
     for k in range(plan.num_streams):
-        spec = FunctionSpec(f"{prefix}{k}", [calls[n] for n in plan.per_stream[k]], params=["E"], hook=hook)
+        spec = FunctionSpec(f"{prefix}{k}", [calls[n] for n in plan.per_stream[k]], params=["E"], hook=hook,
+                            direct=codegen.DIRECT_CALLS)
         for pos, call in enumerate(spec.calls):
             node = call.node
             waits = plan.waits.get(node.name, [])

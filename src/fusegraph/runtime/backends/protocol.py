@@ -8,6 +8,9 @@ A backend answers these questions, and nothing else in the runtime asks them:
   ops it has nothing better for, or ``Decline(reason)`` when it has a kernel family for the
   op but not for this node (bind then takes the portable kernel and records the reason in
   ``report.kernels``, the way fusion records its declines);
+- a kernel may offer ``direct(tensors, out) -> Direct | None``: the call with tensors that are
+  the same on every run (arena views), made without the kernel's Python path; the generated
+  code then executes it itself (``runtime/direct.py``);
 - ``export_state(graph)`` / ``import_state(state)``: what the backend made at bind time that
   an artifact should carry so a load on the same machine makes nothing again (CPU: the
   packed weights), and ``portable_weight(value)``: the plain form of a weight the backend
@@ -18,6 +21,20 @@ Knows no op and no device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Direct:
+    """A kernel call the generated code makes itself: ``call.execute(call.handle, stream,
+    call.n, call.args)`` returns a status, ``call.fail(status)`` raises for a nonzero one, and
+    ``call.on_thread()`` points the call at the calling thread's resources and returns its
+    stream. With ``limit``, only while ``state.m < limit`` (a guarded node's fast kernel; the
+    kernel itself otherwise); ``measure(state, out, True)`` after the call (``guard.py``)."""
+    call: object
+    limit: float | None = None
+    state: object = None
+    measure: Callable | None = None
 
 
 @dataclass(frozen=True)

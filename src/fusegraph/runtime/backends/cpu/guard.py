@@ -16,6 +16,10 @@ each call it takes the output's ``max |x|`` (one ``aminmax`` pass; NaN in it giv
 the run's ``m``, which only grows during a run (``Measuring``, or a ``Guarded`` producer's own
 ``measures``). The limits of every node that reads it, or anything computed from it,
 assumed it bounded like the graph inputs, and they run after it: they compare the grown ``m``.
+
+Called directly from generated code (``direct``: ``runtime/direct.py``), a guarded node's line
+compares ``m`` with its limit itself and executes the fast kernel's call, or calls the
+``Guarded`` (which then runs the exact kernel); a measured output is measured right after.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import threading
 from typing import Callable
 
 import torch
+
+from ..protocol import Direct
 
 
 class RunState:
@@ -100,6 +106,13 @@ class Guarded:
             self._exact = exact
         return self._exact
 
+    def direct(self, ts: tuple, out) -> Direct | None:
+        fast = getattr(self.fast, "direct", None)
+        d = fast(ts, out) if fast is not None else None
+        if d is None or d.limit is not None or d.measure is not None:
+            return None
+        return Direct(d.call, self.limit, self.state, self._see)
+
     def __call__(self, *args, out=None):
         if self.state.m < self.limit:                # False for NaN, and for an infinite feed
             result = self.fast(*args, out=out)
@@ -119,6 +132,13 @@ class Measuring:
         self.reads = getattr(kernel, "reads", None)
         self.impl = getattr(kernel, "impl", "portable")
         state.needed = True
+
+    def direct(self, ts: tuple, out) -> Direct | None:
+        inner = getattr(self.kernel, "direct", None)
+        d = inner(ts, out) if inner is not None else None
+        if d is None or d.limit is not None or d.measure is not None:
+            return None
+        return Direct(d.call, None, self.state, self._see)
 
     def __call__(self, *args, **kw):
         result = self.kernel(*args, **kw)

@@ -6,7 +6,7 @@ a few microseconds a call.
 ``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``;
 ``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
-``concat.py``: bfloat16 Concat), a
+``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
 not).
@@ -23,6 +23,7 @@ from .layernorm import layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
 from .shuffle import shuffle_kernel
+from .softmax import softmax_kernel
 from .primitive import Resources
 from .weights import WeightStore
 
@@ -63,4 +64,6 @@ class DnnlKernels:
             return attention_kernel(ctx, self.resources)
         if key == ("", "Concat"):
             return concat_kernel(ctx, self.resources)
+        if key == ("", "Softmax"):
+            return softmax_kernel(ctx, opdef, self.resources, exact)
         return None

@@ -22,6 +22,14 @@ bytes when the planner put the output in place over it, else it is copied there 
 ``after(result, inputs)``: torch work on the result in place (an activation whose oneDNN
 post-op is not exact on NaN / Inf; a max pool's NaN check). The primitive runs on the calling thread's stream and scratchpad
 (``primitive.Resources``).
+
+``direct(tensors, out)``: a call whose tensors are the same on every run (arena views) and
+that needs none of the above per call (no staging, no copy, no prefill copy, no ``after``)
+as a ``DirectCall``: the generated code executes the kernel's argument array itself
+(``runtime/direct.py``), without this Python path (~2 us a call when warm, 6-8 us when a
+large kernel has just evicted the interpreter's data from the caches). Those tensors become
+the kernel's *home*: a call through this path with other tensors (a profiling tool's) points
+the slots back at them after it, so the array always holds the home pointers between calls.
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ from typing import Callable
 
 import torch
 
+from ...protocol import Direct
 from . import capi
 from .capi import ExecArg
 from .memory import Memory, MemDesc
@@ -153,10 +162,41 @@ class DnnlKernel:
         self._handle = prim.handle
         self.converted = 0                        # calls that copied a tensor into the primitive's layout
         self._prefill_copy = False                # the summand is not already in the output's bytes
+        self._home: tuple | None = None           # (tensors, out) of the direct call, once made
 
     @property
     def impl(self) -> str:
         return self.prim.impl
+
+    def direct(self, ts: tuple, out) -> Direct | None:
+        """This call with the fixed tensors ``ts`` and ``out`` as a ``Direct`` (they become the
+        kernel's home), or None where it needs the Python path on every call, or the kernel
+        already has another home."""
+        if self.after is not None or not isinstance(out, torch.Tensor) or len(ts) != len(self.inputs):
+            return None
+        if self.prefill is not None:              # the summand must already be the output's bytes
+            z = ts[self.prefill]
+            if not isinstance(z, torch.Tensor) or z.data_ptr() != out.data_ptr() or z.stride() != out.stride():
+                return None
+        bound = [(slot, t) for slot, t in zip(self.inputs, ts) if slot is not None] + [(self.output, out)]
+        if not all(isinstance(t, torch.Tensor) and slot.fits(t) for slot, t in bound):
+            return None
+        home = (tuple(ts), out)
+        if self._home is not None:
+            return Direct(DirectCall(self)) if self._is_home(*home) else None
+        self._home = home
+        self._go_home()
+        return Direct(DirectCall(self))
+
+    def _is_home(self, ts: tuple, out) -> bool:
+        hts, hout = self._home
+        return out is hout and len(ts) == len(hts) and all(a is b for a, b in zip(ts, hts))
+
+    def _go_home(self) -> None:
+        ts, out = self._home
+        self._bind(ts, out)
+        self._cur[:] = list(ts) + [out]
+        self._prefill_copy = False
 
     def _thread(self) -> None:
         self._tid = _get_ident()
@@ -222,6 +262,27 @@ class DnnlKernel:
             target = copy_to
         if self.after is not None:
             self.after(target, ts)
-        if fresh:                                 # a probe's tensors: not kept alive until the next call
+        if self._home is not None:
+            if not self._is_home(ts, out):
+                self._go_home()                   # another caller's tensors: the direct call's back
+        elif fresh:                               # a probe's tensors: not kept alive until the next call
             cur[:] = [None] * len(cur)
         return target
+
+
+class DirectCall:
+    """A kernel's call over its home tensors, executed by generated code: the kernel's primitive
+    and argument array, on the scratchpad of the thread ``on_thread`` was last called on."""
+    __slots__ = ("execute", "handle", "n", "args", "_kernel")
+
+    def __init__(self, kernel: DnnlKernel):
+        self._kernel = kernel
+        self.execute, self.handle, self.n, self.args = kernel._exec, kernel._handle, kernel._n, kernel._args
+
+    def on_thread(self):
+        """Use this thread's scratchpad from now on; returns this thread's stream."""
+        self._kernel._thread()
+        return self._kernel._stream
+
+    def fail(self, status: int):
+        raise capi.DnnlError(f"execute {self._kernel.prim.what}", status)
