@@ -84,15 +84,31 @@ def _pool_net(pool: str, hw: int = 13):
         inits += [const(f"w{j}", _he(cout, cin, 3, 3, seed=j)),
                   const(f"b{j}", np.random.default_rng(9 + j).standard_normal(cout).astype(np.float32) * 0.1)]
         src = f"r{j}"
-    last = node("GlobalAveragePool", [src], "g") if pool == "global" else \
-        node("AveragePool", [src], "g", kernel_shape=[hw, hw])
+    last = {"global": lambda: node("GlobalAveragePool", [src], "g"),
+            "whole_window": lambda: node("AveragePool", [src], "g", kernel_shape=[hw, hw]),
+            # inception_v1's: a 7x7 window over a 6x6 image and an end pad it never divides by
+            "padded_window": lambda: node("AveragePool", [src], "g", kernel_shape=[hw + 1, hw + 1],
+                                          pads=[0, 0, 1, 1]),
+            "padded_counting_pads": lambda: node("AveragePool", [src], "g", kernel_shape=[hw + 1, hw + 1],
+                                                 pads=[0, 0, 1, 1], count_include_pad=1)}[pool]()
     # a 1x1 convolution (bf16 under bf16, and so the pool), then the logits (kept float32)
     head = [node("Conv", ["g", "wm"], "m"), node("Relu", ["m"], "mr"), node("Conv", ["mr", "wh"], "y")]
     inits += [const("wm", _he(32, 32, 1, 1, seed=6)), const("wh", _he(10, 32, 1, 1, seed=7))]
     return model(nodes + [last] + head, [("x", F, [1, 4, hw, hw])], ["y"], inits, opset=17)
 
 
-@pytest.mark.parametrize("pool", ["global", "whole_window"])
+def test_window_counting_pads_past_the_image_is_no_mean():
+    """Divided by the window's area, pads included: not the image's mean; it declines (oneDNN's
+    pooling has only its reference kernel here) and the op's own kernel runs."""
+    m = _pool_net("padded_counting_pads")
+    cm = fg.compile(m, fg.Config(threads=2))
+    (call,) = [c for c in cm._executor.binding.calls if "Pool" in c.node.op_type]
+    assert not isinstance(call.kernel, DnnlKernel)
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, 4, 13, 13)).astype(np.float32)}
+    assert_outputs_close(cm.run(feeds), ort_run(m, feeds), rtol=1e-4)
+
+
+@pytest.mark.parametrize("pool", ["global", "whole_window", "padded_window"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_whole_image_average_is_the_mean(pool, precision):
     m = _pool_net(pool)

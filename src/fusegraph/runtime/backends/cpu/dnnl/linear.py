@@ -8,7 +8,8 @@ is reordered once into the blocked layout the primitive picks and not read from 
 run time; ``b`` is broadcast over rows. The activation is a post-op where oneDNN's eltwise is
 exact on NaN / Inf (relu as ``elu`` with alpha 0, sigmoid, tanh, silu as ``swish``); GELU's
 eltwise gives NaN for +-inf, so it runs after the product in place with torch, unless
-``Config.fast_math``. Products under ``SERIAL_MACS`` multiply-adds are made for one thread. A bfloat16 product whose node has a
+``Config.fast_math``. Products under ``SERIAL_MACS`` multiply-adds with weights under
+``PARALLEL_WEIGHTS`` elements are made for one thread. A bfloat16 product whose node has a
 float32 output (``out_dtype``: a Cast folded in, ``passes/fold_casts.py``) writes float32,
 the accumulations unrounded.
 """
@@ -20,7 +21,7 @@ import torch
 
 from .....ops.fused_transformer import ACTIVATIONS
 from ...protocol import Decline
-from ..threading_policy import SERIAL_MACS, threads_for
+from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .layouts import contiguous, dtype_of, static_shape, strides_of
@@ -72,7 +73,7 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
 
     def make(post_ops):
         attr = Attr(post_ops)
-        with threads_for(m * n * k < SERIAL_MACS):
+        with threads_for(m * n * k < SERIAL_MACS and n * k < PARALLEL_WEIGHTS):
             return create("matmul", lambda pd: lib.matmul_primitive_desc_create(
                 pd, lib.engine, x_md.handle, w_any.handle, b_md.handle if b_md is not None else None,
                 y_md.handle, attr.handle))

@@ -63,7 +63,12 @@ def pool_kernel(ctx, opdef, resources, exact: bool = True):
     if geo is None:
         return Decline("a pool geometry oneDNN does not express exactly", "dnnl")
     kernel, strides, dil, begin, end = geo
-    whole = list(kernel) == list(xs[2:]) and list(ys[2:]) == [1, 1] and not any(begin) and not any(end)
+    # one undilated window from the origin over the whole image: its mean, where the end pads the
+    # window also covers count in no divisor (``count_include_pad`` 0, or a window no larger
+    # than the image)
+    include_pad = int(ctx.attr("count_include_pad", 0)) if node.op_type == "AveragePool" else 0
+    whole = list(ys[2:]) == [1, 1] and not any(begin) and not any(dil) and \
+        all(k >= x for k, x in zip(kernel, xs[2:])) and (not include_pad or list(kernel) == list(xs[2:]))
     if kind == "avg" and whole:           # GlobalAveragePool, or an AveragePool whose window is the image
         return _global_mean(x_v, y_v, xs, ys, dtype, resources)
     if kind == "max":
