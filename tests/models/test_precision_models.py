@@ -4,8 +4,9 @@ accuracy against onnxruntime ORT_DISABLE_ALL (fp32), the arena, and the artifact
 Inputs are the ones ``benchmarks/precision_table.py`` uses, so the accuracy bound of each model
 is the larger of 1e-2 and 1.25x OpenVINO 2026.4 bf16's relative L2 error on the same input
 (measured with that script, ``OPENVINO_BF16``; benchmarks/RESULTS.md), not a run of OpenVINO
-here. (The margin: a softmax amplifies equal logit errors differently; AlexNet's logits are
-as close as OpenVINO's, its probabilities 1.2x further.)
+here. (The margin: a softmax amplifies equal logit errors differently, and a CPU with other
+kernels (AMX) sums in another order. Measured 2026-12-04 on Zen 4, biases float32: at or below
+OpenVINO's on ten of the eleven, resnet50's probabilities 1.15x: 0.173, its logits 0.127.)
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_bf16_accuracy_arena_and_artifact(models, name, tmp_path):
     bf16 = fg.compile(proto, fg.Config(threads=2, precision="bf16"))
     got = bf16.run(feeds)
     error = worst_rel_l2(output_errors(got, want))
-    bound = max(1e-2, 1.25 * OPENVINO_BF16[name])   # alexnet's probabilities: 2.7e-2 (its logits: 5.7e-3, OV 5.9e-3)
+    bound = max(1e-2, 1.25 * OPENVINO_BF16[name])
     assert 1e-4 < error <= bound, f"{name}: bf16 relative L2 {error:.3g} (bound {bound:.3g})"
     assert worst_rel_l2(output_errors(fp32.run(feeds), want)) < 1e-4
     # every heavy op but the logits' computes in bf16, with casts only at policy boundaries

@@ -480,11 +480,13 @@ def _chain_net(relu=True, seed=21):
     as ONNX exports it after a Concat) and its ReLU, then a 1x1 convolution: under bf16 the
     chain runs in bfloat16 (the last convolution stays float32 as the logits), and a NaN stays
     at its pixel through the 1x1 convolutions."""
-    n1, i1 = conv("x", "c", "w1", 4, 8, 1, seed=seed)
+    # no biases: the oneDNN convolutions add a float32 bias (precision_policy.FLOAT32_BIAS), the
+    # portable ones a rounded one; this compares the chain's kernels
+    n1, i1 = conv("x", "c", "w1", 4, 8, 1, seed=seed, bias=False)
     chain = [node("Mul", ["cat", "bn_s"], "bn_m"), node("Add", ["bn_m", "bn_b"], "bn_a" if relu else "h")]
     if relu:
         chain.append(node("Relu", ["bn_a"], "h"))
-    n2, i2 = conv("h", "y", "w2", 16, 8, 1, seed=seed + 1)
+    n2, i2 = conv("h", "y", "w2", 16, 8, 1, seed=seed + 1, bias=False)
     inits = [const("bn_s", rnd(16, 1, 1, seed=seed + 2, scale=0.5)), const("bn_b", rnd(16, 1, 1, seed=seed + 3))]
     return model(n1 + [node("Concat", ["c", "c"], "cat", axis=1)] + chain + n2, [("x", F, [1, 4, 6, 6])], ["y"],
                  i1 + inits + i2, opset=17)

@@ -36,6 +36,13 @@ def widened(*tensors):
     return tuple(None if t is None else t.float() for t in tensors)
 
 
+def bias_like(b, x):
+    """A product's bias in its input's type: a reduced product keeps its constant bias float32
+    (``passes/precision_policy.FLOAT32_BIAS``, for kernels adding it to a float32
+    accumulator); ATen's products take one type, the bias rounded to it."""
+    return b if b is None or b.dtype == x.dtype else b.to(x.dtype)
+
+
 def broadcast_of_inputs(dtype: DType | None = None, dtype_from: int = 0):
     """Output 0 is the broadcast of all inputs; dtype fixed or taken from input ``dtype_from``."""
     def infer(ctx: NodeContext):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
-from .common import product_out_dtype, widened, widens
+from .common import bias_like, product_out_dtype, widened, widens
 from .registry import FusionKind, NodeContext, no_out, register
 
 DOMAIN = "fusegraph"
@@ -50,7 +50,7 @@ def _linear(ctx: NodeContext):
     trans_b = bool(ctx.attr("trans_b", 0))
 
     def kernel(x, w, b=None):
-        return F.linear(x, w if trans_b else w.t(), b)
+        return F.linear(x, w if trans_b else w.t(), bias_like(b, x))
     xs = ctx.shape(0)
     if widens(ctx):
         return no_out(lambda x, w, b=None: kernel(*widened(x, w, b)))
@@ -60,6 +60,7 @@ def _linear(ctx: NodeContext):
     # 2-D input: what F.linear runs (addmm with a bias, else mm), in its out form
     def kernel_2d(x, w, b=None, out=None):
         wt = w.t() if trans_b else w
+        b = bias_like(b, x)
         if b is None:
             return torch.mm(x, wt, out=out) if out is not None else F.linear(x, w if trans_b else w.t())
         return torch.addmm(b, x, wt, out=out) if out is not None else F.linear(x, w if trans_b else w.t(), b)

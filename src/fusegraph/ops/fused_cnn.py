@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .activations import gelu
-from .common import product_out_dtype, widened, widens
+from .common import bias_like, product_out_dtype, widened, widens
 from .conv import conv_call, conv_infer, ints_attr, ConvGeometry
 from .registry import FusionKind, NodeContext, register
 
@@ -81,6 +81,7 @@ def portable_kernel(ctx: NodeContext, activation: str, params: list[float]):
     def kernel(x, w, b=None, z=None):
         if widen:
             x, w, b, z = widened(x, w, b, z)
+        b = bias_like(b, x)
         s, d, begin, end = geo.resolve(tuple(x.shape[2:]), tuple(w.shape[2:]))
         y = conv_call(x, w, b, s, d, g, begin, end)
         if z is not None:

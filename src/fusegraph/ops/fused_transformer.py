@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from .activations import gelu as _gelu_fn
-from .common import product_out_dtype, widened, widens
+from .common import bias_like, product_out_dtype, widened, widens
 from .norm import layer_norm_exact as layer_norm
 from .registry import FusionKind, NodeContext, register
 
@@ -81,6 +81,7 @@ def _linear_act(ctx: NodeContext):
     def kernel(x, w, b=None, out=None):
         if widen:
             x, w, b = widened(x, w, b)
+        b = bias_like(b, x)
         wt = w.t() if trans_b else w
         k, n = wt.shape
         x2 = x.reshape(-1, k)

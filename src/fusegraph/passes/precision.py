@@ -11,7 +11,8 @@ One forward sweep in graph order. A node's target is:
 - else its policy class: ``REDUCE`` takes the policy's type, ``FOLLOW`` takes its inputs'
   reduced type when every non-constant float input has it, ``KEEP`` float32.
 Only the model's own float32 values change type: a float32 constant input of a reduced node is
-replaced by a converted copy (made once, shared), a float32 activation by one ``Cast`` (shared
+replaced by a converted copy (made once, shared; a product's bias and an elementwise chain's
+constants stay float32: ``FLOAT32_BIAS``, ``FLOAT32_CONSTANTS``), a float32 activation by one ``Cast`` (shared
 by every reduced reader), and a reduced value read by a float32 node by one ``Cast`` back.
 Graph outputs keep their declared type and name (a final ``Cast`` where needed). Nodes with
 bodies (If / Loop / Scan) stay float32, bodies unchanged. Output dtypes come from each op's own
@@ -28,8 +29,8 @@ from ..errors import PassError
 from ..ir import DType, Graph, Node, Value
 from ..ir.subgraphs import subgraphs
 from .manager import PassResult, is_locked
-from .precision_policy import (ANY, FLOAT32_CONSTANTS, FOLLOW, FP32_OUTPUT_PRODUCTS, KEEP, LOGITS_OUT_WHY, LOGITS_WHY,
-                               NORMALISATIONS, REDUCE, classify, has_residual)
+from .precision_policy import (ANY, FLOAT32_BIAS, FLOAT32_CONSTANTS, FOLLOW, FP32_OUTPUT_PRODUCTS, KEEP,
+                               LOGITS_OUT_WHY, LOGITS_WHY, NORMALISATIONS, REDUCE, classify, has_residual)
 
 REDUCED = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16}
 _NAMES = {DType.FLOAT: "fp32", DType.BFLOAT16: "bf16", DType.FLOAT16: "fp16"}
@@ -126,9 +127,11 @@ class PrecisionPass:
                 dt = live[0].dtype if same else None
             target = dt or DType.FLOAT
             keep_consts = (node.domain, node.op_type) in FLOAT32_CONSTANTS
+            bias = FLOAT32_BIAS.get((node.domain, node.op_type))
             for i in floats:
                 v = node.inputs[i]
-                if v.dtype != target and not (keep_consts and v.is_const and v.dtype == DType.FLOAT):
+                kept = v.is_const and v.dtype == DType.FLOAT and (keep_consts or i == bias)
+                if v.dtype != target and not kept:
                     node.set_input(i, self._convert(graph, v, target, node))
             if why == LOGITS_OUT_WHY:
                 node.attrs["out_dtype"] = int(DType.FLOAT)      # the logits stay float32
