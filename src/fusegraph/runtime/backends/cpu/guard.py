@@ -107,11 +107,8 @@ class Guarded:
         return self._exact
 
     def direct(self, ts: tuple, out) -> Direct | None:
-        fast = getattr(self.fast, "direct", None)
-        d = fast(ts, out) if fast is not None else None
-        if d is None or d.limit is not None or d.measure is not None:
-            return None
-        return Direct(d.call, self.limit, self.state, self._see)
+        d = _plain_direct(self.fast, ts, out)
+        return None if d is None else Direct(d.call, self.limit, self.state, self._see)
 
     def __call__(self, *args, out=None):
         if self.state.m < self.limit:                # False for NaN, and for an infinite feed
@@ -134,11 +131,8 @@ class Measuring:
         state.needed = True
 
     def direct(self, ts: tuple, out) -> Direct | None:
-        inner = getattr(self.kernel, "direct", None)
-        d = inner(ts, out) if inner is not None else None
-        if d is None or d.limit is not None or d.measure is not None:
-            return None
-        return Direct(d.call, None, self.state, self._see)
+        d = _plain_direct(self.kernel, ts, out)
+        return None if d is None else Direct(d.call, None, self.state, self._see)
 
     def __call__(self, *args, **kw):
         result = self.kernel(*args, **kw)
@@ -168,6 +162,13 @@ class _Outputs:
                 self._seen[j] = last if kept else None
             seen = _grown(seen, t, last[1])
         state.grow(seen)
+
+
+def _plain_direct(kernel, ts: tuple, out) -> Direct | None:
+    """``kernel``'s own direct call (neither guarded nor measuring), or None."""
+    offer = getattr(kernel, "direct", None)
+    d = offer(ts, out) if offer is not None else None
+    return d if d is not None and d.limit is None and d.measure is None else None
 
 
 def _reads(kernel, n_inputs: int) -> tuple:
