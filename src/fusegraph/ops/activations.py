@@ -107,9 +107,11 @@ def _hard_sigmoid(ctx: NodeContext):
 
 def gelu(x: torch.Tensor, approximate: str = "none", out: torch.Tensor | None = None) -> torch.Tensor:
     """GELU of ``x`` into ``out`` (which may be ``x``) or a new tensor. One max over ``x`` says
-    whether a +inf (or a NaN) is there; only then the +inf positions are restored afterwards."""
+    whether a +inf (or a NaN) is there; only then the +inf positions are restored afterwards
+    (on a GPU always: the max would sync with the host, which a CUDA graph cannot hold)."""
     pos = None
-    if approximate == "none" and x.numel() and x.is_floating_point() and not bool(x.amax() < float("inf")):
+    if approximate == "none" and x.numel() and x.is_floating_point() and (
+            x.device.type != "cpu" or not bool(x.amax() < float("inf"))):
         pos = torch.isposinf(x)
     if out is x:
         torch._C._nn.gelu_(x, approximate=approximate)

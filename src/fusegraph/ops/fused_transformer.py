@@ -291,7 +291,9 @@ def _sdpa(ctx: NodeContext):
         if out is not None:     # the [B, H, L, D] products written straight into the output's bytes
             heads_out = (out.view(*out.shape[:-1], q.shape[-3], v.shape[-1]).transpose(-3, -2) if merge else out)
         y = None
-        if (nan_to_zero and q.dim() == 4 and q.shape[-2] == 1 and v.dim() == 4 and q.shape[:2] == v.shape[:2]
+        # one query row: SDPA, checked for NaN on the host (so the CPU only: a GPU would sync)
+        if (nan_to_zero and q.device.type == "cpu" and q.dim() == 4 and q.shape[-2] == 1 and v.dim() == 4
+                and q.shape[:2] == v.shape[:2]
                 and (mask is None or (mask.dim() <= 4 and mask.is_floating_point()))):
             try:
                 y = F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)

@@ -110,12 +110,21 @@ def _ln_infer(ctx: NodeContext):
 def layer_norm_exact(x, norm_shape, scale, b, eps: float):
     """``F.layer_norm``; a float32 result holding a NaN or an Inf is computed again in float64,
     as onnxruntime accumulates (float32 sums of a finite row of values near 1e37 overflow, and
-    the row comes out NaN); a row with a NaN or an Inf in it stays NaN. One sum decides."""
+    the row comes out NaN); a row with a NaN or an Inf in it stays NaN. One sum decides: on
+    the host; on a GPU on the device (both results computed, one kept)."""
     y = F.layer_norm(x, norm_shape, scale, b, eps)
-    if y.dtype == torch.float32 and y.numel() and not bool(torch.isfinite(y.sum())):
-        y = F.layer_norm(x.double(), norm_shape, None if scale is None else scale.double(),
-                         None if b is None else b.double(), eps).float()
+    if y.dtype != torch.float32 or not y.numel():
+        return y
+    if y.device.type != "cpu":      # no host sync: it would stall the streams, and a CUDA graph cannot hold it
+        return torch.where(torch.isfinite(y.sum()), y, _layer_norm_float64(x, norm_shape, scale, b, eps))
+    if not bool(torch.isfinite(y.sum())):
+        y = _layer_norm_float64(x, norm_shape, scale, b, eps)
     return y
+
+
+def _layer_norm_float64(x, norm_shape, scale, b, eps: float):
+    return F.layer_norm(x.double(), norm_shape, None if scale is None else scale.double(),
+                        None if b is None else b.double(), eps).float()
 
 
 @register("LayerNormalization", since=17, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=_ln_infer)

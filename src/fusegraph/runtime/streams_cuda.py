@@ -17,11 +17,14 @@ kernel, each with its own event, so a stream waits only for the inputs it reads.
 ``cuda_graph=True``: the first run warms up, then captures ``run`` into a ``torch.cuda.CUDAGraph``
 (the arena, input buffers and weights have fixed addresses); later runs copy the feeds into
 the input buffers and replay. A run that cannot be captured (a kernel syncs with the host)
-falls back to eager issue, and ``graph_error`` says why.
-Untested without a GPU here: ``benchmarks/gpu_check.py`` checks it when one is lent.
+falls back to eager issue with a ``RuntimeWarning``, and ``graph_error`` says why; the
+capture ends on the stream it began on, and the caller's current stream is restored, even
+when a run fails midway. ``benchmarks/gpu_check.py`` and ``tests/runtime/test_cuda_graphs.py``
+check it where a GPU is lent (CI has none).
 """
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 from typing import Callable
 
@@ -147,14 +150,18 @@ class CudaRunner:
     # ------------------------------------------------------------------ running
     def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
         with torch.cuda.device(self.device):
-            staged = self._stage(tensors)
-            if hook is not None:
-                code = self._generate(hook)
-                self.codes = [self.code, code]
-                return code.function(*staged)
-            if self.use_graph and self.graph_error is None:
-                return self._replay(staged)
-            return self.code.function(*staged)
+            caller = torch.cuda.current_stream(self.device)
+            try:
+                staged = self._stage(tensors)
+                if hook is not None:
+                    code = self._generate(hook)
+                    self.codes = [self.code, code]
+                    return code.function(*staged)
+                if self.use_graph and self.graph_error is None:
+                    return self._replay(staged)
+                return self.code.function(*staged)
+            finally:
+                torch.cuda.set_stream(caller)   # a run that failed midway leaves one of its streams current
 
     def _replay(self, staged: list[torch.Tensor]) -> tuple:
         if self._cuda_graph is None:
@@ -163,6 +170,9 @@ class CudaRunner:
             except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
                 self.graph_error = f"{type(exc).__name__}: {exc}"
                 self._cuda_graph = None
+                warnings.warn(f"{self.filename}: cuda_graph: the run could not be captured "
+                              f"({self.graph_error.splitlines()[0][:200]}); it runs eagerly", RuntimeWarning,
+                              stacklevel=4)
                 torch.cuda.synchronize(self.device)
                 return self.code.function(*staged)
         current = torch.cuda.current_stream(self.device)
@@ -184,7 +194,11 @@ class CudaRunner:
         code = self._generate(None, input_waits=False)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            outs = code.function(*staged)
+            capturing = torch.cuda.current_stream(self.device)
+            try:
+                outs = code.function(*staged)
+            finally:                            # the capture ends on the stream it began on, failed or not
+                torch.cuda.set_stream(capturing)
         self._cuda_graph, self._graph_outs = g, outs
         self.codes = [self.code, code]
 
