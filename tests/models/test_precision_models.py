@@ -7,6 +7,9 @@ is the larger of 1e-2 and 1.25x OpenVINO 2026.4 bf16's relative L2 error on the 
 here. (The margin: a softmax amplifies equal logit errors differently, and a CPU with other
 kernels (AMX) sums in another order. Measured 2026-12-04 on Zen 4, biases float32: at or below
 OpenVINO's on ten of the eleven, resnet50's probabilities 1.15x: 0.173, its logits 0.127.)
+On a CPU without bfloat16 arithmetic (AVX2: the convolutions and products are float32
+primitives over bf16 storage, the other ops ATen's bf16 kernels) the margin is 1.5x: measured
+2026-12-04, resnet50's probabilities 1.37x (0.205), the others 0.34-1.06x.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import pytest
 import fusegraph as fg
 from fusegraph import zoo
 from fusegraph.report.accuracy import output_errors, worst_rel_l2
+from cpu_isa import BF16_ARITHMETIC
 from oracle import ort_run
 
 # OpenVINO 2026.4 bf16: worst relative L2 error of any output (probabilities, logits, hidden
@@ -49,7 +53,7 @@ def test_bf16_accuracy_arena_and_artifact(models, name, tmp_path):
     bf16 = fg.compile(proto, fg.Config(threads=2, precision="bf16"))
     got = bf16.run(feeds)
     error = worst_rel_l2(output_errors(got, want))
-    bound = max(1e-2, 1.25 * OPENVINO_BF16[name])
+    bound = max(1e-2, (1.25 if BF16_ARITHMETIC else 1.5) * OPENVINO_BF16[name])
     assert 1e-4 < error <= bound, f"{name}: bf16 relative L2 {error:.3g} (bound {bound:.3g})"
     assert worst_rel_l2(output_errors(fp32.run(feeds), want)) < 1e-4
     # every heavy op but the logits' computes in bf16, with casts only at policy boundaries

@@ -22,6 +22,7 @@ from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.guard import Guarded
 from fusegraph.runtime.codegen import generate_run_function
 from fusegraph.runtime.direct import ThreadEntry
+from cpu_isa import needs_bf16
 from oracle import assert_outputs_close, ort_run
 
 pytestmark = pytest.mark.skipif(not available(), reason="oneDNN (onednn-cpu-gomp) does not load here")
@@ -53,7 +54,7 @@ def _same(a: dict, b: dict) -> None:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)     # NaN where NaN
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=needs_bf16)])
 def test_direct_calls_give_the_kernels_own_results(squeezenet, precision):
     proto, feeds = squeezenet
     cm = _compiled(proto, precision)

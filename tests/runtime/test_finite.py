@@ -19,6 +19,7 @@ from fusegraph.runtime.finite import FLOAT32_MAX, GRID, propagate
 from fusegraph.runtime.guard_plan import fast_limits, guard_plan
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.guard import Guarded, Measuring
+from cpu_isa import needs_bf16
 from oracle import ort_run
 
 F = TensorProto.FLOAT
@@ -236,7 +237,7 @@ def _measured_chain_model(divisor: float):
 
 
 @pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("precision", [pytest.param("bf16", marks=needs_bf16), "fp32"])
 @pytest.mark.parametrize("divisor", [2.0, 1e-38], ids=["finite", "overflows_inside"])
 def test_a_measured_value_admits_the_fast_kernels_downstream_and_catches_what_overflows_inside(divisor, precision):
     """Nothing follows from the feeds' magnitude past the Elu, so the Elu measures its output

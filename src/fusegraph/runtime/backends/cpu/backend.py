@@ -185,7 +185,8 @@ class CpuBackend(Backend):
         forms (uint8 bytes and the JSON of their layout, ``dnnl/memory.MemDesc.describe``); the
         key is ``["dnnl", *perm]``, the weight's orientation in the form (``dnnl/weights.py``)."""
         out = {}
-        for name, forms in self.store.export().items():
+        stored = {name: v.const.dtype for name, v in graph.constants.items() if v.const is not None}
+        for name, forms in self.store.export(stored).items():
             out[name] = [([FORM_KEY, *perm], data, _json_bytes(desc), 0) for desc, data, perm in forms]
         return {"packed": out} if out else {}
 

@@ -11,8 +11,9 @@ the same objects on every run), it executes the prepared argument array and retu
 tensor is checked against its slot (dtype, shape, strides) and its pointer given to the
 memory object, or, when its layout differs, copied into a staging buffer of the primitive's
 layout that the slot keeps for its life (a graph input in NCHW for a channels-last
-convolution: by oneDNN's reorder, ATen's ``copy_`` where the type differs too; ``converted``
-counts such copies). An output view with other strides gets a
+convolution: by oneDNN's reorder where one moves every bit, checked once when it is made
+(AVX2's bfloat16 reorder flushes subnormals: not used), else ATen's ``copy_``, which also
+converts a type; ``converted`` counts such copies). An output view with other strides gets a
 scratch result copied into it. Without ``out`` (probe and debug runs, memory "off") the
 kernel allocates its result in the layout it was made for, and keeps no reference to that
 call's tensors (the bind-time probe's would otherwise stay alive until the first run).
@@ -85,7 +86,21 @@ class _Reorder:
         prim = Primitive(pd, "staging reorder")
         if prim.scratchpad_bytes or prim.is_reference:     # no run-time allocation; no slow path
             return None
-        return cls(prim, Memory(src_md, 0), Memory(dst_md, staging.data_ptr()))
+        made = cls(prim, Memory(src_md, 0), Memory(dst_md, staging.data_ptr()))
+        return made if made._moves_every_bit(shape, strides, dtype, staging) else None
+
+    def _moves_every_bit(self, shape, strides, dtype, staging: torch.Tensor) -> bool:
+        """One reorder of random bit patterns (NaN payloads, subnormals, infinities): some
+        implementations convert through float32 with subnormals flushed (AVX2's bfloat16 one
+        makes a subnormal -0), and a staging copy must not change a value."""
+        ints = {2: torch.int16, 4: torch.int32}.get(torch.empty((), dtype=dtype).element_size())
+        if ints is None:
+            return False
+        info = torch.iinfo(ints)
+        src = torch.empty_strided(shape, strides, dtype=ints)
+        src.copy_(torch.randint(info.min, info.max, shape, dtype=ints, generator=torch.Generator().manual_seed(0)))
+        self(src.view(dtype))
+        return torch.equal(staging.view(ints), src)
 
     def __call__(self, t: torch.Tensor) -> None:
         self.src.point(t.data_ptr())
@@ -243,7 +258,8 @@ class DnnlKernel:
             out = self.output.empty()
         cur = self._cur
         copy_to = temps = None
-        if out is not cur[-1] or any(map(_is_not, ts, cur)):
+        rebound = out is not cur[-1] or any(map(_is_not, ts, cur))
+        if rebound:
             temps, copy_to, target = self._bind(ts, out)
             if self.prefill is not None:
                 z = ts[self.prefill]
@@ -262,9 +278,8 @@ class DnnlKernel:
             target = copy_to
         if self.after is not None:
             self.after(target, ts)
-        if self._home is not None:
-            if not self._is_home(ts, out):
-                self._go_home()                   # another caller's tensors: the direct call's back
+        if rebound and self._home is not None:
+            self._go_home()                       # another caller's tensors: the direct call's back
         elif fresh:                               # a probe's tensors: not kept alive until the next call
             cur[:] = [None] * len(cur)
         return target

@@ -37,6 +37,7 @@ from ..threading_policy import PARALLEL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .capi import Dims
+from .compute import compute_dtype
 from .layouts import channels_last, contiguous, dtype_of, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops
@@ -99,7 +100,7 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
         return Decline("a float32 output with a residual", "dnnl")
     if z_v is not None and (static_shape(z_v) != ys or z_v.dtype is None):
         return Decline("the residual does not have the output's static shape", "dnnl")
-    compute = torch.float32 if dtype == torch.float16 else dtype    # float16: stored, not computed
+    compute = compute_dtype(dtype)      # float16 (and bfloat16 without its arithmetic): stored, not computed
     out = y_dtype if widened else compute
     geo = ConvGeometry(ctx)
     s, d, begin, end = geo.resolve(tuple(xs[2:]), tuple(w.shape[2:]))
@@ -122,7 +123,7 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
             res_ops = [("binary", "add", z_md)]
     wdims = [co, cig, kh, kw] if g == 1 else [g, co // g, cig, kh, kw]
     w_any = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ANY)
-    bias = None if b is None else b.to(compute if dtype == torch.float16 else b.dtype).contiguous()
+    bias = None if b is None else b.to(torch.float32 if compute == torch.float32 else b.dtype).contiguous()
     b_md = MemDesc.of((co,), bias.dtype) if bias is not None else None
     lib = capi.load()
     macs = conv_macs(ctx, w)

@@ -24,6 +24,7 @@ from ...protocol import Decline
 from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
+from .compute import compute_dtype
 from .layouts import contiguous, dtype_of, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops
@@ -53,7 +54,7 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     y_dtype = y_v.dtype.to_torch()
     if dtype not in TYPES or w.dtype != dtype or (y_dtype != dtype and (dtype, y_dtype) != WIDENED):
         return Decline(f"needs float32, bfloat16 or float16 data and weight (got {dtype}, {w.dtype})", "dnnl")
-    compute = torch.float32 if dtype == torch.float16 else dtype    # float16: stored, not computed
+    compute = compute_dtype(dtype)      # float16 (and bfloat16 without its arithmetic): stored, not computed
     out = y_dtype if y_dtype != dtype else compute
     if strides_of(x_v) != contiguous(xs) or strides_of(y_v) != contiguous(ys):
         return Decline("needs row-major input and output", "dnnl")
@@ -67,7 +68,7 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
         post, after = [], _after(activation)
     x_md, y_md = MemDesc.of((m, k), compute), MemDesc.of((m, n), out)
     w_any = MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
-    bias = None if b is None else b.to(compute if dtype == torch.float16 else b.dtype).contiguous()
+    bias = None if b is None else b.to(torch.float32 if compute == torch.float32 else b.dtype).contiguous()
     b_md = MemDesc.of((1, n), bias.dtype) if bias is not None else None
     lib = capi.load()
 

@@ -32,9 +32,10 @@ import weakref
 import torch
 
 from .blocked import unpack
-from .memory import MemDesc, reorder
+from .memory import DTYPES, MemDesc, reorder
 
 _OWNERS: dict[int, tuple] = {}    # id(placeholder) -> (weakref to it, the store holding its weight)
+REDUCED = (torch.bfloat16, torch.float16)
 
 
 def owner_of(t: torch.Tensor):
@@ -145,14 +146,17 @@ class WeightStore:
         shape = tuple(placeholder.shape)
         owner = owner_of(placeholder)
         stores = [self] + ([owner] if owner is not None and owner is not self else [])
-        computed = torch.float32 if placeholder.dtype == torch.float16 else placeholder.dtype
+        # a reduced weight's form holds it as stored, or as float32 where a CPU computes it so
+        # (``compute.py``: float16 always, bfloat16 without its arithmetic; the artifact may come
+        # from either kind of machine)
+        held = {placeholder.dtype, torch.float32} if placeholder.dtype in REDUCED else {placeholder.dtype}
         for store in stores:
             for p in store.forms.get(name, []) + store.provided.get(name, []):
                 operand = unpack(p.desc, p.data)
                 if len(p.perm) != len(shape) or sorted(p.perm) != list(range(len(shape))):
                     continue
                 seen = tuple(shape[i] for i in p.perm)
-                if operand.numel() != placeholder.numel() or operand.dtype != computed:
+                if operand.numel() != placeholder.numel() or operand.dtype not in held:
                     raise ValueError(f"the packed form of weight {name!r} holds {operand.dtype} "
                                      f"{tuple(operand.shape)}, not {placeholder.dtype} {shape}")
                 inverse = [p.perm.index(i) for i in range(len(shape))]
@@ -160,17 +164,34 @@ class WeightStore:
                 return w.to(dtype or placeholder.dtype).contiguous()
         raise ValueError(f"no packed form of weight {name!r} is held here")
 
-    def export(self) -> dict[str, list[tuple[dict, torch.Tensor, tuple]]]:
+    def export(self, stored: dict[str, torch.dtype] | None = None) -> dict[str, list[tuple]]:
         """``{name: [(description, bytes, perm)]}`` of every packed form made or provided (a
-        weight bound in its plain layout has none: the graph keeps it)."""
+        weight bound in its plain layout has none: the graph keeps it). A form holding a
+        bfloat16 / float16 weight (``stored[name]``) widened to float32, for a CPU that computes
+        it so (``compute.py``), is exported as the weight's operand in its own dtype and plain
+        layout: the artifact keeps the reduced bytes, and a load packs them for its CPU."""
         out: dict[str, list] = {}
         for name in sorted(set(self.forms) | set(self.provided)):
             seen = []
+            reduced = (stored or {}).get(name) in REDUCED
             for p in self.forms.get(name, []) + self.provided.get(name, []):
-                if p.data.dtype == torch.uint8 and (p.desc, p.perm) not in seen:
-                    seen.append((p.desc, p.perm))
-                    out.setdefault(name, []).append((p.desc, p.data, p.perm))
+                if p.data.dtype != torch.uint8:
+                    continue
+                desc, data = p.desc, p.data
+                if reduced and desc.get("dt") == DTYPES[torch.float32]:
+                    desc, data = _narrowed(p, stored[name])
+                if (desc, p.perm) not in seen:
+                    seen.append((desc, p.perm))
+                    out.setdefault(name, []).append((desc, data, p.perm))
         return out
+
+
+def _narrowed(p: Packed, dtype: torch.dtype) -> tuple[dict, torch.Tensor]:
+    """A float32 form of a ``dtype`` weight as its operand in ``dtype``, plain layout (exact:
+    the float32 values were ``dtype`` values)."""
+    dims = tuple(p.desc["dims"])
+    operand = unpack(p.desc, p.data).reshape(dims).to(dtype).contiguous()
+    return MemDesc.of(dims, dtype).describe(), operand.view(-1).view(torch.uint8)
 
 
 def _operand_dims(md: MemDesc) -> tuple[int, ...]:
