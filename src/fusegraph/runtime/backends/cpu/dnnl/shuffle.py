@@ -49,5 +49,7 @@ def shuffle_kernel(ctx, resources):
     if status != 0:
         return Decline(f"oneDNN has no reorder for this shuffle (status {status})", "dnnl")
     prim = Primitive(pd, "shuffle")
+    if prim.impl.startswith(("simple", "ref")):     # AVX2's bfloat16: the generic element loop, 20x ATen's time
+        return Decline(f"oneDNN offers only its generic reorder for this shuffle ({prim.impl})", "dnnl")
     return DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, x_strides, dtype, src)],
                       Slot(capi.ARG_DST, xs, y_strides, dtype, dst), [], resources, (0,))

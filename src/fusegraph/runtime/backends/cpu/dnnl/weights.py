@@ -32,7 +32,7 @@ import weakref
 import torch
 
 from .blocked import unpack
-from .memory import DTYPES, MemDesc, reorder
+from .memory import DTYPES, TORCH_OF, MemDesc, reorder
 
 _OWNERS: dict[int, tuple] = {}    # id(placeholder) -> (weakref to it, the store holding its weight)
 REDUCED = (torch.bfloat16, torch.float16)
@@ -128,7 +128,9 @@ class WeightStore:
                 raise ValueError(f"weight {name!r} is not contiguous")
             src, src_md = weight, operand_md
         else:
-            src = self.plain(name, weight, dtype=None).permute(perm).contiguous()
+            # in the form's type first: a reduced weight widened by ATen, not by a converting reorder
+            # (AVX2's bfloat16 -> float32 blocked one is oneDNN's generic loop, ~10x slower)
+            src = self.plain(name, weight, dtype=TORCH_OF.get(desc.get("dt"))).permute(perm).contiguous()
             src_md = MemDesc.of(_operand_dims(want), src.dtype)
         with torch.inference_mode(False):
             data = torch.empty(max(want.size, 1), dtype=torch.uint8)
