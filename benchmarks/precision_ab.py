@@ -4,6 +4,7 @@ every variant in one process, alternating runs, medians.
 
     python benchmarks/precision_ab.py guards [--precision bf16] [--models densenet121,resnet50] [--runs 30]
     python benchmarks/precision_ab.py auto-rank [--models inception_v1,squeezenet] [--runs 25]
+    python benchmarks/precision_ab.py stored-bf16 [--models squeezenet,resnet50] [--runs 20]
 
 ``guards``: the NaN-exact relu (oneDNN's ``elu`` with alpha 0, an ``exp`` per element) against
 the fast one, three ways: *inputs only* (the guard before measured inputs: a node runs its fast
@@ -15,6 +16,11 @@ are compared bit for bit on the feeds.
 ``auto-rank``: ``precision="auto"`` ranking the ops it moves back to fp32 by error alone (as
 before) against squared error per estimated microsecond (``precision_auto.rank``), beside
 fp32: what each kept in fp32, the share of the estimated product time left in bf16, the error.
+
+``stored-bf16`` (for a CPU without bfloat16 arithmetic, where oneDNN has no bf16 kernels):
+bf16 as before (the convolutions and products fall to ATen's bf16 kernels) against the float32
+primitives over bf16 storage (``dnnl/compute.py``), beside fp32: latency, the relative L2 of
+the worst output against fp32, and ``.fgm`` load ms (median of 3) and size.
 """
 from __future__ import annotations
 
@@ -26,11 +32,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import torch
 
 import fusegraph as fg
 from fusegraph import precision_auto, zoo
 from fusegraph.runtime import guard_plan
+from fusegraph.report.accuracy import output_errors, worst_rel_l2
 from fusegraph.runtime.backends.cpu import backend
+from fusegraph.runtime.backends.cpu.dnnl import compute, conv, linear
 
 THREADS = 2
 
@@ -88,9 +97,41 @@ def auto_rank(path: str, feeds: dict, runs: int) -> str:
             f"{ao['bf16_time_share']:.2f} / {an['bf16_time_share']:.2f} | {ao['error']:.1e} / {an['error']:.1e}")
 
 
+def stored_bf16(path: str, feeds: dict, runs: int) -> str:
+    cfg = fg.Config(threads=THREADS, precision="bf16")
+    real = compute.compute_dtype
+    compute.compute_dtype = lambda stored: torch.float32 if stored == torch.float16 else stored
+    for module in (conv, linear):
+        module.compute_dtype = compute.compute_dtype
+    try:
+        aten = fg.compile(path, cfg)
+    finally:
+        for module in (compute, conv, linear):
+            module.compute_dtype = real
+    models = {"fp32": fg.compile(path, fg.Config(threads=THREADS)), "aten": aten, "stored": fg.compile(path, cfg)}
+    med = _medians(models, feeds, runs)
+    want = models["fp32"].run(feeds)
+    err = {k: worst_rel_l2(output_errors(m.run(feeds), want)) for k, m in models.items() if k != "fp32"}
+    loads = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in ("fp32", "stored"):
+            fgm = Path(tmp) / f"{k}.fgm"
+            models[k].save(fgm)
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                fg.load(fgm)
+                times.append(time.perf_counter() - t0)
+            loads[k] = (statistics.median(times) * 1e3, fgm.stat().st_size / 2**20)
+    f = med["fp32"]
+    return (f"{f:.2f} | {med['aten']:.2f} ({med['aten'] / f:.2f}) | {med['stored']:.2f} ({med['stored'] / f:.2f}) | "
+            f"{err['aten']:.1e} / {err['stored']:.1e} | {loads['fp32'][0]:.0f} / {loads['stored'][0]:.0f} | "
+            f"{loads['fp32'][1]:.1f} / {loads['stored'][1]:.1f}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("guards", "auto-rank"))
+    ap.add_argument("what", choices=("guards", "auto-rank", "stored-bf16"))
     ap.add_argument("--models", default=",".join(zoo.LIGHT_MODELS))
     ap.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--runs", type=int, default=30)
@@ -98,14 +139,20 @@ def main(argv=None) -> None:
     if args.what == "guards":
         print(f"| model ({args.precision}) | inputs only ms | measured ms (x) | fast_math ms (x) | bit for bit |")
         print("|---|---:|---:|---:|---|")
-    else:
+    elif args.what == "auto-rank":
         print("| model | fp32 ms | auto / fp32, by error / per us | kept fp32 | bf16 time share | error |")
         print("|---|---:|---:|---:|---:|---:|")
+    else:
+        print("| model | fp32 ms | bf16 on ATen ms (x fp32) | bf16 stored, fp32 primitives ms (x) "
+              "| rel-L2 ATen / stored | .fgm load ms fp32 / bf16 | .fgm MiB fp32 / bf16 |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             path, feeds = _model(name, Path(tmp))
-            row = guards(path, feeds, args.precision, args.runs) if args.what == "guards" \
-                else auto_rank(path, feeds, args.runs)
+            run = {"guards": lambda: guards(path, feeds, args.precision, args.runs),
+                   "auto-rank": lambda: auto_rank(path, feeds, args.runs),
+                   "stored-bf16": lambda: stored_bf16(path, feeds, args.runs)}[args.what]
+            row = run()
             print(f"| {name} | {row} |", flush=True)
 
 
