@@ -12,6 +12,8 @@ For each light model (batch 1, random He-scaled weights, logits exposed), then B
   result within ``PRECISION_CHECKS``' bounds;
 - the artifact: streams=2, bf16 and fp16 saved and loaded again, the loaded model's outputs
   against the compiled one's (bitwise, or within the fp32 tolerances), on the device it names;
+- with ``--memory``: the streams=1 fp32 and bf16 CUDA-graph artifacts loaded in fresh
+  processes (load s, host RssAnon) beside an onnxruntime session (CPU provider);
 - timing: median latency (``fusegraph.timing.measure``, alternating configurations) of CUDA
   streams=1, 2, cuda_graph, bf16 and fp16, plus the CPU one-stream latency for reference.
 Prints one summary table; exits 1 when a correctness check failed. Without a GPU it says so
@@ -46,7 +48,8 @@ PRECISION_CHECKS = [("bf16", dict(streams=1, precision="bf16"), 0.3), ("fp16", d
                     ("fp16+graph", dict(streams=1, precision="fp16", cuda_graph=True), 0.1)]
 # the transformers: issue 16's fp16 bound (1e-3); bf16 costs them 0.2-0.8 % on CPU
 TRANSFORMER_BOUNDS = {"bf16": 2e-2, "fp16": 1e-3, "bf16+graph": 2e-2, "fp16+graph": 1e-3}
-ROUND_TRIP = ("s2", "bf16", "fp16")
+ROUND_TRIP = ("s2", "bf16", "fp16", "s1+graph", "bf16+graph")
+MEMORY = ("s1+graph", "bf16+graph")     # --memory: their .fgm loaded in a fresh process
 SEQ = 128
 TIMED = ("s1", "s2", "s1+graph", "bf16", "fp16", "bf16+graph", "fp16+graph")
 
@@ -77,10 +80,25 @@ def transformer_models(folder: Path) -> dict:
 
 
 def _same(a: dict, b: dict) -> str:
-    """"bitwise", or the largest difference when ``b`` is within the fp32 tolerances of ``a``."""
-    if all(np.array_equal(a[k], b[k], equal_nan=True) for k in a):
-        return "bitwise"
-    return f"max diff {_close(a, b):.3g}"
+    """"ok bitwise", "ok max diff D" within the fp32 tolerances, else "FAIL differs"."""
+    diff = _close(a, b)
+    if not np.isfinite(diff):
+        return "FAIL differs"
+    return "ok bitwise" if all(np.array_equal(a[k], b[k], equal_nan=True) for k in a) else f"ok max diff {diff:.3g}"
+
+
+def memory(name: str, proto, feeds: dict, folder: Path) -> dict:
+    """Fresh processes (``precision_table.fresh_process``): each ``MEMORY`` artifact loaded
+    (load s; host RssAnon after 20 runs minus after import, the CUDA context included) beside
+    an onnxruntime session (the CPU provider: the only one this machine's onnxruntime has)."""
+    from precision_table import fresh_process
+    feeds_path, onnx_path = folder / f"{name}.feeds.npz", folder / f"{name}.onnx"
+    np.savez(feeds_path, **feeds)
+    onnx.save(proto, str(onnx_path))
+    out = {"ort_cpu": fresh_process("ort", str(onnx_path), feeds_path)}
+    for label in MEMORY:
+        out[label] = fresh_process("fg_load", str(folder / f"{name}-{label}.fgm"), feeds_path)
+    return out
 
 
 def check_model(name: str, proto, feeds: dict, deadline: float, runs: int, device: str, bounds: dict,
@@ -113,8 +131,7 @@ def check_model(name: str, proto, feeds: dict, deadline: float, runs: int, devic
                 m.save(path)
                 loaded = fg.load(path)
                 again = loaded.run(feeds)
-                same = _same(got, again) if np.isfinite(_close(got, again)) else "FAIL differs"
-                row["checks"][label + ".fgm"] = (same if same.startswith("FAIL") else f"ok {same}") + \
+                row["checks"][label + ".fgm"] = _same(got, again) + \
                     f", {path.stat().st_size / 2**20:.1f} MiB, on {loaded._executor.device}"
             models[label] = m
         except Exception as exc:  # noqa: BLE001 - reported, the script goes on
@@ -138,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script's logic")
+    ap.add_argument("--memory", action="store_true", help="fresh-process load time and RssAnon of the graph artifacts")
     ap.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True,
                     help="also BERT / GPT-2 exports (transformers configs, random weights, seq 128)")
     args = ap.parse_args(argv)
@@ -167,6 +185,8 @@ def main(argv=None) -> int:
         try:
             proto, feeds = make()
             row = check_model(name, proto, feeds, deadline, args.runs, args.device, bounds, folder)
+            if args.memory:
+                row["memory"] = memory(name, proto, feeds, folder)
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc(limit=3)
             row = {"model": name, "checks": {"setup": f"FAIL {type(exc).__name__}: {exc}"}, "latency_ms": {},
@@ -188,6 +208,13 @@ def main(argv=None) -> int:
         print(f"{row['model']:14s} {cells}   {lat.get('s2', float('nan')) / s1:5.2f}  "
               f"{lat.get('s1+graph', float('nan')) / s1:7.2f}  {lat.get('bf16', float('nan')) / s1:7.2f}  "
               f"{lat.get('bf16+graph', float('nan')) / lat.get('s1+graph', float('nan')):7.2f}")
+    if args.memory:
+        print(f"\n{'model':14s} " + " ".join(f"{k + ' load s / anon MiB':>30s}" for k in ("ort_cpu",) + MEMORY))
+        for row in rows:
+            mem = row.get("memory", {})
+            print(f"{row['model']:14s} " + " ".join(
+                f"{mem.get(k, {}).get('build_s', float('nan')):>19.3f} / {mem.get(k, {}).get('anon_mib', float('nan')):>8.0f}"
+                for k in ("ort_cpu",) + MEMORY))
     print(f"\ncorrectness: {'FAILED' if failed else 'all ok'}; total {time.perf_counter() - start:.0f}s")
     if args.json:
         with open(args.json, "w") as f:

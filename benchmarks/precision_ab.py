@@ -32,14 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import torch
 
 import fusegraph as fg
 from fusegraph import precision_auto, zoo
 from fusegraph.runtime import guard_plan
 from fusegraph.report.accuracy import output_errors, worst_rel_l2
 from fusegraph.runtime.backends.cpu import backend
-from fusegraph.runtime.backends.cpu.dnnl import compute, conv, linear
+from fusegraph.runtime.backends.cpu.dnnl import compute
 
 THREADS = 2
 
@@ -99,15 +98,12 @@ def auto_rank(path: str, feeds: dict, runs: int) -> str:
 
 def stored_bf16(path: str, feeds: dict, runs: int) -> str:
     cfg = fg.Config(threads=THREADS, precision="bf16")
-    real = compute.compute_dtype
-    compute.compute_dtype = lambda stored: torch.float32 if stored == torch.float16 else stored
-    for module in (conv, linear):
-        module.compute_dtype = compute.compute_dtype
+    real = compute.bfloat16_arithmetic
+    compute.bfloat16_arithmetic = lambda: True     # as before: bf16 primitives asked for, ATen's when none
     try:
         aten = fg.compile(path, cfg)
     finally:
-        for module in (compute, conv, linear):
-            module.compute_dtype = real
+        compute.bfloat16_arithmetic = real
     models = {"fp32": fg.compile(path, fg.Config(threads=THREADS)), "aten": aten, "stored": fg.compile(path, cfg)}
     med = _medians(models, feeds, runs)
     want = models["fp32"].run(feeds)
