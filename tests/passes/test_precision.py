@@ -478,6 +478,31 @@ def test_override_names_a_fused_away_node_through_compile():
     assert [k["why"] for k in report["kept_fp32"] if k["op"] == "FusedConv"] == ["Config.op_precision: fp32"]
 
 
+@pytest.mark.parametrize("key, expect_fp32", [("conv_b", True), ("bn_b", True), ("Mul", False)])
+def test_override_names_a_conv_whose_batchnorm_was_folded(key, expect_fp32):
+    """Conv + BatchNormalization + Relu compile into one FusedConv through a BatchNorm fold
+    (the norm becomes a Mul and an Add the conv absorbs, each making a new conv): the model's
+    Conv is still named by it, and the compiler's own Mul is not the model's Mul (``scale``)."""
+    rng = np.random.default_rng(0)
+    c = SHAPE[1]
+    bn = [const(n, v) for n, v in (("s", rng.uniform(0.5, 1.5, c)), ("b", rng.standard_normal(c)),
+                                   ("mu", rng.standard_normal(c)), ("var", rng.uniform(0.5, 1.5, c)))]
+    m = model([node("Conv", ["x", "w0"], "c0", pads=[1, 1, 1, 1], name="conv_a"),
+               node("Relu", ["c0"], "r0", name="relu_a"),
+               node("Conv", ["r0", "w1"], "c1", pads=[1, 1, 1, 1], name="conv_b"),
+               node("BatchNormalization", ["c1", "s", "b", "mu", "var"], "n1", name="bn_b"),
+               node("Relu", ["n1"], "r1", name="relu_b"),
+               node("Mul", ["r1", "two"], "m1", name="scale"),
+               node("LayerNormalization", ["m1", "g"], "y", axis=-1, name="ln")],
+              [("x", TensorProto.FLOAT, list(SHAPE))], ["y"],
+              [const("w0", rng.standard_normal((4, 4, 3, 3)) * 0.3), const("w1", rng.standard_normal((4, 4, 3, 3)) * 0.3),
+               const("g", np.ones(6)), const("two", np.float32(2.0)), *bn])
+    report = fg.compile(m, fg.Config(precision="bf16", op_precision={key: "fp32"})).report.precision
+    rows = [r for r in report["nodes"] if r["op"] == "FusedConv"]
+    assert len(rows) == 2, report["nodes"]
+    assert [r["dtype"] for r in rows] == ["bf16", "fp32" if expect_fp32 else "bf16"]
+
+
 def test_fp16_override_alongside_bf16():
     g, (c0, c1, c2) = _three_convs()
     res, log = _run(g, overrides=[("conv1", "fp16")])

@@ -87,11 +87,12 @@ class RuleSetPass:
 
     def _apply(self, graph: Graph, root: Node, new, ctx: RuleContext) -> None:
         news, _ = rewire(ctx, root, new)
-        record_sources(news, [root])
+        absorbed = [root]
         if all(not o.uses and not o.is_graph_output for o in root.outputs):
             inputs = [v for v in root.inputs if v is not None]
             graph.remove(root)
-            sweep_dead(graph, inputs)
+            absorbed += sweep_dead(graph, inputs)
+        record_sources(news, absorbed)
 
 
 def counts_result(applied: dict[str, int], declined: dict[str, int]) -> PassResult:
@@ -125,13 +126,16 @@ def rewire(ctx, root: Node, new) -> tuple[list, list[tuple[Value, str]]]:
 
 
 def record_sources(news, matched: list[Node]) -> None:
-    """Remember on each new producer the names and op types of the nodes it replaces
-    (``meta["fused_from"]`` / ``["fused_types"]``, transitively): ``Config.op_precision``
-    names the model's own nodes, which fusion renames."""
+    """Remember on each new producer the names and op types of the model's nodes it replaces
+    (``meta["fused_from"]`` / ``["fused_types"]``, transitively, through the nodes a rule made,
+    tagged ``meta["rule"]``): ``Config.op_precision`` names the model's own nodes, which fusion
+    renames. ``matched``: the nodes the rewrite matched and those it left dead (a conv whose
+    BatchNorm was folded into a new conv)."""
     names, types = [], []
     for n in matched:
-        names += [n.name, *n.meta.get("fused_from", ())]
-        types += [n.op_type, *n.meta.get("fused_types", ())]
+        own = ([n.name], [n.op_type]) if "rule" not in n.meta else ([], [])
+        names += [*own[0], *n.meta.get("fused_from", ())]
+        types += [*own[1], *n.meta.get("fused_types", ())]
     for v in news if isinstance(news, (list, tuple)) else [news]:
         p = None if v is None else v.producer
         if p is not None and all(p is not m for m in matched):
@@ -149,10 +153,11 @@ def _check_compatible(rule: Rule, old: Value, new: Value) -> None:
                         f"%{new.name}: {new.type_str()}; a rewrite must keep dtype and shape")
 
 
-def sweep_dead(graph: Graph, values: list[Value]) -> int:
-    """Remove producers of ``values`` that are now unused, pure and unflagged, recursively."""
+def sweep_dead(graph: Graph, values: list[Value]) -> list[Node]:
+    """Remove producers of ``values`` that are now unused, pure and unflagged, recursively;
+    returns the removed nodes (a rewrite absorbed them: ``record_sources``)."""
     from ..ops import opdef_for
-    removed, work = 0, list(values)
+    removed, work = [], list(values)
     while work:
         v = work.pop()
         node = v.producer
@@ -167,5 +172,5 @@ def sweep_dead(graph: Graph, values: list[Value]) -> int:
             continue
         work.extend(x for x in node.inputs if x is not None)
         graph.remove(node)
-        removed += 1
+        removed.append(node)
     return removed

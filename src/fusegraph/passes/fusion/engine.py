@@ -141,13 +141,12 @@ class FusionPass:
     def _apply(self, graph: Graph, m: Match, new, ctx: FusionContext) -> str:
         root = m.root
         news, renames = rewire(ctx, root, new)
-        record_sources(news, list(m.matched))
         inputs: list[Value] = []
         for node in reversed(m.matched):
             if node.graph is graph and all(not o.uses and not o.is_graph_output for o in node.outputs):
                 inputs.extend(v for v in node.inputs if v is not None)
                 graph.remove(node)
-        sweep_dead(graph, inputs)
+        record_sources(news, [*m.matched, *sweep_dead(graph, inputs)])
         if root.graph is None:
             for value, name in renames:
                 value.name = name
