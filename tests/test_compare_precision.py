@@ -115,6 +115,17 @@ def test_op_precision_reaches_the_reduced_side_only(path):
         compare_precision(str(path), "fp32")
 
 
+def test_auto_says_why_it_compared_the_fp32_model(path, monkeypatch):
+    from fusegraph import precision_auto
+    monkeypatch.setattr(precision_auto, "bf16_declined", lambda device: "no bf16 arithmetic here")
+    r = compare_precision(str(path), "auto", inputs=1, runs=1, config=fg.Config(threads=1))
+    assert r.declined == "no bf16 arithmetic here" and r.accuracy["logits"]["reduced_vs_fp32"]["rel_l2"] == 0
+    assert "auto chose fp32: no bf16 arithmetic here" in _text(render_precision(r, "t"))
+    assert compare_precision(str(path), "bf16", inputs=1, runs=1, config=fg.Config(threads=1)).declined is None
+    model = fg.compile(str(path), fg.Config(precision="auto", threads=1))
+    assert "<p>auto chose fp32: no bf16 arithmetic here</p>" in render_html(model)
+
+
 def test_cli_compare_precision(path, capsys):
     assert main(["compare", str(path), "--precision", "bf16", "--runs", "2", "--inputs", "2", "--threads", "1"]) == 0
     out = " ".join(capsys.readouterr().out.split())

@@ -16,6 +16,7 @@ import torch
 from onnx import TensorProto as T, helper as H, numpy_helper
 
 import fusegraph as fg
+from fusegraph import precision_auto
 from fusegraph.errors import FusegraphError
 from fusegraph.runtime.backends.cpu import host_memory
 
@@ -177,6 +178,8 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
         np.testing.assert_allclose(reduced.run(x)["y"], plain.run(x)["y"], rtol=2e-2, atol=2e-2)
         return
     if field == "accuracy_budget":   # 1e-6: the search moves both convs to fp32 (1e-2 keeps them bf16)
+        # the search as on a CPU with bf16 arithmetic (without, auto gives fp32 before any budget)
+        monkeypatch.setattr(precision_auto, "bf16_declined", lambda device: None)
         loose, tight = (fg.compile(two_conv_model(), config=fg.Config(precision="auto", accuracy_budget=b))
                         for b in (1e-2, 1e-6))
         assert _reduced(loose) == 2 and _reduced(tight) == 0

@@ -44,6 +44,7 @@ class PrecisionComparison:
     accuracy: dict[str, dict[str, dict]] = field(default_factory=dict)
     kept_fp32: list[dict] = field(default_factory=list)
     fp32_logits: list[dict] = field(default_factory=list)    # bf16 operands, float32 output
+    declined: str | None = None     # precision "auto" gave the fp32 model before any search: why
 
     def worst_rel_l2(self, side: str = "reduced") -> float:
         from .report.accuracy import worst_rel_l2
@@ -171,7 +172,8 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
             model=str(model_src) if isinstance(model_src, (str, Path)) else fp32.name, precision=precision, reference=ref_name, inputs=inputs, runs=runs,
             threads=threads, fp32=sides["fp32"], reduced=sides["reduced"], accuracy=accuracy,
             kept_fp32=list((red.report.precision or {}).get("kept_fp32") or []),
-            fp32_logits=list((red.report.precision or {}).get("fp32_logits") or []))
+            fp32_logits=list((red.report.precision or {}).get("fp32_logits") or []),
+            declined=((red.report.precision or {}).get("auto") or {}).get("declined"))
     finally:
         ref_close()
         for m in models.values():
@@ -183,9 +185,10 @@ def _sci(v: float | None) -> str:
 
 
 def render_precision(result: PrecisionComparison, title: str):
-    """Two rich tables (performance, accuracy) as one renderable."""
+    """Two rich tables (performance, accuracy) as one renderable, and what auto declined."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     a, b, p = result.fp32, result.reduced, result.precision
     perf = Table(title=title)
@@ -223,6 +226,8 @@ def render_precision(result: PrecisionComparison, title: str):
                 continue
             acc.add_row(name if i == 0 else "", label, *(fmt(v) for v in vals))
     parts = [perf, acc]
+    if result.declined:
+        parts.append(Text(f"auto chose fp32: {result.declined}"))
     for title, rows in ((f"heavy ops kept in fp32 ({len(result.kept_fp32)})", result.kept_fp32),
                         (f"logits written in fp32 from {result.precision} operands ({len(result.fp32_logits)})",
                          result.fp32_logits)):

@@ -26,6 +26,12 @@ chosen policy and records the search in ``report.precision["auto"]``:
    around it (measured, benchmarks/RESULTS.md: AlexNet keeps 7 of its 8 products, 0.12 of the
    time, and ran 0.98-1.07x its float32 model; ShuffleNet 0.17, 1.01-1.31x).
 
+Before all this, a device without bf16 arithmetic (``bf16_declined``: a CPU whose oneDNN has no
+bf16 product, AVX2 only; a GPU without bf16) gets the float32 model, with the reason in
+``report.precision["auto"]["declined"]``: there bf16 runs as float32 over bf16 storage, slower
+than float32 and larger once loaded (benchmarks/RESULTS.md: 1.20-1.94x fp32's latency), as
+OpenVINO's default precision is bf16 only on CPUs with bf16 arithmetic.
+
 The user's own ``op_precision`` entries hold in every candidate. Nothing here is a pass: it
 drives the compiler, as ``report/bisect.py`` does.
 """
@@ -46,6 +52,34 @@ from .report.accuracy import worst_error
 CALIBRATION_INPUTS = 2
 MIN_BF16_SHARE = 0.2
 BUDGET_WHY = "among the highest error per microsecond in bf16: the budget needs it"
+
+
+def bf16_declined(device: str) -> str | None:
+    """Why bf16 cannot pay on ``device`` ("cpu" / "cuda"); None where it has bf16 arithmetic."""
+    if device == "cuda":
+        return None if torch.cuda.is_bf16_supported() else "this GPU has no bf16 arithmetic"
+    from .runtime.backends.cpu.dnnl.compute import bfloat16_arithmetic
+    if bfloat16_arithmetic():
+        return None
+    return (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no bf16 arithmetic: bf16 would run "
+            "as float32 over bf16 storage, slower than float32")
+
+
+def _declined(graph: Graph, config, report, why: str) -> None:
+    """The float32 model (the user's own ``op_precision`` entries hold) and why."""
+    from .passes import optimize
+    from .passes.precision import PrecisionPass, precision_summary
+    user = tuple(config.op_precision)
+    fp32 = config.replace(precision="fp32", op_precision=user, accuracy_budget=1e-2)
+    optimize(graph, fp32, report)
+    if not report.precision:          # no user entry: the pipeline ran no precision pass; its log
+        log: list = []
+        PrecisionPass("fp32", (), log).run(graph)      # of a float32 graph changes nothing
+        report.precision = precision_summary(graph, fp32, log)
+    report.precision["policy"] = "auto"
+    report.precision["auto"] = {
+        "budget": config.accuracy_budget, "calibration_inputs": 0, "error": None, "bf16_error": None,
+        "bf16_time_share": 0.0, "fp32_fallback": None, "declined": why, "kept_fp32": [], "steps": []}
 
 
 def _feeds(graph: Graph, calibration) -> list[dict]:
@@ -109,6 +143,9 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     from .passes.pipeline import precision_steps
     from .report import CompileReport
 
+    why = bf16_declined(_device(config))
+    if why is not None:
+        return _declined(graph, config, report, why)
     feeds = _feeds(graph, calibration)
     user = tuple(config.op_precision)
     fp32 = config.replace(precision="fp32", op_precision=(), accuracy_budget=1e-2)
@@ -182,7 +219,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     report.precision["auto"] = {
         "budget": budget, "calibration_inputs": len(feeds), "error": candidates.get(k),
         "bf16_error": candidates[0],
-        "bf16_time_share": share(ranked[k:]), "fp32_fallback": fallback,
+        "bf16_time_share": share(ranked[k:]), "fp32_fallback": fallback, "declined": None,
         "kept_fp32": [{"node": n, "sensitivity": cost[n], "time_us": time_us[n], "why": why}
                       for n, why in zip(kept, [BUDGET_WHY] * budget_kept + [fallback_why] * (k - budget_kept))],
         "steps": [{"kept": n, "error": e} for n, e in sorted(candidates.items())]}

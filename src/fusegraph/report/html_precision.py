@@ -43,6 +43,9 @@ def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any 
         parts.append("</div>")
         if overrides:
             parts.append("<p>op_precision: " + _e(", ".join(f"{k}={v}" for k, v in overrides.items())) + "</p>")
+        declined = (get("auto") or {}).get("declined")
+        if declined:
+            parts.append(f"<p>auto chose fp32: {_e(declined)}</p>")
         parts.append(f'<details class="group"{" open" if kept else ""}><summary>heavy ops kept in fp32, with '
                      f"the reason ({len(kept)})</summary>"
                      + _table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
