@@ -2,7 +2,8 @@
 beside onnxruntime fp32 and OpenVINO f32 / bf16, one row per model, 2 threads, batch 1.
 
     python benchmarks/precision_table.py [--models squeezenet,bert] [--runs 20] [--precisions bf16,fp16,auto]
-                                         [--no-transformers] [--no-logits] [--memory] [--json out.json]
+                                         [--no-transformers] [--no-logits] [--memory] [--inputs N]
+                                         [--json out.json]
 
 Engines: ``ort`` (onnxruntime fp32, ORT_ENABLE_ALL, ``fusegraph.bench._ort_runner``), ``ov_f32``
 and ``ov_bf16`` (OpenVINO on CPU, ``INFERENCE_PRECISION_HINT`` f32 / bf16, 2 threads, 1 stream,
@@ -30,6 +31,11 @@ Columns:
   differs from the reference's on an output that is a class vector (batch 1, one axis of
   >= 10 elements, all others 1); "-" when all agree, blank when the model has no such output.
 - *fgm MiB*: size of the saved ``.fgm`` artifact per fusegraph engine.
+- with ``--inputs N``, a second table: the worst rel-L2 over N inputs (seeds 0..N-1, seed 0
+  the first table's), its median per engine, and per reduced fusegraph engine the inputs on
+  which its error is at or below OpenVINO bf16's on the same input and the geometric mean of
+  the paired ratios: one input's error through a softmax is much of it luck (an equal logit
+  error moves the probabilities by as much as the input's margins allow).
 - with ``--memory`` (slow: a fresh process per engine and model, as in
   ``benchmarks/private_memory.py``): *anon MiB*, RssAnon after 20 runs minus after import
   (OpenVINO: after ``import openvino`` and ``ov.Core()``); *build s*, session creation /
@@ -46,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -63,8 +70,9 @@ OV_PRECISION = {"ov_f32": "f32", "ov_bf16": "bf16"}
 
 # ----- models ---------------------------------------------------------------------------------
 
-def prepare_models(names: list[str], transformers: bool, logits: bool, tmp: Path) -> dict[str, tuple[str, dict]]:
-    """{name: (onnx path, feeds)}; light models with random weights, transformers at seq 128."""
+def prepare_models(names: list[str], transformers: bool, logits: bool, tmp: Path) -> dict[str, tuple[str, Callable]]:
+    """{name: (onnx path, feeds of a seed)}; light models with random weights, transformers at
+    seq 128. Seed 0 gives the table's input."""
     models = {}
     for name in names:
         if name in ("bert", "gpt2"):
@@ -74,7 +82,7 @@ def prepare_models(names: list[str], transformers: bool, logits: bool, tmp: Path
             proto = zoo.expose_logits(proto)
         path = tmp / f"{name}.onnx"
         onnx.save(proto, str(path))
-        models[name] = (str(path), zoo.random_feeds(proto))
+        models[name] = (str(path), lambda seed, proto=proto: zoo.random_feeds(proto, seed=seed))
     wanted = [n for n in ("bert", "gpt2") if n in names]
     if transformers and wanted:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -84,7 +92,7 @@ def prepare_models(names: list[str], transformers: bool, logits: bool, tmp: Path
             if name in wanted:
                 path = tmp / f"{name}.onnx"
                 onnx.save(mb.static_shapes(dynamic, 1, SEQ), str(path))
-                models[name] = (str(path), mb.transformer_feeds(seq=SEQ))
+                models[name] = (str(path), lambda seed, mb=mb: mb.transformer_feeds(seed=seed, seq=SEQ))
     return models
 
 
@@ -103,7 +111,10 @@ def ort_reference(path: str, feeds: dict) -> dict[str, np.ndarray]:
 
 def build_ort(path: str, feeds: dict, names: list[str]):
     runner = _ort_runner(path, THREADS, feeds)   # runs every output, in the graph's order
-    return runner, lambda: dict(zip(names, runner()))
+
+    def outputs(other=None):
+        return dict(zip(names, runner() if other is None else _ort_runner(path, THREADS, other)()))
+    return runner, outputs
 
 
 def ov_config(precision: str) -> dict:
@@ -119,8 +130,8 @@ def build_ov(path: str, feeds: dict, precision: str, ref_names: list[str]):
     names = [min(set(o.get_names()) & set(ref_names), default=ref_names[i] if i < len(ref_names) else str(i))
              for i, o in enumerate(compiled.outputs)]
 
-    def outputs():
-        request.infer(feeds, share_inputs=True)
+    def outputs(other=None):
+        request.infer(feeds if other is None else other, share_inputs=True)
         return {n: np.array(request.get_output_tensor(i).data, copy=True) for i, n in enumerate(names)}
     return (lambda: request.infer(feeds, share_inputs=True)), outputs
 
@@ -129,7 +140,8 @@ def build_fg(path: str, feeds: dict, precision: str, fgm: Path):
     config = fg.Config(threads=THREADS) if precision == "fp32" else fg.Config(threads=THREADS, precision=precision)
     model = fg.compile(path, config=config)
     model.save(fgm)
-    return (lambda: model.run(feeds)), (lambda: {k: np.asarray(v) for k, v in model.run(feeds).items()})
+    return (lambda: model.run(feeds)), (lambda other=None: {k: np.asarray(v) for k, v in
+                                                           model.run(feeds if other is None else other).items()})
 
 
 def build_engine(engine: str, path: str, feeds: dict, tmp: Path, model_name: str, names: list[str]):
@@ -290,6 +302,28 @@ def print_table(rows: dict, engines: list[str], memory: bool, na: dict) -> dict:
     return geomean
 
 
+def print_inputs_table(rows: dict, engines: list[str], inputs: int) -> None:
+    """Per model and engine, the median over the inputs of the worst relative L2 error; for each
+    reduced fusegraph engine beside OpenVINO bf16, on how many inputs its error is at or below
+    OpenVINO's (the same input) and the geometric mean of the paired ratios."""
+    reduced = [e for e in engines if e.startswith("fg_") and e != "fg_fp32"]
+    paired = [e for e in reduced if "ov_bf16" in engines]
+    head = [f"{e} median rel-L2" for e in engines] + [f"{e} <= ov_bf16" for e in paired]
+    head += [f"{e} / ov_bf16 (geomean)" for e in paired]
+    print(f"\naccuracy over {inputs} inputs (seeds 0..{inputs - 1}), each against onnxruntime ORT_DISABLE_ALL")
+    print("| model | " + " | ".join(head) + " |")
+    print("|---|" + "---:|" * len(head))
+    for name, row in rows.items():
+        over = row["rel_l2_max_per_input"]
+        cells = [fmt(statistics.median(over[e]), ".1e") if e in over else "n/a" for e in engines]
+        pairs = {e: [(a, b) for a, b in zip(over[e], over["ov_bf16"])] if e in over and "ov_bf16" in over else []
+                 for e in paired}
+        cells += [f"{sum(a <= b for a, b in pairs[e])}/{len(pairs[e])}" if pairs[e] else "n/a" for e in paired]
+        cells += [fmt(math.exp(statistics.fmean(math.log(a / b) for a, b in pairs[e])), ".2f")
+                  if pairs[e] and all(a > 0 and b > 0 for a, b in pairs[e]) else "n/a" for e in paired]
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(zoo.LIGHT_MODELS + ("bert", "gpt2")))
@@ -299,6 +333,8 @@ def main(argv=None) -> None:
     ap.add_argument("--logits", action=argparse.BooleanOptionalAction, default=True,
                     help="add the light models' pre-Softmax logits as an output (zoo.expose_logits)")
     ap.add_argument("--memory", action="store_true", help="fresh-process memory and load time (slow)")
+    ap.add_argument("--inputs", type=int, default=1,
+                    help="accuracy also over this many inputs (seeds 0..N-1), paired per input (a second table)")
     ap.add_argument("--json", help="write the raw numbers here")
     args = ap.parse_args(argv)
     torch.set_num_threads(THREADS)
@@ -308,13 +344,17 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         models = prepare_models(names, args.transformers, args.logits, tmp)
-        for name, (path, feeds) in models.items():
+        for name, (path, feeds_of) in models.items():
+            feeds = feeds_of(0)
             ref = ort_reference(path, feeds)
-            runners, acc, fgm_mib = {}, {}, {}
+            others = [(f, ort_reference(path, f)) for f in map(feeds_of, range(1, args.inputs))]
+            runners, acc, fgm_mib, over = {}, {}, {}, {}
             for engine in engines:
                 try:
                     runner, outputs = build_engine(engine, path, feeds, tmp, name, list(ref))
                     acc[engine] = accuracy(outputs(), ref)
+                    over[engine] = [acc[engine]["rel_l2_max"]] + [accuracy(outputs(f), r)["rel_l2_max"]
+                                                                  for f, r in others]
                 except FusegraphError as exc:   # ConfigError: reduced precision not implemented (yet)
                     first_line = (str(exc).splitlines() or [""])[0][:300]
                     na.setdefault(f"{engine} ({name})", f"{type(exc).__name__}: {first_line}")
@@ -324,7 +364,7 @@ def main(argv=None) -> None:
                     fgm_mib[engine] = fgm_path(tmp, name, engine).stat().st_size / 2**20
             samples = alternate(runners, runs=args.runs)
             row = {"latency_ms": {e: statistics.median(s) for e, s in samples.items()}, "accuracy": acc,
-                   "fgm_mib": fgm_mib, "runs": args.runs}
+                   "fgm_mib": fgm_mib, "runs": args.runs, "rel_l2_max_per_input": over}
             row["ratio_to_ort"] = {e: v / row["latency_ms"]["ort"] for e, v in row["latency_ms"].items()}
             del runners
             if args.memory:
@@ -333,6 +373,8 @@ def main(argv=None) -> None:
             print(f"# {name}: " + " ".join(f"{e}={v:.2f}ms" for e, v in row["latency_ms"].items()),
                   file=sys.stderr, flush=True)
         geomean = print_table(rows, engines, args.memory, na)
+        if args.inputs > 1:
+            print_inputs_table(rows, engines, args.inputs)
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": THREADS, "runs": args.runs, "engines": engines,
                                                "models": rows, "geomean_ratio_to_ort": geomean, "n/a": na},
