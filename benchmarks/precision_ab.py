@@ -4,6 +4,7 @@ every variant in one process, alternating runs, medians.
 
     python benchmarks/precision_ab.py guards [--precision bf16] [--models densenet121,resnet50] [--runs 30]
     python benchmarks/precision_ab.py auto-rank [--models inception_v1,squeezenet] [--runs 25]
+    python benchmarks/precision_ab.py auto-declined [--models squeezenet,resnet50] [--runs 20]
     python benchmarks/precision_ab.py stored-bf16 [--models squeezenet,resnet50] [--runs 20]
 
 ``guards``: the NaN-exact relu (oneDNN's ``elu`` with alpha 0, an ``exp`` per element) against
@@ -16,6 +17,11 @@ are compared bit for bit on the feeds.
 ``auto-rank``: ``precision="auto"`` ranking the ops it moves back to fp32 by error alone (as
 before) against squared error per estimated microsecond (``precision_auto.rank``), beside
 fp32: what each kept in fp32, the share of the estimated product time left in bf16, the error.
+
+``auto-declined`` (for a CPU without bfloat16 arithmetic): ``precision="auto"`` searching as
+before (bf16 where the budget allows) against what it gives now there (the fp32 model,
+``precision_auto.bf16_declined``), beside fp32: latency, bf16 nodes, error against fp32.
+Both ``auto`` modes search on any CPU (the declining patched off where they search).
 
 ``stored-bf16`` (for a CPU without bfloat16 arithmetic, where oneDNN has no bf16 kernels):
 bf16 as before (the convolutions and products fall to ATen's bf16 kernels) against the float32
@@ -80,20 +86,44 @@ def guards(path: str, feeds: dict, precision: str, runs: int) -> str:
             f"{med['fast_math']:.2f} ({med['fast_math'] / base:.3f}) | {'yes' if same else 'NO'}")
 
 
+def _searched(path: str, cfg) -> fg.CompiledModel:
+    """``precision="auto"`` searching whatever the CPU (``precision_auto.bf16_declined`` says
+    None, as on a CPU with bf16 arithmetic)."""
+    real = precision_auto.bf16_declined
+    precision_auto.bf16_declined = lambda device: None
+    try:
+        return fg.compile(path, cfg)
+    finally:
+        precision_auto.bf16_declined = real
+
+
 def auto_rank(path: str, feeds: dict, runs: int) -> str:
     cfg = fg.Config(threads=THREADS, precision="auto")
     new_rank = precision_auto.rank
     precision_auto.rank = lambda sensitivity, time_us: sorted(sensitivity, key=lambda n: -sensitivity[n])
     try:
-        old = fg.compile(path, cfg)
+        old = _searched(path, cfg)
     finally:
         precision_auto.rank = new_rank
-    new = fg.compile(path, cfg)
+    new = _searched(path, cfg)
     med = _medians({"fp32": fg.compile(path, fg.Config(threads=THREADS)), "old": old, "new": new}, feeds, runs)
     ao, an = old.report.precision["auto"], new.report.precision["auto"]
     return (f"{med['fp32']:.2f} | {med['old'] / med['fp32']:.2f} / {med['new'] / med['fp32']:.2f} | "
             f"{len(ao['kept_fp32'])} / {len(an['kept_fp32'])} | "
             f"{ao['bf16_time_share']:.2f} / {an['bf16_time_share']:.2f} | {ao['error']:.1e} / {an['error']:.1e}")
+
+
+def auto_declined(path: str, feeds: dict, runs: int) -> str:
+    cfg = fg.Config(threads=THREADS, precision="auto")
+    models = {"fp32": fg.compile(path, fg.Config(threads=THREADS)), "searched": _searched(path, cfg),
+              "now": fg.compile(path, cfg)}
+    med = _medians(models, feeds, runs)
+    want = models["fp32"].run(feeds)
+    err = {k: worst_rel_l2(output_errors(models[k].run(feeds), want)) for k in ("searched", "now")}
+    bf16 = {k: models[k].report.precision["by_dtype"].get("bf16", 0) for k in ("searched", "now")}
+    f = med["fp32"]
+    return (f"{f:.2f} | {med['searched'] / f:.2f} / {med['now'] / f:.2f} | {bf16['searched']} / {bf16['now']} | "
+            f"{err['searched']:.1e} / {err['now']:.1e} | {models['now'].report.precision['auto']['declined'] or '-'}")
 
 
 def stored_bf16(path: str, feeds: dict, runs: int) -> str:
@@ -127,7 +157,7 @@ def stored_bf16(path: str, feeds: dict, runs: int) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("guards", "auto-rank", "stored-bf16"))
+    ap.add_argument("what", choices=("guards", "auto-rank", "auto-declined", "stored-bf16"))
     ap.add_argument("--models", default=",".join(zoo.LIGHT_MODELS))
     ap.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--runs", type=int, default=30)
@@ -138,6 +168,9 @@ def main(argv=None) -> None:
     elif args.what == "auto-rank":
         print("| model | fp32 ms | auto / fp32, by error / per us | kept fp32 | bf16 time share | error |")
         print("|---|---:|---:|---:|---:|---:|")
+    elif args.what == "auto-declined":
+        print("| model | fp32 ms | auto / fp32, searched / now | bf16 nodes | error vs fp32 | declined |")
+        print("|---|---:|---:|---:|---:|---|")
     else:
         print("| model | fp32 ms | bf16 on ATen ms (x fp32) | bf16 stored, fp32 primitives ms (x) "
               "| rel-L2 ATen / stored | .fgm load ms fp32 / bf16 | .fgm MiB fp32 / bf16 |")
@@ -147,6 +180,7 @@ def main(argv=None) -> None:
             path, feeds = _model(name, Path(tmp))
             run = {"guards": lambda: guards(path, feeds, args.precision, args.runs),
                    "auto-rank": lambda: auto_rank(path, feeds, args.runs),
+                   "auto-declined": lambda: auto_declined(path, feeds, args.runs),
                    "stored-bf16": lambda: stored_bf16(path, feeds, args.runs)}[args.what]
             row = run()
             print(f"| {name} | {row} |", flush=True)

@@ -72,9 +72,9 @@ def _declined(graph: Graph, config, report, why: str) -> None:
     user = tuple(config.op_precision)
     fp32 = config.replace(precision="fp32", op_precision=user, accuracy_budget=1e-2)
     optimize(graph, fp32, report)
-    if not report.precision:          # no user entry: the pipeline ran no precision pass; its log
-        log: list = []
-        PrecisionPass("fp32", (), log).run(graph)      # of a float32 graph changes nothing
+    if not report.precision:          # no user entry: the pipeline ran no precision pass; its
+        log: list = []                # per-node log, from a copy (the graph stays as built)
+        PrecisionPass("fp32", (), log).run(copy_graph(graph))
         report.precision = precision_summary(graph, fp32, log)
     report.precision["policy"] = "auto"
     report.precision["auto"] = {
