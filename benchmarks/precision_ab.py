@@ -5,6 +5,7 @@ every variant in one process, alternating runs, medians.
     python benchmarks/precision_ab.py guards [--precision bf16] [--models densenet121,resnet50] [--runs 30]
     python benchmarks/precision_ab.py auto-rank [--models inception_v1,squeezenet] [--runs 25]
     python benchmarks/precision_ab.py auto-declined [--models squeezenet,resnet50] [--runs 20]
+    python benchmarks/precision_ab.py first-fp32 [--models resnet50,vgg19] [--k 0,1,2,4,8,16] [--inputs 4] [--runs 20]
     python benchmarks/precision_ab.py stored-bf16 [--models squeezenet,resnet50] [--runs 20]
 
 ``guards``: the NaN-exact relu (oneDNN's ``elu`` with alpha 0, an ``exp`` per element) against
@@ -22,6 +23,12 @@ fp32: what each kept in fp32, the share of the estimated product time left in bf
 before (bf16 where the budget allows) against what it gives now there (the fp32 model,
 ``precision_auto.bf16_declined``), beside fp32: latency, bf16 nodes, error against fp32.
 Both ``auto`` modes search on any CPU (the declining patched off where they search).
+
+``first-fp32``: bf16 with the model's first k products (graph order) kept fp32 by name
+(``op_precision``), for each of ``--k``: their share of the estimated product time
+(``CostModel.product_us``), latency against fp32, and the median over ``--inputs`` inputs of
+the error against fp32 (worst output, and the logits): how much of a deep random net's bf16
+error its first layers make, and at what cost.
 
 ``stored-bf16`` (for a CPU without bfloat16 arithmetic, where oneDNN has no bf16 kernels):
 bf16 as before (the convolutions and products fall to ATen's bf16 kernels) against the float32
@@ -41,6 +48,7 @@ import onnx
 
 import fusegraph as fg
 from fusegraph import precision_auto, zoo
+from fusegraph.ir import DType
 from fusegraph.runtime import guard_plan
 from fusegraph.report.accuracy import output_errors, worst_rel_l2
 from fusegraph.runtime.backends.cpu import backend
@@ -126,6 +134,32 @@ def auto_declined(path: str, feeds: dict, runs: int) -> str:
             f"{err['searched']:.1e} / {err['now']:.1e} | {models['now'].report.precision['auto']['declined'] or '-'}")
 
 
+def first_fp32(path: str, feeds: dict, runs: int, ks: list[int], inputs: int) -> list[str]:
+    """One row per k: the model's first k products (graph order) kept fp32 by name."""
+    from fusegraph.plan.cost import CostModel
+    proto = onnx.load(path)
+    heavy = [n.name for n in proto.graph.node if n.op_type in ("Conv", "MatMul", "Gemm")]
+    feeds_of = [feeds] + [zoo.random_feeds(proto, seed=i) for i in range(1, inputs)]
+    fp32 = fg.compile(path, fg.Config(threads=THREADS))
+    wants = [fp32.run(f) for f in feeds_of]
+    models = {k: fg.compile(path, fg.Config(threads=THREADS, precision="bf16",
+                                            op_precision={h: "fp32" for h in heavy[:k]})) for k in ks}
+    med = _medians({"fp32": fp32, **models}, feeds, runs)
+    cost = CostModel.for_device("cpu")
+    rows = []
+    for k, m in models.items():
+        products = [n for n in m.graph.nodes if n.op_type in ("FusedConv", "Linear", "LinearAct", "BatchMatMul",
+                                                              "MatMul", "Gemm", "Conv")]
+        total = sum(cost.product_us(n) for n in products)
+        kept = sum(cost.product_us(n) for n in products
+                   if all(v.dtype == DType.FLOAT for v in n.inputs[:2] if v is not None))
+        errs = [output_errors(m.run(f), w) for f, w in zip(feeds_of, wants)]
+        worst = statistics.median(worst_rel_l2(e) for e in errs)
+        logits = statistics.median(e["logits"]["rel_l2"] for e in errs) if "logits" in errs[0] else float("nan")
+        rows.append(f"{k} | {kept / total:.3f} | {med[k] / med['fp32']:.2f} | {worst:.2e} | {logits:.2e}")
+    return rows
+
+
 def stored_bf16(path: str, feeds: dict, runs: int) -> str:
     cfg = fg.Config(threads=THREADS, precision="bf16")
     real = compute.bfloat16_arithmetic
@@ -157,7 +191,9 @@ def stored_bf16(path: str, feeds: dict, runs: int) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("guards", "auto-rank", "auto-declined", "stored-bf16"))
+    ap.add_argument("what", choices=("guards", "auto-rank", "auto-declined", "first-fp32", "stored-bf16"))
+    ap.add_argument("--k", default="0,1,2,4,8,16", help="first-fp32: how many first products to keep fp32")
+    ap.add_argument("--inputs", type=int, default=4, help="first-fp32: inputs the errors are medians over")
     ap.add_argument("--models", default=",".join(zoo.LIGHT_MODELS))
     ap.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--runs", type=int, default=30)
@@ -167,6 +203,10 @@ def main(argv=None) -> None:
         print("|---|---:|---:|---:|---|")
     elif args.what == "auto-rank":
         print("| model | fp32 ms | auto / fp32, by error / per us | kept fp32 | bf16 time share | error |")
+        print("|---|---:|---:|---:|---:|---:|")
+    elif args.what == "first-fp32":
+        print(f"| model | k first products fp32 | their share of the estimated product time | bf16 / fp32 ms "
+              f"| worst output rel-L2 vs fp32 (median of {args.inputs} inputs) | logits rel-L2 |")
         print("|---|---:|---:|---:|---:|---:|")
     elif args.what == "auto-declined":
         print("| model | fp32 ms | auto / fp32, searched / now | bf16 nodes | error vs fp32 | declined |")
@@ -178,12 +218,14 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             path, feeds = _model(name, Path(tmp))
-            run = {"guards": lambda: guards(path, feeds, args.precision, args.runs),
-                   "auto-rank": lambda: auto_rank(path, feeds, args.runs),
-                   "auto-declined": lambda: auto_declined(path, feeds, args.runs),
-                   "stored-bf16": lambda: stored_bf16(path, feeds, args.runs)}[args.what]
-            row = run()
-            print(f"| {name} | {row} |", flush=True)
+            run = {"guards": lambda: [guards(path, feeds, args.precision, args.runs)],
+                   "auto-rank": lambda: [auto_rank(path, feeds, args.runs)],
+                   "auto-declined": lambda: [auto_declined(path, feeds, args.runs)],
+                   "first-fp32": lambda: first_fp32(path, feeds, args.runs, [int(k) for k in args.k.split(",")],
+                                                    args.inputs),
+                   "stored-bf16": lambda: [stored_bf16(path, feeds, args.runs)]}[args.what]
+            for row in run():
+                print(f"| {name} | {row} |", flush=True)
 
 
 if __name__ == "__main__":
