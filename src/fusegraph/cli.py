@@ -100,6 +100,9 @@ def precision_line(report) -> str | None:
     if logits:
         line += (f"; {len(logits)} logits product(s) write fp32 from {get('policy')} operands "
                  f"(first: {logits[0]['node']} ({logits[0]['op']}))")
+    unmatched = list(get("op_precision_unmatched") or [])
+    if unmatched:
+        line += f"; op_precision entries that changed nothing (no run-time node): {', '.join(unmatched)}"
     declined = (get("auto") or {}).get("declined")
     if declined:
         line += f"; auto chose fp32: {declined}"

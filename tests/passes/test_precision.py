@@ -503,6 +503,25 @@ def test_override_names_a_conv_whose_batchnorm_was_folded(key, expect_fp32):
     assert [r["dtype"] for r in rows] == ["bf16", "fp32" if expect_fp32 else "bf16"]
 
 
+def test_an_entry_naming_a_folded_node_is_reported_as_unmatched():
+    """A product of two constants is folded at compile time: op_precision may name it (the
+    model has it), the report says it changed nothing; the fused conv's name matched."""
+    rng = np.random.default_rng(0)
+    m = model([node("MatMul", ["a", "b"], "ab", name="const_mm"),
+               node("Conv", ["x", "w0"], "c0", pads=[1, 1, 1, 1], name="conv_a"),
+               node("Relu", ["c0"], "r0", name="relu_a"),
+               node("Add", ["r0", "ab"], "s", name="add"),
+               node("LayerNormalization", ["s", "g"], "y", axis=-1, name="ln")],
+              [("x", TensorProto.FLOAT, list(SHAPE))], ["y"],
+              [const("a", rng.standard_normal((6, 6))), const("b", rng.standard_normal((6, 6))),
+               const("w0", rng.standard_normal((4, 4, 3, 3)) * 0.3), const("g", np.ones(6))])
+    report = fg.compile(m, fg.Config(precision="bf16", op_precision={"const_mm": "fp32", "conv_a": "fp32"})).report
+    assert report.precision["op_precision_unmatched"] == ["const_mm"]
+    from fusegraph.cli import precision_line
+    assert "op_precision entries that changed nothing (no run-time node): const_mm" in precision_line(report)
+    assert fg.compile(m, fg.Config(precision="bf16")).report.precision["op_precision_unmatched"] == []
+
+
 def test_fp16_override_alongside_bf16():
     g, (c0, c1, c2) = _three_convs()
     res, log = _run(g, overrides=[("conv1", "fp16")])

@@ -206,13 +206,19 @@ def _converted(t: torch.Tensor, dtype: DType) -> torch.Tensor:
 def precision_summary(graph: Graph, options, log: list[dict]) -> dict:
     """``report.precision``: the policy, per-node dtypes with their reasons, the casts left in
     the graph and those folded into their producers (``fold_casts.py``), the heavy ops kept
-    in float32 (with why), and the logits products with bf16 operands and float32 outputs."""
+    in float32 (with why), the logits products with bf16 operands and float32 outputs, and the
+    ``op_precision`` entries no compiled node answers to."""
     by_dtype: dict[str, int] = {}
     logits_out = {r["node"] for r in log if r["why"] == LOGITS_OUT_WHY}
+    present = {x for n in graph.nodes
+               for x in (n.name, n.op_type, *n.meta.get("fused_from", ()), *n.meta.get("fused_types", ()))}
     for r in log:
         by_dtype[r["dtype"]] = by_dtype.get(r["dtype"], 0) + 1
     return {"policy": options.precision, "op_precision": dict(options.op_precision), "nodes": list(log),
             "by_dtype": by_dtype,
+            # entries naming model nodes that compute nothing at run time (folded into constants,
+            # or dead): the model has them, so they are not refused, but they changed nothing
+            "op_precision_unmatched": [k for k, _ in options.op_precision if k not in present],
             "casts": sum(1 for n in graph.nodes if n.op_type == "Cast" and n.meta.get("rule") == "precision"),
             "casts_folded": sum(1 for n in graph.nodes if "out_dtype" in n.attrs      # fold_casts.py
                                 and n.name not in logits_out),
