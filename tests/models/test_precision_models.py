@@ -78,6 +78,21 @@ def test_bf16_accuracy_arena_and_artifact(models, name, tmp_path):
     assert loaded.report.precision["by_dtype"] == rec["by_dtype"]
 
 
+def test_op_precision_reaches_the_node_its_op_was_fused_into(models):
+    """BERT's query projection is packed with the key and value ones into one product: naming
+    it keeps that product fp32, not the attention after it. GPT-2's MatMuls are its attention
+    products (its projections are Gemms): the type reaches the attentions and nothing else."""
+    proto, _ = models["bert"]
+    query = next(n.name for n in proto.graph.node if n.op_type == "MatMul" and "query" in n.name)
+    rows = fg.compile(proto, fg.Config(threads=2, precision="bf16", op_precision={query: "fp32"})).report.precision
+    assert [r["op"] for r in rows["nodes"] if r["why"] == "Config.op_precision: fp32"] == ["LinearAct"]
+    proto, _ = models["gpt2"]
+    rows = fg.compile(proto, fg.Config(threads=2, precision="bf16", op_precision={"MatMul": "fp32"})).report.precision
+    forced = [r["op"] for r in rows["nodes"] if r["why"] == "Config.op_precision: fp32"]
+    assert forced == ["ScaledDotProductAttention"] * 2
+    assert any(r["op"] == "LinearAct" and r["dtype"] == "bf16" for r in rows["nodes"])
+
+
 # bf16 artifact / fp32 artifact, measured (benchmarks/precision_table.py --memory): about half,
 # more where the fp32 logits' weights are a large share of the model (squeezenet's last conv
 # holds 41 % of its weights, shufflenet's classifier 40 %)

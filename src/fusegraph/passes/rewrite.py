@@ -87,12 +87,12 @@ class RuleSetPass:
 
     def _apply(self, graph: Graph, root: Node, new, ctx: RuleContext) -> None:
         news, _ = rewire(ctx, root, new)
-        absorbed = [root]
+        absorbed = []
         if all(not o.uses and not o.is_graph_output for o in root.outputs):
             inputs = [v for v in root.inputs if v is not None]
             graph.remove(root)
-            absorbed += sweep_dead(graph, inputs)
-        record_sources(news, absorbed)
+            absorbed = sweep_dead(graph, inputs)
+        record_sources(news, [root], absorbed, ctx.emitted)
 
 
 def counts_result(applied: dict[str, int], declined: dict[str, int]) -> PassResult:
@@ -125,22 +125,46 @@ def rewire(ctx, root: Node, new) -> tuple[list, list[tuple[Value, str]]]:
     return news, renames
 
 
-def record_sources(news, matched: list[Node]) -> None:
-    """Remember on each new producer the names and op types of the model's nodes it replaces
+# ops that only move or view data: a rewrite's computing node, not these, takes its sources
+_MOVES = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat", "Split",
+                    "Slice", "Gather", "Expand", "Cast"})
+
+
+def _stand_in(v: Value, made: dict[int, Node]) -> Node | None:
+    """The node that stands for returned value ``v``: its producer, or, when the rewrite made
+    it to move data, the computing node the rewrite made that it moves (an attention, not the
+    Reshape after it, which a later rule fuses into the next product)."""
+    p = q = v.producer
+    while q is not None and id(q) in made and q.op_type in _MOVES:
+        q = next((x.producer for x in q.inputs if x is not None and id(x.producer) in made), None)
+    return q if q is not None and id(q) in made else p
+
+
+def record_sources(news, matched: list[Node], absorbed: list[tuple[Node, tuple]] = (),
+                   emitted: list[Node] = ()) -> None:
+    """Remember the names and op types of the model's nodes a rewrite replaces
     (``meta["fused_from"]`` / ``["fused_types"]``, transitively, through the nodes a rule made,
     tagged ``meta["rule"]``): ``Config.op_precision`` names the model's own nodes, which fusion
-    renames. ``matched``: the nodes the rewrite matched and those it left dead (a conv whose
-    BatchNorm was folded into a new conv)."""
-    names, types = [], []
-    for n in matched:
-        own = ([n.name], [n.op_type]) if "rule" not in n.meta else ([], [])
-        names += [*own[0], *n.meta.get("fused_from", ())]
-        types += [*own[1], *n.meta.get("fused_types", ())]
-    for v in news if isinstance(news, (list, tuple)) else [news]:
-        p = None if v is None else v.producer
-        if p is not None and all(p is not m for m in matched):
-            p.meta["fused_from"] = list(dict.fromkeys([*p.meta.get("fused_from", ()), *names]))
-            p.meta["fused_types"] = list(dict.fromkeys([*p.meta.get("fused_types", ()), *types]))
+    renames. The ``matched`` nodes go on the node standing for each returned value
+    (``_stand_in``); a node the rewrite left dead (``absorbed``: the node and the inputs it
+    had, e.g. a conv whose BatchNorm was folded into a new conv, projections packed into one)
+    goes on the computing nodes the rewrite made that read one of its inputs, else with the
+    matched ones."""
+    made = {id(n): n for n in emitted if n.graph is not None}
+    values = news if isinstance(news, (list, tuple)) else [news]
+    stand = [p for p in (_stand_in(v, made) for v in values if v is not None) if p is not None]
+    computing = [n for n in made.values() if n.op_type not in _MOVES]
+    groups = [(n, stand) for n in matched]
+    for n, inputs in absorbed:
+        reads = {id(v) for v in inputs if v is not None and not v.is_const}
+        groups.append((n, [e for e in computing if reads & {id(v) for v in e.inputs if v is not None}] or stand))
+    for n, targets in groups:
+        names = ([n.name] if "rule" not in n.meta else []) + list(n.meta.get("fused_from", ()))
+        types = ([n.op_type] if "rule" not in n.meta else []) + list(n.meta.get("fused_types", ()))
+        for p in targets:
+            if p is not n and all(p is not m for m in matched):
+                p.meta["fused_from"] = list(dict.fromkeys([*p.meta.get("fused_from", ()), *names]))
+                p.meta["fused_types"] = list(dict.fromkeys([*p.meta.get("fused_types", ()), *types]))
 
 
 def _check_compatible(rule: Rule, old: Value, new: Value) -> None:
@@ -153,9 +177,10 @@ def _check_compatible(rule: Rule, old: Value, new: Value) -> None:
                         f"%{new.name}: {new.type_str()}; a rewrite must keep dtype and shape")
 
 
-def sweep_dead(graph: Graph, values: list[Value]) -> list[Node]:
+def sweep_dead(graph: Graph, values: list[Value]) -> list[tuple[Node, tuple]]:
     """Remove producers of ``values`` that are now unused, pure and unflagged, recursively;
-    returns the removed nodes (a rewrite absorbed them: ``record_sources``)."""
+    returns the removed nodes with the inputs they had (a rewrite absorbed them:
+    ``record_sources``)."""
     from ..ops import opdef_for
     removed, work = [], list(values)
     while work:
@@ -170,7 +195,8 @@ def sweep_dead(graph: Graph, values: list[Value]) -> list[Node]:
                 continue
         except Exception:
             continue
-        work.extend(x for x in node.inputs if x is not None)
+        inputs = tuple(node.inputs)
+        work.extend(x for x in inputs if x is not None)
         graph.remove(node)
-        removed.append(node)
+        removed.append((node, inputs))
     return removed

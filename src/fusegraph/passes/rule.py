@@ -83,6 +83,7 @@ class RuleContext:
 
     def __init__(self, graph: Graph, options: PassOptions, rule: Rule, root: Node):
         self.graph, self.options, self.rule, self.root = graph, options, rule, root
+        self.emitted: list[Node] = []       # the nodes this rewrite made (``record_sources``)
 
     def supports(self, op_type: str, domain: str = "") -> bool:
         version = 1 if domain == FUSEGRAPH_DOMAIN else self.graph.opset.get(domain, 1)
@@ -100,6 +101,7 @@ class RuleContext:
                                    version=version, name=f"{self.rule.name}_{op_type.lower()}",
                                    before=self.root)
         node.meta["rule"] = self.rule.name
+        self.emitted.append(node)
         inferred = infer_node(node) or []
         for out, (dtype, shape) in zip(node.outputs, inferred):
             if dtype is not None:

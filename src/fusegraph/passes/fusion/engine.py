@@ -146,7 +146,7 @@ class FusionPass:
             if node.graph is graph and all(not o.uses and not o.is_graph_output for o in node.outputs):
                 inputs.extend(v for v in node.inputs if v is not None)
                 graph.remove(node)
-        record_sources(news, [*m.matched, *sweep_dead(graph, inputs)])
+        record_sources(news, list(m.matched), sweep_dead(graph, inputs), ctx.emitted)
         if root.graph is None:
             for value, name in renames:
                 value.name = name
