@@ -98,7 +98,8 @@ def prepare_models(names: list[str], transformers: bool, logits: bool, tmp: Path
 
 # ----- engines: each builder returns (timed runner, function giving {output name: array}) ----
 
-def ort_reference(path: str, feeds: dict) -> dict[str, np.ndarray]:
+def ort_references(path: str, feeds: list[dict]) -> list[dict[str, np.ndarray]]:
+    """The reference outputs (onnxruntime ORT_DISABLE_ALL) on each of ``feeds``, one session."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -106,15 +107,13 @@ def ort_reference(path: str, feeds: dict) -> dict[str, np.ndarray]:
     so.log_severity_level = 3
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    return [dict(zip(names, sess.run(names, f))) for f in feeds]
 
 
 def build_ort(path: str, feeds: dict, names: list[str]):
     runner = _ort_runner(path, THREADS, feeds)   # runs every output, in the graph's order
 
-    def outputs(other=None):
-        return dict(zip(names, runner() if other is None else _ort_runner(path, THREADS, other)()))
-    return runner, outputs
+    return runner, lambda other=None: dict(zip(names, runner(other)))
 
 
 def ov_config(precision: str) -> dict:
@@ -345,9 +344,9 @@ def main(argv=None) -> None:
         tmp = Path(tmp_name)
         models = prepare_models(names, args.transformers, args.logits, tmp)
         for name, (path, feeds_of) in models.items():
-            feeds = feeds_of(0)
-            ref = ort_reference(path, feeds)
-            others = [(f, ort_reference(path, f)) for f in map(feeds_of, range(1, args.inputs))]
+            feeds, *more = [feeds_of(seed) for seed in range(max(args.inputs, 1))]
+            ref, *refs = ort_references(path, [feeds, *more])
+            others = list(zip(more, refs))
             runners, acc, fgm_mib, over = {}, {}, {}, {}
             for engine in engines:
                 try:

@@ -142,6 +142,7 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
             models[key] = fg.compile(_fresh(model_src), cfg)
             compile_s[key] = time.perf_counter() - t0
         fp32, red = models["fp32"], models["reduced"]
+        reduced_prec = red.report.precision or {}
         ref_name, ref_run, ref_close = _reference(model_src, base, threads)
         errors: dict[str, list] = {"fp32": [], "reduced": [], "reduced_vs_fp32": []}
         for seed in range(inputs):
@@ -171,9 +172,9 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
         return PrecisionComparison(
             model=str(model_src) if isinstance(model_src, (str, Path)) else fp32.name, precision=precision, reference=ref_name, inputs=inputs, runs=runs,
             threads=threads, fp32=sides["fp32"], reduced=sides["reduced"], accuracy=accuracy,
-            kept_fp32=list((red.report.precision or {}).get("kept_fp32") or []),
-            fp32_logits=list((red.report.precision or {}).get("fp32_logits") or []),
-            declined=((red.report.precision or {}).get("auto") or {}).get("declined"))
+            kept_fp32=list(reduced_prec.get("kept_fp32") or []),
+            fp32_logits=list(reduced_prec.get("fp32_logits") or []),
+            declined=(reduced_prec.get("auto") or {}).get("declined"))
     finally:
         ref_close()
         for m in models.values():

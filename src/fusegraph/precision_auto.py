@@ -69,8 +69,7 @@ def _declined(graph: Graph, config, report, why: str) -> None:
     """The float32 model (the user's own ``op_precision`` entries hold) and why."""
     from .passes import optimize
     from .passes.precision import PrecisionPass, precision_summary
-    user = tuple(config.op_precision)
-    fp32 = config.replace(precision="fp32", op_precision=user, accuracy_budget=1e-2)
+    fp32 = config.replace(precision="fp32", accuracy_budget=1e-2)
     optimize(graph, fp32, report)
     if not report.precision:          # no user entry: the pipeline ran no precision pass; its
         log: list = []                # per-node log, from a copy (the graph stays as built)
