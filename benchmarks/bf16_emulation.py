@@ -19,7 +19,8 @@ and rounds where a policy says:
 - ``ov~K`` / ``fg~K``: the same rounding points, each product's sum taken in another order
   (its reduction axis permuted, seed K): another kernel's accumulation. How far one input's
   error moves across them is how much of it the kernels' order decides;
-- ``fg+fp32[...]``: ``fg`` with some products kept float32 (``--keep``).
+- ``fg+fp32[...]``: ``fg`` with some products kept float32, or some products' activations
+  (``--keep``).
 
 Beside them, ``fg_run``: fusegraph's own bf16 model on this CPU. Errors are relative L2 of
 every output against onnxruntime ORT_DISABLE_ALL, per input (seeds 0..N-1); "at or below ov"
@@ -55,12 +56,16 @@ class Variant:
     the last product writes bf16 (OpenVINO) rather than float32 (fusegraph);
     ``fp32_products``: node names of convolutions / products kept float32 (operands and
     weights unrounded, the output rounded only when a bf16 product reads it);
+    ``fp32_activations``: node names of products with bf16 weights that read and write float32
+    activations (a one-row product could: its activations split into two bf16 rows, high and
+    low, read with one pass over the weights);
     ``order``: a seed permuting each product's reduction axis (the same values summed in
     another order: another kernel's accumulation), None for torch's own."""
     name: str
     reduced: bool = True
     round_logits: bool = False
     fp32_products: frozenset = frozenset()
+    fp32_activations: frozenset = frozenset()
     order: int | None = None
 
 
@@ -138,12 +143,17 @@ class Emulator:
     def _reduced(self, name: str, v: Variant) -> bool:
         return v.reduced and name not in v.fp32_products
 
+    def _operands(self, name: str, x, w, v: Variant):
+        """(x, w, output rounded) of a product under ``v``."""
+        if not self._reduced(name, v):
+            return x, w, False
+        if name in v.fp32_activations:
+            return x, r16(w), False
+        return r16(x), r16(w), True
+
     def _conv(self, item, env, v: Variant, rng) -> None:
         name, x_name, w, b, res, relu, out, a = item
-        x = env[x_name]
-        reduced = self._reduced(name, v)
-        if reduced:
-            x, w = r16(x), r16(w)
+        x, w, reduced = self._operands(name, env[x_name], w, v)
         if rng is not None and a.get("group", 1) == 1:       # the same sum in another order
             perm = torch.randperm(w.shape[1], generator=rng)
             x, w = x[:, perm], w[:, perm]
@@ -170,7 +180,10 @@ class Emulator:
         if op == "Relu":
             env[out] = self._store(out, ins[0].relu(), follow)
         elif op in ("Sum", "Add"):
-            env[out] = self._store(out, ins[0] + ins[1], all(x in self.stored for x in n.input))
+            total = ins[0]
+            for x in ins[1:]:
+                total = total + x
+            env[out] = self._store(out, total, all(x in self.stored for x in n.input))
         elif op == "MaxPool":
             k, s, p = a["kernel_shape"], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0])
             x = F.pad(ins[0], (p[1], p[3], p[0], p[2]), value=-float("inf"))
@@ -180,16 +193,14 @@ class Emulator:
             if list(a.get("kernel_shape", x.shape[2:])) != list(x.shape[2:]) or any(a.get("pads", [0])):
                 raise NotImplementedError(f"{n.name}: only a whole-image average pool")
             env[out] = self._store(out, x.mean(dim=(2, 3), keepdim=True), follow)
-        elif op in ("Reshape", "Flatten"):
+        elif op in ("Reshape", "Flatten"):       # the classifiers' flatten to [N, features]
             env[out] = self._store(out, ins[0].reshape(ins[0].shape[0], -1), follow)
         elif op in ("Dropout", "Identity"):
             env[out] = self._store(out, ins[0], follow)
         elif op == "Gemm":
             x, w, b = ins
             w = w.t() if a.get("transB", 0) else w
-            reduced = self._reduced(n.name, v)
-            if reduced:
-                x, w = r16(x), r16(w)
+            x, w, reduced = self._operands(n.name, x, w, v)
             if rng is not None:
                 perm = torch.randperm(w.shape[0], generator=rng)
                 x, w = x[:, perm], w[perm]
@@ -203,6 +214,7 @@ class Emulator:
 
 
 def fusegraph_run(path: str):
+    """fusegraph's own bf16 model: feeds -> {output: array}."""
     model = fg.compile(path, config=fg.Config(threads=THREADS, precision="bf16"))
     return lambda feeds: {k: np.asarray(v) for k, v in model.run(feeds).items()}
 
@@ -210,15 +222,17 @@ def fusegraph_run(path: str):
 def variants(emu: Emulator, orders: int, keep: list[str]) -> list[Variant]:
     """fp32; OpenVINO's and fusegraph's rounding points, each in torch's order and in
     ``orders`` permuted ones; fusegraph's with each ``keep`` entry's products float32
-    (``first:K``, the first K products; ``names:A+B``, those nodes)."""
+    (``first:K``, the first K products; ``names:A+B``, those nodes) or, for ``acts:A+B``, those
+    products' activations float32 with bf16 weights."""
     out = [Variant("fp32", reduced=False)]
     for base, round_logits in (("ov", True), ("fg", False)):
         out += [Variant(base if o is None else f"{base}~{o}", round_logits=round_logits, order=o)
                 for o in [None, *range(1, orders + 1)]]
     for entry in keep:
         kind, _, arg = entry.partition(":")
-        names = emu.products[:int(arg)] if kind == "first" else arg.split("+")
-        out.append(Variant(f"fg+fp32[{entry}]", fp32_products=frozenset(names)))
+        names = frozenset(emu.products[:int(arg)] if kind == "first" else arg.split("+"))
+        out.append(Variant(f"fg+fp32[{entry}]", fp32_activations=names) if kind == "acts" else
+                   Variant(f"fg+fp32[{entry}]", fp32_products=names))
     return out
 
 
@@ -230,10 +244,9 @@ def summarise(errs: dict[str, list[float]], inputs: int) -> list[str]:
         le = sum(a <= b for a, b in zip(values, errs["ov"]))
         lines.append(f"| {name} | {values[0]:.3e} | {statistics.median(values):.3e} | {le} / {inputs} |")
     for family in ("ov", "fg"):
-        seed0 = [v[0] for k, v in errs.items() if k == family or k.startswith(family + "~")]
-        spread = [max(v[i] for k, v in errs.items() if k == family or k.startswith(family + "~")) /
-                  min(v[i] for k, v in errs.items() if k == family or k.startswith(family + "~"))
-                  for i in range(inputs)]
+        members = [v for k, v in errs.items() if k == family or k.startswith(family + "~")]
+        seed0 = [v[0] for v in members]
+        spread = [max(v[i] for v in members) / min(v[i] for v in members) for i in range(inputs)]
         lines.append(f"| {family}, over its orders | seed 0 from {min(seed0):.3e} to {max(seed0):.3e} | "
                      f"max / min per input: median {statistics.median(spread):.2f} | |")
     return lines
@@ -244,7 +257,7 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default="resnet50,vgg19")
     ap.add_argument("--inputs", type=int, default=8)
     ap.add_argument("--orders", type=int, default=4, help="permuted summation orders per rounding policy")
-    ap.add_argument("--keep", default="", help="comma-separated first:K / names:A+B entries kept float32")
+    ap.add_argument("--keep", default="", help="comma-separated first:K / names:A+B / acts:A+B entries kept float32")
     args = ap.parse_args(argv)
     torch.set_num_threads(THREADS)
     keep = [k for k in args.keep.split(",") if k]
