@@ -23,7 +23,7 @@ import onnx
 from torch.profiler import ProfilerActivity, profile
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 MB = float(1 << 20)
 

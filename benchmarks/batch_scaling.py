@@ -19,7 +19,7 @@ import onnx
 import torch
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from fusegraph.serve.model import _with_batch
 
 

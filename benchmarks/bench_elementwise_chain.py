@@ -16,7 +16,7 @@ import torch
 
 from fusegraph.ir import Graph, DType
 from fusegraph.ops import NodeContext, lookup
-from fusegraph.timing import measure
+from fusegraph.tools.timing import measure
 
 STEPS = ["Mul i0 i0", "Mul p i0", "Mul p i1", "Add p i0", "Mul p i2", "Tanh p", "Add p i3", "Mul p i0", "Mul p i4"]
 CONSTS = (0.044715, 0.7978845608028654, 1.0, 0.5)

@@ -17,8 +17,8 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fusegraph import zoo  # noqa: E402
-from fusegraph.bench import bench  # noqa: E402
+from fusegraph.testing import zoo  # noqa: E402
+from fusegraph.tools.bench import bench  # noqa: E402
 
 
 def model_files(folder: Path, names: list[str]) -> dict[str, Path]:

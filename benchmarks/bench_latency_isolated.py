@@ -53,7 +53,7 @@ def _times(engine: str, path: Path, threads: int, runs: int, warmup: int) -> lis
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_latency import model_files, print_footer
-    from fusegraph import zoo
+    from fusegraph.testing import zoo
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import model_builders as mb  # noqa: E402
 
-from fusegraph.bench import alternate  # noqa: E402
+from fusegraph.tools.bench import alternate  # noqa: E402
 
 
 def rss_anon_mib() -> float:

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from precision_table import THREADS, ort_references, rel_l2  # noqa: E402

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 import fusegraph as fg
-from fusegraph import zoo
-from fusegraph.bench import alternate, random_feeds_for
+from fusegraph.testing import zoo
+from fusegraph.tools.bench import alternate, random_feeds_for
 from fusegraph.runtime.codegen import generate_run_function
 from fusegraph.runtime.feeds import convert_feeds
 

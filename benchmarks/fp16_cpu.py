@@ -21,9 +21,9 @@ import onnx
 import torch
 
 import fusegraph as fg
-from fusegraph import zoo
-from fusegraph.bench import alternate
-from fusegraph.report.accuracy import output_errors, worst_rel_l2
+from fusegraph.testing import zoo
+from fusegraph.tools.bench import alternate
+from fusegraph.compiler.accuracy import output_errors, worst_rel_l2
 from fusegraph.runtime.backends.cpu import conv, linear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

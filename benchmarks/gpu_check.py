@@ -34,9 +34,9 @@ import onnx
 import torch
 
 import fusegraph as fg
-from fusegraph import zoo
-from fusegraph.report.accuracy import output_errors, worst_rel_l2
-from fusegraph.timing import measure
+from fusegraph.testing import zoo
+from fusegraph.compiler.accuracy import output_errors, worst_rel_l2
+from fusegraph.tools.timing import measure
 
 RTOL, ATOL = 1e-3, 1e-4
 CHECKS = [("s1", dict(streams=1)), ("s2", dict(streams=2)), ("s4", dict(streams=4)),

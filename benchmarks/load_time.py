@@ -27,7 +27,7 @@ from pathlib import Path
 import onnx
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 _FRESH = r"""
 import json, statistics, sys, time

@@ -38,7 +38,7 @@ def main() -> int:
     from bench_latency import model_files
 
     import fusegraph as fg
-    from fusegraph.bench import _ort_runner, alternate, random_feeds_for
+    from fusegraph.tools.bench import _ort_runner, alternate, random_feeds_for
     from fusegraph.runtime.feeds import convert_feeds
 
     ap = argparse.ArgumentParser()

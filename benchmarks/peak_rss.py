@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 _FG = """
 import sys, numpy as np, fusegraph as fg, torch

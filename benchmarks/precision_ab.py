@@ -47,10 +47,11 @@ import numpy as np
 import onnx
 
 import fusegraph as fg
-from fusegraph import precision_auto, zoo
+from fusegraph.compiler import precision_auto
+from fusegraph.testing import zoo
 from fusegraph.ir import DType
-from fusegraph.runtime import guard_plan
-from fusegraph.report.accuracy import output_errors, worst_rel_l2
+from fusegraph.runtime.backends.cpu import guard_plan
+from fusegraph.compiler.accuracy import output_errors, worst_rel_l2
 from fusegraph.runtime.backends.cpu import backend
 from fusegraph.runtime.backends.cpu.dnnl import compute
 

@@ -59,8 +59,8 @@ import onnx
 import torch
 
 import fusegraph as fg
-from fusegraph import zoo
-from fusegraph.bench import _ort_runner, alternate
+from fusegraph.testing import zoo
+from fusegraph.tools.bench import _ort_runner, alternate
 from fusegraph.errors import FusegraphError
 
 THREADS = 2

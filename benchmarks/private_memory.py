@@ -26,7 +26,7 @@ from pathlib import Path
 
 import onnx
 
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 _CHILD = r"""
 import json, sys, time

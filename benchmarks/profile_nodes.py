@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from fusegraph.timing import measure
+from fusegraph.tools.timing import measure
 
 
 def _median_us(fn) -> float:
@@ -126,7 +126,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_latency import model_files
     import fusegraph as fg
-    from fusegraph.bench import random_feeds_for
+    from fusegraph.tools.bench import random_feeds_for
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model")

@@ -28,7 +28,7 @@ import onnx
 import torch
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from fusegraph.runtime.stream_calibrate import TeamHolder
 
 KNOWN = {"s1": dict(streams=1), "s2": dict(streams=2), "s4": dict(streams=4), "auto": dict(streams="auto"),

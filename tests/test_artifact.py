@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph as fg
 from fusegraph import artifact as A
-from fusegraph import compiler
+from fusegraph.compiler import driver as compiler
 from fusegraph.errors import ArtifactError, FusegraphError
 from fusegraph.ir import DType, Graph
 from fusegraph.ir.serialize import graph_from_dict, graph_to_dict
@@ -122,7 +122,7 @@ def test_load_leaves_the_process_thread_count_alone(tmp_path):
     """A model saved with threads=1 runs at 1 thread, and the caller's count stays as it was;
     a re-sealed absurd count is bounded by the machine's cores; ``threads=`` overrides."""
     import torch
-    from fusegraph.runtime.threads import machine_cores
+    from fusegraph.config import machine_cores
     fg.compile(chain_model(), config=fg.Config(threads=1)).save(tmp_path / "m.fgm")
     before = torch.get_num_threads()
     seen = []
@@ -257,11 +257,11 @@ def reseal(src: Path, dst: Path, header_fn=None, parts_fn=None) -> Path:
 def raw_write(dst: Path, header: dict, parts: dict) -> Path:
     """Write ``header`` verbatim (its own part table, right or wrong) over canonically placed parts."""
     blob = json.dumps(header).encode()
-    data = bytearray(A._PREFIX.pack(A.MAGIC, len(blob), hashlib.sha256(blob).digest()) + blob)
-    base, off = A._align(len(data)), 0
+    data = bytearray(A.PREFIX.pack(A.MAGIC, len(blob), hashlib.sha256(blob).digest()) + blob)
+    base, off = A.align(len(data)), 0
     for name in A.PARTS:
         data += b"\0" * (base + off - len(data)) + parts[name]
-        off = A._align(off + len(parts[name]))
+        off = A.align(off + len(parts[name]))
     dst.write_bytes(bytes(data))
     return dst
 

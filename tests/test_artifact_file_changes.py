@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 
 @pytest.fixture(scope="module")

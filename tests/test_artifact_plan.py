@@ -46,7 +46,7 @@ def test_light_model_round_trip(tmp_path, monkeypatch):
     """The loaded model binds the compiled model's plan: same arena, same views with the
     strides the compile's probe found, and no probe run of its own."""
     import onnx
-    from fusegraph import zoo
+    from fusegraph.testing import zoo
     from fusegraph.runtime import bind as bind_module
     proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
     model = fg.compile(proto)
@@ -152,7 +152,7 @@ def product_model():
 def _compiled(name: str, **config):
     """(onnx model, compiled model, feeds) of ``name`` ("squeezenet" or "products")."""
     import onnx
-    from fusegraph import zoo
+    from fusegraph.testing import zoo
     if name == "squeezenet":
         proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
         feeds = zoo.random_feeds(proto)
@@ -547,7 +547,7 @@ def test_plan_without_arena_still_runs(saved, tmp_path):
 
 def _squeezenet(streams: int):
     import onnx
-    from fusegraph import zoo
+    from fusegraph.testing import zoo
     proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
     return proto, fg.compile(proto, fg.Config(streams=streams))
 
@@ -556,7 +556,7 @@ def _squeezenet(streams: int):
 def test_overlapping_arena_slots_are_refused(tmp_path, streams):
     """A plan re-sealed with one slot moved onto bytes another live value holds is refused
     naming both values; the untouched plan (with streams, in-place tenants) loads."""
-    from fusegraph import zoo
+    from fusegraph.testing import zoo
     proto, model = _squeezenet(streams)
     path = tmp_path / "m.fgm"
     model.save(path)

@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph as fg
-from fusegraph.bench import alternate, bench, random_feeds_for
-from fusegraph.cli import main
+from fusegraph.tools.bench import alternate, bench, random_feeds_for
+from fusegraph.cli.main import main
 from fusegraph.ir import DType
 from fusegraph.errors import UsageError
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph.cli import build_parser, main
+from fusegraph.cli.main import build_parser, main
 from test_knobs import knob_model
 
 REFUSED = "refused"

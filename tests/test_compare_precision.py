@@ -14,11 +14,12 @@ from onnx import helper as H
 from onnx import numpy_helper
 
 import fusegraph as fg
-from fusegraph.cli import build_parser, main, op_precision_arg
-from fusegraph.compare_precision import compare_precision, render_precision
+from fusegraph.cli.common import op_precision_arg
+from fusegraph.cli.main import build_parser, main
+from fusegraph.tools.compare_precision import compare_precision, render_precision
 from fusegraph.config_file import config_from_toml
 from fusegraph.errors import ConfigError, UsageError
-from fusegraph.report.html import render_html
+from fusegraph.tools.html.page import render_html
 from fusegraph.runtime.feeds import random_feeds
 
 
@@ -116,7 +117,7 @@ def test_op_precision_reaches_the_reduced_side_only(path):
 
 
 def test_auto_says_why_it_compared_the_fp32_model(path, monkeypatch):
-    from fusegraph import precision_auto
+    from fusegraph.compiler import precision_auto
     monkeypatch.setattr(precision_auto, "bf16_declined", lambda device: "no bf16 arithmetic here")
     r = compare_precision(str(path), "auto", inputs=1, runs=1, config=fg.Config(threads=1))
     assert r.declined == "no bf16 arithmetic here" and r.accuracy["logits"]["reduced_vs_fp32"]["rel_l2"] == 0
@@ -155,15 +156,15 @@ def test_bad_precision_flags_are_one_line_errors(path, tmp_path, capsys, argv, w
 
 
 def test_flags_parse_into_the_config(path):
-    from fusegraph.cli import _config
+    from fusegraph.cli.common import config_from_args
     assert op_precision_arg(["Conv=bf16", "/head/gemm=fp32", "Conv=fp16", "a=b=fp32"]) == \
         (("Conv", "fp16"), ("/head/gemm", "fp32"), ("a=b", "fp32"))
     for cmd in (["run", str(path)], ["inspect", str(path)], ["bench", str(path)]):
         args = build_parser().parse_args(cmd + ["--precision", "bf16", "--op-precision", "Conv=bf16",
                                                 "--op-precision", "/head/gemm=fp32"])
-        assert _config(args).precision == "bf16"
-        assert _config(args).op_precision == (("Conv", "bf16"), ("/head/gemm", "fp32"))
-    assert _config(build_parser().parse_args(["run", str(path)])) == fg.Config()
+        assert config_from_args(args).precision == "bf16"
+        assert config_from_args(args).op_precision == (("Conv", "bf16"), ("/head/gemm", "fp32"))
+    assert config_from_args(build_parser().parse_args(["run", str(path)])) == fg.Config()
 
 
 def test_compile_merges_toml_and_flags(path, tmp_path, capsys):

@@ -16,7 +16,7 @@ import torch
 from onnx import TensorProto as T, helper as H, numpy_helper
 
 import fusegraph as fg
-from fusegraph import precision_auto
+from fusegraph.compiler import precision_auto
 from fusegraph.errors import FusegraphError
 from fusegraph.runtime.backends.cpu import host_memory
 

@@ -10,10 +10,10 @@ import torch
 from cpu_isa import BF16_ARITHMETIC
 
 import fusegraph as fg
-from fusegraph import precision_auto
+from fusegraph.compiler import precision_auto
 from fusegraph.ir import DType, Graph
 from fusegraph.plan.cost import CostModel, product_flops
-from fusegraph.precision_auto import rank
+from fusegraph.compiler.precision_auto import rank
 
 
 def test_rank_puts_the_highest_squared_error_per_microsecond_first():
@@ -58,7 +58,7 @@ def _two_convs():
 def test_auto_gives_the_fp32_model_where_the_device_has_no_bf16_arithmetic(monkeypatch):
     """A CPU without bf16 arithmetic (AVX2) would run bf16 as float32 over bf16 storage, slower
     than float32: auto gives the float32 model and says why; the user's entries still hold."""
-    from fusegraph.cli import precision_line
+    from fusegraph.cli.common import precision_line
     monkeypatch.setattr(precision_auto, "bf16_declined", lambda device: "no bf16 arithmetic here")
     model = fg.compile(_two_convs(), fg.Config(precision="auto"))
     prec = model.report.precision

@@ -164,7 +164,7 @@ def test_the_knobs_are_checked():
 
 
 def test_compare_reports_the_compile_its_runs_executed():
-    from fusegraph.compare import compare
+    from fusegraph.tools.compare import compare
     per_shape, generic = (compare(knob_model("N"), runs=3, budget_s=1, config=fg.Config(shape_cache=n))[1]
                           for n in (8, 0))
     assert generic.arena_bytes == 0                  # nothing of the shape-generic compile is planned

@@ -4,10 +4,10 @@
     model = fg.compile("model.onnx", config=fg.Config(streams=2))
     outputs = model.run({"input": x})
 """
-from .config import Config
-from .compiler import CompiledModel, TensorSpec, compile, load
-from .config_file import load_config
 from . import errors
+from .compiler import CompiledModel, TensorSpec, compile, load
+from .config import Config
+from .config_file import load_config
+from .report.version import FUSEGRAPH_VERSION as __version__
 
-__version__ = "0.1.0"
 __all__ = ["Config", "CompiledModel", "TensorSpec", "compile", "errors", "load", "load_config", "__version__"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
-from .runtime.threads import machine_cores
 
 LEVELS = ("O0", "O1", "O2")
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
@@ -18,6 +18,15 @@ OP_PRECISIONS = ("fp32", "fp16", "bf16")
 CPU_KERNELS = ("auto", "onednn", "portable")
 MEMORY_MODES = ("off", "balanced", "tight")
 DEVICES = ("cpu", "cuda", "auto")
+
+
+def machine_cores() -> int:
+    """CPUs this process may run on (its affinity mask), at least 1: the bound of every thread
+    count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)

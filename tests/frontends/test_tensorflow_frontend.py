@@ -112,7 +112,7 @@ def test_folder_without_saved_model_is_refused(tmp_path):
 
 
 def test_cli_runs_a_saved_model_folder(tmp_path, capsys):
-    from fusegraph.cli import main
+    from fusegraph.cli.main import main
     path = str(tmp_path / "saved")
     _custom_model().export(path)
     assert main(["run", path]) == 0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fusegraph.errors import ConfigError
-from fusegraph.frontends import torch_dynamo
+from fusegraph.compiler import torch_dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_torch_frontend import MODELS, assert_close, build, eager  # noqa: E402

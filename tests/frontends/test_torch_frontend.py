@@ -143,7 +143,7 @@ def make_model():
 
 
 def test_cli_compiles_a_torch_model_from_python(tmp_path, capsys):
-    from fusegraph.cli import main
+    from fusegraph.cli.main import main
     src = tmp_path / "net.py"
     src.write_text(MAKE_MODEL)
     out = tmp_path / "net.fgm"

@@ -20,8 +20,9 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph import precision_auto, zoo
-from fusegraph.report.accuracy import output_errors, worst_rel_l2
+from fusegraph.compiler import precision_auto
+from fusegraph.testing import zoo
+from fusegraph.compiler.accuracy import output_errors, worst_rel_l2
 from cpu_isa import BF16_ARITHMETIC
 from oracle import ort_run
 

@@ -517,7 +517,7 @@ def test_an_entry_naming_a_folded_node_is_reported_as_unmatched():
                const("w0", rng.standard_normal((4, 4, 3, 3)) * 0.3), const("g", np.ones(6))])
     report = fg.compile(m, fg.Config(precision="bf16", op_precision={"const_mm": "fp32", "conv_a": "fp32"})).report
     assert report.precision["op_precision_unmatched"] == ["const_mm"]
-    from fusegraph.cli import precision_line
+    from fusegraph.cli.common import precision_line
     assert "op_precision entries that changed nothing (no run-time node): const_mm" in precision_line(report)
     assert fg.compile(m, fg.Config(precision="bf16")).report.precision["op_precision_unmatched"] == []
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from fusegraph.plan.exhaustive import exhaustive_order
 from fusegraph.plan.lifetime import LifetimeOptions, compute_lifetimes
 from fusegraph.plan.memory import live_bytes
-from fusegraph.plan.order import OrderModel, check_order
+from fusegraph.plan.order import check_order
+from fusegraph.plan.order_model import OrderModel
 from plan_graphs import branchy, typed_dag
 
 

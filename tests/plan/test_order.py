@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusegraph.plan.lifetime import LifetimeOptions, compute_lifetimes
-from fusegraph.plan.order import OrderModel, candidate_orders, check_order, choose_order, simulated_peak
+from fusegraph.plan.order import candidate_orders, check_order, choose_order, simulated_peak
+from fusegraph.plan.order_model import OrderModel
 from plan_graphs import branchy, random_dag
 
 

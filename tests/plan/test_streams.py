@@ -315,7 +315,7 @@ def test_cost_model_counts_conv_flops_and_views():
 @pytest.fixture(scope="module")
 def light_graphs():
     import fusegraph as fg
-    from fusegraph.zoo import light_model_path
+    from fusegraph.testing.zoo import light_model_path
     cache = {}
 
     def load(name):
@@ -345,8 +345,8 @@ def test_light_models_have_parallelism(light_graphs, name):
 
 
 def test_inspect_streams_cli(capsys):
-    from fusegraph.cli import main
-    from fusegraph.zoo import light_model_path
+    from fusegraph.cli.main import main
+    from fusegraph.testing.zoo import light_model_path
     assert main(["inspect", str(light_model_path("squeezenet")), "--streams", "--num-streams", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("streams: ") and "critical path" in out and "waits e0<" in out

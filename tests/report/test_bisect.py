@@ -9,7 +9,7 @@ from test_knobs import knob_model
 
 from fusegraph.passes import algebra, pipeline
 from fusegraph.passes.rewrite import Rule
-from fusegraph.report.bisect import bisect
+from fusegraph.tools.bisect import bisect
 
 PLANTED = Rule("relu_to_abs_planted", lambda node, ctx: True,
                lambda node, match, ctx: ctx.emit("Abs", [node.inputs[0]]), ops=("Relu",))

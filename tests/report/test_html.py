@@ -16,8 +16,8 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph.report.html import write_html
-from fusegraph.zoo import light_model_path, random_feeds, randomize_weights
+from fusegraph.tools.html.page import write_html
+from fusegraph.testing.zoo import light_model_path, random_feeds, randomize_weights
 
 SECTIONS = ("summary", "graph-after", "graph-before", "fusions", "passes", "memory", "streams", "precision",
             "profile")
@@ -112,7 +112,7 @@ def test_bert_page(bert):
 def test_cli_inspect_html(tmp_path, capsys):
     from test_knobs import knob_model
 
-    from fusegraph.cli import main
+    from fusegraph.cli.main import main
     onnx.save(knob_model(), tmp_path / "m.onnx")
     assert main(["inspect", str(tmp_path / "m.onnx"), "--html", str(tmp_path / "r.html")]) == 0
     assert "report written" in capsys.readouterr().out

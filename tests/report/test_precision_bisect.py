@@ -11,9 +11,9 @@ from onnx import TensorProto as T
 from onnx import helper as H
 from onnx import numpy_helper
 
-from fusegraph.cli import main
+from fusegraph.cli.main import main
 from fusegraph.errors import UsageError
-from fusegraph.report.precision_bisect import precision_bisect
+from fusegraph.tools.precision_bisect import precision_bisect
 
 
 def planted_model(big: float):

@@ -12,7 +12,7 @@ import pytest
 from test_knobs import knob_model
 
 import fusegraph as fg
-from fusegraph.report.profile import profile
+from fusegraph.tools.profile import profile
 
 
 def _feeds():
@@ -69,7 +69,7 @@ def test_two_streams_are_two_tracks_in_dependency_order(two_streams):
 def test_cli_writes_the_trace(tmp_path, capsys):
     import onnx
 
-    from fusegraph.cli import main
+    from fusegraph.cli.main import main
     onnx.save(knob_model(), tmp_path / "m.onnx")
     assert main(["profile", str(tmp_path / "m.onnx"), "--runs", "2", "--trace", str(tmp_path / "t.json")]) == 0
     out = capsys.readouterr().out

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 import fusegraph as fg
-from fusegraph.compiler import CompiledModel
+from fusegraph.compiler.driver import CompiledModel
 from fusegraph.plan.exec_plan import ExecutionPlan
 from fusegraph.plan.memory_plan import PlanOptions, plan_memory
 from fusegraph.plan.stream_memory import stream_hooks
@@ -75,7 +75,7 @@ def rebind(model: CompiledModel, memory: str = "balanced", streams: int = 1, see
     graph = model.graph
     config = model.config.replace(memory=memory, threads=threads)
     if planner == "real":
-        from fusegraph.compiler import _plan
+        from fusegraph.compiler.driver import _plan
         config = config.replace(streams=streams)
         report = fg.report.CompileReport(model=model.name)
         return CompiledModel(graph, config, report, _plan(graph, config, report))

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 F = TensorProto.FLOAT
 MODES = ("off", "balanced", "tight")
@@ -218,7 +218,7 @@ def test_light_models_identical_in_every_memory_mode(light):
 
 @pytest.mark.parametrize("streams", [1, 2])
 def test_execution_plan_round_trips_through_json(streams):
-    from fusegraph.compiler import CompiledModel
+    from fusegraph.compiler.driver import CompiledModel
     from fusegraph.plan.exec_plan import ExecutionPlan
     model, feeds = SMALL["branches"]
     c = fg.compile(model, fg.Config(memory="tight", streams=streams))

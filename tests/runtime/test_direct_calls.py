@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from fusegraph.errors import KernelError
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.guard import Guarded

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
 from fusegraph.runtime.backends.cpu.guard import Guarded

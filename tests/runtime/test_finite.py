@@ -15,8 +15,8 @@ from onnx import TensorProto, helper
 
 import fusegraph as fg
 from fusegraph.ir import DType, Graph
-from fusegraph.runtime.finite import FLOAT32_MAX, GRID, propagate
-from fusegraph.runtime.guard_plan import fast_limits, guard_plan
+from fusegraph.runtime.backends.cpu.finite import FLOAT32_MAX, GRID, propagate
+from fusegraph.runtime.backends.cpu.guard_plan import fast_limits, guard_plan
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.guard import Guarded, Measuring
 from cpu_isa import needs_bf16
@@ -133,7 +133,7 @@ def test_fast_math_needs_no_guard():
 
 
 def test_a_cast_keeps_the_bound_and_a_reduced_type_rounds_up():
-    from fusegraph.runtime.finite import ROUNDING
+    from fusegraph.runtime.backends.cpu.finite import ROUNDING
     g = Graph("g")
     x = g.add_input("x", DType.FLOAT, (4,))
     to_bf16 = _out(g.add_node("Cast", [x], attrs={"to": int(DType.BFLOAT16)}, name="bf"), (4,))

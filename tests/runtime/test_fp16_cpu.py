@@ -17,7 +17,7 @@ from model_builders import small_transformer, static_shapes, transformer_feeds
 from oracle import ort_run
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
 from fusegraph.runtime.backends.cpu.guard import Guarded

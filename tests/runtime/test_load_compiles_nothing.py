@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from fusegraph.runtime import bind as bind_module
 from fusegraph.runtime.backends.cpu.dnnl import available, memory, primitive
 from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel

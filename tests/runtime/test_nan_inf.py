@@ -19,7 +19,7 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from oracle import ort_run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))

@@ -24,7 +24,7 @@ import torch
 from onnx import TensorProto, helper
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from fusegraph.errors import KernelError
 from stream_plans import rebind
 
@@ -216,7 +216,7 @@ def _hybrid_model(seed: int, memory: str = "balanced"):
     """A random DAG compiled with streams="auto" and fabricated calibration costs under which
     the planner makes a hybrid plan: a few nodes wide (alone, both threads), the rest on two
     one-thread streams."""
-    from fusegraph.compiler import _plan
+    from fusegraph.compiler.driver import _plan
     from fusegraph.plan.cost import CostModel, MeasuredCosts
     from fusegraph.runtime import stream_calibrate
     proto, feeds = _random_dag(seed)

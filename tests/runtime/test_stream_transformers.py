@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fusegraph as fg
-from fusegraph.runtime.threads import machine_cores
+from fusegraph.config import machine_cores
 from model_builders import transformer_feeds
 from oracle import assert_outputs_close, ort_run
 

@@ -11,8 +11,8 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph import zoo
-from fusegraph.runtime.threads import machine_cores
+from fusegraph.testing import zoo
+from fusegraph.config import machine_cores
 
 pytestmark = pytest.mark.skipif(machine_cores() < 2, reason="needs 2 cores for 2 threads")
 

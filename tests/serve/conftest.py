@@ -19,7 +19,7 @@ for _mod in ("fastapi", "uvicorn", "grpc", "tritonclient.http", "tritonclient.gr
 import onnx  # noqa: E402
 
 import fusegraph as fg  # noqa: E402
-from fusegraph import zoo  # noqa: E402
+from fusegraph.testing import zoo  # noqa: E402
 from serve_helpers import BATCHED, MODELS, ServerProcess  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from serve_helpers import MODELS, feeds_for
 
-from fusegraph import zoo
+from fusegraph.testing import zoo
 
 
 def _http_infer(server, name, feeds, binary=True):

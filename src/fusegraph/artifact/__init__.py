@@ -28,9 +28,9 @@ that fails ``verify()``, a plan that does not fit the graph or overlaps live val
 device or CPU instruction set this machine lacks -- is an ``ArtifactError``.
 ``unpack``/``pack`` read and re-seal the parts (for ``inspect`` and for tests).
 """
-from .container import _ALIGN, _PREFIX, FORMAT_VERSION, MAGIC, PARTS, align as _align, pack, unpack
+from .container import ALIGN, FORMAT_VERSION, MAGIC, PARTS, PREFIX, align, pack, unpack
 from .machine import machine
 from .store import StoredModel, read, refusal, save
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "PARTS", "StoredModel", "machine", "pack", "read", "refusal", "save",
-           "unpack", "_ALIGN", "_PREFIX", "_align"]
+__all__ = ["ALIGN", "FORMAT_VERSION", "MAGIC", "PARTS", "PREFIX", "StoredModel", "align", "machine", "pack", "read",
+           "refusal", "save", "unpack"]

@@ -41,15 +41,15 @@ PARTS = ("graph", "report", "weights")
 CHUNK = 4 << 20
 DIGEST = "xxh3_128"           # the key of a part's chunk digests in the header
 RECOMPILE = "recompile the model on this machine (fusegraph compile MODEL -o OUT.fgm)"
-_PREFIX = struct.Struct("<8sQ32s")
-_ALIGN = 64
+PREFIX = struct.Struct("<8sQ32s")
+ALIGN = 64
 _MAX_HEADER = 1 << 24
 _MAX_FILE = 1 << 40
 _THREADED_CHUNKS = 4
 
 
 def align(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+    return -(-n // ALIGN) * ALIGN
 
 
 def want(cond: bool, msg: str) -> None:
@@ -100,9 +100,9 @@ def pack(path: str | Path, header: dict, parts: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(_PREFIX.pack(MAGIC, len(blob), hashlib.sha256(blob).digest()))
+            f.write(PREFIX.pack(MAGIC, len(blob), hashlib.sha256(blob).digest()))
             f.write(blob)
-            base = align(_PREFIX.size + len(blob))
+            base = align(PREFIX.size + len(blob))
             for name in PARTS:
                 f.write(b"\0" * (base + table[name]["offset"] - f.tell()))
                 for c in sealed[name]:
@@ -114,12 +114,12 @@ def pack(path: str | Path, header: dict, parts: dict[str, Any]) -> None:
 
 
 def _read_header(f, size: int, where: str) -> tuple[dict, int]:
-    want(size >= _PREFIX.size, f"{where}: truncated: {size} bytes is shorter than the artifact prefix")
-    magic, hlen, digest = _PREFIX.unpack(f.read(_PREFIX.size))
+    want(size >= PREFIX.size, f"{where}: truncated: {size} bytes is shorter than the artifact prefix")
+    magic, hlen, digest = PREFIX.unpack(f.read(PREFIX.size))
     want(magic == MAGIC, f"{where}: not a fusegraph artifact (bad magic {magic[:8]!r})")
     want(hlen <= _MAX_HEADER, f"{where}: absurd header length {hlen}")
-    want(_PREFIX.size + hlen <= size, f"{where}: truncated: the header needs {hlen} bytes, the file "
-                                      f"has {size - _PREFIX.size}")
+    want(PREFIX.size + hlen <= size, f"{where}: truncated: the header needs {hlen} bytes, the file "
+                                      f"has {size - PREFIX.size}")
     blob = f.read(hlen)
     want(hashlib.sha256(blob).digest() == digest, f"{where}: header checksum mismatch (corrupt or "
                                                   f"tampered file)")
@@ -135,7 +135,7 @@ def _read_header(f, size: int, where: str) -> tuple[dict, int]:
         want(isinstance(header.get(key), typ), f"{where}: header field {key!r} missing or malformed")
     want(header.get("byteorder") == sys.byteorder, f"{where}: built on a {header.get('byteorder')}-endian "
                                                    f"machine, this one is {sys.byteorder}-endian; {RECOMPILE}")
-    return header, align(_PREFIX.size + hlen)
+    return header, align(PREFIX.size + hlen)
 
 
 def _check_layout(header: dict, base: int, size: int, where: str) -> dict:
@@ -226,7 +226,7 @@ class Checksums:
 
     def start(self, later: Iterable[str] = ()) -> "Checksums":
         art, later = self.art, set(later)
-        pos = _PREFIX.size + _PREFIX.unpack_from(art.mm, 0)[1]
+        pos = PREFIX.size + PREFIX.unpack_from(art.mm, 0)[1]
         for name in PARTS:
             start, length = art.span(name)
             want(not art.mm[pos:start].strip(b"\0"), f"{art.where}: nonzero padding before part {name!r} "

@@ -23,12 +23,13 @@ from ..ir import Graph
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from ..plan.exec_plan import ExecutionPlan
 from ..report.compile_report import CompileReport, FusionRecord, PassStat
-from ..runtime.threads import machine_cores
+from ..report.version import FUSEGRAPH_VERSION
+from ..runtime.backends import stored_plain
+from ..config import machine_cores
 from .container import FORMAT_VERSION, Checksums, is_int, json_value, open_artifact, pack, want as _want
 from .machine import HINT, check_machine as _check_machine, cpu_requirements, machine
 from .plan import plan_record, restore_plan
 from .weights import read_weights, weights_part
-from ..runtime.backends.cpu.backend import stored_plain
 
 _MAX_JSON_PART = 1 << 30
 
@@ -64,7 +65,7 @@ def save(path: str | Path, name: str, graph: Graph, config, report: CompileRepor
     cap = here["capability"]
     header = {
         "format": "fusegraph-artifact", "format_version": FORMAT_VERSION, "byteorder": sys.byteorder,
-        "fusegraph_version": _version(), "torch_version": torch.__version__,
+        "fusegraph_version": FUSEGRAPH_VERSION, "torch_version": torch.__version__,
         "python_version": platform.python_version(), "model": name,
         "device": {"kind": "cuda", "capability": here["cuda"], "weights": weights_dev} if on_cuda
         else {"kind": "cpu", "weights": "cpu"},
@@ -76,11 +77,6 @@ def save(path: str | Path, name: str, graph: Graph, config, report: CompileRepor
              "report": json.dumps(report, separators=(",", ":"), default=_jsonable).encode(),
              "weights": weights_part(tensors, (backend_state or {}).get("packed"))}
     pack(path, header, parts)
-
-
-def _version() -> str:
-    from .. import __version__
-    return __version__
 
 
 class _Record(dict):

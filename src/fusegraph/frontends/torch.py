@@ -25,7 +25,8 @@ import torch
 
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..ir import DType, Graph, Value
-from . import torch_ops
+from . import torch_ops, torch_ops_shape  # noqa: F401 - their handlers register into the table
+from . import torch_table
 
 OPSET = 17
 
@@ -234,13 +235,13 @@ class Importer:
             raise self.unsupported("is not an ATen op (no mapping for a Python callable)")
         name = str(target)
         self.op_counts[name] = self.op_counts.get(name, 0) + 1
-        handler = torch_ops.lookup(name)
+        handler = torch_table.lookup(name)
         if handler is None:
             raise self.unsupported("has no fusegraph mapping")
-        out = handler(self, torch_ops.bind(target, node.args, node.kwargs))
-        if out is torch_ops.SKIP:
+        out = handler(self, torch_table.bind(target, node.args, node.kwargs))
+        if out is torch_table.SKIP:
             return None
-        if torch_ops.is_inplace(target) and isinstance(node.args[0], torch.fx.Node):
+        if torch_table.is_inplace(target) and isinstance(node.args[0], torch.fx.Node):
             self.env[node.args[0]] = out     # later readers of the mutated tensor see the result
         self._hint(out, node.meta.get("val"))
         return out

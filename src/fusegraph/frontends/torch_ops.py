@@ -1,6 +1,6 @@
-"""The ATen -> fusegraph op table of the torch frontend: elementwise, activation, linear-algebra,
+"""The torch frontend's ATen handlers, part one: elementwise, activation, linear-algebra,
 convolution, normalisation, pooling, softmax and attention ops (shape, indexing and creation
-ops are in ``torch_ops_shape.py``).
+ops are in ``torch_ops_shape.py``; the table itself in ``torch_table.py``).
 
 Each handler takes the ``Importer`` (``frontends/torch.py``) and the op's arguments bound by name
 from its schema, and returns the IR value(s) it built, in the op forms ``torch.onnx`` emits at
@@ -12,76 +12,11 @@ no optimisation, no pass logic.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
 
 import torch
 
-from ..ir import DType
+from .torch_table import aten, out_dtype, promote
 
-TABLE: dict[str, Callable] = {}
-SKIP = object()          # a handler's result for ops that produce nothing (asserts)
-
-
-def aten(*names: str):
-    def deco(fn):
-        for n in names:
-            TABLE[n] = fn
-        return fn
-    return deco
-
-
-def lookup(name: str):
-    """The handler of an ATen overload name (``aten.add.Tensor``), by overload then packet;
-    an in-place variant (``aten.relu_``) falls back to its functional form."""
-    parts = name.split(".")
-    packet = ".".join(parts[:2])
-    for key in (name, packet):
-        if key in TABLE:
-            return TABLE[key]
-    if parts[1].endswith("_") and not parts[1].startswith("_"):
-        base = f"{parts[0]}.{parts[1][:-1]}"
-        return TABLE.get(".".join([base] + parts[2:])) or TABLE.get(base)
-    return None
-
-
-def is_inplace(target) -> bool:
-    return target._schema.name.endswith("_") and target._schema.is_mutable
-
-
-def bind(target, args, kwargs) -> dict[str, Any]:
-    """The op's arguments by schema name, defaults filled in."""
-    out = {}
-    for i, a in enumerate(target._schema.arguments):
-        if i < len(args) and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        else:
-            out[a.name] = a.default_value if a.has_default_value() else None
-    return out
-
-
-def onnx_dtype(dt: torch.dtype) -> int:
-    return int(DType.from_torch(dt))
-
-
-def out_dtype(cx) -> torch.dtype:
-    val = cx.node.meta.get("val")
-    return val.dtype if isinstance(val, torch.Tensor) else torch.get_default_dtype()
-
-
-def promote(cx, *args) -> torch.dtype:
-    """torch's type promotion over tensors and Python numbers (for comparisons)."""
-    tensors = [cx.val(a) for a in args if isinstance(cx.val(a), torch.Tensor)]
-    dt = tensors[0].dtype if tensors else torch.int64
-    for t in tensors[1:]:
-        dt = torch.promote_types(dt, t.dtype)
-    if any(isinstance(cx.val(a), float) for a in args) and not dt.is_floating_point:
-        dt = torch.get_default_dtype()
-    return dt
-
-
-# ----------------------------------------------------------------- elementwise
 def _binary(op_type: str, a_name="self", b_name="other"):
     def handler(cx, a):
         dt = out_dtype(cx)
@@ -405,5 +340,3 @@ def _sdpa(cx, a):
     probs = cx.emit("Softmax", [scores], {"axis": -1})
     return cx.emit("MatMul", [probs, cx.v(v)])
 
-
-from . import torch_ops_shape  # noqa: E402,F401  (registers the shape / indexing / creation ops)

@@ -1,5 +1,5 @@
 """The ATen -> fusegraph op table, part two: shape, layout, indexing, reduction, creation,
-cast and no-op ATen ops (part one, and the table itself, is ``torch_ops.py``).
+cast and no-op ATen ops (part one is ``torch_ops.py``; the table itself ``torch_table.py``).
 
 Shape arguments may hold symbolic sizes (FX nodes with a SymInt value): ``cx.ints`` turns them
 into an int64 vector built from Shape / Concat nodes, so a dynamic export stays dynamic. Ops
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .torch_ops import SKIP, aten, out_dtype
+from .torch_table import SKIP, aten, out_dtype
 
 INT64_MAX = 2 ** 63 - 1
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .activations import gelu
 from .common import bias_like, product_out_dtype, widened, widens
-from .conv import conv_call, conv_infer, ints_attr, ConvGeometry
+from .conv import conv_call, conv_infer, ConvGeometry
 from .registry import FusionKind, NodeContext, register
 
 DOMAIN = "fusegraph"

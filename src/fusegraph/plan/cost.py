@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 
 from ..ir import Node, Value
 from ..ir.shape import numel
 from .aliasing import view_source
+from ..config import machine_cores
 
 CONV_OPS = frozenset({"Conv", "ConvInteger", "DeformConv", "QLinearConv"})
 MATMUL_OPS = frozenset({"MatMul", "MatMulInteger", "Gemm", "Linear", "BatchMatMul", "QLinearMatMul"})
@@ -141,7 +141,7 @@ class CostModel:
         if str(device).startswith("cuda"):
             return cls(device="cuda", cores=1, threads=1, dispatch_us=8.0, sync_us=4.0,
                        flops_per_us=25e6, bytes_per_us=2e6, window_per_us=5e5, grain_us=0.0)
-        cores = max(1, int(cores or _cpu_cores()))
+        cores = max(1, int(cores or machine_cores()))
         return cls(device="cpu", cores=cores, threads=cores)
 
     def calibrated(self, repeats: int = 3) -> "CostModel":
@@ -258,13 +258,6 @@ class MeasuredCosts:
             return model.node_us_at(node, threads) if single is None else model.scaled_us(float(single), threads)
         measured = float(table[node.name])
         return measured if single is None or threads <= 1 else min(measured, model.scaled_us(float(single), threads))
-
-
-def _cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
 
 
 def _cuda_available() -> bool:

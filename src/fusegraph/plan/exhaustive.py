@@ -1,7 +1,7 @@
 """Exhaustive ordering by segments: every topological order of each small segment, scored with
 the real lower bound (views and in-place included), not the simplified ``OrderModel``.
 
-The graph splits at cut nodes (``serenity._segments``; free nodes join the segment of their
+The graph splits at cut nodes (``order_model.cut_segments``; free nodes join the segment of their
 first consumer), and every topological order is a concatenation of one order per segment, each
 segment at fixed positions (up to free nodes run earlier, which never lowers a peak). Which order a segment runs in changes the bytes live at its own
 steps only: a buffer crossing into or out of it keeps its life elsewhere, and an in-place
@@ -15,16 +15,13 @@ plan. Nothing here mutates the graph.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from .serenity import _segments, _with_free_nodes
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..ir import Node
-    from .order import OrderModel
+from ..ir import Node
+from .order_model import OrderModel, cut_segments, free_nodes_joined
 
 
-def _topological_orders(m: "OrderModel", seg: list[int], limit: int) -> list[list[int]]:
+def _topological_orders(m: OrderModel, seg: list[int], limit: int) -> list[list[int]]:
     """Up to ``limit`` topological orders of ``seg`` (its outside producers have all run);
     an explicit stack, so long segments cannot exhaust Python's recursion limit."""
     inside = set(seg)
@@ -53,16 +50,16 @@ def _topological_orders(m: "OrderModel", seg: list[int], limit: int) -> list[lis
     return found
 
 
-def exhaustive_order(m: "OrderModel", live: Callable[[list["Node"]], list[int]],
-                     base: list["Node"] | None = None, per_segment: int = 120,
-                     work: int = 100_000) -> tuple[list["Node"], bool]:
+def exhaustive_order(m: OrderModel, live: Callable[[list[Node]], list[int]],
+                     base: list[Node] | None = None, per_segment: int = 120,
+                     work: int = 100_000) -> tuple[list[Node], bool]:
     """(order, exact): ``live(order)`` gives the bytes live at each step of a full order.
 
     Segments start in the order ``base`` runs their nodes (default: the graph's order), so
     segments left unsearched keep that order. ``work`` bounds the orders scored times the
     number of nodes (each score is a full lifetime analysis)."""
     core = [i for i in range(len(m.nodes)) if not m.free[i]]
-    segments = _with_free_nodes(m, _segments(m, core))
+    segments = free_nodes_joined(m, cut_segments(m, core))
     if base is not None:
         rank = {id(n): k for k, n in enumerate(base)}
         segments = [sorted(seg, key=lambda i: rank[id(m.nodes[i])]) for seg in segments]

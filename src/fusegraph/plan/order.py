@@ -16,9 +16,8 @@ arena, computed by the caller's ``score``) is smallest; the default order wins t
 *Free* nodes (no producer among the graph's nodes: they read only constants and graph inputs)
 are scheduled lazily, right before their first consumer, in every order but the default and
 ``serenity`` (its DP places them, counting their bytes).
-``OrderModel`` is the simplified memory model these heuristics use (views cost nothing and
-extend their source; in-place is ignored). When the default order's peak already equals the
-order floor (``order_bound.py``), no order can beat it and ``tight`` keeps it without searching.
+``OrderModel`` (``order_model.py``) is the simplified memory model these heuristics use.
+When the default order's peak already equals the order floor (``order_bound.py``), no order can beat it and ``tight`` keeps it without searching.
 Nothing here mutates the graph.
 """
 from __future__ import annotations
@@ -27,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..ir import Graph, Node
-from .aliasing import view_source
-from .lifetime import value_bytes
+from .order_model import OrderModel
 
 
 def default_order(graph: Graph) -> list[Node]:
@@ -46,75 +44,6 @@ def check_order(graph: Graph, order: list[Node]) -> None:
             if v is not None and v.producer is not None and id(v.producer) in ids and id(v.producer) not in done:
                 raise ValueError(f"order runs {n.name} before its producer {v.producer.name}")
         done.add(id(n))
-
-
-class OrderModel:
-    """Node indices (default order), producers/consumers, and per-root byte accounting."""
-
-    def __init__(self, graph: Graph):
-        self.nodes = list(graph.nodes)
-        n = len(self.nodes)
-        index = {id(x): i for i, x in enumerate(self.nodes)}
-        self.preds: list[list[int]] = [[] for _ in range(n)]
-        self.succs: list[list[int]] = [[] for _ in range(n)]
-        root: dict[int, int] = {}       # id(value) -> id(root value)
-        self.size: dict[int, int] = {}  # id(root) -> bytes
-        self.out_roots: list[list[int]] = [[] for _ in range(n)]
-        self.in_roots: list[list[int]] = [[] for _ in range(n)]
-        for i, node in enumerate(self.nodes):
-            for v in node.inputs:
-                if v is None or v.is_const or v.producer is None or id(v.producer) not in index:
-                    continue
-                p = index[id(v.producer)]
-                if p not in self.preds[i]:
-                    self.preds[i].append(p)
-                    self.succs[p].append(i)
-                r = root.get(id(v), id(v))
-                if r not in self.in_roots[i]:
-                    self.in_roots[i].append(r)
-            src = view_source(node)
-            for k, o in enumerate(node.outputs):
-                s = node.inputs[src] if src is not None and k == 0 else None
-                if s is not None and not s.is_const and s.producer is not None:
-                    root[id(o)] = root.get(id(s), id(s))
-                    continue
-                root[id(o)] = id(o)
-                self.size[id(o)] = value_bytes(o) or 0
-                self.out_roots[i].append(id(o))
-        self.consumers: dict[int, int] = {r: 0 for r in self.size}  # root -> bitset of readers
-        for i in range(n):
-            for r in self.in_roots[i]:
-                self.consumers[r] |= 1 << i
-        self.pinned = {root.get(id(v), id(v)) for v in graph.outputs}
-        self.free = [not self.preds[i] for i in range(n)]
-        self.out_bytes = [sum(self.size[r] for r in self.out_roots[i]) for i in range(n)]
-        # per node: (readers bitset, bytes) of every root it reads or makes that it may release
-        self.release = [tuple((self.consumers[r], self.size[r])
-                              for r in dict.fromkeys(self.in_roots[i] + self.out_roots[i])
-                              if r not in self.pinned and r in self.consumers) for i in range(n)]
-
-    def freed_by(self, i: int, done_mask: int) -> int:
-        """Bytes released once node ``i`` has run, given ``done_mask`` (which includes ``i``)."""
-        return sum(size for readers, size in self.release[i] if not readers & ~done_mask)
-
-    def with_free_nodes(self, core: list[int]) -> list[Node]:
-        """``core`` (every non-free index) with each free node inserted before its first consumer."""
-        before: dict[int, list[int]] = {}
-        tail: list[int] = []
-        position = {i: k for k, i in enumerate(core)}
-        for i in range(len(self.nodes)):
-            if self.free[i]:
-                users = [position[s] for s in self.succs[i]]
-                if users:
-                    before.setdefault(core[min(users)], []).append(i)
-                else:
-                    tail.append(i)
-        out: list[Node] = []
-        for i in core:
-            out.extend(self.nodes[j] for j in before.get(i, ()))
-            out.append(self.nodes[i])
-        out.extend(self.nodes[j] for j in tail)
-        return out
 
 
 def _sinks(m: OrderModel) -> list[int]:

@@ -11,50 +11,16 @@ the best ones (by peak, then live bytes) are kept, which makes it a beam search 
 exact; the beam also narrows to keep the total number of transitions within ``budget``, so
 ``serenity_order`` stays bounded in time on any graph (exact on small or well-cut graphs).
 
-Works on ``order.OrderModel``. Free nodes (they read no arena buffer) join the DP in the segment
-of their first consumer, so their outputs' bytes count (see ``_with_free_nodes``).
+Works on ``order_model.OrderModel``. Free nodes (they read no arena buffer) join the DP in the segment
+of their first consumer, so their outputs' bytes count (``order_model.free_nodes_joined``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..ir import Node
-    from .order import OrderModel
+from ..ir import Node
+from .order_model import OrderModel, cut_segments, free_nodes_joined
 
 
-def _segments(m: "OrderModel", core: list[int]) -> list[list[int]]:
-    """Split ``core`` (non-free nodes, default topological order) at cut nodes."""
-    anc: dict[int, int] = {}
-    for i in core:
-        a = 0
-        for p in m.preds[i]:
-            if not m.free[p]:
-                a |= anc[p] | (1 << p)
-        anc[i] = a
-    desc: dict[int, int] = {}
-    for i in reversed(core):
-        d = 0
-        for s in m.succs[i]:
-            d |= desc[s] | (1 << s)
-        desc[i] = d
-    total = len(core)
-    segments: list[list[int]] = []
-    current: list[int] = []
-    for i in core:  # a cut's ancestors all precede it in any topological order, core included
-        if anc[i].bit_count() + desc[i].bit_count() + 1 == total:
-            if current:
-                segments.append(current)
-            segments.append([i])
-            current = []
-        else:
-            current.append(i)
-    if current:
-        segments.append(current)
-    return segments
-
-
-def _solve_segment(m: "OrderModel", seg: list[int], prefix: int, state_limit: int,
+def _solve_segment(m: OrderModel, seg: list[int], prefix: int, state_limit: int,
                    budget: int) -> tuple[list[int], int]:
     """Best order of ``seg`` (its producers outside it are all in ``prefix``); work done."""
     if len(seg) == 1:
@@ -105,28 +71,13 @@ def _solve_segment(m: "OrderModel", seg: list[int], prefix: int, state_limit: in
     return order, work
 
 
-def _with_free_nodes(m: "OrderModel", segments: list[list[int]]) -> list[list[int]]:
-    """Put each free node in the segment of its first consumer (unread ones in the last).
-
-    Running a free node (it reads no arena buffer) earlier than the segment of its first
-    consumer only keeps its output live longer, so no order is lost: the segment's DP then
-    places it exactly. (Leaving free nodes out of the DP, as before, ignored their bytes.)"""
-    where = {i: k for k, seg in enumerate(segments) for i in seg}
-    out = [list(seg) for seg in segments] or [[]]
-    for i in range(len(m.nodes)):
-        if m.free[i]:
-            ks = [where[s] for s in m.succs[i] if s in where]
-            out[min(ks) if ks else len(out) - 1].insert(0, i)
-    return [seg for seg in out if seg]
-
-
-def serenity_order(m: "OrderModel", state_limit: int = 1000, budget: int = 200_000,
-                   lazy_free: bool = False) -> list["Node"]:
+def serenity_order(m: OrderModel, state_limit: int = 1000, budget: int = 200_000,
+                   lazy_free: bool = False) -> list[Node]:
     """``budget`` bounds the DP's transitions over the whole graph; segments share it by size.
     ``lazy_free``: leave free nodes out of the DP (their bytes uncounted) and run each right
     before its first consumer; smaller DP states, not exact."""
     core = [i for i in range(len(m.nodes)) if not m.free[i]]
-    segments = _segments(m, core) if lazy_free else _with_free_nodes(m, _segments(m, core))
+    segments = cut_segments(m, core) if lazy_free else free_nodes_joined(m, cut_segments(m, core))
     prefix = sum(1 << i for i in range(len(m.nodes)) if m.free[i]) if lazy_free else 0
     result: list[int] = []
     remaining_nodes, remaining = sum(len(seg) for seg in segments), budget

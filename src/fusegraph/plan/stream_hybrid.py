@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import heapq
 
+from .stream_dag import Dag, list_schedule, reduce_waits, simulate
+
 
 def hybrid_schedule(dag, narrow: list[float], wide: list[float], n: int, sync: float,
                     priority: str) -> tuple[list[int], list[bool]]:
@@ -104,7 +106,6 @@ def region_schedule(dag, narrow: list[float], wide: list[float], n: int, sync: f
     region list-scheduled narrow on ``n`` streams; the same with its 1..``max_wide`` nodes that
     gain most from the extra threads run wide (alone) inside it. Narrow candidates pay a fork
     and a join (``2 * sync``)."""
-    from .streams import Dag, list_schedule, reduce_waits, simulate
     stream = [0] * len(dag)
     is_wide = [True] * len(dag)
     cuts = region_cuts(dag)

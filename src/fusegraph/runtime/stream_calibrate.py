@@ -5,7 +5,7 @@ and at all of them, measured on this machine, for the stream planner's hybrid pl
 inputs (normal floats, zero integers, false booleans) with a timing hook around every
 kernel, at one thread, at ``threads`` threads, and at ``threads`` threads while another
 thread owns an OpenMP team (the regime of a hybrid plan's wide nodes, see
-``streams_cpu._own_openmp_team``), and keeps each node's fastest time per regime (the
+``streams_cpu.own_openmp_team``), and keeps each node's fastest time per regime (the
 least disturbed by other processes; ``repeats`` runs each, ~0.7-8 s on the light models
 at batch 1 on 2 cores). Several-thread times are capped by a scaling model of the
 one-thread time (``MeasuredCosts``), so a calibration on a loaded machine does not plan
@@ -57,16 +57,16 @@ def _synthetic_inputs(graph: Graph) -> list[torch.Tensor] | None:
 
 
 class TeamHolder:
-    """A thread that owns an idle OpenMP team while it lives (``streams_cpu._own_openmp_team``):
+    """A thread that owns an idle OpenMP team while it lives (``streams_cpu.own_openmp_team``):
     what the stream workers do, so wide nodes are measured in the regime they run in."""
 
     def __init__(self, threads: int):
-        from .streams_cpu import _own_openmp_team
+        from .streams_cpu import own_openmp_team
         self._stop = threading.Event()
         ready = threading.Event()
 
         def hold():
-            _own_openmp_team(threads)
+            own_openmp_team(threads)
             ready.set()
             self._stop.wait()
         self.thread = threading.Thread(target=hold, name="fusegraph-calibrate-team", daemon=True)

@@ -16,7 +16,7 @@ afterwards. A hybrid plan's *wide* nodes (``plan.wide``, all on stream 0) run wi
 thread: the generated code sets the count before a node whose budget differs from the
 previous one on its stream (``torch.set_num_threads`` is ~0.2 us), after its waits, and the
 plan's events keep every other stream idle meanwhile. With wide nodes, each worker owns an
-idle OpenMP team (``_own_openmp_team``), which makes libgomp throttle its spin-waiting,
+idle OpenMP team (``own_openmp_team``), which makes libgomp throttle its spin-waiting,
 process-wide, while the workers live (other models in the process included: see
 benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for milliseconds
 after each wide node on a core the other stream needs (inception_v2: 1.35x slower).
@@ -60,7 +60,7 @@ class _Worker:
 
     def _loop(self) -> None:
         budget = None
-        _own_openmp_team(self.team)
+        own_openmp_team(self.team)
         with torch.inference_mode():
             while True:
                 self._go.acquire()
@@ -96,7 +96,7 @@ class _Worker:
         self._go.release()
 
 
-def _own_openmp_team(threads: int) -> None:
+def own_openmp_team(threads: int) -> None:
     """Make this thread the master of an (idle) OpenMP team of ``threads`` threads.
 
     libgomp spin-waits ~300,000 iterations (milliseconds) in an idle team thread after every

@@ -3,22 +3,13 @@
 torch's intra-op thread count is process-wide state that belongs to the caller. A model with
 ``Config.threads`` set runs (and binds its kernels) at that count inside ``intra_op_threads``
 and puts the caller's count back afterwards, so compiling, loading or running a model never
-changes what the rest of the process sees. ``machine_cores()`` bounds every thread count.
+changes what the rest of the process sees. ``config.machine_cores()`` bounds every thread count.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
-
-
-def machine_cores() -> int:
-    """CPUs this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from .core import Core
 from .tensors import RequestError, check_shape, datatype_of_array, from_bytes, from_values, status_of
+from ..report.version import FUSEGRAPH_VERSION
 
 log = logging.getLogger("fusegraph.serve")
 
@@ -79,8 +80,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=bool(model and model.ready.is_set() and request.version in ("", "1")))
 
     def ServerMetadata(self, request, context):
-        from .. import __version__
-        return pb.ServerMetadataResponse(name="fusegraph", version=__version__,
+        return pb.ServerMetadataResponse(name="fusegraph", version=FUSEGRAPH_VERSION,
                                          extensions=["binary_tensor_data", "model_repository"])
 
     def ModelMetadata(self, request, context):

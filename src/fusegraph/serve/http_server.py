@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .core import Core
 from .tensors import RequestError, check_shape, datatype_of_array, from_bytes, from_values, status_of
+from ..report.version import FUSEGRAPH_VERSION
 
 log = logging.getLogger("fusegraph.serve")
 HEADER = "inference-header-content-length"
@@ -160,8 +161,7 @@ def build_app(core: Core) -> FastAPI:
 
     @app.get("/v2")
     async def server_metadata():
-        from .. import __version__
-        return {"name": "fusegraph", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]}
+        return {"name": "fusegraph", "version": FUSEGRAPH_VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
 
     def _model(name: str, version: str = ""):
         model = core.model(name)

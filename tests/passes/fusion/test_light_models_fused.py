@@ -6,7 +6,7 @@ import onnx
 import pytest
 
 import fusegraph as fg
-from fusegraph import zoo
+from fusegraph.testing import zoo
 from oracle import assert_outputs_close, ort_run
 
 

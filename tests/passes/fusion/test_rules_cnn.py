@@ -241,7 +241,7 @@ def test_channel_shuffle():
 
 
 def test_inspect_fusions_lists_applied_and_declined(tmp_path, capsys):
-    from fusegraph.cli import main
+    from fusegraph.cli.main import main
     nodes = [node("Conv", ["x", "w0", "b0"], "c", pads=[1] * 4), node("Relu", ["c"], "r"),
              node("Conv", ["r", "w1", "b1"], "d", pads=[1] * 4), node("Add", ["d", "z"], "y")]
     m = model(nodes, [("x", F, [1, C, 5, 5]), ("z", F, [1, C, 1, 1])], ["y"], conv_inits())

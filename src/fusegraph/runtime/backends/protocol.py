@@ -11,7 +11,7 @@ A backend answers these questions, and nothing else in the runtime asks them:
 - a kernel may offer ``direct(tensors, out) -> Direct | None``: the call with tensors that are
   the same on every run (arena views), made without the kernel's Python path; the generated
   code then executes it itself (``runtime/direct.py``);
-- ``export_state(graph)`` / ``import_state(state)``: what the backend made at bind time that
+- ``export_state(graph)`` / ``import_state(state, where)``: what the backend made at bind time that
   an artifact should carry so a load on the same machine makes nothing again (CPU: the
   packed weights), and ``portable_weight(value)``: the plain form of a weight the backend
   holds only in its own layout (``release_weights`` dropped the graph's copy).
@@ -78,10 +78,9 @@ class Backend:
     def export_state(self, graph) -> dict:
         return {}
 
-    def import_state(self, state: dict):
-        """A context manager within which ``kernel`` takes what ``state`` provides."""
-        import contextlib
-        return contextlib.nullcontext()
+    def import_state(self, state: dict, where: str = "artifact") -> None:
+        """Take what ``export_state`` wrote (a loaded artifact's, named ``where`` in errors):
+        the kernels bound afterwards use it. Called before binding."""
 
     def release_weights(self, graph, calls) -> int:
         """Drop the graph's plain copy of weights the backend holds in its own form and no call

@@ -29,8 +29,8 @@ import torch
 
 from ....errors import ArtifactError, ConfigError
 from ....ops.registry import kernel_writes_out
-from ...finite import tensor_fact
-from ...guard_plan import GuardPlan, guard_plan
+from .finite import tensor_fact
+from .guard_plan import GuardPlan, guard_plan
 from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel

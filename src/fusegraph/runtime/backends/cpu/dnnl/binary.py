@@ -20,7 +20,7 @@ import torch
 from ...protocol import Decline
 from . import capi
 from .call import DnnlKernel, Slot
-from .conv import _after, _activation
+from .activation_post_ops import activation_after, activation_post_ops
 from .layouts import dtype_of, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops
@@ -93,7 +93,7 @@ def chain_kernel(ctx, resources, exact: bool = True):
     y_md = MemDesc.of(xs, dtype, strides_of(y_v))
     mds = [MemDesc.of(tuple(c.shape), torch.float32) for _, c in steps]
     post = [("binary", a, md) for (a, _), md in zip(rest, mds[1:])]
-    act, after = _activation("relu" if relu else "", [], exact)
+    act, after = activation_post_ops("relu" if relu else "", [], exact)
     lib = capi.load()
 
     def make(post_ops):
@@ -103,7 +103,7 @@ def chain_kernel(ctx, resources, exact: bool = True):
     try:
         prim = make(post + act)
         if exact and act and not exact_post_ops(prim.impl):
-            prim, after = make(post), _after("relu", [])
+            prim, after = make(post), activation_after("relu", [])
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no binary primitive for this chain: {exc}", "dnnl")
     if prim.is_reference:

@@ -17,10 +17,10 @@ Post-ops, in order:
   (``ctx.inplace_input == 3``: the convolution accumulates onto it), else a ``binary add``
   reading ``z``;
 - the activation, as the oneDNN eltwise that computes what ONNX says on NaN and +-Inf
-  (``EXACT``: relu is ``elu`` with alpha 0, which keeps NaN, where oneDNN's relu maps NaN to
+  (``activation_post_ops.EXACT``: relu is ``elu`` with alpha 0, which keeps NaN, where oneDNN's relu maps NaN to
   0); activations without one (clip, GELU, hard sigmoid) run after the primitive in place
   with torch (``AFTER``), unless ``exact`` is off (``Config.fast_math``): then every
-  activation is a post-op (``FAST``).
+  activation is a post-op (``activation_post_ops.FAST``).
 Convolutions under ``PARALLEL_MACS`` multiply-adds are made for one thread (oneDNN fixes the
 thread count of its partition when the primitive is made). Anything else declines with a
 reason: the CPU backend's other kernels take the node.
@@ -28,13 +28,13 @@ reason: the CPU backend's other kernels take the node.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .....ops.conv import ConvGeometry
 from .....ops.fused_cnn import ACTIVATIONS, conv_macs
 from ...protocol import Decline
 from ..threading_policy import PARALLEL_MACS, threads_for
 from . import capi
+from .activation_post_ops import activation_after, activation_post_ops
 from .call import DnnlKernel, Slot
 from .capi import Dims
 from .compute import compute_dtype
@@ -43,37 +43,6 @@ from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops
 
 TYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-EXACT = {   # activation -> eltwise post-ops exact on NaN / Inf (params: activation_params)
-    "": lambda p: [],
-    "relu": lambda p: [("eltwise", "elu", 0.0, 0.0)],
-    "sigmoid": lambda p: [("eltwise", "logistic", 0.0, 0.0)],
-    "tanh": lambda p: [("eltwise", "tanh", 0.0, 0.0)],
-    "swish": lambda p: [("eltwise", "swish", 1.0, 0.0)],
-    "hardswish": lambda p: [("eltwise", "hardswish", 1.0 / 6.0, 0.5)],
-    "leaky_relu": lambda p: [("eltwise", "relu", float(p[0]), 0.0)] if p and p[0] != 0 else None,
-}
-FAST = {
-    "relu": lambda p: [("eltwise", "relu", 0.0, 0.0)],
-    "hardtanh": lambda p: [("eltwise", "clip_v2", float(p[0]), float(p[1]))],
-    "gelu": lambda p: [("eltwise", "gelu_erf", 0.0, 0.0)],
-    "gelu_tanh": lambda p: [("eltwise", "gelu_tanh", 0.0, 0.0)],
-    "hardsigmoid": lambda p: [("eltwise", "hardsigmoid", 1.0 / 6.0, 0.5)],
-}
-
-
-def _activation(activation: str, params: list[float], exact: bool):
-    """(eltwise post-ops, torch op applied after in place or None)."""
-    maker = EXACT.get(activation) if exact else (FAST.get(activation) or EXACT.get(activation))
-    ops = maker(params) if maker is not None else None
-    if ops is not None:
-        return ops, None
-    return [], _after(activation, params)
-
-
-def _after(activation: str, params: list[float]):
-    act = ACTIVATIONS[activation]
-    return lambda y, _inputs: act(y, params)
 
 
 def conv_kernel(ctx, store, resources, exact: bool = True):
@@ -108,7 +77,7 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
         return Decline("negative pads", "dnnl")
     g = geo.group
     co, cig, kh, kw = (int(v) for v in w.shape)
-    act_ops, after = _activation(activation, params, exact)
+    act_ops, after = activation_post_ops(activation, params, exact)
     y_strides = strides_of(y_v)          # the input is read in the output's layout (else staged)
     x_strides = channels_last(xs) if y_v.layout == "nhwc" else contiguous(xs)
     inplace = (z_v is not None and ctx.inplace_input == 3 and z_v.dtype == y_v.dtype
@@ -138,7 +107,7 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     try:
         prim = make(res_ops + act_ops)
         if exact and act_ops and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
-            prim, after = make(res_ops), _after(activation, params)
+            prim, after = make(res_ops), activation_after(activation, params)
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no convolution for this node: {exc}", "dnnl")
     if prim.is_reference:

@@ -137,17 +137,3 @@ class Memory:
             self._lib.memory_destroy(self.handle)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-
-def reorder(src: MemDesc, src_ptr: int, dst: MemDesc, dst_ptr: int) -> None:
-    """Copy the bytes at ``src_ptr`` (laid out as ``src``) to ``dst_ptr`` laid out as ``dst``,
-    on the calling thread's stream (one-off work: weight packing and unpacking)."""
-    from .primitive import Primitive, thread_stream
-    lib = _lib()
-    pd = vp()
-    check(lib.reorder_primitive_desc_create(C.byref(pd), src.handle, lib.engine, dst.handle, lib.engine, None),
-          "reorder_primitive_desc_create")
-    prim = Primitive(pd, "reorder")
-    a, b = Memory(src, src_ptr), Memory(dst, dst_ptr)
-    args = (capi.ExecArg * 2)(capi.ExecArg(capi.ARG_SRC, a.handle), capi.ExecArg(capi.ARG_DST, b.handle))
-    check(lib.execute(prim.handle, thread_stream(), 2, args), "reorder")

@@ -12,6 +12,8 @@ primitives, and the per-thread resources a primitive runs with.
   and one scratchpad buffer sized for the largest primitive (``need``). A model's runs are
   serialised on its lock and each stream worker is one thread, so one buffer per thread is
   never used by two primitives at once.
+- ``reorder(src, src_ptr, dst, dst_ptr)``: one-off copies between layouts (weight packing and
+  unpacking), on the calling thread's stream.
 """
 from __future__ import annotations
 
@@ -160,3 +162,16 @@ class Resources:
     @property
     def held_bytes(self) -> int:
         return sum(b.numel() for b in self._held)
+
+
+def reorder(src: MemDesc, src_ptr: int, dst: MemDesc, dst_ptr: int) -> None:
+    """Copy the bytes at ``src_ptr`` (laid out as ``src``) to ``dst_ptr`` laid out as ``dst``,
+    on the calling thread's stream (one-off work: weight packing and unpacking)."""
+    lib = _lib()
+    pd = vp()
+    check(lib.reorder_primitive_desc_create(C.byref(pd), src.handle, lib.engine, dst.handle, lib.engine, None),
+          "reorder_primitive_desc_create")
+    prim = Primitive(pd, "reorder")
+    a, b = Memory(src, src_ptr), Memory(dst, dst_ptr)
+    args = (capi.ExecArg * 2)(capi.ExecArg(capi.ARG_SRC, a.handle), capi.ExecArg(capi.ARG_DST, b.handle))
+    check(lib.execute(prim.handle, thread_stream(), 2, args), "reorder")

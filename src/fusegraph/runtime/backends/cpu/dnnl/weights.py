@@ -32,7 +32,8 @@ import weakref
 import torch
 
 from .blocked import unpack
-from .memory import DTYPES, TORCH_OF, MemDesc, reorder
+from .memory import DTYPES, TORCH_OF, MemDesc
+from .primitive import reorder
 
 _OWNERS: dict[int, tuple] = {}    # id(placeholder) -> (weakref to it, the store holding its weight)
 REDUCED = (torch.bfloat16, torch.float16)

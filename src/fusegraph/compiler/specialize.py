@@ -23,7 +23,7 @@ padded axis, a pooling), and oneDNN primitives are made for one shape anyway.
   new batch (the graph fixes it in a constant) is refused with an InputError naming the output.
 - ``Config.shape_cache`` compiles are kept; the least recently used goes first.
 - Weights: each packed form is made once and shared by every compile whose weight has the
-  same contents (``SharedForms``: a compile's passes may derive a weight anew). The source
+  same contents (``runtime.backends.weight_share``: a compile's passes may derive a weight anew). The source
   keeps its plain weights for the next compile, so a dynamic model holds them twice (plain and
   packed) where a static one holds them once.
 - A loaded artifact of a model with symbolic dims does the same from its stored shape-generic
@@ -40,17 +40,16 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 import torch
 
-from .config import Config
-from .errors import FusegraphError, InputError
-from .ir import Graph
-from .ir.serialize import copy_graph
-from .ops import infer_graph
-from .runtime.backends.cpu.dnnl.weights import SharedForms
-from .runtime.feeds import convert_feeds
-from .runtime.threads import intra_op_threads
+from ..config import Config
+from ..errors import FusegraphError, InputError
+from ..ir import Graph
+from ..ir.serialize import copy_graph
+from ..ops import infer_graph
+from ..runtime.feeds import convert_feeds
+from ..runtime.threads import intra_op_threads
 
 if TYPE_CHECKING:
-    from .compiler import CompiledModel
+    from .model import CompiledModel
 
 BATCH = "batch"
 REFUSALS_KEPT = 64
@@ -82,7 +81,7 @@ def _shape_of(feed: Any) -> tuple[int, ...] | None:
 class ShapeSpecializations:
     """The compiles of one dynamic model at the input shapes its runs have seen."""
 
-    def __init__(self, source: Graph, kind: str, config: Config, main: "CompiledModel", shared: SharedForms,
+    def __init__(self, source: Graph, kind: str, config: Config, main: "CompiledModel", shared,
                  build: Callable[[Graph, Config], "CompiledModel"]):
         self.source = source
         self._names = frozenset(v.name for v in source.inputs)

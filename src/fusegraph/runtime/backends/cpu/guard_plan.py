@@ -21,9 +21,9 @@ import math
 from collections import ChainMap
 from dataclasses import dataclass
 
-from ..ir import Graph, Node, Value
-from ..ir.shape import numel
-from .finite import GRID, UNKNOWN, Fact, Weights, _chain, _pre_activation, _record, _sum, propagate_init
+from ....ir import Graph, Node, Value
+from ....ir.shape import numel
+from .finite import GRID, UNKNOWN, Fact, Weights, chain_fact, pre_activation_fact, record_facts, sum_fact, propagate_init
 
 # fast post-op differs from the exact one on NaN / Inf only (relu: oneDNN's maps NaN to 0, the
 # exact elu with alpha 0 costs 5-10 % on conv nets)
@@ -52,14 +52,14 @@ def _guard_fact(node: Node, ins: list[Fact], weights: Weights) -> Fact:
     if node.op_type == "MaxPool":
         return ins[0]
     if node.op_type == "ElementwiseChain":
-        return _chain(node, ins)
+        return chain_fact(node, ins)
     if node.op_type in NORMS:         # the row's sum of squared deviations: at most d * (2 max|x|)^2
-        x = _sum(*ins[:2]) if node.op_type == "SkipLayerNorm" else ins[0]
+        x = sum_fact(*ins[:2]) if node.op_type == "SkipLayerNorm" else ins[0]
         d = node.outputs[0].shape[-1] if node.outputs[0].shape else None
         if not isinstance(d, int):
             return UNKNOWN
         return Fact(4.0 * d * x.bound * x.bound, x.nan, x.inf)
-    return _pre_activation(node, ins, weights)
+    return pre_activation_fact(node, ins, weights)
 
 
 MEASURE_MIN = 1 << 14        # output elements: a smaller guarded node saves less than a measurement costs
@@ -124,7 +124,7 @@ def _trial(nodes: list[Node], lo: int, node: Node, hi: int, sources: dict[int, V
         view = ChainMap(over, table)
         for n in nodes[lo:hi]:
             if any(v is not None and id(v) in over for v in n.inputs):
-                _record(n, [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in n.inputs], over, weights)
+                record_facts(n, [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in n.inputs], over, weights)
                 _anchor(n.outputs, both, over, m)
         ins = [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in node.inputs]
         ok.append(_guard_fact(node, ins, weights).finite)
@@ -171,7 +171,7 @@ def guard_plan(graph: Graph, absmax=None, measure_below: float | None = None) ->
             if limit is not None:
                 limits[node.name] = limit
         for m, table, x in zip(GRID, facts, ins):
-            _record(node, x, table, weights)
+            record_facts(node, x, table, weights)
             _anchor(node.outputs, anchored, table, m)
         i += 1
     measured: dict[str, tuple[int, ...]] = {}

@@ -33,7 +33,8 @@ class Column:
     load_s: float | None = None
 
 
-def _memory(model) -> tuple[int | None, int | None]:
+def memory_of(model) -> tuple[int | None, int | None]:
+    """``model``'s planned arena and naive bytes (None without a memory plan)."""
     mem = model.report.memory
     if mem is None:
         return None, None
@@ -65,7 +66,7 @@ def compare(model_src: Any, runs: int = 20, budget_s: float = 10.0, big_batch: i
             fb = random_feeds_for(model, batch=big_batch)
             big = measure(lambda: model.run(fb), runs=max(5, runs // 4), warmup=1, budget_s=budget_s)
             col.throughput[big_batch] = big.per_second * big_batch
-        col.arena_bytes, col.naive_bytes = _memory(ran)      # the compile the batch-1 runs executed
+        col.arena_bytes, col.naive_bytes = memory_of(ran)      # the compile the batch-1 runs executed
         slow = getattr(ran.report.memory, "not_writable_into_arena", None)
         col.outside_bytes = col.naive_bytes if level == "O0" else \
             (sum(d["bytes"] for d in slow) if slow is not None else None)
@@ -79,7 +80,7 @@ def compare(model_src: Any, runs: int = 20, budget_s: float = 10.0, big_batch: i
     return columns
 
 
-def _mb(n: int | None) -> str:
+def megabytes(n: int | None) -> str:
     return "-" if n is None else f"{n / 1e6:.2f} MB"
 
 
@@ -103,8 +104,8 @@ def render(columns: list[Column], title: str):
         if batch in o2.throughput:
             row(f"throughput, batch {batch}", o0.throughput[batch], o2.throughput[batch],
                 lambda v: f"{v:.1f} /s", better_low=False)
-    row("activation memory (O0: own buffers)", o0.naive_bytes, o2.arena_bytes, _mb)
-    row("allocated by kernels per run", o0.outside_bytes, o2.outside_bytes, _mb)
+    row("activation memory (O0: own buffers)", o0.naive_bytes, o2.arena_bytes, megabytes)
+    row("allocated by kernels per run", o0.outside_bytes, o2.outside_bytes, megabytes)
     row("compile from the model", o0.compile_s, o2.compile_s, lambda v: f"{v * 1000:.0f} ms")
     row("load the saved .fgm", o0.load_s, o2.load_s, lambda v: f"{v * 1000:.0f} ms")
     row("kernels per run", o0.kernels, o2.kernels, str)

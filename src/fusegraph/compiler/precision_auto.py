@@ -43,32 +43,22 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import InputError
-from .ir import Graph
-from .ir.serialize import copy_graph
-from .plan.cost import CostModel
-from .report.accuracy import worst_error
+from ..errors import InputError
+from ..ir import Graph
+from ..ir.serialize import copy_graph
+from ..plan.cost import CostModel
+from ..runtime.backends import bf16_declined
+from .accuracy import worst_error
 
 CALIBRATION_INPUTS = 2
 MIN_BF16_SHARE = 0.2
 BUDGET_WHY = "among the highest error per microsecond in bf16: the budget needs it"
 
 
-def bf16_declined(device: str) -> str | None:
-    """Why bf16 cannot pay on ``device`` ("cpu" / "cuda"); None where it has bf16 arithmetic."""
-    if device == "cuda":
-        return None if torch.cuda.is_bf16_supported() else "this GPU has no bf16 arithmetic"
-    from .runtime.backends.cpu.dnnl.compute import bfloat16_arithmetic
-    if bfloat16_arithmetic():
-        return None
-    return (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no bf16 arithmetic: bf16 would run "
-            "as float32 over bf16 storage, slower than float32")
-
-
 def _declined(graph: Graph, config, report, why: str) -> None:
     """The float32 model (the user's own ``op_precision`` entries hold) and why."""
-    from .passes import optimize
-    from .passes.precision import PrecisionPass, precision_summary
+    from ..passes import optimize
+    from ..passes.precision import PrecisionPass, precision_summary
     fp32 = config.replace(precision="fp32", accuracy_budget=1e-2)
     optimize(graph, fp32, report)
     if not report.precision:          # no user entry: the pipeline ran no precision pass; its
@@ -83,7 +73,7 @@ def _declined(graph: Graph, config, report, why: str) -> None:
 
 def _feeds(graph: Graph, calibration) -> list[dict]:
     if calibration is None:
-        from .runtime.feeds import random_feeds
+        from ..runtime.feeds import random_feeds
         return [random_feeds(graph.inputs, seed=i) for i in range(CALIBRATION_INPUTS)]
     feeds = [calibration] if isinstance(calibration, dict) else list(calibration)
     if not feeds or not all(isinstance(f, dict) for f in feeds):
@@ -137,12 +127,13 @@ def _model_names(imported: Graph, optimised: Graph) -> dict[str, str]:
 
 
 def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str], None]) -> None:
-    from .compiler import CompiledModel, _device, _plan
-    from .passes import optimize
-    from .passes.pipeline import precision_steps
-    from .report import CompileReport
+    from .model import CompiledModel, device_of
+    from .planning import plan_execution
+    from ..passes import optimize
+    from ..passes.pipeline import precision_steps
+    from ..report import CompileReport
 
-    why = bf16_declined(_device(config))
+    why = bf16_declined(device_of(config))
     if why is not None:
         return _declined(graph, config, report, why)
     feeds = _feeds(graph, calibration)
@@ -152,7 +143,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     optimize(base, fp32, CompileReport())          # every pass but precision, once
 
     def bind(g, cfg):
-        return CompiledModel(g, cfg, (r := CompileReport()), _plan(g, cfg, r))
+        return CompiledModel(g, cfg, (r := CompileReport()), plan_execution(g, cfg, r))
 
     reference = bind(copy_graph(base), fp32)
     want = [reference.run(f) for f in feeds]
@@ -184,7 +175,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
         reduced = [r["node"] for r in log if r["dtype"] != "fp32" and r["class"] == "reduce" and r["node"] in keys]
         measured = sensitivity(reference, feeds[0], want[0], reduced, torch.bfloat16)
         cost = {keys[n]: measured.get(n, math.inf) for n in reduced}
-        costs = CostModel.for_device(_device(config))
+        costs = CostModel.for_device(device_of(config))
         time_us = {keys[n]: costs.product_us(nodes[n]) for n in reduced}
         ranked = rank(cost, time_us)
         lo, hi = 1, len(ranked)          # the smallest k in [lo, hi] within budget; hi always is

@@ -145,8 +145,8 @@ def profile(model, feeds: Mapping[str, Any], runs: int = 10, warmup: int = 2) ->
     seen = [False] * n
     observed: dict[int, list[str]] = {}
 
-    from ..compiler import _device
-    sync = torch.cuda.synchronize if _device(model.config) == "cuda" else None
+    from ..compiler.model import device_of
+    sync = torch.cuda.synchronize if device_of(model.config) == "cuda" else None
 
     def hook(i, phase, outs):
         if sync is not None:        # CUDA launches are asynchronous: time the kernel, not its launch

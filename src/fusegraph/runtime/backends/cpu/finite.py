@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import torch
 
-from ..ir import DType, Graph, Node
+from ....ir import DType, Graph, Node, Value
 
 LIMIT = 1e38                     # below float32's largest (3.4e38): room for rounding
 ROUNDING = 1.0 + 2.0 ** -7       # a bfloat16 / float16 rounding moves a value by at most 2^-8 of it
@@ -83,7 +83,7 @@ def _union(*facts: Fact) -> Fact:
     return Fact(max(f.bound for f in facts), any(f.nan for f in facts), any(f.inf for f in facts))
 
 
-def _sum(*facts: Fact) -> Fact:
+def sum_fact(*facts: Fact) -> Fact:
     inf = any(f.inf for f in facts)
     return Fact(sum(f.bound for f in facts), any(f.nan for f in facts) or inf, inf)
 
@@ -147,13 +147,13 @@ class Weights:
         return got
 
 
-def _pre_activation(node: Node, ins: list[Fact], weights: Weights) -> Fact:
+def pre_activation_fact(node: Node, ins: list[Fact], weights: Weights) -> Fact:
     """The fact of a convolution's or product's result before its activation."""
     gain, bias = weights.gain(node)
     pre = _product(ins[0], Fact(gain), 1.0)
     pre = Fact(pre.bound + bias, pre.nan, pre.inf)
     if node.op_type == "FusedConv" and len(ins) > 3 and node.inputs[3] is not None:
-        pre = _sum(pre, ins[3])
+        pre = sum_fact(pre, ins[3])
     return pre
 
 
@@ -167,13 +167,13 @@ def _transfer(node: Node, ins: list[Fact], weights: Weights) -> list[Fact]:
     if op in ("Concat", "Max", "Min", "Sum", "Where"):
         return [_union(*(ins[1:] if op == "Where" else ins))]
     if op in ("Add", "Sub"):
-        return [_sum(*ins)]
+        return [sum_fact(*ins)]
     if op == "Mul":
         return [_product(ins[0], ins[1])]
     if op in ("FusedConv", "LinearAct", "Linear"):
         act = str(attrs.get("activation", "")) if op != "Linear" else ""
         params = [float(p) for p in attrs.get("activation_params", [])]
-        pre = _pre_activation(node, ins, weights)
+        pre = pre_activation_fact(node, ins, weights)
         return [ACT_BOUND.get(act, lambda f, p: UNKNOWN)(pre, params)]
     if op in ("Relu", "LeakyRelu", "Neg", "Abs"):
         return same()
@@ -197,7 +197,7 @@ def _transfer(node: Node, ins: list[Fact], weights: Weights) -> list[Fact]:
             return [UNKNOWN] * len(node.outputs)
         g = 1.0 if gamma is None else _abs_max(gamma)
         y = Fact(math.sqrt(d) * g + _abs_max(beta), any(f.nan or f.inf for f in data))
-        return [y, _sum(*data)][:len(node.outputs)]
+        return [y, sum_fact(*data)][:len(node.outputs)]
     if op == "ScaledDotProductAttention":
         v = ins[0] if attrs.get("qkv_split") else ins[2]
         nan = any(f.nan or f.inf for f in ins if f is not None) and not attrs.get("nan_to_zero", 0)
@@ -207,7 +207,7 @@ def _transfer(node: Node, ins: list[Fact], weights: Weights) -> list[Fact]:
         beta = float(attrs.get("beta", 0.75))
         return [Fact(ins[0].bound / bias ** beta if bias > 0 else math.inf, ins[0].nan or ins[0].inf)]
     if op == "ElementwiseChain":
-        return [_chain(node, ins)]
+        return [chain_fact(node, ins)]
     return [UNKNOWN] * len(node.outputs)
 
 
@@ -233,7 +233,7 @@ def _parsed(steps: tuple) -> tuple | None:
     return tuple(out)
 
 
-def _chain(node: Node, ins: list[Fact]) -> Fact:
+def chain_fact(node: Node, ins: list[Fact]) -> Fact:
     """An elementwise chain, step by step (steps as ``ops/fused_transformer.chain_source``)."""
     steps = _parsed(tuple(str(x) for x in node.attrs.get("steps", ())))
     if steps is None or any(a >= len(ins) for _, args in steps for a in args):
@@ -248,7 +248,7 @@ def _chain(node: Node, ins: list[Fact]) -> Fact:
         elif op in _CHAIN_BOUNDED:
             prev = Fact(_CHAIN_BOUNDED[op], xs[0].nan)
         elif op in ("Add", "Sub"):
-            prev = _sum(*xs)
+            prev = sum_fact(*xs)
         elif op == "Mul":
             prev = _product(xs[0], xs[1])
         elif op in ("Max", "Min"):
@@ -268,7 +268,7 @@ def propagate_init(graph: Graph, m: float, weights: Weights) -> dict[int, Fact]:
     return facts
 
 
-def _record(node: Node, ins: list[Fact], facts: dict[int, Fact], weights: Weights) -> None:
+def record_facts(node: Node, ins: list[Fact], facts: dict[int, Fact], weights: Weights) -> None:
     """One node's output facts into ``facts``, from its inputs' (``ins``; an absent optional
     input's is ``Fact(0.0)``)."""
     try:
@@ -287,5 +287,5 @@ def propagate(graph: Graph, m: float, weights: Weights | None = None) -> dict[in
     weights = weights or Weights()
     facts = propagate_init(graph, m, weights)
     for node in graph.nodes:
-        _record(node, [Fact(0.0) if v is None else facts.get(id(v), UNKNOWN) for v in node.inputs], facts, weights)
+        record_facts(node, [Fact(0.0) if v is None else facts.get(id(v), UNKNOWN) for v in node.inputs], facts, weights)
     return facts

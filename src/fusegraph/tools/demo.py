@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import zoo
+from ..testing import zoo
 
 
 def run_demo(model_name: str = "resnet50") -> int:

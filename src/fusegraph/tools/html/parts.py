@@ -8,36 +8,36 @@ from typing import Any
 GROUP_CHUNK = 64
 
 
-def _e(x: Any) -> str:
+def escape(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _mib(n: int | None) -> str:
+def mib(n: int | None) -> str:
     return "—" if n is None else f"{n / (1 << 20):.2f} MiB"
 
 
-def _fig(label: str, value: str, key: str | None = None, raw: Any = None) -> str:
-    data = f' data-fig="{_e(key)}" data-value="{_e(raw)}"' if key else ""
-    return f'<div class="fig"{data}>{_e(label)}<b>{_e(value)}</b></div>'
+def html_figure(label: str, value: str, key: str | None = None, raw: Any = None) -> str:
+    data = f' data-fig="{escape(key)}" data-value="{escape(raw)}"' if key else ""
+    return f'<div class="fig"{data}>{escape(label)}<b>{escape(value)}</b></div>'
 
 
-def _table(head: list[str], rows: list[list[Any]], num: set[int] = frozenset()) -> str:
-    th = "".join(f'<th{" class=num" if i in num else ""}>{_e(h)}</th>' for i, h in enumerate(head))
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if i in num else ""}>{_e(c)}</td>'
+def html_table(head: list[str], rows: list[list[Any]], num: set[int] = frozenset()) -> str:
+    th = "".join(f'<th{" class=num" if i in num else ""}>{escape(h)}</th>' for i, h in enumerate(head))
+    body = "".join("<tr>" + "".join(f'<td{" class=num" if i in num else ""}>{escape(c)}</td>'
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f"<table><tr>{th}</tr>{body}</table>"
 
 
-def _op(node) -> str:
+def op_label(node) -> str:
     return f"{node.domain}::{node.op_type}" if node.domain else node.op_type
 
 
-def _scope(name: str) -> str | None:
+def scope_of(name: str) -> str | None:
     parts = [p for p in name.split("/") if p]
     return "/".join(parts[:min(3, len(parts) - 1)]) if len(parts) > 1 else None
 
 
-def _groups(items: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+def group_items(items: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     """(title, rows) groups from (scope key, row html) in order: consecutive rows sharing a
     name scope; rows without one in runs of ``GROUP_CHUNK``."""
     groups: list[tuple[str | None, list[str]]] = []
@@ -64,6 +64,6 @@ def _groups(items: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _row(key: str, cells: list[str], cls: str = "") -> str:
-    return (f'<tr class="node{" " + cls if cls else ""}" data-key="{_e(key.lower())}">'
+def table_row(key: str, cells: list[str], cls: str = "") -> str:
+    return (f'<tr class="node{" " + cls if cls else ""}" data-key="{escape(key.lower())}">'
             + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from .accuracy import worst_error
+from ..compiler.accuracy import worst_error
 
 DTYPES = ("bf16", "fp16")
 
@@ -110,24 +110,24 @@ def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: di
     side)."""
     import torch
 
-    from ..compiler import _import
+    from ..compiler.driver import import_model
     from ..compiler import compile as fg_compile
     from ..config import Config
     from ..ir.serialize import copy_graph
     from ..ops import infer_graph
-    from ..precision_auto import sensitivity
-    from .bisect import _progress
+    from ..compiler.precision_auto import sensitivity
+    from .bisect import StepProgress
     if precision not in DTYPES:
         raise UsageError(f"precision bisect: precision must be one of {', '.join(DTYPES)}, got {precision!r}")
     config = config or Config()
-    graph = _import(model)
+    graph = import_model(model)
     infer_graph(graph)
     name = str(graph.meta.get("source", graph.name))
 
     def fresh():       # each compile optimises its own copy (a Graph model is left as given)
         return copy_graph(graph)
 
-    with _progress(progress) as tick:
+    with StepProgress(progress) as tick:
         tick("fp32 reference")
         reference = fg_compile(fresh(), config.replace(precision="fp32", op_precision=()))
         try:

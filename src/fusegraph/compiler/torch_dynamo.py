@@ -134,8 +134,8 @@ def _export(wrapper: _Frozen, names, user, dynamic):
 def fusegraph_backend(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = None,
                       mode: str | None = None):
     """Compile one Dynamo FX graph with fusegraph; returns the callable Dynamo runs."""
-    import fusegraph as fg
-    from .torch import import_exported
+    from ..frontends.torch import import_exported
+    from .driver import compile as fg_compile
     config = _config(options)
     if not any(n.op == "call_function" or n.op == "call_method" or n.op == "call_module"
                for n in gm.graph.nodes):
@@ -162,7 +162,7 @@ def fusegraph_backend(gm: torch.fx.GraphModule, example_inputs, *, options: dict
         # torch.export runs here, at the first call, not inside Dynamo's tracing: an export
         # nested in the backend call would add its guards to the frame Dynamo is tracing
         ep = _export(_Frozen(gm, plan, frozen), names, user, dynamic)
-        model = fg.compile(import_exported(ep, f"torch.compile graph {code}"), config)
+        model = fg_compile(import_exported(ep, f"torch.compile graph {code}"), config)
         _CACHE[key] = (model, [weakref.ref(t) for t in frozen.values()])
         if earlier:
             record["reused"] = (f"recompile {len(earlier) + 1} of graph {graph_id} (for shapes {record['shapes']}"

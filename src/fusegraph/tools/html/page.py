@@ -27,19 +27,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .html_assets import CSS, JS
-from .html_parts import _e, _fig, _groups, _mib, _op, _row, _scope, _table
-from .html_precision import _precision_figures, _precision_section
+from .assets import CSS, JS
+from .parts import escape, group_items, html_figure, html_table, mib, op_label, scope_of, table_row
+from .precision import precision_figures, precision_section
 
 MAX_DECLINED_ROWS = 2000
 
 
 def _graph_section(sid: str, title: str, head: list[str], items: list[tuple[str, str]], note: str = "") -> str:
-    groups = _groups(items)
-    body = "".join(f'<details class="group"{" open" if len(groups) == 1 else ""}><summary>{_e(t)}</summary>'
-                   f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(rows)}</table>'
+    groups = group_items(items)
+    body = "".join(f'<details class="group"{" open" if len(groups) == 1 else ""}><summary>{escape(t)}</summary>'
+                   f'<table><tr>{"".join(f"<th>{escape(h)}</th>" for h in head)}</tr>{"".join(rows)}</table>'
                    f"</details>" for t, rows in groups)
-    return (f'<section id="{sid}"><h2>{_e(title)}</h2>{note}'
+    return (f'<section id="{sid}"><h2>{escape(title)}</h2>{note}'
             f'<input class="search" type="search" placeholder="search by node name, op or rule" '
             f'data-target="{sid}" oninput="fgSearch(this)"> '
             f'<button onclick="fgToggle(\'{sid}\', true)">expand all</button> '
@@ -75,13 +75,13 @@ def _after_items(model, prof) -> list[tuple[str, str]]:
         n = nodes[name]
         rule = str(n.meta.get("rule", ""))
         inner = covers.get(name, [])
-        cov = ("<details><summary>" + _e(f"{len(inner)} nodes") + "</summary><ul class=covers>"
-               + "".join(f"<li>{_e(x)}</li>" for x in inner) + "</ul></details>") if inner else ""
+        cov = ("<details><summary>" + escape(f"{len(inner)} nodes") + "</summary><ul class=covers>"
+               + "".join(f"<li>{escape(x)}</li>" for x in inner) + "</ul></details>") if inner else ""
         outs = ", ".join(o.type_str() for o in n.outputs)
-        cells = [str(i), _e(name), _e(_op(n)), _e(rule), cov, _e(stream_of.get(name, 0)), f"<code>{_e(outs)}</code>",
-                 _e(f"{us[name]:.1f}") if name in us else ""]
-        scope = _scope(inner[0]) if inner else _scope(name)
-        items.append((scope, _row(" ".join([name, _op(n), rule] + inner), cells, "fused" if rule else "")))
+        cells = [str(i), escape(name), escape(op_label(n)), escape(rule), cov, escape(stream_of.get(name, 0)), f"<code>{escape(outs)}</code>",
+                 escape(f"{us[name]:.1f}") if name in us else ""]
+        scope = scope_of(inner[0]) if inner else scope_of(name)
+        items.append((scope, table_row(" ".join([name, op_label(n), rule] + inner), cells, "fused" if rule else "")))
     return items
 
 
@@ -90,8 +90,8 @@ def _before_items(graph) -> list[tuple[str, str]]:
     for i, n in enumerate(graph.nodes):
         ins = ", ".join("_" if v is None else v.name for v in n.inputs)
         outs = ", ".join(o.type_str() for o in n.outputs)
-        cells = [str(i), _e(n.name), _e(_op(n)), f"<code>{_e(ins)}</code>", f"<code>{_e(outs)}</code>"]
-        items.append((_scope(n.name), _row(f"{n.name} {_op(n)}", cells)))
+        cells = [str(i), escape(n.name), escape(op_label(n)), f"<code>{escape(ins)}</code>", f"<code>{escape(outs)}</code>"]
+        items.append((scope_of(n.name), table_row(f"{n.name} {op_label(n)}", cells)))
     return items
 
 
@@ -102,11 +102,11 @@ def _fusions_section(report) -> str:
     no_by_rule = Counter(f.rule for f in declined)
     rules = sorted(set(by_rule) | set(no_by_rule), key=lambda r: (-by_rule[r], r))
     parts = [f'<section id="fusions"><h2>Fusions: {len(applied)} applied, {len(declined)} declined</h2>',
-             _table(["rule", "applied", "declined"], [[r, by_rule[r], no_by_rule[r]] for r in rules], {1, 2}),
+             html_table(["rule", "applied", "declined"], [[r, by_rule[r], no_by_rule[r]] for r in rules], {1, 2}),
              '<details class="group" open><summary>applied</summary>',
-             _table(["rule", "nodes", "result"], [[f.rule, ", ".join(f.nodes), f.reason] for f in applied]),
+             html_table(["rule", "nodes", "result"], [[f.rule, ", ".join(f.nodes), f.reason] for f in applied]),
              "</details>", '<details class="group"><summary>declined, with the reason</summary>',
-             _table(["rule", "nodes", "reason"], [[f.rule, ", ".join(f.nodes), f.reason]
+             html_table(["rule", "nodes", "reason"], [[f.rule, ", ".join(f.nodes), f.reason]
                                                   for f in declined[:MAX_DECLINED_ROWS]]),
              (f"<p class=muted>{len(declined) - MAX_DECLINED_ROWS} more in model.report.fusions</p>"
               if len(declined) > MAX_DECLINED_ROWS else ""), "</details></section>"]
@@ -130,9 +130,9 @@ def _passes_section(report) -> str:
     agg = [[name, int(t[1]), int(t[2]), f"{t[0] * 1000:.2f}"] for name, t in
            sorted(total.items(), key=lambda kv: -kv[1][0])]
     return (f'<section id="passes"><h2>Passes: {len(report.passes)} runs, {seconds * 1000:.1f} ms</h2>'
-            + _table(["pass", "runs", "changed", "ms"], agg, {1, 2, 3})
+            + html_table(["pass", "runs", "changed", "ms"], agg, {1, 2, 3})
             + '<details class="group"><summary>every pass run, in order</summary>'
-            + _table(["pass", "group", "iteration", "ms", "nodes before", "after", "changed", "stats"], rows,
+            + html_table(["pass", "group", "iteration", "ms", "nodes before", "after", "changed", "stats"], rows,
                      {2, 3, 4, 5}) + "</details></section>")
 
 
@@ -142,25 +142,25 @@ def _memory_section(report, figures: dict) -> str:
         return '<section id="memory"><h2>Memory</h2><p>no memory plan (memory off)</p></section>'
     slow = list(mem.not_writable_into_arena)
     parts = ['<section id="memory"><h2>Memory</h2><div class="figs">',
-             _fig("arena (planned)", _mib(mem.arena_bytes), "arena_bytes", mem.arena_bytes),
-             _fig("lower bound", _mib(mem.lower_bound_bytes), "lower_bound_bytes", mem.lower_bound_bytes),
-             _fig("order floor", _mib(mem.order_floor_bytes), "order_floor_bytes", mem.order_floor_bytes),
-             _fig("naive (every tensor its own buffer)", _mib(mem.naive_bytes), "naive_bytes", mem.naive_bytes),
-             _fig("allocated outside the plan per run", _mib(figures["not_writable_bytes"]), "not_writable_bytes",
+             html_figure("arena (planned)", mib(mem.arena_bytes), "arena_bytes", mem.arena_bytes),
+             html_figure("lower bound", mib(mem.lower_bound_bytes), "lower_bound_bytes", mem.lower_bound_bytes),
+             html_figure("order floor", mib(mem.order_floor_bytes), "order_floor_bytes", mem.order_floor_bytes),
+             html_figure("naive (every tensor its own buffer)", mib(mem.naive_bytes), "naive_bytes", mem.naive_bytes),
+             html_figure("allocated outside the plan per run", mib(figures["not_writable_bytes"]), "not_writable_bytes",
                   figures["not_writable_bytes"]),
-             _fig("peak RSS (this process)", _mib(figures["peak_rss_bytes"]), "peak_rss_bytes",
+             html_figure("peak RSS (this process)", mib(figures["peak_rss_bytes"]), "peak_rss_bytes",
                   figures["peak_rss_bytes"]),
-             "</div>", f"<p>{_e(mem.summary())}</p>" if hasattr(mem, "summary") else ""]
+             "</div>", f"<p>{escape(mem.summary())}</p>" if hasattr(mem, "summary") else ""]
     if mem.buffers:
-        from .html_plots import memory_svg
+        from .plots import memory_svg
         parts.append(f'<div class="svg">{memory_svg(mem)}</div>')
     parts.append(f'<details class="group"><summary>not writable into the arena: {len(slow)} nodes</summary>'
-                 + _table(["node", "op", "bytes"], [[d.get("node", ""), d.get("op", ""), d.get("bytes", 0)]
+                 + html_table(["node", "op", "bytes"], [[d.get("node", ""), d.get("op", ""), d.get("bytes", 0)]
                                                     for d in slow], {2}) + "</details>")
     tensors = [[t.name, t.kind, t.buffer or "", t.offset if t.offset is not None else "",
                 t.size if t.size is not None else "", t.first, t.last] for t in mem.tensors]
     parts.append(f'<details class="group"><summary>the plan: {len(tensors)} tensors (offset, size, first and '
-                 f'last step)</summary>' + _table(["tensor", "kind", "buffer", "offset", "size", "first", "last"],
+                 f'last step)</summary>' + html_table(["tensor", "kind", "buffer", "offset", "size", "first", "last"],
                                                   tensors, {3, 4, 5, 6}) + "</details></section>")
     return "".join(parts)
 
@@ -172,10 +172,10 @@ def _streams_section(model, prof) -> str:
         parts.append("<p>one stream: the run has no stream plan (compile with streams &gt; 1 for one); "
                      "the measured run is shown alone.</p>")
     else:
-        parts.append(f"<pre class=ir>{_e(streams.to_text().splitlines()[0])}\n"
-                     f"{_e(streams.to_text().splitlines()[1])}</pre>")
+        parts.append(f"<pre class=ir>{escape(streams.to_text().splitlines()[0])}\n"
+                     f"{escape(streams.to_text().splitlines()[1])}</pre>")
     if prof is not None:
-        from .html_plots import gantt_svg
+        from .plots import gantt_svg
         parts.append(f'<div class="svg">{gantt_svg(prof, streams)}</div>')
     return "".join(parts) + "</section>"
 
@@ -183,15 +183,15 @@ def _streams_section(model, prof) -> str:
 def _profile_section(prof) -> str:
     if prof is None:
         return '<section id="profile"><h2>Time profile</h2><p>not measured</p></section>'
-    from .html_plots import ops_svg
+    from .plots import ops_svg
     total = sum(k.median_us for k in prof.kernels) or 1.0
     top = [[k.name, k.op, k.stream, f"{k.median_us:.1f}", f"{100 * k.median_us / total:.1f}%"] for k in prof.top(25)]
     ops = [[op, n, f"{us:.1f}", f"{100 * us / total:.1f}%"] for op, n, us in prof.by_op()]
     return (f'<section id="profile"><h2>Time profile</h2><p>median of {prof.runs} runs with the timing hook '
             f"(the same kernels, a timestamp around each): {prof.hooked_ms:.3f} ms; plain run (model.run): "
             f"{prof.plain_ms:.3f} ms.</p><div class=figs><div>"
-            + _table(["kernel", "op", "stream", "µs", "share"], top, {2, 3, 4}) + "</div><div>"
-            + _table(["op", "kernels", "µs", "share"], ops, {1, 2, 3})
+            + html_table(["kernel", "op", "stream", "µs", "share"], top, {2, 3, 4}) + "</div><div>"
+            + html_table(["op", "kernels", "µs", "share"], ops, {1, 2, 3})
             + f'</div></div><div class="svg">{ops_svg(prof)}</div></section>')
 
 
@@ -202,9 +202,9 @@ def _accuracy(model, feeds, source) -> list[list[Any]] | None:
         return None
     import numpy as np
 
-    from ..compiler import compile as fg_compile
-    from ..config import Config
-    from .accuracy import output_errors
+    from ...compiler import compile as fg_compile
+    from ...config import Config
+    from ...compiler.accuracy import output_errors
     ref_model = fg_compile(source, Config(level="O0", memory="off", cpu_kernels="portable",
                                           threads=model.config.threads))
     try:
@@ -227,9 +227,9 @@ def _accuracy(model, feeds, source) -> list[list[Any]] | None:
 
 
 def _before_graph(source):
-    from ..compiler import _import
-    from ..ops import infer_graph
-    graph = _import(source)
+    from ...compiler.driver import import_model
+    from ...ops import infer_graph
+    graph = import_model(source)
     infer_graph(graph)
     return graph
 
@@ -250,7 +250,7 @@ def figures_of(model, prof=None) -> dict[str, Any]:
             "streams": streams.num_streams if streams is not None else 1,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "profiled_kernels": len(prof.kernel_events) if prof else 0,
-            "precision": _precision_figures(r.precision)}
+            "precision": precision_figures(r.precision)}
 
 
 def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = None, runs: int = 5,
@@ -260,7 +260,7 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
     ``comparison`` (a ``compare_precision.PrecisionComparison``) for its accuracy table. A model
     with symbolic input dims is shown as its compile at the feeds' shapes, the one its runs
     execute."""
-    from .profile import profile
+    from ..profile import profile
     if feeds is not None:
         model = model.runs_as(feeds)
     prof = profile(model, feeds, runs=runs) if feeds is not None else None
@@ -270,12 +270,12 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
     r = model.report
     summary = "".join([
         '<section id="summary"><h2>Summary</h2><div class="figs">',
-        _fig("nodes imported", str(r.nodes_imported), "nodes_imported", r.nodes_imported),
-        _fig("nodes after passes", str(r.nodes_final), "nodes_final", r.nodes_final),
-        _fig("kernels per run", str(r.kernel_count), "kernel_count", r.kernel_count),
-        _fig("fusions applied", str(figures["fusions_applied"]), "fusions_applied", figures["fusions_applied"]),
-        _fig("streams", str(figures["streams"]), "streams", figures["streams"]),
-        _fig("arena", _mib(figures["arena_bytes"])),
+        html_figure("nodes imported", str(r.nodes_imported), "nodes_imported", r.nodes_imported),
+        html_figure("nodes after passes", str(r.nodes_final), "nodes_final", r.nodes_final),
+        html_figure("kernels per run", str(r.kernel_count), "kernel_count", r.kernel_count),
+        html_figure("fusions applied", str(figures["fusions_applied"]), "fusions_applied", figures["fusions_applied"]),
+        html_figure("streams", str(figures["streams"]), "streams", figures["streams"]),
+        html_figure("arena", mib(figures["arena_bytes"])),
         "</div></section>"])
     after = _graph_section("graph-after", f"Graph after optimisation: {len(model.graph.nodes)} nodes",
                            ["#", "node", "op", "rule", "covers", "stream", "outputs", "µs"],
@@ -288,15 +288,15 @@ def render_html(model, feeds: Mapping[str, Any] | None = None, *, source: Any = 
         before_html = ('<section id="graph-before"><h2>Graph before optimisation</h2><p>not available: '
                        "the model was loaded from an artifact (give the source model)</p></section>")
     sections = [summary, after, before_html, _fusions_section(r), _passes_section(r), _memory_section(r, figures),
-                _streams_section(model, prof), _precision_section(model, accuracy, comparison), _profile_section(prof)]
+                _streams_section(model, prof), precision_section(model, accuracy, comparison), _profile_section(prof)]
     nav = "".join(f'<a href="#{s}">{t}</a>' for s, t in [
         ("summary", "summary"), ("graph-after", "graph after"), ("graph-before", "graph before"),
         ("fusions", "fusions"), ("passes", "passes"), ("memory", "memory"), ("streams", "streams"),
         ("precision", "precision"), ("profile", "profile")])
     data = json.dumps(figures).replace("</", "<\\/")
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
-            f"<title>fusegraph: {_e(model.name)}</title><style>{CSS}</style></head><body>"
-            f"<header><h1>fusegraph report: {_e(model.name)}</h1></header><nav>{nav}</nav><main>"
+            f"<title>fusegraph: {escape(model.name)}</title><style>{CSS}</style></head><body>"
+            f"<header><h1>fusegraph report: {escape(model.name)}</h1></header><nav>{nav}</nav><main>"
             + "".join(sections)
             + f'</main><script type="application/json" id="fg-figures">{data}</script><script>{JS}</script>'
             "</body></html>\n")

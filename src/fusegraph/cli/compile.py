@@ -5,24 +5,8 @@ from __future__ import annotations
 
 import time
 
-
-def _config_from_args(args):
-    import fusegraph as fg
-
-    from .cli import op_precision_arg
-
-    config = fg.load_config(args.config) if args.config else fg.Config()
-    changes = {}
-    for key in ("level", "streams", "memory", "precision", "threads"):
-        value = getattr(args, key, None)
-        if value is not None:
-            changes[key] = value
-    if args.disable:
-        changes["disabled_passes"] = tuple(config.disabled_passes) + tuple(args.disable)
-    ops = op_precision_arg(getattr(args, "op_precision", None))
-    if ops:   # over the config file's: a name given on the command line wins
-        changes["op_precision"] = tuple({**dict(config.op_precision), **dict(ops)}.items())
-    return config.replace(**changes) if changes else config
+from ..config import LEVELS, MEMORY_MODES
+from .common import config_from_args, precision_flags, precision_line, stream_count, threads_arg
 
 
 def _example_inputs(args):
@@ -30,8 +14,8 @@ def _example_inputs(args):
     given = getattr(args, "example_input", None)
     if not given:
         return None
-    from .errors import UsageError
-    from .frontends.python_model import is_python_spec, parse_example_input
+    from ..errors import UsageError
+    from ..frontends.python_model import is_python_spec, parse_example_input
     if not is_python_spec(args.model):
         raise UsageError(f"--example-input applies to a torch model given as file.py:factory, not to "
                          f"{args.model!r}")
@@ -50,7 +34,7 @@ def compile_command(args) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     console = Console()
-    config = _config_from_args(args)
+    config = config_from_args(args)
     stages = ["import", "passes", "planning", "save"]
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
@@ -66,7 +50,7 @@ def compile_command(args) -> int:
                 progress.start_task(tasks[name])
                 progress.update(tasks[name], description=f"[bold]{name}")
 
-        from .frontends.python_model import resolve_model_arg
+        from ..frontends.python_model import resolve_model_arg
         source, inputs = resolve_model_arg(args.model, _example_inputs(args))
         model = fg.compile(source, config, on_stage=on_stage, example_inputs=inputs)
         on_stage("save")
@@ -87,8 +71,24 @@ def compile_command(args) -> int:
     streams = _field(r.streams, "num_streams")
     if streams is not None:
         console.print(f"  streams: {streams}")
-    from .cli import precision_line
     line = precision_line(r)
     if line:
         console.print(f"  {line}", markup=False, highlight=False)
     return 0
+
+
+def add_compile_parser(sub) -> None:
+    """Add ``compile``."""
+    p = sub.add_parser("compile", help="compile a model into an .fgm artifact")
+    p.add_argument("model", help="an .onnx model")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.fgm")
+    p.add_argument("--config", metavar="cfg.toml", help="a TOML file mapping onto fg.Config")
+    p.add_argument("--level", choices=LEVELS)
+    p.add_argument("--streams", type=stream_count, metavar="N|auto")
+    p.add_argument("--memory", choices=MEMORY_MODES)
+    precision_flags(p)
+    p.add_argument("--threads", type=threads_arg)
+    p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
+    p.add_argument("--example-input", action="append", metavar="1x3x224x224[:int64]",
+                   help="for MODEL given as file.py:factory (a torch model): an input's shape (repeatable)")
+    p.set_defaults(func=compile_command)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .compare import _memory, _mb
+from .compare import megabytes, memory_of
 
 @dataclass
 class PrecisionSide:
@@ -47,7 +47,7 @@ class PrecisionComparison:
     declined: str | None = None     # precision "auto" gave the fp32 model before any search: why
 
     def worst_rel_l2(self, side: str = "reduced") -> float:
-        from .report.accuracy import worst_rel_l2
+        from ..compiler.accuracy import worst_rel_l2
         return worst_rel_l2({k: v[side] for k, v in self.accuracy.items()})
 
     def to_dict(self) -> dict:
@@ -95,8 +95,8 @@ def _reference(model_src: Any, base, threads: int):
 def _fresh(model_src: Any) -> Any:
     """A source ``fg.compile`` may consume: an IR Graph is optimised in place, so each compile
     gets its own copy (through the artifact's graph serialisation); anything else is re-read."""
-    from .ir import Graph
-    from .ir.serialize import copy_graph
+    from ..ir import Graph
+    from ..ir.serialize import copy_graph
     return copy_graph(model_src) if isinstance(model_src, Graph) else model_src
 
 
@@ -118,9 +118,9 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
     import fusegraph as fg
 
     from .bench import alternate
-    from .errors import UsageError
-    from .report.accuracy import accumulate, output_errors
-    from .runtime.feeds import random_feeds
+    from ..errors import UsageError
+    from ..compiler.accuracy import accumulate, output_errors
+    from ..runtime.feeds import random_feeds
 
     if precision == "fp32":
         raise UsageError("compare --precision sets the reduced side (bf16, fp16 or auto); the other side "
@@ -167,7 +167,7 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
                 sides[key] = PrecisionSide(
                     precision=m.config.precision, latency_ms=statistics.median(samples[key]),
                     p90_ms=_p90(samples[key]), compile_s=compile_s[key], kernels=m.report.kernel_count,
-                    arena_bytes=_memory(m)[0], artifact_bytes=path.stat().st_size,
+                    arena_bytes=memory_of(m)[0], artifact_bytes=path.stat().st_size,
                     by_dtype=dict(prec.get("by_dtype") or {}), casts=int(prec.get("casts") or 0))
         return PrecisionComparison(
             model=str(model_src) if isinstance(model_src, (str, Path)) else fp32.name, precision=precision, reference=ref_name, inputs=inputs, runs=runs,
@@ -204,8 +204,8 @@ def render_precision(result: PrecisionComparison, title: str):
 
     row("latency median", a.latency_ms, b.latency_ms, lambda v: f"{v:.2f} ms")
     row("latency p90", a.p90_ms, b.p90_ms, lambda v: f"{v:.2f} ms")
-    row("activation arena (planned)", a.arena_bytes, b.arena_bytes, _mb)
-    row("artifact (.fgm) size", a.artifact_bytes, b.artifact_bytes, _mb)
+    row("activation arena (planned)", a.arena_bytes, b.arena_bytes, megabytes)
+    row("artifact (.fgm) size", a.artifact_bytes, b.artifact_bytes, megabytes)
     perf.add_row("nodes by dtype", ", ".join(f"{k} {v}" for k, v in a.by_dtype.items()) or "all fp32",
                  ", ".join(f"{k} {v}" for k, v in b.by_dtype.items()) or "-", "")
     perf.add_row("precision casts", str(a.casts), str(b.casts), "")

@@ -21,10 +21,10 @@ def _port(text: str) -> int:
 
 def serve_command(args) -> int:
     try:
-        from .serve.server import serve
-        from .serve.settings import ServerLimits
+        from ..serve.server import serve
+        from ..serve.settings import ServerLimits
     except ModuleNotFoundError as exc:
-        from .errors import ConfigError
+        from ..errors import ConfigError
         raise ConfigError(f"fusegraph serve needs the 'serve' extra ({exc.name} is missing): "
                           f"pip install 'fusegraph[serve]'") from None
     limits = ServerLimits(max_request_bytes=args.max_request_mb << 20, timeout_s=args.timeout, drain_s=args.drain)

@@ -8,10 +8,10 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from .html_parts import GROUP_CHUNK, _e, _fig, _groups, _op, _row, _scope, _table
+from .parts import GROUP_CHUNK, escape, group_items, html_figure, html_table, op_label, scope_of, table_row
 
 
-def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any = None) -> str:
+def precision_section(model, accuracy: list[list[Any]] | None, comparison: Any = None) -> str:
     """The policy, nodes by dtype, casts, the heavy ops kept in fp32 (why), and a per-node table
     (node, op, dtype, why) in collapsible groups with a search box, from ``report.precision``;
     a plain fp32 compile shows the output dtypes per op. Then the accuracy tables given."""
@@ -21,11 +21,11 @@ def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any 
         by_op: dict[str, Counter] = defaultdict(Counter)
         for n in model.graph.nodes:
             for o in n.outputs:
-                by_op[_op(n)][o.dtype.name if hasattr(o.dtype, "name") else str(o.dtype)] += 1
+                by_op[op_label(n)][o.dtype.name if hasattr(o.dtype, "name") else str(o.dtype)] += 1
         rows = [[op, ", ".join(f"{d} x{c}" for d, c in cnt.most_common())] for op, cnt in sorted(by_op.items())]
-        parts += [(f"<p>precision: {_e(model.config.precision)}: every op computes in float32 (compile with "
+        parts += [(f"<p>precision: {escape(model.config.precision)}: every op computes in float32 (compile with "
                    f"Config(precision=&quot;bf16&quot;) for mixed precision); output dtypes per op:</p>"),
-                  _table(["op", "output dtypes"], rows)]
+                  html_table(["op", "output dtypes"], rows)]
     else:
         get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
         by_dtype = dict(get("by_dtype") or {})
@@ -34,34 +34,34 @@ def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any 
         nodes = list(get("nodes") or [])
         overrides = dict(get("op_precision") or {})
         parts.append('<div class="figs">')
-        parts.append(_fig("policy", str(get("policy")), "precision_policy", get("policy")))
+        parts.append(html_figure("policy", str(get("policy")), "precision_policy", get("policy")))
         for dtype, count in sorted(by_dtype.items(), key=lambda kv: -kv[1]):
-            parts.append(_fig(f"nodes in {dtype}", str(count), f"precision_nodes_{dtype}", count))
-        parts.append(_fig("precision casts", str(get("casts") or 0), "precision_casts", get("casts") or 0))
-        parts.append(_fig("heavy ops kept in fp32", str(len(kept)), "precision_kept_fp32", len(kept)))
-        parts.append(_fig("logits written in fp32", str(len(logits)), "precision_fp32_logits", len(logits)))
+            parts.append(html_figure(f"nodes in {dtype}", str(count), f"precision_nodes_{dtype}", count))
+        parts.append(html_figure("precision casts", str(get("casts") or 0), "precision_casts", get("casts") or 0))
+        parts.append(html_figure("heavy ops kept in fp32", str(len(kept)), "precision_kept_fp32", len(kept)))
+        parts.append(html_figure("logits written in fp32", str(len(logits)), "precision_fp32_logits", len(logits)))
         parts.append("</div>")
         if overrides:
-            parts.append("<p>op_precision: " + _e(", ".join(f"{k}={v}" for k, v in overrides.items())) + "</p>")
+            parts.append("<p>op_precision: " + escape(", ".join(f"{k}={v}" for k, v in overrides.items())) + "</p>")
         declined = (get("auto") or {}).get("declined")
         if declined:
-            parts.append(f"<p>auto chose fp32: {_e(declined)}</p>")
+            parts.append(f"<p>auto chose fp32: {escape(declined)}</p>")
         parts.append(f'<details class="group"{" open" if kept else ""}><summary>heavy ops kept in fp32, with '
                      f"the reason ({len(kept)})</summary>"
-                     + _table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
+                     + html_table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
                                                      for k in kept]) + "</details>")
         if logits:
             parts.append(f'<details class="group"><summary>logits written in fp32 from reduced operands '
                          f"({len(logits)})</summary>"
-                         + _table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
+                         + html_table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
                                                          for k in logits]) + "</details>")
-        head = "".join(f"<th>{_e(h)}</th>" for h in ["node", "op", "dtype", "class", "why"])
-        items = [(_scope(str(r.get("node", ""))),
-                  _row(f"{r.get('node', '')} {r.get('op', '')} {r.get('dtype', '')}",
-                       [_e(r.get("node", "")), _e(r.get("op", "")), _e(r.get("dtype", "")), _e(r.get("class", "")),
-                        _e(r.get("why", ""))], "reduced" if r.get("dtype") != "fp32" else ""))
+        head = "".join(f"<th>{escape(h)}</th>" for h in ["node", "op", "dtype", "class", "why"])
+        items = [(scope_of(str(r.get("node", ""))),
+                  table_row(f"{r.get('node', '')} {r.get('op', '')} {r.get('dtype', '')}",
+                       [escape(r.get("node", "")), escape(r.get("op", "")), escape(r.get("dtype", "")), escape(r.get("class", "")),
+                        escape(r.get("why", ""))], "reduced" if r.get("dtype") != "fp32" else ""))
                  for r in nodes]
-        groups = _groups(items)
+        groups = group_items(items)
         small = len(nodes) <= GROUP_CHUNK
         parts.append(f'<div id="precision-nodes"><h3>Per node: {len(nodes)} float nodes</h3>'
                      f'<input class="search" type="search" placeholder="search by node name, op or dtype" '
@@ -69,12 +69,12 @@ def _precision_section(model, accuracy: list[list[Any]] | None, comparison: Any 
                      f'<button onclick="fgToggle(\'precision-nodes\', true)">expand all</button> '
                      f'<button onclick="fgToggle(\'precision-nodes\', false)">collapse all</button> '
                      f'<span class="hits muted"></span>'
-                     + "".join(f'<details class="group"{" open" if small else ""}><summary>{_e(t)}</summary>'
+                     + "".join(f'<details class="group"{" open" if small else ""}><summary>{escape(t)}</summary>'
                                f'<table class="precision-nodes"><tr>{head}</tr>{"".join(rows)}</table></details>'
                                for t, rows in groups) + "</div>")
     if accuracy:
         parts.append("<p>outputs against the fp32 graph unoptimised (O0), same inputs:</p>"
-                     + _table(["output", "shape", "rel L2 error", "max abs error", "cosine", "top-1 agrees"],
+                     + html_table(["output", "shape", "rel L2 error", "max abs error", "cosine", "top-1 agrees"],
                               accuracy, {2, 3, 4}))
     if comparison is not None:
         parts.append(_comparison_table(comparison))
@@ -95,13 +95,13 @@ def _comparison_table(result: Any) -> str:
         rows.append([name, _num(f.get("rel_l2")), _num(r.get("rel_l2")), _num(rv.get("rel_l2")),
                      _num(r.get("max_abs")), _num(r.get("cosine"), ".6f"),
                      " / ".join("—" if t is None else f"{100 * t:.1f}%" for t in top1)])
-    return (f"<p>fp32 and {_e(p)} against {_e(result.reference)}, {_e(result.inputs)} random input(s):</p>"
-            + _table(["output", "rel L2 fp32 vs ref", f"rel L2 {p} vs ref", f"rel L2 {p} vs fp32",
+    return (f"<p>fp32 and {escape(p)} against {escape(result.reference)}, {escape(result.inputs)} random input(s):</p>"
+            + html_table(["output", "rel L2 fp32 vs ref", f"rel L2 {p} vs ref", f"rel L2 {p} vs fp32",
                       f"max abs {p} vs ref", f"cosine {p} vs ref", "top-1 agreement (fp32 / reduced / vs fp32)"],
                      rows, {1, 2, 3, 4, 5}))
 
 
-def _precision_figures(prec) -> dict[str, Any] | None:
+def precision_figures(prec) -> dict[str, Any] | None:
     if not prec:
         return None
     get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))

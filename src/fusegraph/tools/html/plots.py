@@ -45,7 +45,7 @@ def _fig_svg(fig) -> str:
 
 
 def memory_svg(mem) -> str:
-    from ..plan.memory_report import plot_memory_timeline
+    from ...plan.memory_report import plot_memory_timeline
     plt = _plt()
     with plt.rc_context(_rc()), tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "memory.svg"

@@ -1,11 +1,11 @@
-"""The report subcommands of ``fusegraph`` (a thin face over ``fusegraph.report``):
+"""The subcommands that explain a model (a thin face over ``fusegraph.tools``):
 
     fusegraph profile MODEL [--runs N] [--trace out.json] [--streams N] [--threads N]
     fusegraph bisect MODEL [--reference onnxruntime|O0] [--rtol R] [--atol A]   (exit 1: divergence found)
     fusegraph bisect MODEL --precision bf16|fp16 [--top N]   (the ops whose reduced precision costs most)
     fusegraph inspect MODEL --html report.html      (adds --html to ``inspect``)
 
-``add_report_parsers(sub)`` is what ``cli.build_parser`` calls; it owns no logic of its own.
+``add_report_parsers(sub)`` is what ``main.build_parser`` calls; it owns no logic of its own.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
+from .common import config_from_args, load_model, positive_int, random_feeds, stream_count, threads_arg
 
 
 class _Stages:
@@ -41,28 +42,22 @@ class _Stages:
 def _compile_for(args, **extra):
     import fusegraph as fg
 
-    from .cli import _config, _load
     if Path(args.model).suffix == ".fgm":
         given = [f"--{k}" for k, v in extra.items() if v is not None]
         if given:
             raise UsageError(f"{args.model}: {' and '.join(given)} applies when compiling a model; an .fgm "
                              f"artifact is already compiled (recompile the .onnx model instead)")
-        return _load(args.model, args)
-    config = _config(args).replace(**{k: v for k, v in extra.items() if v is not None})
+        return load_model(args.model, args)
+    config = config_from_args(args).replace(**{k: v for k, v in extra.items() if v is not None})
     with _Stages(args.model) as status:
         return fg.compile(args.model, config=config, on_stage=status.stage)
 
 
-def _feeds(model):
-    from .cli import _random_feeds
-    return _random_feeds(model)
-
-
 def cmd_profile(args) -> int:
-    from .report.profile import profile
+    from ..tools.profile import profile
     model = _compile_for(args, streams=args.streams)
     try:
-        prof = profile(model, _feeds(model), runs=args.runs)
+        prof = profile(model, random_feeds(model), runs=args.runs)
     finally:
         model.close()
     print(prof.to_text(top=args.top))
@@ -73,7 +68,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_bisect(args) -> int:
-    from .report.bisect import bisect
+    from ..tools.bisect import bisect
     if Path(args.model).suffix == ".fgm":
         raise UsageError(f"{args.model}: bisect re-runs the passes on the source model; give the .onnx file")
     if args.precision is not None:
@@ -93,7 +88,7 @@ def _bisect_precision(args) -> int:
     """``bisect --precision P``: the reduced ops ranked by the accuracy each costs alone (exit 0)."""
     from rich.console import Console
 
-    from .report.precision_bisect import precision_bisect
+    from ..tools.precision_bisect import precision_bisect
     given = [f for f, v in (("--reference", args.reference), ("--rtol", args.rtol), ("--atol", args.atol))
              if v is not None]
     if given:
@@ -109,11 +104,11 @@ def cmd_inspect_html(args, fallback) -> int:
     """``inspect --html``: the page, then whatever else ``inspect`` was asked to print (same model)."""
     if not args.html:
         return fallback(args)
-    from .report.html import write_html
+    from ..tools.html.page import write_html
     model = _compile_for(args)
     try:
         source = args.model if Path(args.model).suffix != ".fgm" else None
-        info = write_html(model, args.html, feeds=_feeds(model), source=source)
+        info = write_html(model, args.html, feeds=random_feeds(model), source=source)
         print(f"report written to {args.html} ({info['bytes'] / 1024:.0f} KiB, {info['nodes']} nodes, "
               f"{model.report.kernel_count} kernels)")
         return fallback(args, model=model)
@@ -123,15 +118,14 @@ def cmd_inspect_html(args, fallback) -> int:
 
 def add_report_parsers(sub) -> None:
     """Add ``profile`` and ``bisect``, and ``--html`` to ``inspect``."""
-    from .cli import _positive_int, _stream_count, _threads_arg
 
     p = sub.add_parser("profile", help="per-kernel times of the generated run; Chrome/Perfetto trace")
     p.add_argument("model", help="an .onnx model or .fgm artifact")
-    p.add_argument("--runs", type=_positive_int, default=10, help="timed runs (default 10)")
+    p.add_argument("--runs", type=positive_int, default=10, help="timed runs (default 10)")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome / Perfetto trace (chrome://tracing)")
-    p.add_argument("--streams", type=_stream_count, metavar="N|auto", help="stream count to compile with")
-    p.add_argument("--threads", type=_threads_arg, help="intra-op threads (1 .. the machine's cores)")
-    p.add_argument("--top", type=_positive_int, default=15, help="rows of the top-kernels table (default 15)")
+    p.add_argument("--streams", type=stream_count, metavar="N|auto", help="stream count to compile with")
+    p.add_argument("--threads", type=threads_arg, help="intra-op threads (1 .. the machine's cores)")
+    p.add_argument("--top", type=positive_int, default=15, help="rows of the top-kernels table (default 15)")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("bisect", help="the first pass and rule application after which outputs diverge; "
@@ -144,7 +138,7 @@ def add_report_parsers(sub) -> None:
     p.add_argument("--precision", choices=["bf16", "fp16"],
                    help="rank the ops this precision reduces by the outputs' error when only that op is "
                         "rounded (instead of the pass bisect)")
-    p.add_argument("--top", type=_positive_int, help="rows of the --precision ranking (default 10)")
+    p.add_argument("--top", type=positive_int, help="rows of the --precision ranking (default 10)")
     p.set_defaults(func=cmd_bisect)
 
     inspect = sub.choices["inspect"]

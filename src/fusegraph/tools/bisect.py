@@ -129,9 +129,9 @@ class _Bisector:
         self.evaluations = 0
 
     def fresh(self):
-        from ..compiler import _import
+        from ..compiler.driver import import_model
         from ..ops import infer_graph
-        graph = _import(self.model)
+        graph = import_model(self.model)
         infer_graph(graph)
         graph.meta.setdefault("output_names", [v.name for v in graph.outputs])
         return graph
@@ -159,7 +159,7 @@ class _Bisector:
         """Run the pipeline on a fresh import with the given hooks (``passes.optimize``, as
         ``compile`` does); the graph where it stopped."""
         from ..passes import optimize, options_from_config
-        from .compile_report import CompileReport
+        from ..report.compile_report import CompileReport
         graph = self.fresh()
         options = dataclasses.replace(options_from_config(self.config), on_apply=on_apply)
         try:
@@ -225,7 +225,7 @@ def bisect(model: Any, *, reference: str = "O0", rtol: float = 1e-3, atol: float
     if reference not in ("O0", "onnxruntime"):
         raise UsageError(f"bisect: reference must be 'O0' or 'onnxruntime', got {reference!r}")
     config = config or Config()
-    with _progress(progress) as tick:
+    with StepProgress(progress) as tick:
         b = _Bisector(model, config, {}, {}, rtol, atol, tick)
         graph0 = b.fresh()
         b.feeds = feeds if feeds is not None else _random_feeds(graph0)
@@ -303,7 +303,7 @@ def _reference(model, graph0, b: _Bisector, reference: str) -> dict:
     return dict(zip(names, outs))
 
 
-class _progress:
+class StepProgress:
     """A rich spinner on stderr naming the step bisect is at (or nothing)."""
 
     def __init__(self, show: bool):

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 @dataclass

@@ -1,0 +1,162 @@
+"""What the ``fusegraph`` subcommands share: the model a command runs (compiled, or an ``.fgm``
+loaded), the ``fg.Config`` its flags ask for, input files, argument types, and the one-line
+summaries several commands print. No command lives here.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from ..config import LEVELS, PRECISIONS, machine_cores
+from ..errors import ConfigError, InputError, UsageError
+
+COMPILE_FLAGS = ("level", "memory", "precision", "op_precision", "num_streams")   # options that only mean something when compiling
+
+
+def load_model(path: str, args):
+    """An .fgm artifact loads without compiling (compile options are refused for it, not
+    ignored); anything else is compiled."""
+    import fusegraph as fg
+    if Path(path).suffix == ".fgm":
+        given = [f"--{k.replace('_', '-')}" for k in COMPILE_FLAGS if getattr(args, k, None)]
+        if given:
+            raise UsageError(f"{path}: {' and '.join(given)} applies when compiling a model; an .fgm "
+                             f"artifact is already compiled (recompile the .onnx model instead)")
+        return fg.load(path, threads=getattr(args, "threads", None))
+    from ..frontends.python_model import resolve_model_arg
+    source, inputs = resolve_model_arg(path)     # file.py:factory builds a torch model
+    return fg.compile(source, config=config_from_args(args), example_inputs=inputs)
+
+
+def config_from_args(args):
+    """The ``fg.Config`` a command's arguments ask for: the ``--config`` TOML file's where the
+    command has one (else the defaults), then every flag the command has and was given (a
+    ``--op-precision`` name given here wins over the file's; ``--disable`` adds to its list)."""
+    import fusegraph as fg
+    config = fg.load_config(args.config) if getattr(args, "config", None) else fg.Config()
+    changes = {k: getattr(args, k) for k in ("level", "memory", "precision", "threads")
+               if getattr(args, k, None) is not None}
+    streams = getattr(args, "streams", None)        # inspect's --streams is a switch, not a count
+    if streams is not None and not isinstance(streams, bool):
+        changes["streams"] = streams
+    if getattr(args, "num_streams", None) is not None:   # inspect --num-streams N compiles for N
+        changes["streams"] = args.num_streams
+    if getattr(args, "disable", None):
+        changes["disabled_passes"] = tuple(config.disabled_passes) + tuple(args.disable)
+    ops = op_precision_arg(getattr(args, "op_precision", None))
+    if ops:
+        changes["op_precision"] = tuple({**dict(config.op_precision), **dict(ops)}.items())
+    return config.replace(**changes) if changes else config
+
+
+def random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random feeds for ``model``'s inputs (its symbolic dims at 1)."""
+    from ..runtime.feeds import random_feeds as feeds_for
+    return feeds_for(model.inputs, seed)
+
+
+def parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise InputError(f"--input expects NAME=FILE.npy, got {item!r}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--input {name}: cannot read {path!r} as a .npy file: {exc}") from None
+    return feeds
+
+
+def op_precision_arg(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--op-precision NAME=PREC`` items (repeatable; a later one for the same name wins) as
+    ``Config.op_precision`` pairs; the values are checked by ``Config`` (a ConfigError)."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, sep, prec = item.rpartition("=")
+        if not sep or not name:
+            raise ConfigError(f"--op-precision expects NODE_OR_OP=fp32|bf16|fp16 (e.g. Conv=bf16), got {item!r}")
+        out[name] = prec
+    return tuple(out.items())
+
+
+def precision_line(report) -> str | None:
+    """One line about ``report.precision`` (None for a plain fp32 compile)."""
+    prec = getattr(report, "precision", None)
+    if not prec:
+        return None
+    get = (lambda k: prec.get(k)) if isinstance(prec, dict) else (lambda k: getattr(prec, k, None))
+    by_dtype = dict(get("by_dtype") or {})
+    counts = ", ".join(f"{n} {d}" for d, n in sorted(by_dtype.items(), key=lambda kv: -kv[1])) or "no float nodes"
+    kept = list(get("kept_fp32") or [])
+    ops = dict(get("op_precision") or {})
+    line = f"precision: {get('policy')} policy: nodes {counts}; {get('casts') or 0} cast(s)"
+    if get("casts_folded"):
+        line += f" ({get('casts_folded')} more folded into their producers)"
+    if ops:
+        line += "; op_precision " + ", ".join(f"{k}={v}" for k, v in ops.items())
+    if kept:
+        first = kept[0]
+        line += (f"; {len(kept)} heavy op(s) kept in fp32 (first: {first['node']} ({first['op']}): "
+                 f"{first['why']})")
+    logits = list(get("fp32_logits") or [])
+    if logits:
+        line += (f"; {len(logits)} logits product(s) write fp32 from {get('policy')} operands "
+                 f"(first: {logits[0]['node']} ({logits[0]['op']}))")
+    unmatched = list(get("op_precision_unmatched") or [])
+    if unmatched:
+        line += f"; op_precision entries that changed nothing (no run-time node): {', '.join(unmatched)}"
+    declined = (get("auto") or {}).get("declined")
+    if declined:
+        line += f"; auto chose fp32: {declined}"
+    return line
+
+
+def threads_arg(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= machine_cores():
+        raise argparse.ArgumentTypeError(f"expected an integer 1..{machine_cores()} (this machine's cores), "
+                                         f"got {text!r}")
+    return n
+
+
+def dim_arg(text: str) -> tuple[str, int]:
+    name, sep, size = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=SIZE (a symbolic dim and its size), got {text!r}")
+    return name, positive_int(size, f"a positive size for dim {name!r}")
+
+
+def positive_int(text: str, what: str = "a positive integer") -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return n
+
+
+def stream_count(text: str):
+    return text if text == "auto" else positive_int(text, "a positive integer or 'auto'")
+
+
+def precision_flags(p) -> None:
+    """``--precision`` and ``--op-precision`` (values checked by ``fg.Config``: a ConfigError)."""
+    p.add_argument("--precision", metavar="|".join(PRECISIONS),
+                   help="mixed-precision policy (default fp32; compare: the reduced side)")
+    p.add_argument("--op-precision", action="append", metavar="NODE_OR_OP=PREC",
+                   help="per node name or op type: fp32 | bf16 | fp16, over the policy (repeatable)")
+
+
+def model_flags(p) -> None:
+    """The positional MODEL and the flags every command that compiles or loads one takes."""
+    p.add_argument("model", help="an .onnx model or .fgm artifact")
+    p.add_argument("--level", choices=LEVELS, help="pass pipeline (default O2)")
+    p.add_argument("--threads", type=threads_arg, help="intra-op threads (1 .. the machine's cores)")
+    precision_flags(p)

@@ -1,0 +1,141 @@
+"""The driver: ``compile()`` runs frontend -> inference -> passes -> plan -> kernel binding;
+``load()`` reads a ``.fgm`` artifact and binds it with no pass and no planning.
+
+This file holds no algorithm of its own; every stage lives in its package, the planning
+sequence in ``planning.py``, the model users hold in ``model.py``.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import artifact
+from ..config import Config
+from ..errors import ConfigError, ModelLoadError
+from ..ir import Graph
+from ..ir.serialize import copy_graph
+from ..ops import infer_graph, opdef_for
+from ..passes import optimize
+from ..report import CompileReport
+from ..runtime.backends import weight_share
+from ..runtime.threads import intra_op_threads
+from .model import CompiledModel, device_of
+from .planning import plan_and_bind
+from .specialize import ShapeSpecializations, specialization_kind
+
+
+def import_model(model: Any, example_inputs: Any = None, dynamic_shapes: Any = None) -> Graph:
+    if isinstance(model, Graph):
+        return model
+    from ..frontends.dispatch import import_other  # torch, TensorFlow, "file.py:factory"
+    graph = import_other(model, example_inputs, dynamic_shapes)
+    if graph is not None:
+        return graph
+    if isinstance(model, (str, Path, bytes, bytearray)) or type(model).__name__ == "ModelProto":
+        from ..frontends.onnx import import_onnx
+        return import_onnx(model)
+    raise ModelLoadError(f"cannot compile a {type(model).__name__}: give an ONNX path, bytes, an "
+                         f"onnx.ModelProto or a fusegraph Graph")
+
+
+def check_op_precision(graph: Graph, config: Config) -> None:
+    """Every ``Config.op_precision`` key names a node or an op type of the imported model (or a
+    fused op type: ``FusedConv``, ``LinearAct`` ...); otherwise a ConfigError naming them."""
+    if not config.op_precision:
+        return
+    from ..ops.registry import registered_ops
+    known = {n.name for n in graph.nodes} | {n.op_type for n in graph.nodes}
+    known |= {op for domain, op, _ in registered_ops() if domain == "fusegraph"}
+    unknown = [k for k, _ in config.op_precision if k not in known]
+    if unknown:
+        raise ConfigError(f"{graph.meta.get('source', graph.name)}: Config.op_precision names "
+                          f"{', '.join(map(repr, unknown))}, which is no node name or op type of the model")
+
+
+def compile(model: Any, config: Config | None = None, *,  # noqa: A001 - public API name
+            on_stage: Callable[[str], None] | None = None, example_inputs: Any = None,
+            dynamic_shapes: Any = None, calibration_inputs: Any = None) -> CompiledModel:
+    """Compile an ONNX model (path, bytes, ModelProto) or an IR Graph into a CompiledModel.
+
+    ``on_stage(name)`` is called as each stage starts: "import", "passes", "planning".
+    ``calibration_inputs``: for ``precision="auto"``, a list of feeds (``{input: array}``) the
+    accuracy search measures on (default: random inputs of the model's input specs).
+    """
+    config = config or Config()
+    with intra_op_threads(config.threads):   # the caller's thread count is back when this returns
+        return _compile(model, config, on_stage or (lambda name: None), example_inputs, dynamic_shapes,
+                        calibration_inputs)
+
+
+def _compile(model: Any, config: Config, stage: Callable[[str], None], example_inputs: Any,
+             dynamic_shapes: Any, calibration: Any) -> CompiledModel:
+    t0 = time.perf_counter()
+    stage("import")
+    graph = import_model(model, example_inputs, dynamic_shapes)
+    t1 = time.perf_counter()
+    for node in graph.nodes:  # every node must have a kernel: fail at compile time, not run time
+        opdef_for(node)
+    infer_graph(graph)
+    check_op_precision(graph, config)
+    kind = specialization_kind(graph, config)
+    source = copy_graph(graph) if kind == "batch" else None     # a static graph, before any pass
+    report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
+    stage("passes")
+    if config.precision == "auto":
+        from .precision_auto import search
+        search(graph, config, report, calibration, stage)   # optimises the graph at the chosen policy
+    else:
+        optimize(graph, config, report)
+    if kind == "shapes":
+        source = copy_graph(graph)        # optimised, shape-generic: each compile folds its shapes
+    t2 = time.perf_counter()
+    stage("planning")
+    shared = weight_share(device_of(config)) if kind else None
+    compiled = plan_and_bind(graph, config, report, shared)
+    report.timings = {"import": t1 - t0, "infer": t2 - t1, **report.timings}    # then plan, bind
+    if kind:
+        _attach_specializations(compiled, source, kind, shared)
+    return compiled
+
+
+def _attach_specializations(model: CompiledModel, source: Graph, kind: str, shared) -> None:
+    config = model.config
+    model.specializations = ShapeSpecializations(
+        source, kind, config, model, shared, lambda g, cfg: plan_and_bind(g, config, _optimized(g, cfg), shared))
+
+
+def _optimized(graph: Graph, config: Config) -> CompileReport:
+    report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
+    optimize(graph, config, report)
+    return report
+
+
+def load(path: str | Path, *, threads: int | None = None) -> CompiledModel:
+    """Load a ``.fgm`` artifact (``artifact.read``) and bind its kernels: no pass and no
+    planning runs. The model runs at the stored ``Config.threads`` bounded by this machine's
+    cores, or at ``threads``; the process's own thread count is left as it was. A model with
+    symbolic input dims compiles at each new input shape on its first run there, from the
+    stored shape-generic graph, as a compiled one does (``specialize.py``)."""
+    t0 = time.perf_counter()
+    stored = artifact.read(path, threads=threads)
+    dynamic = specialization_kind(stored.graph, stored.config) == "shapes"   # not "batch": its batch is folded
+    shared = weight_share(device_of(stored.config)) if dynamic else None
+    try:
+        source = copy_graph(stored.graph) if dynamic else None                # before binding changes it
+        model = CompiledModel.from_optimized(stored.graph, stored.config, stored.report, stored.plan,
+                                             stored.strides, stored.backend_state, shared)
+    except MemoryError:
+        raise
+    except Exception as exc:  # a file whose graph or plan cannot be bound: ArtifactError, never other
+        raise artifact.refusal(str(path), exc) from exc
+    if dynamic:
+        _attach_specializations(model, source, "shapes", shared)
+    seconds = time.perf_counter() - t0
+    stored.report.timings["load"] = seconds
+    reorders = model.report.kernels.get("weight_reorders", 0)
+    model.load_info = {**stored.info, "seconds": seconds, "weight_reorders": reorders,
+                       "backend_state": ("stored forms used as they are" if not reorders else
+                                         f"{reorders} weight(s) reordered for this machine's kernels")
+                       if stored.backend_state else "none stored"}
+    return model

@@ -1,0 +1,61 @@
+"""Planning a compiled model: ``plan_execution`` turns an optimised graph into its
+``ExecutionPlan``; ``plan_and_bind`` plans and binds it into a ``CompiledModel``.
+
+The memory plan (``plan_memory``: order, lifetimes, arena offsets; in ``tight`` mode the order
+is the planner's, and the runtime generates code in that order), then, for more than one
+stream, the stream plan on that order and the memory plan again with the stream hooks (a
+buffer is reused only across an event or within a stream). The result is an
+``ExecutionPlan`` (pure data, ``model.plan``), which the executor binds. The algorithms live in
+``plan/``; this module only sequences them.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..config import Config
+from ..ir import Graph
+from ..plan.exec_plan import ExecutionPlan
+from ..plan.memory_plan import PlanOptions, plan_memory
+from ..report import CompileReport
+from .model import CompiledModel, device_of
+
+
+def plan_execution(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:
+    """The ``ExecutionPlan`` of an optimised ``graph`` under ``config`` (memory, then streams);
+    ``report.memory`` and ``report.streams`` are set from it."""
+    mplan = plan_memory(graph, config)
+    streams = None
+    if config.streams == "auto" or config.streams > 1:
+        from ..plan.streams import plan_streams
+        from ..plan.stream_memory import stream_hooks
+        cost = None
+        if config.streams == "auto" and device_of(config) == "cpu":   # hybrid plans need measured costs
+            from ..runtime.stream_calibrate import calibrate_costs
+            cost = calibrate_costs(graph, ExecutionPlan.from_memory_plan(mplan, config.memory),
+                                   config.threads or torch.get_num_threads())
+        sp = plan_streams(graph, list(mplan.order), config.streams, cost)
+        if sp.num_streams > 1:
+            streams = sp
+            if config.memory != "off":
+                release_after, inplace_ok = stream_hooks(graph, mplan.order, sp)
+                mplan = plan_memory(graph, config, PlanOptions(order=tuple(mplan.order), release_after=release_after,
+                                                               inplace_ok=inplace_ok))
+        if report.streams is None:
+            report.streams = sp
+    report.memory = mplan.report
+    return ExecutionPlan.from_memory_plan(mplan, config.memory, streams)
+
+
+def plan_and_bind(graph: Graph, config: Config, report: CompileReport, shared_forms=None) -> CompiledModel:
+    """An optimised graph through the planner and binding (``shared_forms``: packed weights
+    shared with the model's other per-shape compiles)."""
+    t2 = time.perf_counter()
+    report.nodes_final = len(graph.nodes)
+    report.op_histogram = graph.op_histogram()
+    plan = plan_execution(graph, config, report)
+    t3 = time.perf_counter()
+    compiled = CompiledModel(graph, config, report, plan, shared_forms=shared_forms)
+    report.timings = {**report.timings, "plan": t3 - t2, "bind": time.perf_counter() - t3}
+    return compiled
