@@ -81,14 +81,18 @@ class Config:
         other node its op's portable ATen kernel; "onednn": the same, refused with a
         ConfigError where the library does not load; "portable": every node its portable
         ATen kernel (a reference to compare against).
-    shape_cache: for a model whose inputs have symbolic dims (a dynamic batch or sequence), how
-        many compiles at exact input shapes to keep (``specialize.py``): a run at new shapes
-        compiles the model at them (folded shape arithmetic, fused kernels, a planned arena, as
-        a static model gets) and the least recently used compile goes when there are more;
-        0: no per-shape compiles, every run takes the shape-generic kernels (no planned arena).
-    dynamic_batch: let a model compiled with a static batch dim accept other batch sizes, each
-        compiled at its size (within ``shape_cache``); a model whose graph fixes its batch in a
-        constant is refused at that size with an InputError naming the output.
+    shape_cache: for a model whose inputs have symbolic dims (a dynamic batch or sequence). 0
+        (default): one compile serves every shape: the passes run once over the symbolic graph,
+        kernels are bound once, and each new input shape costs a shape evaluation and, for a
+        new bucket of shapes, a memory plan (``runtime/frames.py``). N > 0: instead keep up to N
+        compiles at exact input shapes (``compiler/specialize.py``: each new shape runs the
+        passes again), least recently used out; worth it only for a long run at a few shapes.
+    dynamic_batch: let a model compiled with a static batch dim accept other batch sizes: its
+        inputs' dim 0 becomes the symbolic ``batch`` before the passes run; an output whose
+        graph fixes its batch in a constant is refused at another batch with an InputError
+        naming the output.
+    shapes: declared ranges of symbolic input dims, ``{"seq": (1, 512)}``: a run whose dim is
+        outside its range gets an InputError naming the input, the dim and the range.
     """
 
     level: str = "O2"
@@ -113,8 +117,9 @@ class Config:
     cuda_graph: bool = False
     keep_freed_memory: bool = False
     cpu_kernels: str = "auto"
-    shape_cache: int = 8
+    shape_cache: int = 0
     dynamic_batch: bool = False
+    shapes: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -138,9 +143,7 @@ class Config:
         if (not isinstance(self.shape_cache, int) or isinstance(self.shape_cache, bool)
                 or not 0 <= self.shape_cache <= 256):
             raise ConfigError(f"Config.shape_cache must be an integer 0..256, got {self.shape_cache!r}")
-        if self.dynamic_batch is True and self.shape_cache == 0:
-            raise ConfigError("Config.dynamic_batch compiles the model per batch size, which "
-                              "shape_cache=0 forbids; give shape_cache >= 1 or drop dynamic_batch")
+        _check_shapes(self)
         for name in ("cuda_graph", "keep_freed_memory", "dynamic_batch"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Config.{name} must be true or false, got {getattr(self, name)!r}")
@@ -157,6 +160,10 @@ class Config:
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"Config.{name} must be a tuple of names, got {value!r}")
             object.__setattr__(self, name, tuple(value))
+
+    def declared_shapes(self) -> dict[str, tuple[int, int]]:
+        """``shapes`` as ``{symbolic dim: (min, max)}``."""
+        return {name: (lo, hi) for name, lo, hi in self.shapes}
 
     def replace(self, **changes) -> "Config":
         """A copy with some fields changed (the dataclass is frozen)."""
@@ -181,6 +188,24 @@ class Config:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"unknown config key {key!r}{hint}; known keys: {', '.join(sorted(known))}")
         return cls(**{k: _tuples(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _check_shapes(config: Config) -> None:
+    """``shapes``: ``{dim: (min, max)}`` or ``((dim, min, max), ...)``, as the tuple form."""
+    given = config.shapes
+    items = [(k, *v) if isinstance(v, (tuple, list)) else (k, v) for k, v in given.items()] \
+        if isinstance(given, dict) else list(given)
+    out = []
+    for item in items:
+        ok = isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[0], str) and item[0] and \
+            all(isinstance(n, int) and not isinstance(n, bool) for n in item[1:]) and 0 <= item[1] <= item[2]
+        if not ok:
+            raise ConfigError(f"Config.shapes declares a symbolic dim's range as {{name: (min, max)}} with "
+                              f"0 <= min <= max, got {item!r}")
+        out.append((item[0], int(item[1]), int(item[2])))
+    if len({name for name, _, _ in out}) != len(out):
+        raise ConfigError(f"Config.shapes names a dim twice: {given!r}")
+    object.__setattr__(config, "shapes", tuple(out))
 
 
 def _check_precision(config: Config) -> None:

@@ -17,11 +17,12 @@ from ..ir import Graph
 from ..ir.serialize import copy_graph
 from ..ops import infer_graph, opdef_for
 from ..passes import optimize
+from ..plan.exec_plan import ExecutionPlan
 from ..report import CompileReport
 from ..runtime.backends import weight_share
 from ..runtime.threads import intra_op_threads
 from .model import CompiledModel, device_of
-from .planning import plan_and_bind
+from .planning import bucket_planner, has_symbolic_inputs, plan_and_bind
 from .specialize import ShapeSpecializations, specialization_kind
 
 
@@ -77,7 +78,10 @@ def _compile(model: Any, config: Config, stage: Callable[[str], None], example_i
     for node in graph.nodes:  # every node must have a kernel: fail at compile time, not run time
         opdef_for(node)
     infer_graph(graph)
+    if config.dynamic_batch and config.shape_cache == 0:
+        symbolic_batch(graph)              # one compile for every batch size
     check_op_precision(graph, config)
+    check_declared_shapes(graph, config)
     kind = specialization_kind(graph, config)
     source = copy_graph(graph) if kind == "batch" else None     # a static graph, before any pass
     report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
@@ -97,6 +101,33 @@ def _compile(model: Any, config: Config, stage: Callable[[str], None], example_i
     if kind:
         _attach_specializations(compiled, source, kind, shared)
     return compiled
+
+
+def symbolic_batch(graph: Graph) -> None:
+    """``Config.dynamic_batch``: every tensor input's dim 0 becomes the symbolic ``batch``; the
+    graph is inferred again (an output whose batch the graph fixes keeps a constant dim 0, and
+    is refused at another batch: ``graph.meta["fixed_batch"]``)."""
+    first = next((v.shape[0] for v in graph.inputs if v.shape and isinstance(v.shape[0], int)), None)
+    for v in graph.inputs:
+        if v.shape and "container" not in v.meta:
+            v.shape = ("batch", *v.shape[1:])
+    infer_graph(graph)
+    names = graph.meta.get("output_names") or [v.name for v in graph.outputs]
+    fixed = [n for n, v in zip(names, graph.outputs) if v.shape and isinstance(v.shape[0], int)]
+    if fixed and first is not None:
+        graph.meta["fixed_batch"] = {"batch": int(first), "outputs": fixed}
+
+
+def check_declared_shapes(graph: Graph, config: Config) -> None:
+    """Every dim ``Config.shapes`` declares is a symbolic dim of the model's inputs."""
+    if not config.shapes:
+        return
+    symbols = {d for v in graph.inputs for d in (v.shape or ()) if isinstance(d, str)}
+    unknown = [name for name, _, _ in config.shapes if name not in symbols]
+    if unknown:
+        raise ConfigError(f"{graph.meta.get('source', graph.name)}: Config.shapes declares "
+                          f"{', '.join(map(repr, unknown))}, which is no symbolic dim of the model's inputs "
+                          f"(they are: {', '.join(map(repr, sorted(symbols))) or 'none'})")
 
 
 def _attach_specializations(model: CompiledModel, source: Graph, kind: str, shared) -> None:
@@ -121,10 +152,14 @@ def load(path: str | Path, *, threads: int | None = None) -> CompiledModel:
     stored = artifact.read(path, threads=threads)
     dynamic = specialization_kind(stored.graph, stored.config) == "shapes"   # not "batch": its batch is folded
     shared = weight_share(device_of(stored.config)) if dynamic else None
+    plan, planner = stored.plan, None
+    if has_symbolic_inputs(stored.graph) and device_of(stored.config) == "cpu" and plan is not None:
+        plan = ExecutionPlan.for_symbolic(plan.order, plan.memory_mode)   # from the graph, not the file's word
+        planner = bucket_planner(stored.graph, stored.config, plan)
     try:
         source = copy_graph(stored.graph) if dynamic else None                # before binding changes it
-        model = CompiledModel.from_optimized(stored.graph, stored.config, stored.report, stored.plan,
-                                             stored.strides, stored.backend_state, shared)
+        model = CompiledModel.from_optimized(stored.graph, stored.config, stored.report, plan,
+                                             stored.strides, stored.backend_state, shared, planner)
     except MemoryError:
         raise
     except Exception as exc:  # a file whose graph or plan cannot be bound: ArtifactError, never other

@@ -43,7 +43,8 @@ def device_of(config: Config) -> str:
 
 class CompiledModel:
     def __init__(self, graph: Graph, config: Config, report: CompileReport, plan: ExecutionPlan | None = None,
-                 strides: dict | None = None, backend_state: dict | None = None, shared_forms=None):
+                 strides: dict | None = None, backend_state: dict | None = None, shared_forms=None,
+                 planner=None):
         self.graph = graph
         self.specializations = None   # ShapeSpecializations   # per-shape compiles (compile() sets it)
         self.config = config
@@ -59,7 +60,8 @@ class CompiledModel:
                                       cuda_graph=config.cuda_graph, strides=strides,
                                       keep_freed_memory=config.keep_freed_memory,
                                       backend_state=backend_state, exact=not config.fast_math,
-                                      cpu_kernels=config.cpu_kernels, shared_forms=shared_forms)
+                                      cpu_kernels=config.cpu_kernels, shared_forms=shared_forms,
+                                      planner=planner, declared_shapes=config.declared_shapes())
         binding = self._executor.binding
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(binding.not_writable)
@@ -71,11 +73,11 @@ class CompiledModel:
     @classmethod
     def from_optimized(cls, graph: Graph, config: Config, report: CompileReport,
                        plan: ExecutionPlan | None = None, strides: dict | None = None,
-                       backend_state: dict | None = None, shared_forms=None) -> "CompiledModel":
+                       backend_state: dict | None = None, shared_forms=None, planner=None) -> "CompiledModel":
         """Bind an already optimised and planned graph: runs no pass and no planning
         (without a stored ``plan``, every tensor gets its own allocation, as memory "off";
         ``strides``: the arena view layouts the compile's probe found, so binding probes nothing)."""
-        return cls(graph, config, report, plan, strides, backend_state, shared_forms)
+        return cls(graph, config, report, plan, strides, backend_state, shared_forms, planner)
 
     def save(self, path: str | Path) -> None:
         """Write the offline ``.fgm`` artifact (see ``fusegraph.artifact``)."""

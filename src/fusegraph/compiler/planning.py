@@ -11,21 +11,34 @@ buffer is reused only across an event or within a stream). The result is an
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
 from ..config import Config
 from ..ir import Graph
 from ..plan.exec_plan import ExecutionPlan
+from ..plan.memory import FAST_ALGORITHMS
 from ..plan.memory_plan import PlanOptions, plan_memory
 from ..report import CompileReport
 from .model import CompiledModel, device_of
 
 
+def has_symbolic_inputs(graph: Graph) -> bool:
+    """A tensor input with a symbolic or unknown dim: the model runs a symbolic plan."""
+    return any("container" not in v.meta and (v.shape is None or not all(isinstance(d, int) for d in v.shape))
+               for v in graph.inputs)
+
+
 def plan_execution(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:
     """The ``ExecutionPlan`` of an optimised ``graph`` under ``config`` (memory, then streams);
-    ``report.memory`` and ``report.streams`` are set from it."""
+    ``report.memory`` and ``report.streams`` are set from it. A graph with symbolic input dims
+    gets a symbolic plan: its order, and offsets per bucket of shapes at run time
+    (``bucket_planner``)."""
     mplan = plan_memory(graph, config)
+    if has_symbolic_inputs(graph) and device_of(config) == "cpu":
+        report.memory = mplan.report
+        return ExecutionPlan.for_symbolic([n.name for n in mplan.order], config.memory)
     streams = None
     if config.streams == "auto" or config.streams > 1:
         from ..plan.streams import plan_streams
@@ -48,6 +61,21 @@ def plan_execution(graph: Graph, config: Config, report: CompileReport) -> Execu
     return ExecutionPlan.from_memory_plan(mplan, config.memory, streams)
 
 
+def bucket_planner(graph: Graph, config: Config, plan: ExecutionPlan) -> Callable:
+    """For a symbolic ``plan``: ``planner(sizes, inplace_ok) -> MemoryPlan``, the memory plan of
+    one bucket of input shapes, in the plan's order (``sizes``: every activation's bytes at
+    that bucket, None for those sized at run time; ``inplace_ok``: a veto on in-place pairs),
+    with the fast offset algorithms (made while the model runs)."""
+    by_name = {n.name: n for n in graph.nodes}
+    order = tuple(by_name[name] for name in plan.order)
+    algorithms = ("naive",) if config.memory == "off" else FAST_ALGORITHMS
+
+    def planner(sizes: dict, inplace_ok: Callable | None = None):
+        return plan_memory(graph, config, PlanOptions(order=order, sizes=sizes, algorithms=algorithms,
+                                                      inplace_ok=inplace_ok))
+    return planner
+
+
 def plan_and_bind(graph: Graph, config: Config, report: CompileReport, shared_forms=None) -> CompiledModel:
     """An optimised graph through the planner and binding (``shared_forms``: packed weights
     shared with the model's other per-shape compiles)."""
@@ -56,6 +84,7 @@ def plan_and_bind(graph: Graph, config: Config, report: CompileReport, shared_fo
     report.op_histogram = graph.op_histogram()
     plan = plan_execution(graph, config, report)
     t3 = time.perf_counter()
-    compiled = CompiledModel(graph, config, report, plan, shared_forms=shared_forms)
+    planner = bucket_planner(graph, config, plan) if plan.symbolic else None
+    compiled = CompiledModel(graph, config, report, plan, shared_forms=shared_forms, planner=planner)
     report.timings = {**report.timings, "plan": t3 - t2, "bind": time.perf_counter() - t3}
     return compiled

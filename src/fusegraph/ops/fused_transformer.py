@@ -249,7 +249,8 @@ def _sdpa(ctx: NodeContext):
     untransposed); qkv_split [Eq, Ek, Ev] (q, k and v packed along the last axis of input 0,
     inputs 1 and 2 absent); merge_heads (output [B, L, H*D] instead of [B, H, L, D]); nan_to_zero.
     The kernel takes ``out=`` (its output buffer) and ``scores=`` (a buffer of at least the
-    scores' bytes, for ``q @ k^T``: a backend's workspace; else allocated per call)."""
+    scores' bytes, for ``q @ k^T``: a backend's workspace, or a function of the bytes needed
+    that returns one; else allocated per call)."""
     scale = float(ctx.attr("scale", 1.0))
     k_transposed = bool(ctx.attr("k_transposed", 0))
     nan_to_zero = bool(ctx.attr("nan_to_zero", 0))
@@ -263,6 +264,8 @@ def _sdpa(ctx: NodeContext):
         if scores is not None:
             shape = tuple(broadcast_shapes(tuple(q.shape[:-2]), tuple(kt.shape[:-2]))) + (q.shape[-2], kt.shape[-1])
             nbytes = math.prod(shape) * q.element_size()
+            if callable(scores):          # a workspace sized per call
+                scores = scores(nbytes)
             if scores.numel() * scores.element_size() >= nbytes:
                 s = torch.matmul(q, kt, out=scores.view(torch.uint8)[:nbytes].view(q.dtype).view(shape))
         if s is None:

@@ -42,8 +42,10 @@ def _opdef(node: Node):
     return lookup(node.domain, node.op_type, node.version)
 
 
-def inplace_candidates(node: Node) -> list[int]:
-    """Input indices whose buffer output 0 may take over (same shape and dtype), best first."""
+def inplace_candidates(node: Node, symbolic: bool = False) -> list[int]:
+    """Input indices whose buffer output 0 may take over (same shape and dtype), best first.
+    ``symbolic``: shapes may hold named symbolic dims (a plan for a range of input shapes): the
+    same name is the same size at run time, so equal shapes stay equal at every shape."""
     if not node.outputs:
         return []
     opdef = _opdef(node)
@@ -57,7 +59,7 @@ def inplace_candidates(node: Node) -> list[int]:
         allowed = list(range(len(node.inputs)))
     else:
         return []
-    if not is_static(out.shape):
+    if not (is_static(out.shape) or (symbolic and out.shape is not None and None not in out.shape)):
         return []
     found = []
     for i in allowed:

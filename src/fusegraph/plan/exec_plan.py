@@ -5,7 +5,9 @@ It is what ``compiler.py`` hands the runtime and what an artifact can store (``t
 each arena value's ``(offset, size)`` (values written by their kernel into the arena: planned
 and in-place tenants; views and inputs have no slot of their own), the planner's kind of every
 non-trivial value (the runtime needs to know which outputs the planner treated as views), and
-the stream plan (``plan/streams.py``), or None for one stream.
+the stream plan (``plan/streams.py``), or None for one stream. A model with symbolic input
+dims has a *symbolic* plan: its order only, its offsets planned per bucket of shapes at run
+time (``buckets.py``).
 Nothing here touches the graph or allocates.
 """
 from __future__ import annotations
@@ -24,10 +26,18 @@ class ExecutionPlan:
     slots: dict[str, tuple[int, int]] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)   # value name -> planner kind
     streams: Any = None                                    # StreamPlan or None
+    # made for a range of input shapes (symbolic input dims): no slots here; each bucket of
+    # shapes gets its offsets at run time, from the sizes at that bucket (``buckets.py``)
+    symbolic: bool = False
 
     @property
     def uses_arena(self) -> bool:
         return self.memory_mode != "off" and self.arena_bytes > 0 and bool(self.slots)
+
+    @classmethod
+    def for_symbolic(cls, order: list[str], mode: str, streams=None) -> "ExecutionPlan":
+        """The plan of a model with symbolic input dims: its order (every bucket's plan keeps it)."""
+        return cls(list(order), mode, 0, {}, {}, streams, symbolic=True)
 
     @classmethod
     def from_memory_plan(cls, mplan, mode: str, streams=None) -> "ExecutionPlan":
@@ -43,7 +53,7 @@ class ExecutionPlan:
         streams = self.streams.to_dict() if hasattr(self.streams, "to_dict") else self.streams
         return {"order": list(self.order), "memory_mode": self.memory_mode, "arena_bytes": self.arena_bytes,
                 "slots": {k: list(v) for k, v in self.slots.items()}, "kinds": dict(self.kinds),
-                "streams": streams}
+                "streams": streams, "symbolic": self.symbolic}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExecutionPlan":
@@ -52,7 +62,7 @@ class ExecutionPlan:
             streams = stream_plan_from_dict(streams)
         return cls(list(d["order"]), d.get("memory_mode", "off"), int(d.get("arena_bytes", 0)),
                    {k: (int(v[0]), int(v[1])) for k, v in d.get("slots", {}).items()},
-                   dict(d.get("kinds", {})), streams)
+                   dict(d.get("kinds", {})), streams, bool(d.get("symbolic", False)))
 
 
 def stream_plan_from_dict(d: dict):

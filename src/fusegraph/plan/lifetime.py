@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..errors import ConfigError
 from ..ir import DType, Graph, Node, Value
@@ -49,6 +49,9 @@ class LifetimeOptions:
     external_tensors: tuple = ()
     release_after: Callable[[Value, int], int] | None = None  # stream hook, see module doc
     inplace_ok: Callable[[Node, list[Value]], bool] | None = None  # stream hook, see module doc
+    # value name -> bytes (None: sized at run time), instead of the static shapes' sizes: a plan
+    # for one range of input shapes (``buckets.py``), each value sized for the range's largest
+    sizes: Mapping[str, int | None] | None = None
 
     @classmethod
     def from_config(cls, config, **overrides) -> "LifetimeOptions":
@@ -107,7 +110,9 @@ def _physical_memory() -> int:
 MAX_PLANNED_BYTES = _physical_memory()
 
 
-def _why_unplannable(v: Value) -> str:
+def _why_unplannable(v: Value, sized: bool = False) -> str:
+    if sized and "container" not in v.meta and v.dtype not in (DType.UNDEFINED, DType.STRING):
+        return "its shape is known only when its kernel runs (it depends on data)"
     if "container" in v.meta:
         return f"a {v.meta['container'].replace('_', ' ')} (a list of tensors or None at run time), not a tensor"
     if v.dtype in (DType.UNDEFINED, DType.STRING):
@@ -155,7 +160,8 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
     root: dict[str, str] = {}
     kind: dict[str, str] = {}
     members: dict[str, list[str]] = {}
-    sizes = {name: value_bytes(v) for name, v in vals.items()}
+    sizes = {name: value_bytes(v) if options.sizes is None else options.sizes.get(name)
+             for name, v in vals.items()}
     for v in graph.inputs:
         root[v.name], kind[v.name] = v.name, "input"
         members[v.name] = [v.name]
@@ -174,7 +180,8 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
                 continue
             taken = None
             if options.inplace and k == 0 and o.name not in barred:
-                taken = _inplace_target(node, i, root, kind, members, use_last, sizes, barred | pinned)
+                taken = _inplace_target(node, i, root, kind, members, use_last, sizes, barred | pinned,
+                                        options.sizes is not None)
                 if taken is not None and options.inplace_ok is not None and \
                         not options.inplace_ok(node, [vals[m] for m in members[taken]]):
                     taken = None
@@ -201,7 +208,7 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
                                     "input" if r == name else "view", None)
             continue
         if sizes[r] is None or sizes[r] > MAX_PLANNED_BYTES:
-            unplannable.append((name, _why_unplannable(vals[r]) if r == name
+            unplannable.append((name, _why_unplannable(vals[r], options.sizes is not None) if r == name
                                 else f"lives in %{r}, which is unplannable"))
             lives[name] = ValueLife(name, first[name], last[name], None, "unplannable", None)
             continue
@@ -231,9 +238,9 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
                      unplannable, inplace_log, warnings)
 
 
-def _inplace_target(node, i, root, kind, members, last, sizes, barred) -> str | None:
+def _inplace_target(node, i, root, kind, members, last, sizes, barred, symbolic=False) -> str | None:
     out = node.outputs[0]
-    for k in inplace_candidates(node):
+    for k in inplace_candidates(node, symbolic):
         v = node.inputs[k]
         r = root.get(v.name)
         if r is None or kind.get(r) != "planned" or sizes.get(r) is None or sizes[r] != sizes.get(out.name):

@@ -255,6 +255,8 @@ ALGORITHMS: dict[str, Callable] = {
 }
 DEFAULT_ALGORITHMS = ("greedy_by_size", "greedy_by_breadth", "best_fit_spatial", "best_fit_temporal",
                       "best_fit_area", "best_fit_size_class", "exact")
+# the heuristics alone: plans made while a model runs (``buckets.py``), in milliseconds
+FAST_ALGORITHMS = tuple(a for a in DEFAULT_ALGORITHMS if a != "exact")
 
 
 def plan(buffers: list[Buffer], constraints: Constraints = Constraints(),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..ir import Graph, Node, Value
 from .lifetime import LifetimeOptions, Lifetimes, compute_lifetimes, value_bytes
@@ -34,7 +34,8 @@ class PlanOptions:
     """alignment: arena offset multiple. algorithms: offset algorithms to try (None: by mode).
     exact_*: limits of the exact solver. dp_state_limit: Serenity beam width per level.
     release_after / inplace_ok: the stream hooks of ``LifetimeOptions`` (``stream_memory.py``
-    builds them from a StreamPlan). order: force an execution order."""
+    builds them from a StreamPlan). order: force an execution order. sizes: each value's bytes
+    (None: sized at run time) instead of its static shape's (``buckets.py``)."""
     alignment: int = 64
     algorithms: tuple[str, ...] | None = None
     exact_time_limit_s: float = 1.0
@@ -43,6 +44,7 @@ class PlanOptions:
     release_after: Callable[[Value, int], int] | None = None
     inplace_ok: Callable[[Node, list[Value]], bool] | None = None
     order: tuple[Node, ...] | None = None
+    sizes: Mapping[str, int | None] | None = None   # value name -> bytes, for a range of shapes
 
 
 @dataclass
@@ -78,15 +80,18 @@ class MemoryPlan:
                 "report": self.report.to_dict()}
 
 
-def naive_bytes(graph: Graph) -> int:
-    """Every activation (node output, views included) in its own buffer."""
+def naive_bytes(graph: Graph, sizes=None) -> int:
+    """Every activation (node output, views included) in its own buffer (``sizes``: value name
+    -> bytes, instead of the static shapes')."""
+    if sizes is not None:
+        return sum(sizes.get(o.name) or 0 for n in graph.nodes for o in n.outputs)
     return sum(value_bytes(o) or 0 for n in graph.nodes for o in n.outputs)
 
 
 def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions()) -> MemoryPlan:
     t0 = time.perf_counter()
     mode = getattr(config, "memory", "balanced") if config is not None else "balanced"
-    hooks = dict(release_after=options.release_after, inplace_ok=options.inplace_ok)
+    hooks = dict(release_after=options.release_after, inplace_ok=options.inplace_ok, sizes=options.sizes)
     lt_opts = (LifetimeOptions.from_config(config, **hooks) if config is not None
                else LifetimeOptions(**hooks))
     if mode == "off":
@@ -99,7 +104,7 @@ def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions())
         lt = compute_lifetimes(graph, order, lt_opts)
         return live_bytes(lt.buffers, lt.constraints())
 
-    floor = order_floor(graph, lt_opts)
+    floor = order_floor(graph, lt_opts) if options.sizes is None else None
     if options.order is not None:
         order = list(options.order)
         check_order(graph, order)
@@ -114,7 +119,7 @@ def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions())
                                         exact_max_buffers=options.exact_max_buffers)
     algorithms = options.algorithms or (("naive",) if mode == "off" else DEFAULT_ALGORITHMS)
     assignment = plan(lifetimes.buffers, constraints, algorithms)
-    report = _report(graph, mode, order_name, order_scores, lifetimes, constraints, assignment)
+    report = _report(graph, mode, order_name, order_scores, lifetimes, constraints, assignment, options.sizes)
     if floor is not None:
         report.order_floor_bytes, report.order_floor_node = floor.bytes, floor.node
     report.seconds = time.perf_counter() - t0
@@ -123,7 +128,7 @@ def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions())
 
 
 def _report(graph: Graph, mode: str, order_name: str, order_scores: dict, lifetimes: Lifetimes,
-            constraints: Constraints, assignment: Assignment) -> MemoryReport:
+            constraints: Constraints, assignment: Assignment, sizes=None) -> MemoryReport:
     offsets = assignment.offsets
     tensors = [TensorPlan(v.name, v.buffer, v.kind, offsets.get(v.buffer) if v.buffer else None, v.size,
                           v.first, v.last) for v in lifetimes.values.values()]
@@ -131,7 +136,7 @@ def _report(graph: Graph, mode: str, order_name: str, order_scores: dict, lifeti
                for b in lifetimes.buffers]
     return MemoryReport(
         mode=mode, arena_bytes=assignment.arena_bytes, lower_bound_bytes=lifetimes.lower_bound_bytes,
-        naive_bytes=naive_bytes(graph), algorithm=assignment.algorithm, optimal=assignment.optimal,
+        naive_bytes=naive_bytes(graph, sizes), algorithm=assignment.algorithm, optimal=assignment.optimal,
         order=order_name, steps=lifetimes.steps, alignment=constraints.alignment, tensors=tensors,
         buffers=buffers, unplannable=[{"name": n, "reason": r} for n, r in lifetimes.unplannable],
         inplace=[{"node": n, "input": i, "output": o} for n, i, o in lifetimes.inplace],

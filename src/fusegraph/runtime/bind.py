@@ -15,6 +15,9 @@ For each node of the execution order a ``NodeCall`` says:
 Kernels come from the backend (``backends/``): its own, or the op's portable kernel; a
 backend's ``Decline`` is kept with its reason (``Binding.declined``, ``report.kernels``).
 Constants folded as stride-0 broadcasts are materialised here, once (``Binding.dense``).
+A model with symbolic input dims binds its kernels once for every shape (``bind_kernels``),
+and the calls that write into the arena write the views of each run's frame
+(``frame_outputs``; ``frames.py`` plans per bucket of shapes).
 Nothing here generates code or runs a kernel.
 """
 from __future__ import annotations
@@ -32,6 +35,10 @@ from .arena import Arena
 from .backends import Backend, Decline
 from .layout_probe import probe_strides
 from .subgraph import subgraph_factory
+from ..plan.aliasing import view_source
+
+
+FRAME_OUTPUTS = ("frame",)     # NodeCall.out of a call writing into the run's frame views (``frames.py``)
 
 
 @dataclass
@@ -96,18 +103,8 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     writing: list[NodeCall] = []
     for i, node in enumerate(order):
         opdef = opdef_for(node)
-        ctx = NodeContext(node, device, kept, subgraph_factory(device))
-        ctx.inplace_input = _inplace_input(node, slots, kinds)
-        kernel = backend.kernel(ctx, opdef)
-        if isinstance(kernel, Decline):
-            declined.append({"node": node.name, "op": node.op_type, "family": kernel.family, "reason": kernel.reason})
-            kernel = backend.portable(ctx, opdef)
-        for d in backend.tried(node):                  # families the backend tried before this kernel
-            declined.append({"node": node.name, "op": node.op_type, "family": d.family, "reason": d.reason})
-        call = NodeCall(i, node, kernel)
-        reads = getattr(kernel, "reads", None)        # the inputs the kernel reads at run time
-        if reads is not None:
-            call.args = [node.inputs[j] for j in reads]
+        call = _call(i, node, opdef, backend, device, kept, _inplace_input(node, slots, kinds), declined)
+        kernel = call.kernel
         outs = node.outputs
         if arena is not None and outs and kernel_writes_out(opdef, kernel) and all(o.name in slots for o in outs):
             writing.append(call)
@@ -142,6 +139,63 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
                 views.append(view)
             call.out = tuple(views)
     return Binding(calls, arena, not_writable, dense_constants(graph), dict(strides or {}), backend, declined)
+
+
+def _call(i: int, node: Node, opdef, backend: Backend, device, kept: bool, inplace_input: int | None,
+          declined: list[dict]) -> NodeCall:
+    """The node's call: its kernel from ``backend`` (the portable one where the backend
+    declines: the reason goes to ``declined``) and the inputs it reads at run time."""
+    ctx = NodeContext(node, device, kept, subgraph_factory(device))
+    ctx.inplace_input = inplace_input
+    kernel = backend.kernel(ctx, opdef)
+    if isinstance(kernel, Decline):
+        declined.append({"node": node.name, "op": node.op_type, "family": kernel.family, "reason": kernel.reason})
+        kernel = backend.portable(ctx, opdef)
+    for d in backend.tried(node):                  # families the backend tried before this kernel
+        declined.append({"node": node.name, "op": node.op_type, "family": d.family, "reason": d.reason})
+    call = NodeCall(i, node, kernel)
+    reads = getattr(kernel, "reads", None)        # the inputs the kernel reads at run time
+    if reads is not None:
+        call.args = [node.inputs[j] for j in reads]
+    return call
+
+
+def bind_kernels(graph: Graph, plan, device: str | torch.device, backend: Backend) -> Binding:
+    """Every node's kernel, for a model with symbolic input dims (bound once, for every shape)
+    and no arena yet: its plans are made per bucket at run time (``frames.py``), and which
+    calls write into them is ``frame_outputs``'s to say."""
+    backend.bind_start(graph)
+    kept = bool(backend.freed_memory_kept)
+    declined: list[dict] = []
+    order = execution_order(graph, plan.order if plan is not None else None)
+    calls = [_call(i, node, opdef_for(node), backend, device, kept, None, declined) for i, node in enumerate(order)]
+    return Binding(calls, None, [], dense_constants(graph), {}, backend, declined)
+
+
+def frame_outputs(binding: Binding, slotted: Callable[[Value], bool]) -> list[Value]:
+    """Mark the calls that write into the run's frame views: a kernel with ``out=`` whose
+    every output has a slot of its own at every shape (``slotted``: a shape known before the
+    run, not shape-only work, not a view) gets ``NodeCall.out = FRAME_OUTPUTS`` (the views
+    change with the input shapes); a call reading an arena value whose result is not a view
+    is guarded (copied when its kernel returned an alias of the arena). Returns the values
+    the frames hold views of, in call order."""
+    in_arena: set[int] = set()
+    values: list[Value] = []
+    for call in binding.calls:
+        node = call.node
+        outs = node.outputs
+        if outs and kernel_writes_out(opdef_for(node), call.kernel) and all(slotted(o) for o in outs):
+            call.out = FRAME_OUTPUTS
+            in_arena.update(id(o) for o in outs)
+            values.extend(outs)
+        elif any(v is not None and id(v) in in_arena for v in node.inputs):
+            src = view_source(node)
+            for k, o in enumerate(outs):
+                if src is not None and k == 0:
+                    in_arena.add(id(o))           # a view of an arena value lives in its slot
+                else:
+                    call.guard = True
+    return values
 
 
 def _inplace_input(node: Node, slots: dict, kinds: dict) -> int | None:

@@ -255,3 +255,36 @@ def generate_run_function(graph, binding: Binding, filename: str, hook: Callable
     code = generate_module(specs, names, filename, extra)
     code.shape_kernels = len(memo.calls) if memo else 0
     return code
+
+
+def generate_frame_run_function(graph, binding: Binding, memo, frame_values: list[Value], filename: str,
+                                frames, hook: Callable | None = None) -> GeneratedCode:
+    """The ``run(*inputs) -> outputs`` function of a model with symbolic input dims: its first
+    lines take the frame of the inputs' shapes (``frames.FrameBuilder``: made on a miss) and
+    unpack it into the shape-only values (``memo.results``) and the arena views of
+    ``frame_values`` (the outputs of the calls bound with ``FRAME_OUTPUTS``); every call then
+    writes its view. The shape-only nodes are a second function, ``_memo_fill(*inputs)``,
+    which the frame builder calls. ``hook`` as for ``generate_run_function``."""
+    memo_ids = {id(c.node) for c in memo.calls} if memo else set()
+    calls = [c for c in binding.calls if id(c.node) not in memo_ids]
+    names = Names(binding.dense)
+    params = [names(v) for v in graph.inputs]
+    spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
+                        returns=list(graph.outputs), hook=hook is not None)
+    unpacked = [names(v) for v in (memo.results if memo else [])] + [names(v) for v in frame_values]
+    key = "(" + "".join(f"{p}.shape, " for p in params) + ")"
+    spec.prologue = [f"_f = _FRAMES.get({key})",
+                     "if _f is None:",
+                     f"    _f = _FRAME({', '.join(params)})"]
+    if unpacked:
+        spec.prologue.append(f"{', '.join(unpacked)}, = _f")
+    specs = [spec]
+    if memo:
+        specs.append(FunctionSpec("_memo_fill", memo.calls, params=list(params), param_values=list(graph.inputs),
+                                  returns=memo.results))
+    extra = {"_FRAMES": frames.frames, "_FRAME": frames, "_AL": 0, "_AH": 0}
+    if hook is not None:
+        extra["_hook"] = hook
+    code = generate_module(specs, names, filename, extra)
+    code.shape_kernels = len(memo.calls) if memo else 0
+    return code

@@ -31,7 +31,7 @@ import torch
 from ..errors import ConfigError, FusegraphError, KernelError, ModelClosedError
 from ..ir import Graph
 from .backends import backend_for
-from .bind import Binding, bind
+from .bind import Binding, bind, bind_kernels
 from .threads import intra_op_threads
 from .codegen import GeneratedCode, generate_run_function
 from .convert import to_host, to_numpy
@@ -61,7 +61,8 @@ class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
                  keep_freed_memory: bool = False, backend_state: dict | None = None,
-                 exact: bool = True, cpu_kernels: str = "auto", shared_forms=None):
+                 exact: bool = True, cpu_kernels: str = "auto", shared_forms=None,
+                 planner=None, declared_shapes: dict | None = None):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -84,7 +85,11 @@ class Executor:
                     v.const = self.backend.portable_weight(v).to(self.device)
         self.threads = threads
         self._closed = False
-        self.binding = bind(graph, plan, self.device, strides, self.backend)  # strides: a loaded artifact's
+        symbolic = plan is not None and plan.symbolic and planner is not None and self.device.type == "cpu"
+        if symbolic:            # one binding for every input shape; plans per bucket at run time
+            self.binding = bind_kernels(graph, plan, self.device, self.backend)
+        else:
+            self.binding = bind(graph, plan, self.device, strides, self.backend)  # strides: a loaded artifact's
         self.released_bytes = self.backend.release_weights(graph, self.binding.calls)
         for c in self.binding.calls:          # a packed-only weight some kernel still reads plain
             for v in c.inputs:
@@ -92,7 +97,11 @@ class Executor:
                     v.const = self.backend.portable_weight(v)
         filename = f"<fusegraph:{graph.name}>"
         streams = getattr(plan, "streams", None)
-        if self.device.type == "cuda":
+        if symbolic:
+            from .frame_runner import FrameRunner
+            self._runner = FrameRunner(graph, self.binding, planner, filename, model_name, self.device,
+                                       declared_shapes)
+        elif self.device.type == "cuda":
             from .streams_cuda import CudaRunner
             self._runner = CudaRunner(graph, self.binding, streams, filename, cuda_graph=cuda_graph)
         elif streams is not None and streams.num_streams > 1:
@@ -102,7 +111,9 @@ class Executor:
             self._runner = _SingleRunner(graph, self.binding, filename)
         self._lock = threading.Lock()
         self.backend.settle()                       # what binding's probe runs freed
-        self._memo_storages = self.code.env.get("_MEMO_STORAGES", frozenset())  # kept current by the code
+        frames = getattr(self._runner, "frames", None)
+        self._memo_storages = frames.memo_storages if frames is not None else \
+            self.code.env.get("_MEMO_STORAGES", frozenset())      # kept current by the code / the frames
         self._const_storages = {_storage(t) for t in [v.const for v in graph.constants.values()]
                                 + list(self.binding.dense.values()) if t.numel() and t.device.type != "meta"}
 
@@ -116,7 +127,8 @@ class Executor:
 
     @property
     def arena(self):
-        return self.binding.arena
+        runner_arena = getattr(self._runner, "arena", None)
+        return runner_arena if runner_arena is not None else self.binding.arena
 
     def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
         if self._closed:
@@ -134,15 +146,17 @@ class Executor:
         tensors = convert_feeds(self.model_name, self.inputs, feeds)
         with self._lock:
             outs = self.run_tensors(tensors, hook)
-            shared = self._const_storages | {_storage(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel()} | self._memo_storages
-            arena = self.binding.arena
+            shared = self._const_storages | {_storage(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
+            memo = self._memo_storages
+            arena = self.arena
             result = {}
             for name, t in zip(self.output_names, outs):
                 if not isinstance(t, torch.Tensor):   # a sequence or an optional (runtime/convert.py)
                     result[name] = to_host(t)
                     continue
                 try:
-                    if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared):
+                    if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared
+                                      or _storage(t) in memo):
                         t = t.clone()
                     result[name] = to_numpy(t)
                 except Exception as exc:   # e.g. an Expand output too large to materialise

@@ -3,8 +3,8 @@
 - ``fusegraph::ScaledDotProductAttention`` that oneDNN's primitives decline
   (``dnnl/attention.py`` runs the others): the op's own kernel (torch products and softmax),
   its output written into the planned buffer (``out=``) and its ``q @ k^T`` scores into the
-  backend's per-thread workspace (``workspace.py``) instead of a fresh allocation per run,
-  when the shapes are static;
+  backend's per-thread workspace (``workspace.py``) instead of a fresh allocation per run
+  (with symbolic shapes, the workspace grows to the largest scores a run has needed);
 - ``Gather`` of rows of a constant 2-D table (an embedding lookup) by run-time indices:
   ``index_select`` into the planned buffer, negative indices wrapped as ONNX says.
 Other nodes of these ops decline with a reason (their portable kernel runs).
@@ -19,12 +19,15 @@ from ..protocol import Decline
 def attention_kernel(ctx, opdef, workspace):
     portable = opdef.build(ctx)
     nbytes = portable.scores_bytes()
-    if nbytes is None:
-        return Decline("needs static shapes for its scores workspace", "cpu")
-    workspace.need(nbytes)
+    if nbytes is None:          # symbolic shapes: the workspace grows to the largest scores seen
 
-    def attention(*args, out=None):
-        return portable(*args, out=out, scores=workspace.get())
+        def attention(*args, out=None):
+            return portable(*args, out=out, scores=workspace.at_least)
+    else:
+        workspace.need(nbytes)
+
+        def attention(*args, out=None):
+            return portable(*args, out=out, scores=workspace.get())
     attention.writes_out = True
     return attention
 

@@ -34,6 +34,7 @@ from .guard_plan import GuardPlan, guard_plan
 from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
+from .layer_norm import layer_norm_kernel
 from .guard import Guarded, Measuring, RunState
 from .workspace import Workspace
 from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
@@ -45,9 +46,11 @@ KERNEL_CHOICES = ("auto", "onednn", "portable")
 # a guarded node admitted only below this input magnitude has the values it reads measured
 # where they are made (``guard_plan.py``): images in 0..255 or normalised ones sit well below it
 MEASURE_BELOW = 1e4
-_PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py)
+_PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py, layer_norm.py)
     ("fusegraph", "ScaledDotProductAttention"): attention_kernel,
     ("", "Gather"): lambda ctx, opdef, ws: embedding_kernel(ctx),
+    ("fusegraph", "LayerNorm"): lambda ctx, opdef, ws: layer_norm_kernel(ctx, ws),
+    ("fusegraph", "SkipLayerNorm"): lambda ctx, opdef, ws: layer_norm_kernel(ctx, ws),
 }
 FORM_KEY = "dnnl"      # the packed-form key of this backend's weights in an artifact
 

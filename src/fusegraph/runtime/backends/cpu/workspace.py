@@ -1,6 +1,6 @@
 """Workspace memory the CPU backend's kernels share: one buffer per thread that runs them, as
-large as the largest any bound kernel asked for (``need``, at bind time), made at its first
-use and kept for the model's life. A model's runs are serialised on its lock and each stream
+large as the largest any bound kernel asked for (``need``, at bind time, or ``at_least`` at
+run time for shapes known only then), made at its first use and kept for the model's life. A model's runs are serialised on its lock and each stream
 worker is one thread, so no two kernels use a thread's buffer at once: planned once,
 allocated once per thread, never per run.
 """
@@ -18,6 +18,12 @@ class Workspace:
 
     def need(self, nbytes: int) -> None:
         self.bytes = max(self.bytes, int(nbytes))
+
+    def at_least(self, nbytes: int) -> torch.Tensor:
+        """This thread's buffer, grown to ``nbytes`` first if it is smaller (a kernel whose
+        shapes are known only at run time: it grows a few times, then never)."""
+        self.need(nbytes)
+        return self.get()
 
     def get(self) -> torch.Tensor:
         """This thread's buffer (uint8, ``bytes`` long)."""

@@ -3,7 +3,7 @@ into the planned arena, hold their weights once in the blocked layout they run o
 a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
-``linear.py``: LinearAct / Linear; ``pool.py``: max / average / global pools; ``lrn.py``;
+``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
 ``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
 ``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax), a
@@ -18,7 +18,9 @@ from .attention import attention_kernel
 from .binary import chain_kernel
 from .concat import concat_kernel
 from .conv import conv_kernel
+from .layouts import static_shape
 from .linear import linear_kernel
+from .linear_runtime import runtime_linear_kernel
 from .layernorm import layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
@@ -49,6 +51,8 @@ class DnnlKernels:
         if key == ("fusegraph", "FusedConv"):
             return conv_kernel(ctx, self.store, self.resources, exact)
         if key in (("fusegraph", "LinearAct"), ("fusegraph", "Linear")):
+            if static_shape(ctx.node.inputs[0]) is None:       # rows known at run time only
+                return runtime_linear_kernel(ctx, self.store, self.resources, exact)
             return linear_kernel(ctx, self.store, self.resources, exact)
         if key in POOLS:
             return pool_kernel(ctx, opdef, self.resources, exact)

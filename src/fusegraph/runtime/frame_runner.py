@@ -1,0 +1,96 @@
+"""``FrameRunner``: how a model with symbolic input dims runs, on one stream: one binding and
+one generated function for every input shape.
+
+At bind time it finds the run's shape-only work (``shape_memo.py``: done once per input
+shape), the shape program of every other value (``shape_program.py``), and which calls write
+into the arena (``bind.frame_outputs``: the outputs whose shapes are known before the run and
+that are not views), and generates the run function (``codegen.generate_frame_run_function``)
+whose first lines take the frame of the inputs' shapes (``frames.py``: made on a miss, kept
+after). The first run also probes the shape program at its (valid) shapes: a node whose
+kernel turns out to need data to know its output shape becomes dynamic (its kernel
+allocates), and the function is generated again, once. Outputs are handed out by the
+executor as from any run (copied out of the arena).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..ir import Graph, Value
+from ..plan.aliasing import view_source
+from .bind import Binding, frame_outputs
+from .codegen import generate_frame_run_function
+from .frames import FrameBuilder
+from .shape_memo import shape_only_calls
+from .shape_program import ShapeProgram
+
+
+class FrameRunner:
+    def __init__(self, graph: Graph, binding: Binding, planner: Callable, filename: str, name: str,
+                 device, declared: dict | None = None):
+        self.graph, self.binding, self.filename = graph, binding, filename
+        self.memo = shape_only_calls(graph, binding.calls)
+        memo_nodes = {id(c.node) for c in self.memo.calls} if self.memo else set()
+        self._shape_only = {id(o) for c in binding.calls if id(c.node) in memo_nodes for o in c.node.outputs}
+        known = {id(v) for v in self.memo.results} if self.memo else set()
+        self.program = ShapeProgram(graph, [c.node for c in binding.calls if id(c.node) not in memo_nodes], known)
+        self.frames = FrameBuilder(name, graph, self.program, self.memo.results if self.memo else [], [],
+                                   planner, device, declared)
+        self._views = {id(o) for c in binding.calls if view_source(c.node) is not None
+                       for k, o in enumerate(c.node.outputs) if k == 0}
+        self._probed = False
+        self._generate()
+
+    def _slotted(self, v: Value) -> bool:
+        return (id(v) in self.program.determined and id(v) not in self._shape_only and id(v) not in self._views
+                and "container" not in v.meta and v.dtype is not None and v.dtype.itemsize > 0)
+
+    def _generate(self) -> None:
+        for call in self.binding.calls:
+            call.out, call.guard = None, False
+        values = frame_outputs(self.binding, self._slotted)
+        self.frames.planned = values
+        self.frames.reset_values()
+        self.code = generate_frame_run_function(self.graph, self.binding, self.memo, values, self.filename,
+                                                self.frames)
+        self.codes = [self.code]
+        self.frames.memo_fill = self.code.functions.get("_memo_fill")
+        self.frames.envs = [self.code.env]      # their alias guard reads the arena's current range
+        self.frames.arena_moved()
+
+    def _probe(self, tensors: list) -> None:
+        """Evaluate the shape program at the first run's shapes; regenerate if a node left it."""
+        self._probed = True
+        self.frames.dims(tensors)               # the feeds' dims first: a mismatch is the feeds' fault
+        memo = {}
+        if self.memo:
+            memo = {id(v): t for v, t in zip(self.memo.results, self.frames.memo_fill(*tensors))}
+        before = len(self.program.steps)
+        try:
+            self.program.probe([tuple(t.shape) for t in tensors], memo)
+        except ValueError:
+            return                              # the run itself reports the feeds' fault
+        if len(self.program.steps) != before:
+            self._generate()
+
+    def __call__(self, tensors: list, hook: Callable | None = None) -> tuple:
+        if not self._probed:
+            self._probe(tensors)
+        if hook is None:
+            return self.code.function(*tensors)
+        code = generate_frame_run_function(self.graph, self.binding, self.memo, self.frames.planned,
+                                           self.filename + ":hook", self.frames, hook=hook)
+        self.frames.envs = [self.code.env, code.env]
+        self.frames.arena_moved()
+        self.codes = [self.code, code]
+        try:
+            return code.function(*tensors)
+        finally:
+            self.frames.envs = [self.code.env]
+
+    @property
+    def arena(self):
+        return self.frames.arena
+
+    def close(self) -> None:
+        self.frames.clear()
+

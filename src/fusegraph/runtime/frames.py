@@ -1,0 +1,321 @@
+"""Frames: what a model with symbolic input dims needs per input shape, made when a shape is
+first seen and kept, so that a run at a never-seen shape costs about what a warm run costs.
+
+A frame is one tuple: the shape-only values of the run (``shape_memo.py``'s results: position
+ids, mask shapes, reshape targets) followed by one arena view per planned activation, with
+that run's shapes, at the offsets of the memory plan the shape runs in. The generated run
+function looks its inputs' shapes up in the frame cache and unpacks the frame into its
+locals; on a miss it calls ``FrameBuilder``, which
+
+1. checks the inputs' symbolic dims (the same symbol the same size; inside a declared range,
+   else ``InputError`` naming the input, the dim and the range);
+2. runs the shape-only nodes on the inputs (``_memo_fill``, generated code);
+3. evaluates every activation's shape (``shape_program.py``: the ops' rules);
+4. takes the kept memory plan the shape fits (every activation within its slot, every
+   in-place pair of one shape), or has the planner the compiler handed over make one for
+   it with its slots rounded up (``plan/buckets.py``: a bucket of shapes; the order is fixed,
+   only offsets are planned);
+5. views the arena at those offsets with those shapes (the arena grows to the largest plan
+   in use; growing drops the frames kept, whose views point at the old buffer).
+
+Frames are kept first made, first out (``capacity`` of them, holding at most ``FRAME_BYTES``
+of shape-only tensors), plans least recently used first out (``PLANS_KEPT``).
+``stats`` counts frames and plans made and the seconds they took, for the report. Nothing
+here runs a kernel of the model or chooses an order.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import InputError
+from ..ir import Graph, Value
+from ..plan.buckets import slot_capacity
+from .shape_program import ShapeProgram
+
+FRAMES_KEPT = 256
+FRAME_BYTES = 64 << 20       # the shape-only tensors the kept frames may hold, together
+PLANS_KEPT = 64
+
+
+@dataclass
+class MemoryBucket:
+    """One memory plan of a model with symbolic dims and the shapes it serves: made for the
+    dims ``made_for`` with every slot rounded up (``plan.buckets.slot_capacity``), it runs
+    every later shape whose activations fit their slots. ``slots``: value name -> (offset,
+    size); ``inplace``: (input, output) value pairs sharing bytes; ``largest``: the sizes of
+    the largest shape it ran (by total bytes), for its lower bound in the report."""
+    made_for: dict[str, int]
+    slots: dict[str, tuple[int, int]]
+    inplace: list[tuple[str, str]]
+    arena_bytes: int
+    capacity_lower_bound_bytes: int
+    seconds: float
+    served: dict[str, int] = field(default_factory=dict)     # the largest size of each dim run in it
+    largest: dict[str, int | None] = field(default_factory=dict)
+    runs: int = 0
+
+    def serve(self, dims: dict[str, int], sizes: dict[str, int | None]) -> None:
+        self.runs += 1
+        for name, n in dims.items():
+            self.served[name] = max(self.served.get(name, 0), n)
+        if sum(n or 0 for n in sizes.values()) > sum(n or 0 for n in self.largest.values()):
+            self.largest = dict(sizes)
+
+
+class GrowingArena:
+    """The activation arena of a model with symbolic dims: one uint8 buffer, reallocated larger
+    when a plan needs more (``generation`` counts the reallocations)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.tensor = torch.empty(0, dtype=torch.uint8, device=device)
+        self.nbytes = 0
+        self.generation = 0
+
+    def ensure(self, nbytes: int) -> bool:
+        """Make the arena at least ``nbytes`` long; True when it was reallocated."""
+        if nbytes <= self.nbytes:
+            return False
+        with torch.inference_mode(False):
+            self.tensor = torch.empty(int(nbytes), dtype=torch.uint8, device=self.device)
+        self.nbytes = int(nbytes)
+        self.generation += 1
+        return True
+
+    @property
+    def lo(self) -> int:
+        return self.tensor.data_ptr()
+
+    @property
+    def hi(self) -> int:
+        return self.tensor.data_ptr() + self.nbytes
+
+    def contains(self, t: torch.Tensor) -> bool:
+        return t.numel() > 0 and self.lo <= t.data_ptr() < self.hi
+
+    def view(self, offset: int, shape: tuple, dtype: torch.dtype, nhwc: bool) -> torch.Tensor:
+        n = 1
+        for d in shape:
+            n *= d
+        itemsize = torch.empty((), dtype=dtype).element_size() if dtype not in _ITEMSIZE else _ITEMSIZE[dtype]
+        flat = self.tensor[offset:offset + max(n, 1) * itemsize].view(dtype)[:n]
+        if nhwc and len(shape) == 4:
+            b, c, h, w = shape
+            return flat.view(b, h, w, c).permute(0, 3, 1, 2)
+        return flat.view(shape)
+
+
+_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.int64: 8, torch.int32: 4,
+             torch.bool: 1, torch.uint8: 1, torch.int8: 1, torch.float64: 8, torch.int16: 2}
+
+
+class FrameBuilder:
+    """Makes and keeps the frames of one bound model with symbolic input dims."""
+
+    def __init__(self, name: str, graph: Graph, program: ShapeProgram, memo_results: list[Value],
+                 planned: list[Value], planner: Callable[[dict, bool], object], device,
+                 declared: dict[str, tuple[int, int]] | None = None, capacity: int = FRAMES_KEPT):
+        self.name = name
+        self.graph = graph
+        self.program = program
+        self.memo_results = list(memo_results)
+        self.planned = list(planned)
+        self.planner = planner
+        self.declared = dict(declared or {})
+        self.capacity = capacity
+        self.arena = GrowingArena(device)
+        self.frames: OrderedDict[tuple, tuple] = OrderedDict()
+        self._bytes: dict[tuple, int] = {}         # per kept frame, the bytes of its shape-only tensors
+        self.frame_bytes = 0
+        self.plans: OrderedDict[int, MemoryBucket] = OrderedDict()
+        self.memo_fill: Callable | None = None       # the generated shape-only function (set after codegen)
+        self.memo_storages: dict[int, int] = {}      # storage -> kept frames holding a shape-only tensor there
+        self.stats = {"frames": 0, "frame_seconds": 0.0, "plans": 0, "plan_seconds": 0.0, "planned_alone": 0}
+        self._symbols = _input_symbols(graph)
+        self._plan_ids = itertools.count()
+        self.envs: list[dict] = []          # generated modules whose ``_AL`` / ``_AH`` follow the arena
+        self.reset_values()
+
+    def reset_values(self) -> None:
+        """After ``planned`` changed (the code was generated again): no frame or plan kept."""
+        self._dtypes = [v.dtype.to_torch() for v in self.planned]
+        self._nhwc = [v.layout == "nhwc" for v in self.planned]
+        self.clear()
+        self.plans.clear()
+
+    def arena_moved(self) -> None:
+        for env in self.envs:
+            env["_AL"], env["_AH"] = self.arena.lo, self.arena.hi
+
+    # -- the generated code's entry on a cache miss
+    def __call__(self, *inputs) -> tuple:
+        t0 = time.perf_counter()
+        key = tuple(t.shape for t in inputs)
+        dims = self.dims(inputs)
+        memo = self._memo(inputs)
+        try:
+            shapes = self.program.evaluate([tuple(t.shape) for t in inputs], memo)
+        except ValueError as exc:
+            raise InputError(f"{self.name}: the model cannot run at input shapes "
+                             f"{_describe_inputs(self.graph, inputs)}: {exc}") from None
+        plan = self._plan_for(dims, shapes)
+        views = []
+        for v, dtype, nhwc in zip(self.planned, self._dtypes, self._nhwc):
+            views.append(self.arena.view(plan.slots[v.name][0], shapes[id(v)], dtype, nhwc))
+        held = tuple(memo[id(v)] for v in self.memo_results)
+        frame = held + tuple(views)
+        nbytes = sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+        self.frames[key] = frame
+        self._bytes[key] = nbytes
+        self.frame_bytes += nbytes
+        for t in held:
+            if isinstance(t, torch.Tensor) and t.numel():
+                ptr = t.untyped_storage().data_ptr()
+                self.memo_storages[ptr] = self.memo_storages.get(ptr, 0) + 1
+        while len(self.frames) > 1 and (len(self.frames) > self.capacity or self.frame_bytes > FRAME_BYTES):
+            old, dropped = self.frames.popitem(last=False)
+            self.frame_bytes -= self._bytes.pop(old)
+            for t in dropped[:len(self.memo_results)]:
+                if isinstance(t, torch.Tensor) and t.numel():
+                    ptr = t.untyped_storage().data_ptr()
+                    if self.memo_storages.get(ptr, 0) <= 1:
+                        self.memo_storages.pop(ptr, None)
+                    else:
+                        self.memo_storages[ptr] -= 1
+        self.stats["frames"] += 1
+        self.stats["frame_seconds"] += time.perf_counter() - t0
+        return frame
+
+    def clear(self) -> None:
+        self.frames.clear()
+        self._bytes.clear()
+        self.frame_bytes = 0
+        self.memo_storages.clear()
+
+    # -- inputs
+    def dims(self, inputs) -> dict[str, int]:
+        """The symbolic dims' sizes in ``inputs`` (checked: one size per symbol, inside its
+        declared range)."""
+        dims: dict[str, int] = {}
+        for (symbols, v), t in zip(self._symbols, inputs):
+            for axis, sym in symbols:
+                n = int(t.shape[axis])
+                seen = dims.setdefault(sym, n)
+                if seen != n:
+                    raise InputError(f"{self.name}: input {v.name!r} dim {axis} ({sym!r}) is {n}, but another "
+                                     f"input set {sym!r} = {seen}")
+                rng = self.declared.get(sym)
+                if rng is not None and not rng[0] <= n <= rng[1]:
+                    raise InputError(f"{self.name}: input {v.name!r} dim {axis} ({sym!r}) is {n}, outside the "
+                                     f"declared range {rng[0]}..{rng[1]} (Config.shapes)")
+        fixed = self.graph.meta.get("fixed_batch")
+        if isinstance(fixed, dict) and "batch" in dims and dims["batch"] != fixed.get("batch"):
+            raise InputError(f"{self.name}: Config.dynamic_batch: at batch {dims['batch']}, output(s) "
+                             f"{', '.join(map(repr, fixed.get('outputs', [])))} keep batch {fixed.get('batch')}: the "
+                             f"graph fixes its batch size (a Reshape or Expand to a constant shape); export the "
+                             f"model with a dynamic batch axis")
+        return dims
+
+    def _memo(self, inputs) -> dict[int, torch.Tensor]:
+        if not self.memo_results:
+            return {}
+        out = self.memo_fill(*inputs)
+        return {id(v): t for v, t in zip(self.memo_results, out)}
+
+    # -- plans
+    def _plan_for(self, dims: dict[str, int], shapes: dict[int, tuple]) -> MemoryBucket:
+        """The kept plan this shape fits (the most recently used first), else a new one made
+        for it with every slot rounded up to its size's boundary."""
+        sizes = self._sizes(shapes)
+        for key in reversed(self.plans):
+            plan = self.plans[key]
+            if self._fits(plan, sizes, shapes):
+                self.plans.move_to_end(key)
+                break
+        else:
+            plan = self._plan_sizes(dims, {k: None if n is None else slot_capacity(n) for k, n in sizes.items()},
+                                    shapes)
+        plan.serve(dims, sizes)
+        return plan
+
+    def _plan_sizes(self, dims: dict[str, int], capacity: dict[str, int | None], shapes: dict[int, tuple]) -> MemoryBucket:
+        t0 = time.perf_counter()
+
+        def same_shape(node, members) -> bool:     # an in-place pair has one shape here
+            out = shapes.get(id(node.outputs[0]))
+            return all(shapes.get(id(m)) == out for m in members if any(m is v for v in node.inputs))
+        mplan = self.planner(capacity, same_shape)
+        seconds = time.perf_counter() - t0
+        plan = MemoryBucket(dict(dims), mplan.slots(), [(d["input"], d["output"]) for d in mplan.report.inplace],
+                            mplan.assignment.arena_bytes, mplan.lifetimes.lower_bound_bytes, seconds)
+        self.plans[next(self._plan_ids)] = plan
+        while len(self.plans) > PLANS_KEPT:
+            self.plans.popitem(last=False)
+        if self.arena.ensure(plan.arena_bytes):
+            self.clear()                   # every kept frame points at the old buffer
+            self.arena_moved()
+        self.stats["plans"] += 1
+        self.stats["plan_seconds"] += seconds
+        return plan
+
+    def _sizes(self, shapes: dict[int, tuple]) -> dict[str, int | None]:
+        sizes: dict[str, int | None] = {}
+        known = self.program.known           # shape-only values live in the frame, not the arena
+        for node in self.graph.nodes:
+            for o in node.outputs:
+                s = shapes.get(id(o))
+                if s is None or id(o) in known or o.dtype is None or "container" in o.meta:
+                    sizes[o.name] = None
+                    continue
+                n = 1
+                for d in s:
+                    n *= d
+                sizes[o.name] = n * o.dtype.itemsize
+        return sizes
+
+    def _fits(self, plan: MemoryBucket, sizes: dict[str, int | None], shapes: dict[int, tuple]) -> bool:
+        slots = plan.slots
+        for v in self.planned:
+            slot = slots.get(v.name)
+            if slot is None or (sizes[v.name] or 0) > slot[1]:
+                return False
+        by_name = {o.name: o for n in self.graph.nodes for o in n.outputs}
+        for a, b in plan.inplace:
+            va, vb = by_name.get(a), by_name.get(b)
+            if va is None or vb is None or shapes.get(id(va)) != shapes.get(id(vb)):
+                return False
+        return True
+
+    def report(self, lower_bound: Callable[[dict], int] | None = None) -> list[dict]:
+        """The plans kept: the dims each was made for, the largest dims it ran, its arena and
+        (with ``lower_bound(sizes)``) the lower bound at the largest shape it ran."""
+        out = []
+        for p in self.plans.values():
+            row = {"made_for": dict(p.made_for), "largest_served": dict(p.served), "runs": p.runs,
+                   "arena_bytes": p.arena_bytes, "seconds": p.seconds}
+            if lower_bound is not None and p.largest:
+                row["lower_bound_bytes"] = lower_bound(p.largest)
+            out.append(row)
+        return out
+
+
+def _input_symbols(graph: Graph) -> list[tuple[list[tuple[int, str]], Value]]:
+    """Per graph input: its symbolic axes and their symbol (an unnamed dim is its own symbol)."""
+    out = []
+    for v in graph.inputs:
+        axes = []
+        for axis, d in enumerate(v.shape or ()):
+            if not isinstance(d, int):
+                axes.append((axis, d if isinstance(d, str) else f"{v.name}:{axis}"))
+        out.append((axes, v))
+    return out
+
+
+def _describe_inputs(graph: Graph, inputs) -> str:
+    return ", ".join(f"{v.name}: {list(t.shape)}" for v, t in zip(graph.inputs, inputs))
