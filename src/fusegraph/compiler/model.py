@@ -135,6 +135,22 @@ class CompiledModel:
             raise ModelClosedError(f"{self.name}: the model was closed; compile or load it again to run it")
         return self.specializations.at(shapes)
 
+    def kv_cache(self, capacity: int = 1024) -> "KVSession":
+        """A session that runs this decoder step by step with its KV cache kept inside
+        fusegraph (``runtime/kv_cache.py``): each ``present`` output made as ``Concat(past,
+        new)`` grows a buffer with room for ``capacity`` positions (twice as much when a step
+        needs more) instead of copying the cache, and feeds the next step's ``past`` input
+        itself. ``session.run(feeds)`` takes the other inputs and returns the other outputs;
+        ``session.reset()`` starts a new sequence. A ``ConfigError`` where the model has no such
+        pair or no symbolic input dim."""
+        from ..runtime.kv_cache import KVSession, kv_pairs
+        if self._executor.closed:
+            raise ModelClosedError(f"{self.name}: the model was closed; compile or load it again to run it")
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ConfigError(f"{self.name}: kv_cache capacity must be a positive integer, got {capacity!r}")
+        pairs, _ = kv_pairs(self.graph, self._executor.output_names)
+        return KVSession(self._executor, pairs, capacity)
+
     def close(self) -> None:
         """Stop the stream workers now (they also stop when the model is garbage-collected);
         ``run`` raises ``ModelClosedError`` afterwards (the per-shape compiles are closed too)."""

@@ -130,48 +130,80 @@ class Executor:
         runner_arena = getattr(self._runner, "arena", None)
         return runner_arena if runner_arena is not None else self.binding.arena
 
-    def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
+    @property
+    def lock(self) -> threading.Lock:
+        """Held around a run: the arena is shared by all runs of the model."""
+        return self._lock
+
+    @property
+    def frame_runner(self):
+        """The runner of a model with symbolic input dims (``frame_runner.py``)."""
+        from .frame_runner import FrameRunner
+        if not isinstance(self._runner, FrameRunner):
+            raise ConfigError(f"{self.model_name}: the model has no symbolic input dim on the CPU (its shapes are "
+                              f"fixed): it runs no per-shape frames")
+        return self._runner
+
+    def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None, runner=None) -> tuple:
         if self._closed:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
+        runner = runner or self._runner
         try:
             with torch.inference_mode(), intra_op_threads(self.threads):
                 self.backend.before_run(tensors)
-                return self._runner(tensors, hook)
+                return runner(tensors, hook)
         except FusegraphError:
             raise
         except Exception as exc:
-            raise self._kernel_error(exc) from exc
+            raise self._kernel_error(exc, runner) from exc
+
+    def convert_feeds_except(self, feeds: Mapping[str, Any], skipped: set[str]) -> list:
+        """``feeds`` checked and converted for every input not in ``skipped`` (None there)."""
+        kept = [v for v in self.inputs if v.name not in skipped]
+        converted = iter(convert_feeds(self.model_name, kept, feeds))
+        return [None if v.name in skipped else next(converted) for v in self.inputs]
 
     def run(self, feeds: Mapping[str, Any], hook: Callable | None = None) -> dict[str, Any]:
         tensors = convert_feeds(self.model_name, self.inputs, feeds)
         with self._lock:
             outs = self.run_tensors(tensors, hook)
-            shared = self._const_storages | {_storage(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
-            memo = self._memo_storages
-            arena = self.arena
-            result = {}
-            for name, t in zip(self.output_names, outs):
-                if not isinstance(t, torch.Tensor):   # a sequence or an optional (runtime/convert.py)
-                    result[name] = to_host(t)
-                    continue
-                try:
-                    if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared
-                                      or _storage(t) in memo):
-                        t = t.clone()
-                    result[name] = to_numpy(t)
-                except Exception as exc:   # e.g. an Expand output too large to materialise
-                    raise KernelError(f"{self.model_name}: output {name!r} ({tuple(t.shape)}, {t.dtype}, "
-                                      f"{t.numel() * t.element_size()} bytes) could not be returned: "
-                                      f"{type(exc).__name__}: {str(exc)[:200]}") from exc
-            return result
+            return self.outputs_to_numpy(tensors, outs)
+
+    def outputs_to_numpy(self, tensors: list, outs: tuple, keep: list[bool] | None = None,
+                         runner=None) -> dict[str, Any]:
+        """A run's outputs as NumPy arrays (``keep``: which of them), each copied where it lives
+        in the arena, a constant, a feed or a kept shape-only value (the next run or the caller
+        could otherwise change it); ``runner``: the one that ran (its arena and frames)."""
+        shared = self._const_storages | {_storage(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
+        frames = getattr(runner, "frames", None)
+        memo = frames.memo_storages if frames is not None else self._memo_storages
+        arena = runner.arena if runner is not None and getattr(runner, "arena", None) is not None else self.arena
+        result = {}
+        for i, (name, t) in enumerate(zip(self.output_names, outs)):
+            if keep is not None and not keep[i]:
+                continue
+            if not isinstance(t, torch.Tensor):   # a sequence or an optional (runtime/convert.py)
+                result[name] = to_host(t)
+                continue
+            try:
+                if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared
+                                  or _storage(t) in memo):
+                    t = t.clone()
+                result[name] = to_numpy(t)
+            except Exception as exc:   # e.g. an Expand output too large to materialise
+                raise KernelError(f"{self.model_name}: output {name!r} ({tuple(t.shape)}, {t.dtype}, "
+                                  f"{t.numel() * t.element_size()} bytes) could not be returned: "
+                                  f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        return result
 
     def close(self) -> None:
         """Stop worker threads (if any); the executor cannot run afterwards (``ModelClosedError``)."""
         self._closed = True
         self._runner.close()
 
-    def _kernel_error(self, exc: Exception) -> KernelError:
-        codes = {c.filename: c for c in getattr(self._runner, "codes", [self.code])}
+    def _kernel_error(self, exc: Exception, runner=None) -> KernelError:
+        runner = runner or self._runner
+        codes = {c.filename: c for c in getattr(runner, "codes", [runner.code])}
         for frame in reversed(traceback.extract_tb(exc.__traceback__)):
             code = codes.get(frame.filename)
             if code is not None:

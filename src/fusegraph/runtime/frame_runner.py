@@ -13,6 +13,7 @@ executor as from any run (copied out of the arena).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from ..ir import Graph, Value
@@ -26,7 +27,14 @@ from .shape_program import ShapeProgram
 
 class FrameRunner:
     def __init__(self, graph: Graph, binding: Binding, planner: Callable, filename: str, name: str,
-                 device, declared: dict | None = None):
+                 device, declared: dict | None = None, replaced: dict[int, Callable] | None = None):
+        """``replaced``: id(node) -> a kernel that takes that node's place in this runner's code
+        (it returns its result and writes no frame view: ``variant``)."""
+        self._args = (graph, planner, filename, name, device, declared)
+        if replaced:
+            binding = dataclasses.replace(binding, calls=[
+                dataclasses.replace(c, kernel=replaced.get(id(c.node), c.kernel)) for c in binding.calls])
+        self._replaced = set(replaced or ())
         self.graph, self.binding, self.filename = graph, binding, filename
         self.memo = shape_only_calls(graph, binding.calls)
         memo_nodes = {id(c.node) for c in self.memo.calls} if self.memo else set()
@@ -42,7 +50,14 @@ class FrameRunner:
 
     def _slotted(self, v: Value) -> bool:
         return (id(v) in self.program.determined and id(v) not in self._shape_only and id(v) not in self._views
+                and (v.producer is None or id(v.producer) not in self._replaced)
                 and "container" not in v.meta and v.dtype is not None and v.dtype.itemsize > 0)
+
+    def variant(self, replaced: dict[int, Callable], suffix: str) -> "FrameRunner":
+        """A runner of the same kernels (the same packed weights) in which the nodes of
+        ``replaced`` run other kernels: its own code, frames and plans."""
+        graph, planner, filename, name, device, declared = self._args
+        return FrameRunner(graph, self.binding, planner, f"{filename}:{suffix}", name, device, declared, replaced)
 
     def _generate(self) -> None:
         for call in self.binding.calls:

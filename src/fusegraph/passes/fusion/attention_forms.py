@@ -93,6 +93,14 @@ def attention_form(root):
                     ("v", [0, 2, 1, 3])):
         x, heads = _split_heads(form[t], perm, nodes)
         form[t], form[f"{t}_heads"] = x, heads
+    if form["k_transposed"] and not form["k_heads"]:   # k^T made by a Transpose of k: read k itself
+        kt = form["k"]
+        t = producer(kt, "Transpose")
+        if t is not None and len(kt.uses) == 1 and not kt.is_graph_output and kt.shape is not None \
+                and list(t.attrs.get("perm") or ()) == list(range(len(kt.shape) - 2)) + [len(kt.shape) - 1,
+                                                                                       len(kt.shape) - 2]:
+            nodes.append(t)
+            form["k"], form["k_transposed"] = t.inputs[0], False
     if not (q.dtype.is_float and q.dtype == k.dtype == v.dtype):
         return Decline("q, k, v are not of one float type")
     if any(t.shape is None or len(t.shape) < 2 for t in (q, k, v)):
