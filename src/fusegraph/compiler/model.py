@@ -135,7 +135,7 @@ class CompiledModel:
             raise ModelClosedError(f"{self.name}: the model was closed; compile or load it again to run it")
         return self.specializations.at(shapes)
 
-    def kv_cache(self, capacity: int = 1024) -> "KVSession":
+    def kv_cache(self, capacity: int = 1024):
         """A session that runs this decoder step by step with its KV cache kept inside
         fusegraph (``runtime/kv_cache.py``): each ``present`` output made as ``Concat(past,
         new)`` grows a buffer with room for ``capacity`` positions (twice as much when a step

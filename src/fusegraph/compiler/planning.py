@@ -38,7 +38,13 @@ def plan_execution(graph: Graph, config: Config, report: CompileReport) -> Execu
     mplan = plan_memory(graph, config)
     if has_symbolic_inputs(graph) and device_of(config) == "cpu":
         report.memory = mplan.report
-        return ExecutionPlan.for_symbolic([n.name for n in mplan.order], config.memory)
+        streams = None
+        if config.streams == "auto" or config.streams > 1:     # costs from the symbolic graph's static parts
+            from ..plan.streams import plan_streams
+            sp = plan_streams(graph, list(mplan.order), config.streams)
+            streams = sp if sp.num_streams > 1 else None
+            report.streams = sp
+        return ExecutionPlan.for_symbolic([n.name for n in mplan.order], config.memory, streams)
     streams = None
     if config.streams == "auto" or config.streams > 1:
         from ..plan.streams import plan_streams
@@ -69,10 +75,16 @@ def bucket_planner(graph: Graph, config: Config, plan: ExecutionPlan) -> Callabl
     by_name = {n.name: n for n in graph.nodes}
     order = tuple(by_name[name] for name in plan.order)
     algorithms = ("naive",) if config.memory == "off" else FAST_ALGORITHMS
+    release_after = stream_ok = None
+    if plan.streams is not None and config.memory != "off":   # a buffer reused across an event only
+        from ..plan.stream_memory import stream_hooks
+        release_after, stream_ok = stream_hooks(graph, list(order), plan.streams)
 
     def planner(sizes: dict, inplace_ok: Callable | None = None):
+        both = inplace_ok if stream_ok is None else (
+            stream_ok if inplace_ok is None else (lambda n, m: stream_ok(n, m) and inplace_ok(n, m)))
         return plan_memory(graph, config, PlanOptions(order=order, sizes=sizes, algorithms=algorithms,
-                                                      inplace_ok=inplace_ok))
+                                                      inplace_ok=both, release_after=release_after))
     return planner
 
 

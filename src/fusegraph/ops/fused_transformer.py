@@ -260,14 +260,22 @@ def _sdpa(ctx: NodeContext):
     split = None if split is None else [int(n) for n in split]
 
     def composed(q, kt, v, mask, scores, out):
-        s = None
+        s = y = None
         if scores is not None:
             shape = tuple(broadcast_shapes(tuple(q.shape[:-2]), tuple(kt.shape[:-2]))) + (q.shape[-2], kt.shape[-1])
             nbytes = math.prod(shape) * q.element_size()
+            # a strided output (heads merged by its strides) is written from a contiguous
+            # product: ATen's product into strided memory sums in an order that depends on the
+            # thread count, the contiguous one does not (streams give other thread counts)
+            ybytes = -(-(out.numel() * out.element_size()) // 64) * 64 if out is not None and \
+                not out.is_contiguous() else 0
             if callable(scores):          # a workspace sized per call
-                scores = scores(nbytes)
-            if scores.numel() * scores.element_size() >= nbytes:
-                s = torch.matmul(q, kt, out=scores.view(torch.uint8)[:nbytes].view(q.dtype).view(shape))
+                scores = scores(nbytes + ybytes)
+            if scores.numel() * scores.element_size() >= nbytes + ybytes:
+                raw = scores.view(torch.uint8)
+                s = torch.matmul(q, kt, out=raw[ybytes:ybytes + nbytes].view(q.dtype).view(shape))
+                if ybytes:
+                    y = raw[:out.numel() * out.element_size()].view(out.dtype).view(out.shape)
         if s is None:
             s = torch.matmul(q, kt)
         if mask is None:
@@ -276,7 +284,11 @@ def _sdpa(ctx: NodeContext):
         else:     # in place: s is this node's own temporary, and the mask never enlarges it
             torch.add(mask, s, alpha=scale, out=s)
         p = _softmax_(s, nan_to_zero)
-        return torch.matmul(p, v) if out is None else torch.matmul(p, v, out=out)
+        if out is None:
+            return torch.matmul(p, v)
+        if out.is_contiguous():
+            return torch.matmul(p, v, out=out)
+        return out.copy_(torch.matmul(p, v) if y is None else torch.matmul(p, v, out=y))
 
     def attention(q, k, v, mask=None, out=None, scores=None):
         if split is not None:
@@ -319,7 +331,8 @@ def _sdpa(ctx: NodeContext):
 
 
 def _scores_bytes(ctx: NodeContext, split, qh: int, kh: int, k_transposed: bool) -> int | None:
-    """Bytes of the ``q @ k^T`` scores with the node's static shapes (None: not static)."""
+    """Bytes of the ``q @ k^T`` scores with the node's static shapes (None: not static), and of
+    the product written contiguous before the heads merge into the output."""
     q, k = ctx.shape(0), ctx.shape(0 if split is not None else 1)
     dtype = ctx.dtype(0)
     if q is None or k is None or dtype is None or not all(isinstance(d, int) for d in tuple(q) + tuple(k)):
@@ -332,7 +345,11 @@ def _scores_bytes(ctx: NodeContext, split, qh: int, kh: int, k_transposed: bool)
         k = (k[0], kh, k[1], k[2] // kh)
     s_len = k[-1] if (k_transposed and not kh) else k[-2]
     batch = broadcast_shapes(tuple(q[:-2]), tuple(k[:-2]))
-    return math.prod(batch) * q[-2] * s_len * dtype.to_torch().itemsize
+    scores = math.prod(batch) * q[-2] * s_len * dtype.to_torch().itemsize
+    out = ctx.node.outputs[0].shape
+    if not ctx.attr("merge_heads", 0) or out is None or not all(isinstance(d, int) for d in out):
+        return scores
+    return scores + -(-math.prod(out) * dtype.to_torch().itemsize // 64) * 64   # the product before its merge
 
 
 # ---------------------------------------------------------------- ElementwiseChain

@@ -99,8 +99,9 @@ class Executor:
         streams = getattr(plan, "streams", None)
         if symbolic:
             from .frame_runner import FrameRunner
+            multi = streams if streams is not None and streams.num_streams > 1 else None
             self._runner = FrameRunner(graph, self.binding, planner, filename, model_name, self.device,
-                                       declared_shapes)
+                                       declared_shapes, streams=multi, threads=threads)
         elif self.device.type == "cuda":
             from .streams_cuda import CudaRunner
             self._runner = CudaRunner(graph, self.binding, streams, filename, cuda_graph=cuda_graph)

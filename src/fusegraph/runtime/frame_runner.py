@@ -27,10 +27,14 @@ from .shape_program import ShapeProgram
 
 class FrameRunner:
     def __init__(self, graph: Graph, binding: Binding, planner: Callable, filename: str, name: str,
-                 device, declared: dict | None = None, replaced: dict[int, Callable] | None = None):
+                 device, declared: dict | None = None, replaced: dict[int, Callable] | None = None,
+                 streams=None, threads: int | None = None):
         """``replaced``: id(node) -> a kernel that takes that node's place in this runner's code
-        (it returns its result and writes no frame view: ``variant``)."""
-        self._args = (graph, planner, filename, name, device, declared)
+        (it returns its result and writes no frame view: ``variant``); ``streams``: a stream
+        plan of more than one stream (``streams_cpu.CpuStreamRunner`` runs it, on frames)."""
+        self._args = (graph, planner, filename, name, device, declared, streams, threads)
+        self.streams, self.threads = streams, threads
+        self._stream_runner = None
         if replaced:
             binding = dataclasses.replace(binding, calls=[
                 dataclasses.replace(c, kernel=replaced.get(id(c.node), c.kernel)) for c in binding.calls])
@@ -56,8 +60,9 @@ class FrameRunner:
     def variant(self, replaced: dict[int, Callable], suffix: str) -> "FrameRunner":
         """A runner of the same kernels (the same packed weights) in which the nodes of
         ``replaced`` run other kernels: its own code, frames and plans."""
-        graph, planner, filename, name, device, declared = self._args
-        return FrameRunner(graph, self.binding, planner, f"{filename}:{suffix}", name, device, declared, replaced)
+        graph, planner, filename, name, device, declared, streams, threads = self._args
+        return FrameRunner(graph, self.binding, planner, f"{filename}:{suffix}", name, device, declared, replaced,
+                           streams, threads)
 
     def _generate(self) -> None:
         for call in self.binding.calls:
@@ -65,6 +70,16 @@ class FrameRunner:
         values = frame_outputs(self.binding, self._slotted)
         self.frames.planned = values
         self.frames.reset_values()
+        if self.streams is not None:
+            if self._stream_runner is not None:
+                self._stream_runner.close()
+            from .streams_cpu import CpuStreamRunner
+            self._stream_runner = CpuStreamRunner(self.graph, self.binding, self.streams, self.filename,
+                                                  threads=self.threads, frames=self.frames, memo=self.memo,
+                                                  frame_values=values)
+            self.code = self._stream_runner.code
+            self.codes = [self.code]
+            return
         self.code = generate_frame_run_function(self.graph, self.binding, self.memo, values, self.filename,
                                                 self.frames)
         self.codes = [self.code]
@@ -90,6 +105,10 @@ class FrameRunner:
     def __call__(self, tensors: list, hook: Callable | None = None) -> tuple:
         if not self._probed:
             self._probe(tensors)
+        if self._stream_runner is not None:
+            out = self._stream_runner(tensors, hook)
+            self.codes = self._stream_runner.codes
+            return out
         if hook is None:
             return self.code.function(*tensors)
         code = generate_frame_run_function(self.graph, self.binding, self.memo, self.frames.planned,
@@ -107,5 +126,7 @@ class FrameRunner:
         return self.frames.arena
 
     def close(self) -> None:
+        if self._stream_runner is not None:
+            self._stream_runner.close()
         self.frames.clear()
 

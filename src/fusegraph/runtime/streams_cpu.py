@@ -37,7 +37,7 @@ from ..errors import PlanError
 from ..ir import Graph
 from . import codegen
 from .bind import Binding
-from .codegen import FunctionSpec, GeneratedCode, arena_globals, arena_names, generate_module
+from .codegen import FunctionSpec, GeneratedCode, Names, arena_globals, arena_names, generate_module
 
 
 class _Aborted(Exception):
@@ -120,14 +120,18 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 
 def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: bool, wait_lines, record_lines,
-                       prefix: str = "stream"):
+                       prefix: str = "stream", skip: frozenset = frozenset(), direct: bool | None = None):
     """FunctionSpecs (one per stream) and the E layout: (specs, n_slots, template, output_slots).
 
     ``wait_lines(event_ids)`` / ``record_lines(event_id)`` give the source lines of a wait
-    before a call and a record after it (CPU locks here, CUDA events in ``streams_cuda``)."""
-    calls = {c.node.name: c for c in binding.calls}
-    if set(calls) != set(plan.stream_of):
+    before a call and a record after it (CPU locks here, CUDA events in ``streams_cuda``).
+    ``skip``: nodes that run before the streams (a frame's shape-only work): left out; a wait
+    on an event one of them records is dropped (its value is there before any stream starts)."""
+    all_calls = {c.node.name: c for c in binding.calls}
+    if set(all_calls) != set(plan.stream_of):
         raise PlanError(f"{graph.name}: the stream plan does not cover exactly the graph's nodes")
+    calls = {n: c for n, c in all_calls.items() if n not in skip}
+    done_before = {e.id for e in plan.events if e.producer in skip}
     stream_of = plan.stream_of
     slot: dict[int, int] = {}
     for i, v in enumerate(graph.inputs):
@@ -143,17 +147,17 @@ def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: boo
     made_on = {id(o): stream_of[c.node.name] for c in binding.calls for o in c.node.outputs}
     outputs = {id(v) for v in graph.outputs}
     read_on: dict[int, set[int]] = {}
-    for c in binding.calls:
+    for c in calls.values():
         for v in c.node.inputs:
             if v is not None:
                 read_on.setdefault(id(v), set()).add(stream_of[c.node.name])
     specs = []
     for k in range(plan.num_streams):
-        spec = FunctionSpec(f"{prefix}{k}", [calls[n] for n in plan.per_stream[k]], params=["E"], hook=hook,
-                            direct=codegen.DIRECT_CALLS)
+        spec = FunctionSpec(f"{prefix}{k}", [calls[n] for n in plan.per_stream[k] if n in calls], params=["E"],
+                            hook=hook, direct=codegen.DIRECT_CALLS if direct is None else direct)
         for pos, call in enumerate(spec.calls):
             node = call.node
-            waits = plan.waits.get(node.name, [])
+            waits = [e for e in plan.waits.get(node.name, []) if e not in done_before]
             if waits:
                 spec.before[pos] = wait_lines(waits)
             if node.name in plan.records:
@@ -189,8 +193,16 @@ def _thread_switches(spec: FunctionSpec, wide: frozenset) -> None:
 
 
 class CpuStreamRunner:
-    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None):
+    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None,
+                 frames=None, memo=None, frame_values: list | None = None):
+        """``frames`` (a ``frames.FrameBuilder``), ``memo`` and ``frame_values``: a model with
+        symbolic input dims: the frame of a run's input shapes is taken before the streams
+        start, its shape-only values (``memo.results``, made by ``_memo_fill``, a function of
+        this module) and arena views (``frame_values``) become the module's globals for the
+        run, and the shape-only nodes run in no stream."""
         self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
+        self.frames, self.memo, self.frame_values = frames, memo, list(frame_values or ())
+        self._frame = None
         self.n = plan.num_streams
         self.threads = threads
         self.events = {e.id: threading.Lock() for e in plan.events}
@@ -206,7 +218,14 @@ class CpuStreamRunner:
         self._finalizer = None
 
     def _generate(self, hook: Callable | None) -> GeneratedCode:
-        names = arena_names(self.binding)
+        skip: frozenset = frozenset()
+        if self.frames is not None:
+            names = Names(self.binding.dense)
+            held = (list(self.memo.results) if self.memo else []) + self.frame_values
+            self._frame_names = [names.set_global(v, None) for v in held]     # set per run from the frame
+            skip = frozenset(c.node.name for c in self.memo.calls) if self.memo else frozenset()
+        else:
+            names = arena_names(self.binding)
         for eid, lock in self.events.items():
             names.env[f"e{eid}"] = lock
 
@@ -218,7 +237,8 @@ class CpuStreamRunner:
 
         specs, self.template, self.out_slots = build_stream_specs(
             self.graph, self.binding, self.plan, names, hook=hook is not None,
-            wait_lines=wait_lines, record_lines=record_lines)
+            wait_lines=wait_lines, record_lines=record_lines, skip=skip,
+            direct=False if self.frames is not None else None)
         if self.wide:
             for spec in specs:
                 _thread_switches(spec, self.wide)
@@ -227,9 +247,17 @@ class CpuStreamRunner:
                       "_tb": self._budgets})
         if hook is not None:
             extra["_hook"] = hook
+        if self.frames is not None and self.memo:
+            specs.append(FunctionSpec("_memo_fill", self.memo.calls, params=[names(v) for v in self.graph.inputs],
+                                      param_values=list(self.graph.inputs), returns=self.memo.results))
         filename = self.filename + (":hook" if hook is not None else "")
         code = generate_module(specs, names, filename, extra)
         code.function = code.functions[specs[0].name]
+        if self.frames is not None:
+            self.frames.memo_fill = code.functions.get("_memo_fill")
+            self.frames.envs = [code.env] if hook is None else [self.code.env, code.env]
+            self.frames.arena_moved()
+            self._frame = None
         return code
 
     def _start_workers(self) -> None:
@@ -259,6 +287,11 @@ class CpuStreamRunner:
         fns = [code.functions[f"stream{k}"] for k in range(self.n)]
         if not self._workers:
             self._start_workers()
+        if self.frames is not None:
+            frame = self.frames.frames.get(tuple(t.shape for t in tensors)) or self.frames(*tensors)
+            if frame is not self._frame or code is not self.code:
+                code.env.update(zip(self._frame_names, frame))
+                self._frame = frame if code is self.code else None
         env = list(self.template)
         env[:len(tensors)] = tensors
         self._reset()
