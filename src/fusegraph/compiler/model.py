@@ -135,6 +135,14 @@ class CompiledModel:
             raise ModelClosedError(f"{self.name}: the model was closed; compile or load it again to run it")
         return self.specializations.at(shapes)
 
+    def memory_buckets(self) -> list[dict]:
+        """For a model with symbolic input dims: the memory plans its runs made so far (one per
+        bucket of shapes, ``plan/buckets.py``): the dims each was made for, the largest dims it
+        ran, its arena and the lower bound at the largest shape it ran. [] for a static model."""
+        runner = getattr(self._executor, "_runner", None)
+        frames = getattr(runner, "frames", None)
+        return frames.report() if frames is not None else []
+
     def kv_cache(self, capacity: int = 1024):
         """A session that runs this decoder step by step with its KV cache kept inside
         fusegraph (``runtime/kv_cache.py``): each ``present`` output made as ``Concat(past,

@@ -292,17 +292,18 @@ class FrameBuilder:
                 return False
         return True
 
-    def report(self, lower_bound: Callable[[dict], int] | None = None) -> list[dict]:
-        """The plans kept: the dims each was made for, the largest dims it ran, its arena and
-        (with ``lower_bound(sizes)``) the lower bound at the largest shape it ran."""
-        out = []
-        for p in self.plans.values():
-            row = {"made_for": dict(p.made_for), "largest_served": dict(p.served), "runs": p.runs,
-                   "arena_bytes": p.arena_bytes, "seconds": p.seconds}
-            if lower_bound is not None and p.largest:
-                row["lower_bound_bytes"] = lower_bound(p.largest)
-            out.append(row)
-        return out
+    def report(self) -> list[dict]:
+        """The plans kept: the dims each was made for, the largest dims it ran, its arena, the
+        lower bound at the largest shape it ran (the bytes live at once at its busiest step:
+        what no plan of that shape can go below), and the seconds it took to make."""
+        return [{"made_for": dict(p.made_for), "largest_served": dict(p.served), "runs": p.runs,
+                 "arena_bytes": p.arena_bytes, "seconds": p.seconds,
+                 "lower_bound_bytes": self.lower_bound(p.largest) if p.largest else 0}
+                for p in self.plans.values()]
+
+    def lower_bound(self, sizes: dict[str, int | None]) -> int:
+        """The most bytes live at once in the fixed order, with activations of ``sizes``."""
+        return self.planner(sizes, None).lifetimes.lower_bound_bytes
 
 
 def _input_symbols(graph: Graph) -> list[tuple[list[tuple[int, str]], Value]]:

@@ -122,6 +122,7 @@ class KVSession:
     """Runs a decoder step by step with its KV cache kept here (``CompiledModel.kv_cache``)."""
 
     def __init__(self, executor, pairs: list[KVPair], capacity: int):
+        runner = executor.frame_runner          # a ConfigError for a model of fixed shapes
         if not pairs:
             raise ConfigError(f"{executor.model_name}: no graph output is a Concat of a graph input and a new "
                               f"tensor along a symbolic axis (a decoder's present = Concat(past, new)): there "
@@ -130,7 +131,7 @@ class KVSession:
         self.buffers = [CacheBuffer(p, capacity) for p in pairs]
         by_node = {id(b.pair.node): b for b in self.buffers}
         replaced = {k: (lambda past, new, out=None, _b=b: _b.append(past, new)) for k, b in by_node.items()}
-        self.runner = executor.frame_runner.variant(replaced, "kv")
+        self.runner = runner.variant(replaced, "kv")
         self.past_names = {b.pair.input.name for b in self.buffers}
         self.present_names = {b.pair.output for b in self.buffers}
 

@@ -1,0 +1,246 @@
+"""One compile serves every shape (issue 36): a model with symbolic input dims is optimised and
+bound once; each new input shape costs a frame (``runtime/frames.py``: the shapes evaluated,
+a memory plan for its bucket of shapes, arena views), never a pass or a weight hash. Checked
+against onnxruntime ORT_DISABLE_ALL at many lengths, compiled and loaded, on several streams,
+with declared ranges, ``dynamic_batch``, and a decoder's KV cache kept inside fusegraph."""
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T, helper as H, numpy_helper
+
+import fusegraph as fg
+from fusegraph.errors import ConfigError, InputError
+from model_builders import gpt2_kv_cache_onnx, transformer_feeds
+from oracle import assert_outputs_close, ort_run
+from test_knobs import knob_model
+
+LENGTHS = ((1, 8), (1, 64), (1, 127), (2, 16), (1, 9), (1, 1))
+
+
+def _frames(model):
+    return model._executor.frame_runner.frames
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_every_length_runs_one_compile_in_planned_memory(transformer_models, name):
+    path = str(transformer_models[name])
+    model = fg.compile(path)
+    assert model.plan.symbolic and model.specializations is None
+    for batch, seq in LENGTHS:
+        feeds = transformer_feeds(seed=seq, batch=batch, seq=seq)
+        assert_outputs_close(model.run(feeds), ort_run(path, feeds))
+    frames = _frames(model)
+    assert frames.stats["frames"] == len(LENGTHS)
+    runner = model._executor.frame_runner
+    assert not runner.program.dynamic, "every activation's shape is known before the run"
+    written = {id(v) for v in frames.planned}
+    for call in model._executor.binding.calls:       # products, norms, attention: into the arena
+        if call.node.op_type in ("LinearAct", "Linear", "SkipLayerNorm", "ScaledDotProductAttention"):
+            assert all(id(o) in written for o in call.node.outputs), call.node.name
+    impls = model.report.kernels["implementations"]
+    assert sum(n for k, n in impls.items() if k != "portable") >= 8      # oneDNN products, run-time M
+    buckets = model.memory_buckets()
+    assert 1 <= len(buckets) <= len(LENGTHS)
+    for b in buckets:            # each plan's arena within twice the bytes live at its largest shape
+        assert 0 < b["arena_bytes"] <= 2 * b["lower_bound_bytes"], b
+
+
+def test_a_new_shape_runs_no_pass_and_hashes_no_weight(transformer_models, monkeypatch):
+    model = fg.compile(str(transformer_models["bert"]))
+    model.run(transformer_feeds(seq=8))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a run at a new shape must not run a pass or hash a weight")
+    import fusegraph.passes.manager as manager
+    monkeypatch.setattr(manager.PassManager, "run", forbidden)
+    monkeypatch.setattr(hashlib, "sha256", forbidden)
+    for seq in (5, 31, 77, 120):
+        model.run(transformer_feeds(seed=seq, seq=seq))
+    assert _frames(model).stats["frames"] == 5
+
+
+def test_a_loaded_artifact_runs_the_same(transformer_models, tmp_path):
+    path = str(transformer_models["gpt2"])
+    model = fg.compile(path)
+    model.save(tmp_path / "m.fgm")
+    loaded = fg.load(tmp_path / "m.fgm")
+    assert loaded.plan.symbolic and loaded.specializations is None
+    assert loaded.report.kernels["implementations"] == model.report.kernels["implementations"]
+    for batch, seq in ((1, 12), (1, 100), (2, 7)):
+        feeds = transformer_feeds(seed=seq, batch=batch, seq=seq)
+        got = loaded.run(feeds)
+        assert_outputs_close(got, ort_run(path, feeds))
+        for k, v in model.run(feeds).items():
+            np.testing.assert_array_equal(got[k], v)
+
+
+def test_a_declared_range_is_enforced(transformer_models):
+    path = str(transformer_models["bert"])
+    model = fg.compile(path, fg.Config(shapes={"seq": (4, 64)}))
+    assert model.config.shapes == (("seq", 4, 64),)
+    model.run(transformer_feeds(seq=64))
+    with pytest.raises(InputError, match=r"input 'input_ids' dim 1 \('seq'\) is 65, outside the declared range 4..64"):
+        model.run(transformer_feeds(seq=65))
+    with pytest.raises(InputError, match="outside the declared range"):
+        model.run(transformer_feeds(seq=3))
+    with pytest.raises(ConfigError, match="'length', which is no symbolic dim"):
+        fg.compile(path, fg.Config(shapes={"length": (1, 8)}))
+    for bad in ({"seq": (9, 8)}, {"seq": (-1, 8)}, {"seq": 8}, (("seq", 1),)):
+        with pytest.raises(ConfigError, match="Config.shapes"):
+            fg.Config(shapes=bad)
+
+
+def test_dynamic_batch_is_one_compile_for_every_batch():
+    model = fg.compile(knob_model(), fg.Config(dynamic_batch=True))
+    assert model.plan.symbolic and model.inputs[0].shape[0] == "batch"
+    x = np.random.default_rng(0).standard_normal((5, 8, 16, 16)).astype(np.float32)
+    for n in (3, 1, 5):
+        assert_outputs_close(model.run({"x": x[:n]}), ort_run(knob_model("N"), {"x": x[:n]}))
+
+
+def _fixed_batch_model() -> onnx.ModelProto:
+    """Flattens with a Reshape to the constant [1, -1]: the graph fixes its batch at 1."""
+    w = numpy_helper.from_array(np.ones((32, 4), np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    g = H.make_graph([H.make_node("Reshape", ["x", "shape"], ["f"]), H.make_node("MatMul", ["f", "w"], ["y"])],
+                     "fixed", [H.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                     [H.make_tensor_value_info("y", T.FLOAT, [1, 4])], [w, shape])
+    return H.make_model(g, opset_imports=[H.make_opsetid("", 17)])
+
+
+def test_dynamic_batch_refuses_a_graph_that_fixes_its_batch():
+    model = fg.compile(_fixed_batch_model(), fg.Config(dynamic_batch=True))
+    with pytest.raises(InputError, match="output\\(s\\) 'y' keep batch 1"):
+        model.run({"x": np.ones((2, 2, 4, 4), np.float32)})
+    assert model.run({"x": np.ones((1, 2, 4, 4), np.float32)})["y"].shape == (1, 4)
+
+
+def test_concurrent_runs_at_different_lengths(transformer_models):
+    path = str(transformer_models["bert"])
+    model = fg.compile(path)
+    wants = {seq: ort_run(path, transformer_feeds(seed=seq, seq=seq)) for seq in (6, 19, 40)}
+    errors = []
+
+    def worker(seq):
+        try:
+            for _ in range(3):
+                assert_outputs_close(model.run(transformer_feeds(seed=seq, seq=seq)), wants[seq])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker, args=(s,)) for s in wants]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("streams", [2, 4])
+def test_streams_are_bitwise_at_two_lengths(transformer_models, streams):
+    path = str(transformer_models["bert"])
+    one = fg.compile(path, fg.Config(threads=2))
+    many = fg.compile(path, fg.Config(threads=2, streams=streams))
+    assert many.plan.streams is not None and many.plan.streams.num_streams > 1
+    for seq in (7, 45):
+        feeds = transformer_feeds(seed=seq, seq=seq)
+        for k, v in one.run(feeds).items():
+            np.testing.assert_array_equal(many.run(feeds)[k], v)
+
+
+def test_nan_and_inf_in_the_feeds_stay_exact(transformer_models):
+    """The layer norms' exact path on run-time shapes: an embedding of 1e38 overflows a float32
+    row sum; onnxruntime computes the row in float64, and so does fusegraph."""
+    path = str(transformer_models["bert"])
+    model = fg.compile(path)
+    feeds = transformer_feeds(seq=10)
+    import onnx as _onnx
+    m = _onnx.load(path)
+    table = next(i for i in m.graph.initializer if "word_embeddings" in i.name)
+    rows = numpy_helper.to_array(table).copy()
+    token = int(feeds["input_ids"][0, 2])
+    rows[token, :4] = [3e37, -3e37, np.inf, 1.0]
+    table.CopyFrom(numpy_helper.from_array(rows, table.name))
+    got = fg.compile(m).run(feeds)["last_hidden_state"]
+    want = ort_run(m, feeds)["last_hidden_state"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert model.run(feeds)["last_hidden_state"].shape == want.shape
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    path, _ = gpt2_kv_cache_onnx(tmp_path_factory.mktemp("kv") / "gpt2kv.onnx", layers=2, hidden=64, heads=4)
+    return str(path)
+
+
+def _greedy(step, prompt, tokens: int):
+    """Tokens of a greedy decode; ``step(ids) -> logits``."""
+    out, ids = [], prompt
+    for _ in range(tokens):
+        nxt = int(step(ids)[0, -1].argmax())
+        out.append(nxt)
+        ids = np.array([[nxt]], np.int64)
+    return out
+
+
+def test_kv_cache_session_decodes_as_the_plain_runs_and_onnxruntime(decoder):
+    model = fg.compile(decoder)
+    prompt = np.random.default_rng(0).integers(0, 1000, (1, 6)).astype(np.int64)
+    names = [f"past_{i}" for i in range(4)]
+
+    def plain(run):
+        state = {n: np.zeros((1, 4, 0, 16), np.float32) for n in names}
+
+        def step(ids):
+            total = state[names[0]].shape[2] + ids.shape[1]
+            out = run({"input_ids": ids, "attention_mask": np.ones((1, total), np.int64), **state})
+            state.update({n: out[f"present_{i}"] for i, n in enumerate(names)})
+            return out["logits"]
+        return step
+    want = _greedy(plain(lambda f: dict(zip(["logits"] + [f"present_{i}" for i in range(4)],
+                                           ort_run(decoder, f).values()))), prompt, 32)
+    assert _greedy(plain(model.run), prompt, 32) == want
+    session = model.kv_cache(capacity=8)             # grows twice on the way to 38 positions
+
+    def cached(ids):
+        out = session.run({"input_ids": ids, "attention_mask": np.ones((1, session.length + ids.shape[1]), np.int64)})
+        assert sorted(out) == ["logits"]
+        return out["logits"]
+    assert _greedy(cached, prompt, 32) == want
+    assert session.length == 6 + 32 - 1 and session.nbytes >= 4 * 4 * 64 * 16 * 4
+    session.reset()
+    assert _greedy(cached, prompt, 4) == want[:4]
+    with pytest.raises(InputError, match="feeds 'past_0'"):
+        session.run({"input_ids": prompt, "attention_mask": np.ones((1, 6), np.int64),
+                     "past_0": np.zeros((1, 4, 0, 16), np.float32)})
+
+
+def test_kv_cache_needs_a_decoder(transformer_models):
+    with pytest.raises(ConfigError, match="no KV cache"):
+        fg.compile(str(transformer_models["bert"])).kv_cache()
+    with pytest.raises(ConfigError, match="no symbolic input dim"):
+        fg.compile(knob_model()).kv_cache()
+
+
+def test_per_shape_compiles_stay_an_option(transformer_models):
+    path = str(transformer_models["bert"])
+    model = fg.compile(path, fg.Config(shape_cache=2))
+    for seq in (8, 16, 24):
+        feeds = transformer_feeds(seed=seq, seq=seq)
+        assert_outputs_close(model.run(feeds), ort_run(path, feeds))
+    assert [r["shapes"]["input_ids"] for r in model.specializations.compiled] == [(1, 8), (1, 16), (1, 24)]
+    assert len(model.specializations) == 2
+
+
+def test_a_closed_dynamic_model_refuses_to_run(transformer_models):
+    from fusegraph.errors import ModelClosedError
+    model = fg.compile(str(transformer_models["gpt2"]), fg.Config(streams=2))
+    model.run(transformer_feeds(seq=8))
+    model.close()
+    for seq in (8, 9):          # a kept shape and a new one
+        with pytest.raises(ModelClosedError):
+            model.run(transformer_feeds(seq=seq))
