@@ -25,9 +25,11 @@ from .model import CompiledModel, device_of
 
 
 def has_symbolic_inputs(graph: Graph) -> bool:
-    """A tensor input with a symbolic or unknown dim: the model runs a symbolic plan."""
-    return any("container" not in v.meta and (v.shape is None or not all(isinstance(d, int) for d in v.shape))
-               for v in graph.inputs)
+    """A tensor input with a symbolic or unknown dim, and no sequence or optional input (whose
+    runs take the shape-generic kernels): the model runs a symbolic plan."""
+    if any("container" in v.meta for v in graph.inputs):
+        return False
+    return any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in graph.inputs)
 
 
 def plan_execution(graph: Graph, config: Config, report: CompileReport) -> ExecutionPlan:

@@ -74,7 +74,7 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True):
     after = post is None
     try:
         prim = make(post or [])
-        if post and not exact_post_ops(prim.impl):      # an epilogue not checked on NaN / Inf
+        if exact and post and not exact_post_ops(prim.impl):      # an epilogue not checked on NaN / Inf
             prim, after = make([]), True
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no run-time-M matmul for this node: {exc}", "dnnl")
