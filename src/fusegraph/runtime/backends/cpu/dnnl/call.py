@@ -220,9 +220,9 @@ class DnnlKernel:
             self._args[self._n - 1] = ExecArg(capi.ARG_SCRATCHPAD, self._scratch.handle)
 
     def _bind(self, ts: tuple, out: torch.Tensor):
-        """Point every slot at this call's tensors; returns (tensors to keep alive for the call,
-        the tensor to copy the result into afterwards, or None)."""
-        cur, temps = self._cur, []
+        """Point every slot at this call's tensors; returns (the tensor to copy the result into
+        afterwards, or None; the tensor the primitive writes)."""
+        cur = self._cur
         for i, (slot, t) in enumerate(zip(self.inputs, ts)):
             if slot is None:
                 cur[i] = t
@@ -250,17 +250,17 @@ class DnnlKernel:
             self.converted += 1
             self.output.memory.point(out.data_ptr())
             cur[-1] = None
-        return temps, copy_to, out
+        return copy_to, out
 
     def __call__(self, *ts, out=None):
         fresh = out is None
         if fresh:
             out = self.output.empty()
         cur = self._cur
-        copy_to = temps = None
+        copy_to = None
         rebound = out is not cur[-1] or any(map(_is_not, ts, cur))
         if rebound:
-            temps, copy_to, target = self._bind(ts, out)
+            copy_to, target = self._bind(ts, out)
             if self.prefill is not None:
                 z = ts[self.prefill]
                 self._prefill_copy = target.data_ptr() != z.data_ptr() or target.stride() != z.stride()
