@@ -26,6 +26,7 @@ import torch
 
 from ..ir import Graph
 from ..plan.cost import CostModel, MeasuredCosts
+from .threads import intra_op_threads
 
 SYNC_US = 20.0          # a cross-stream handoff: lock release, thread wake-up, GIL
 CONTENTION = 1.0        # one-thread kernels side by side ran at their solo speed (+0-5 %)
@@ -103,23 +104,21 @@ def calibrate_costs(graph: Graph, plan, threads: int, repeats: int = 4) -> Measu
             if dt < row[i]:
                 row[i] = dt
 
-    before = torch.get_num_threads()
     holder = None
     try:
         for t, throttled in regimes:
             if throttled and holder is None:
                 holder = TeamHolder(threads)
-            torch.set_num_threads(t)
-            executor.run_tensors(tensors)           # warm-up: oneDNN builds primitives per thread count
-            table[0] = best[(t, throttled)]
-            for _ in range(repeats):
-                executor.run_tensors(tensors, hook)
+            with intra_op_threads(t):
+                executor.run_tensors(tensors)       # warm-up: oneDNN builds primitives per thread count
+                table[0] = best[(t, throttled)]
+                for _ in range(repeats):
+                    executor.run_tensors(tensors, hook)
     except Exception:  # noqa: BLE001 - a model that cannot run on synthetic data is planned statically
         return None
     finally:
         if holder is not None:
             holder.close()
-        torch.set_num_threads(before)
         executor.close()
 
     def named(row):

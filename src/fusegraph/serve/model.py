@@ -211,17 +211,13 @@ class Instance:
         worker runs at: the first run of a model at another count than its last re-tunes its
         kernels (resnet50, 1 thread after 2: 383 ms instead of 60 for batch 1, 1.7 s instead of
         0.44 for batch 8), which warming up at the caller's count left to the first requests."""
-        import torch
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.served.threads)
-        try:
+        from ..runtime.threads import intra_op_threads
+        with intra_op_threads(self.served.threads):
             for size in (self.served.sizes if self.served.resizes else []):
                 if self.served.static_batch is None:
                     self._specialize(size)
                 else:
                     self._model_for(size)
-        finally:
-            torch.set_num_threads(before)
 
     def _specialize(self, size: int) -> None:
         """A symbolic-batch model's compile at batch ``size``, where its other dims are static."""

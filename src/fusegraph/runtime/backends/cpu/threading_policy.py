@@ -14,24 +14,13 @@ results are the same on every run. Nothing here decides what a kernel computes.
 """
 from __future__ import annotations
 
-import contextlib
-
-import torch
+from ...threads import intra_op_threads
 
 SERIAL_MACS = 1 << 23
 PARALLEL_WEIGHTS = 1 << 18
 PARALLEL_MACS = 1 << 16
 
 
-@contextlib.contextmanager
 def threads_for(one_thread: bool):
     """Within the block, the thread count a kernel made there runs at (one, or as it is)."""
-    n = torch.get_num_threads()
-    if not one_thread or n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+    return intra_op_threads(1 if one_thread else None)
