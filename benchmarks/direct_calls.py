@@ -1,6 +1,6 @@
 """Kernels called directly from the generated code (``runtime/direct.py``) against through their
 Python path: one compiled model per model and precision, its run function generated both
-ways, alternating blocks in one process (``fusegraph.bench.alternate``), 2 threads, batch 1,
+ways, alternating blocks in one process (``fusegraph.tools.bench.alternate``), 2 threads, batch 1,
 random weights (``zoo.randomize_weights`` seed 0); outputs compared bit for bit.
 
     python benchmarks/direct_calls.py [--models squeezenet,bert] [--precisions fp32,bf16] [--runs 60]

@@ -3,7 +3,7 @@
 - ``unpack`` against oneDNN's own reorder: for every weight layout the convolution and matmul
   primitives pick on this machine (3-channel first convolutions, odd channel counts that need
   padding, groups and depthwise, bf16 with its VNNI pair blocks, matmul weights [K, N] read
-  from [N, K] with ``trans_b``), a plain tensor is packed with ``memory.reorder`` into the layout
+  from [N, K] with ``trans_b``), a plain tensor is packed with ``primitive.reorder`` into the layout
   the primitive's ``Q_WEIGHTS_MD`` gives, read back with ``unpack`` and compared bit for bit;
   also the packed forms a compiled model holds (``WeightStore.export``) against its ONNX
   initializers.
@@ -29,8 +29,8 @@ pytestmark = pytest.mark.skipif(not available(), reason="oneDNN (onednn-cpu-gomp
 if available():
     from fusegraph.runtime.backends.cpu.dnnl.capi import Dims
     from fusegraph.runtime.backends.cpu.dnnl.layouts import channels_last, contiguous
-    from fusegraph.runtime.backends.cpu.dnnl.memory import DTYPES, MemDesc, reorder
-    from fusegraph.runtime.backends.cpu.dnnl.primitive import Attr, create
+    from fusegraph.runtime.backends.cpu.dnnl.memory import DTYPES, MemDesc
+    from fusegraph.runtime.backends.cpu.dnnl.primitive import Attr, create, reorder
 
 BF16_OK = available() and "avx512_bf16" in open("/proc/cpuinfo").read()
 

@@ -64,7 +64,7 @@ def random_feeds_for(model, seed: int = 0, batch: int = 1,
     return feeds
 
 
-def _ort_runner(model_path: str, threads: int, feeds) -> Callable[..., object]:
+def ort_runner(model_path: str, threads: int, feeds) -> Callable[..., object]:
     """A run of onnxruntime (ORT_ENABLE_ALL) on ``feeds``, or on the feeds given to the call."""
     import onnxruntime as ort
     so = ort.SessionOptions()
@@ -127,7 +127,7 @@ def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int 
     runners: dict[str, Callable[[], object]] = {"fusegraph": lambda: model.run(feeds)}
     for peer in vs:
         if peer == "onnxruntime":
-            runners[peer] = _ort_runner(model_path, threads, feeds)
+            runners[peer] = ort_runner(model_path, threads, feeds)
         elif peer == "torch":
             eager = fg.compile(model_path, config.replace(level="O0", memory="off"))
             runners[peer] = lambda: eager.run(feeds)
