@@ -40,7 +40,7 @@ class Config:
         ones (softmax, normalisation, reductions, exp / log / pow) and the logits in fp32;
         ``auto``: bf16, with the ops whose reduced precision costs the most error per
         microsecond of work moved back to fp32 until the outputs' relative L2 error on
-        calibration inputs is within ``accuracy_budget`` (``precision_auto.py``).
+        calibration inputs is within ``accuracy_budget`` (``compiler/precision_auto.py``).
     op_precision: per node name or op type, ``fp32`` | ``bf16`` | ``fp16``, over the policy
         (``{"Conv": "bf16", "/head/MatMul": "fp32"}``; a dict or pairs). A name or type the
         model does not have is a ConfigError at compile.
@@ -82,7 +82,7 @@ class Config:
         ConfigError where the library does not load; "portable": every node its portable
         ATen kernel (a reference to compare against).
     shape_cache: for a model whose inputs have symbolic dims (a dynamic batch or sequence), how
-        many compiles at exact input shapes to keep (``specialize.py``): a run at new shapes
+        many compiles at exact input shapes to keep (``compiler/specialize.py``): a run at new shapes
         compiles the model at them (folded shape arithmetic, fused kernels, a planned arena, as
         a static model gets) and the least recently used compile goes when there are more;
         0: no per-shape compiles, every run takes the shape-generic kernels (no planned arena).

@@ -33,7 +33,7 @@ than float32 and larger once loaded (benchmarks/RESULTS.md: 1.20-1.94x fp32's la
 OpenVINO's default precision is bf16 only on CPUs with bf16 arithmetic.
 
 The user's own ``op_precision`` entries hold in every candidate. Nothing here is a pass: it
-drives the compiler, as ``report/bisect.py`` does.
+drives the compiler, as ``tools/bisect.py`` does.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ worker thread (``batcher.py``), with ``torch.set_num_threads`` set on that threa
 x threads never exceed the machine's cores (``settings.bound_threads``).
 
 Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) compiles
-itself at each batch size it runs (``specialize.py``), keeping ``Config.shape_cache`` of them;
+itself at each batch size it runs (``compiler/specialize.py``), keeping ``Config.shape_cache`` of them;
 so that a stream of arbitrary batch sizes does not compile on every new one, its batches run
 as chunks of the same sizes as a static model's below (``warmup`` compiles them at start
 when the inputs' other dims are static; a sequence length, say, waits for the first request).

@@ -115,7 +115,7 @@ def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: 
 def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int = 2, runs: int = 30,
           warmup: int = 5, config=None, dims: dict[str, int] | None = None) -> BenchResult:
     """``dims``: sizes of named symbolic input dims (``{"seq": 128}``): a model with dynamic axes
-    runs its compile at those shapes (``specialize.py``), made in the warm-up."""
+    runs its compile at those shapes (``compiler/specialize.py``), made in the warm-up."""
     import fusegraph as fg
 
     config = (config or fg.Config()).replace(threads=threads)

@@ -93,7 +93,7 @@ class CpuBackend(Backend):
     # -- kernels
     def bind_start(self, graph) -> None:
         """Before binding: the exact kernels that can run fast, and under which input
-        magnitude (``runtime/guard_plan.py``, from the weights' own magnitudes: the plain tensors, or
+        magnitude (``guard_plan.py``, from the weights' own magnitudes: the plain tensors, or
         a loaded model's packed bytes)."""
         self.guards = guard_plan(graph, self._absmax, MEASURE_BELOW) if self.exact and self.dnnl is not None \
             else GuardPlan({}, {})

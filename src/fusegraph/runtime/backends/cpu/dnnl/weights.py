@@ -20,7 +20,7 @@ a portable kernel, another device). ``export()`` gives each weight's forms with 
 descriptions and orientation.
 
 ``SharedForms`` lets several stores (the per-shape compiles of one dynamic model,
-``specialize.py``) share the packed forms of the weights they all read. A form is keyed by the
+``compiler/specialize.py``) share the packed forms of the weights they all read. A form is keyed by the
 plain weight's contents (a SHA-256 of its bytes), its orientation and its layout, never by
 name (a pass of one compile may give a name another compile's weight also has).
 """
