@@ -73,8 +73,9 @@ class Config:
         process so memory a run frees is reused by the next run instead of being faulted in
         again (process-wide; ``runtime/backends/cpu/host_memory.py``). Off by default: the CPU
         backend's kernels write into the planned arena and allocate nothing per run, and the
-        raised trim threshold keeps a compile's freed memory resident (MobileNetV2: 73 against
-        51 MiB). Worth turning on for models whose kernels do allocate (dynamic shapes).
+        raised trim threshold keeps a compile's freed memory resident (measured on MobileNetV2:
+        benchmarks/RESULTS.md, "Figures moved out of docstrings"). Worth turning on for models
+        whose kernels do allocate (dynamic shapes).
     cpu_kernels: which kernels run on CPU. "auto" (default): oneDNN primitives called directly
         (``runtime/backends/cpu/dnnl/``: convolutions, weight products, pools, LRN, writing into
         the arena, weights packed once) where the ``onednn-cpu-gomp`` library loads, every

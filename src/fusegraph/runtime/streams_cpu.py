@@ -14,12 +14,13 @@ collected). torch's intra-op thread count is per thread for its OpenMP pool: dur
 every stream thread uses ``max(1, threads // streams)``, and the caller's setting is restored
 afterwards. A hybrid plan's *wide* nodes (``plan.wide``, all on stream 0) run with every
 thread: the generated code sets the count before a node whose budget differs from the
-previous one on its stream (``torch.set_num_threads`` is ~0.2 us), after its waits, and the
+previous one on its stream (``torch.set_num_threads`` is cheap), after its waits, and the
 plan's events keep every other stream idle meanwhile. With wide nodes, each worker owns an
 idle OpenMP team (``own_openmp_team``), which makes libgomp throttle its spin-waiting,
 process-wide, while the workers live (other models in the process included: see
 benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for milliseconds
-after each wide node on a core the other stream needs (inception_v2: 1.35x slower).
+after each wide node on a core the other stream needs (inception_v2 measured slower:
+benchmarks/RESULTS_runtime.md, "CPU streams").
 A failing stream sets the abort flag and opens every event, so the other streams stop at
 their next wait instead of blocking; the first real error is re-raised. Every stream runs
 the kernels one stream runs (the binding's).

@@ -88,13 +88,14 @@ def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: 
     Before each block the process pauses ``settle_s`` (untimed), so the previous engine's idle
     worker threads stop spinning first: onnxruntime's pool spins on a core after its block
     (``session.intra_op.allow_spinning``, on by default), and every 2-thread region of the next
-    engine would wait for that core (squeezenet measured 4.2 ms next to a spinning pool, 1.9 ms
-    alone); OpenMP's team spins after torch's regions the same way.
+    engine would wait for that core (squeezenet measured twice as slow next to a spinning pool:
+    benchmarks/RESULTS.md, "2026-12-01: oneDNN Graph kernels"); OpenMP's team spins after
+    torch's regions the same way.
 
     Rounds run the runners forwards and backwards in turn (A B, B A, A B ...), so no runner
     always follows the same one: a pause too short for some pool would otherwise tax the
-    same runner every round (measured: the block after onnxruntime's ran 0.15 ms slower on
-    bert in one run, and not at all in the next)."""
+    same runner every round (measured on bert: the block after onnxruntime's ran slower in one
+    run, and not in the next)."""
     for fn in runners.values():
         for _ in range(warmup):
             fn()

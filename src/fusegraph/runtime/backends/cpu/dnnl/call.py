@@ -27,8 +27,9 @@ post-op is not exact on NaN / Inf; a max pool's NaN check). The primitive runs o
 ``direct(tensors, out)``: a call whose tensors are the same on every run (arena views) and
 that needs none of the above per call (no staging, no copy, no prefill copy, no ``after``)
 as a ``DirectCall``: the generated code executes the kernel's argument array itself
-(``runtime/direct.py``), without this Python path (~2 us a call when warm, 6-8 us when a
-large kernel has just evicted the interpreter's data from the caches). Those tensors become
+(``runtime/direct.py``), without this Python path (microseconds a call, more when a large
+kernel has just evicted the interpreter's data from the caches: benchmarks/RESULTS.md,
+"direct calls"). Those tensors become
 the kernel's *home*: a call through this path with other tensors (a profiling tool's) points
 the slots back at them after it, so the array always holds the home pointers between calls.
 """
@@ -66,8 +67,8 @@ def _convertible(t: torch.Tensor, slot: "Slot") -> bool:
 
 class _Reorder:
     """oneDNN's reorder from one layout of a slot's tensor into the slot's staging buffer: a
-    pure data movement (bit for bit ``copy_``), ~1.7x faster than ATen's for a channels-last
-    copy of an NCHW image (34 against 58 us at 3x224x224 in bfloat16)."""
+    pure data movement (bit for bit ``copy_``), faster than ATen's for a channels-last copy of
+    an NCHW image (benchmarks/RESULTS.md, "where the rest of the gap is", item 3)."""
     __slots__ = ("prim", "src", "dst", "args", "_exec")
 
     def __init__(self, prim: Primitive, src: Memory, dst: Memory):

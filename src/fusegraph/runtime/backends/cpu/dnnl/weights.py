@@ -130,7 +130,7 @@ class WeightStore:
             src, src_md = weight, operand_md
         else:
             # in the form's type first: a reduced weight widened by ATen, not by a converting reorder
-            # (AVX2's bfloat16 -> float32 blocked one is oneDNN's generic loop, ~10x slower)
+            # (AVX2's bfloat16 -> float32 blocked one is oneDNN's generic loop: RESULTS.md, AVX2 only)
             src = self.plain(name, weight, dtype=TORCH_OF.get(desc.get("dt"))).permute(perm).contiguous()
             src_md = MemDesc.of(_operand_dims(want), src.dtype)
         with torch.inference_mode(False):
