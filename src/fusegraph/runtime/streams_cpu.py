@@ -14,12 +14,13 @@ collected). torch's intra-op thread count is per thread for its OpenMP pool: dur
 every stream thread uses ``max(1, threads // streams)``, and the caller's setting is restored
 afterwards. A hybrid plan's *wide* nodes (``plan.wide``, all on stream 0) run with every
 thread: the generated code sets the count before a node whose budget differs from the
-previous one on its stream (``torch.set_num_threads`` is ~0.2 us), after its waits, and the
+previous one on its stream (``torch.set_num_threads`` is cheap), after its waits, and the
 plan's events keep every other stream idle meanwhile. With wide nodes, each worker owns an
 idle OpenMP team (``own_openmp_team``), which makes libgomp throttle its spin-waiting,
 process-wide, while the workers live (other models in the process included: see
 benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for milliseconds
-after each wide node on a core the other stream needs (inception_v2: 1.35x slower).
+after each wide node on a core the other stream needs (inception_v2 measured slower:
+benchmarks/RESULTS_runtime.md, "CPU streams").
 A failing stream sets the abort flag and opens every event, so the other streams stop at
 their next wait instead of blocking; the first real error is re-raised. Every stream runs
 the kernels one stream runs (the binding's).
@@ -35,9 +36,9 @@ import torch
 
 from ..errors import PlanError
 from ..ir import Graph
-from . import codegen
 from .bind import Binding
 from .codegen import FunctionSpec, GeneratedCode, arena_globals, arena_names, generate_module
+from .threads import intra_op_threads
 
 
 class _Aborted(Exception):
@@ -108,10 +109,8 @@ def own_openmp_team(threads: int) -> None:
     thread run at the budget set per run."""
     if threads < 2:
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    torch.ones(1 << 17).add_(1.0)           # above ATen's grain size: one parallel region
-    torch.set_num_threads(before)
+    with intra_op_threads(threads):
+        torch.ones(1 << 17).add_(1.0)       # above ATen's grain size: one parallel region
 
 
 def _stop_all(workers: list[_Worker]) -> None:
@@ -120,8 +119,9 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 
 def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: bool, wait_lines, record_lines,
-                       prefix: str = "stream"):
-    """FunctionSpecs (one per stream) and the E layout: (specs, n_slots, template, output_slots).
+                       prefix: str = "stream", direct: bool = True):
+    """FunctionSpecs (one per stream) and the E layout: (specs, n_slots, template, output_slots);
+    with ``direct``, kernels that offer it are called directly (``direct.py``).
 
     ``wait_lines(event_ids)`` / ``record_lines(event_id)`` give the source lines of a wait
     before a call and a record after it (CPU locks here, CUDA events in ``streams_cuda``)."""
@@ -150,7 +150,7 @@ def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: boo
     specs = []
     for k in range(plan.num_streams):
         spec = FunctionSpec(f"{prefix}{k}", [calls[n] for n in plan.per_stream[k]], params=["E"], hook=hook,
-                            direct=codegen.DIRECT_CALLS)
+                            direct=direct)
         for pos, call in enumerate(spec.calls):
             node = call.node
             waits = plan.waits.get(node.name, [])
@@ -189,8 +189,10 @@ def _thread_switches(spec: FunctionSpec, wide: frozenset) -> None:
 
 
 class CpuStreamRunner:
-    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None):
+    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None,
+                 direct_calls: bool = True):
         self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
+        self.direct_calls = direct_calls
         self.n = plan.num_streams
         self.threads = threads
         self.events = {e.id: threading.Lock() for e in plan.events}
@@ -218,7 +220,7 @@ class CpuStreamRunner:
 
         specs, self.template, self.out_slots = build_stream_specs(
             self.graph, self.binding, self.plan, names, hook=hook is not None,
-            wait_lines=wait_lines, record_lines=record_lines)
+            wait_lines=wait_lines, record_lines=record_lines, direct=self.direct_calls)
         if self.wide:
             for spec in specs:
                 _thread_switches(spec, self.wide)
@@ -265,8 +267,7 @@ class CpuStreamRunner:
         before = torch.get_num_threads()
         budget = max(1, (self.threads or before) // self.n)
         self._budgets[:] = [self.threads or before, budget]
-        torch.set_num_threads(budget)
-        try:
+        with intra_op_threads(budget):
             for w, fn in zip(self._workers, fns[1:]):
                 w.submit(fn, env, budget, self._abort)
             errors: list[BaseException | None] = []
@@ -277,8 +278,6 @@ class CpuStreamRunner:
                 errors.append(exc)
                 self._abort()
             errors += [w.wait() for w in self._workers]
-        finally:
-            torch.set_num_threads(before)
         real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
         if real:
             raise real[0]
