@@ -24,11 +24,11 @@ import json, sys, time
 import numpy as np
 engine, path, threads, runs, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 import fusegraph as fg
-from fusegraph.bench import random_feeds_for, _ort_runner
+from fusegraph.tools.bench import random_feeds_for, ort_runner
 model = fg.compile(path, fg.Config(threads=threads))
 feeds = random_feeds_for(model)
 if engine == "onnxruntime":
-    fn = _ort_runner(path, threads, feeds)
+    fn = ort_runner(path, threads, feeds)
     del model            # compiled only for the input specs (same feeds as fusegraph's)
     time.sleep(0.5)      # let torch's idle OpenMP threads go to sleep before timing
 else:

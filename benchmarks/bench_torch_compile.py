@@ -1,5 +1,5 @@
 """``torch.compile(backend="fusegraph")`` beside ``torch.compile`` (Inductor, ``freezing=True``) and
-eager, one process, 2 threads, the engines' timed blocks alternating (``fusegraph.bench.alternate``).
+eager, one process, 2 threads, the engines' timed blocks alternating (``fusegraph.tools.bench.alternate``).
 
 Models: the transformer configs of ``tests/model_builders.py`` (BERT, GPT-2, ViT, T5 encoder,
 random weights) at ``--hidden`` / ``--seq``, and the plain-torch ResNet-50-style and

@@ -1,6 +1,6 @@
 """Kernels called directly from the generated code (``runtime/direct.py``) against through their
 Python path: one compiled model per model and precision, its run function generated both
-ways, alternating blocks in one process (``fusegraph.bench.alternate``), 2 threads, batch 1,
+ways, alternating blocks in one process (``fusegraph.tools.bench.alternate``), 2 threads, batch 1,
 random weights (``zoo.randomize_weights`` seed 0); outputs compared bit for bit.
 
     python benchmarks/direct_calls.py [--models squeezenet,bert] [--precisions fp32,bf16] [--runs 60]
@@ -9,8 +9,10 @@ random weights (``zoo.randomize_weights`` seed 0); outputs compared bit for bit.
 Columns: the run function's calls made directly; median latency each way and the ratio; the
 time to generate the run function each way (a load makes it once); whether the outputs are
 equal. ``--load``: the saved ``.fgm`` loaded in fresh processes, alternately with direct calls
-and without (``codegen.DIRECT_CALLS``), median over ``--loads`` processes each of the load
-time and of the process's RssAnon after the load and 20 runs, less before the load.
+and without, median over ``--loads`` processes each of the load time and of the process's
+RssAnon after the load and 20 runs, less before the load. A load here is what ``fg.load``
+does to a static model: ``artifact.read`` and the ``Executor`` bound from it, made with
+``direct_calls`` on or off (the run functions above: ``generate_run_function(direct=...)``).
 """
 from __future__ import annotations
 
@@ -38,18 +40,25 @@ THREADS = 2
 _CHILD = r"""
 import json, sys, time
 import numpy as np
-import fusegraph as fg
-from fusegraph.runtime import codegen
-codegen.DIRECT_CALLS = sys.argv[2] == "1"
+from fusegraph import artifact
+from fusegraph.runtime.executor import Executor
+from fusegraph.runtime.threads import intra_op_threads
+direct = sys.argv[2] == "1"
 def anon():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("RssAnon:"))
 before = anon()
 t0 = time.perf_counter()
-m = fg.load(sys.argv[1])
+stored = artifact.read(sys.argv[1])
+cfg = stored.config
+with intra_op_threads(cfg.threads):
+    m = Executor(stored.graph, stored.graph.name, stored.plan, device="cpu", threads=cfg.threads,
+                 strides=stored.strides, keep_freed_memory=cfg.keep_freed_memory,
+                 backend_state=stored.backend_state, exact=not cfg.fast_math, cpu_kernels=cfg.cpu_kernels,
+                 direct_calls=direct)
 load = time.perf_counter() - t0
 feeds = {v.name: np.random.default_rng(0).random(tuple(int(d) for d in v.shape), dtype=np.float32)
-         for v in m._executor.inputs}
+         for v in m.inputs}
 for _ in range(20):
     m.run(feeds)
 print(json.dumps({"load_s": load, "anon_kib": anon() - before}))

@@ -7,7 +7,7 @@ For each ONNX file with dynamic (batch, sequence) inputs (the BERT / GPT-2 expor
   shapes, ``specialize.py``), the same export with its input dims fixed (``static_shapes``), a
   second compile of that static model (its twin: what two identical models differ by, the
   noise floor of the ratio) and an onnxruntime session on the dynamic export, in one process,
-  alternating blocks, median of ``--runs`` runs after a warm-up (``fusegraph.bench.alternate``:
+  alternating blocks, median of ``--runs`` runs after a warm-up (``fusegraph.tools.bench.alternate``:
   a pause before each block so onnxruntime's spinning pool does not tax the next engine); the
   first run at a shape, which compiles, is timed apart;
 - the first run at each length (ms): the dynamic model's per-shape compile plus its run;

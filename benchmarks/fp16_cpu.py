@@ -1,7 +1,9 @@
-"""fp16 on CPU: per model, float16 computed natively (the ops' portable fp16 kernels) against
-float16 storage with float32 compute per op family (the CPU backend's ``conv.FP16_COMPUTE`` /
-``linear.FP16_COMPUTE``), beside float32; and the fp16 default's relative L2 error against
-onnxruntime ORT_DISABLE_ALL.
+"""fp16 on CPU: per model, float16 computed natively (every node on its portable ATen kernel,
+``Config(cpu_kernels="portable")``) against the default, float16 storage whose convolutions
+and products oneDNN computes in float32 (``runtime/backends/cpu/dnnl/compute.py``), beside
+float32; and the fp16 default's relative L2 error against onnxruntime ORT_DISABLE_ALL.
+(Since the oneDNN-primitive backend a stored float16 is always computed in float32 there: the
+per-family switches the first tables in RESULTS.md used are gone.)
 
     python benchmarks/fp16_cpu.py [--models squeezenet,resnet50,bert] [--runs 20]
 
@@ -24,15 +26,13 @@ import fusegraph as fg
 from fusegraph.testing import zoo
 from fusegraph.tools.bench import alternate
 from fusegraph.compiler.accuracy import output_errors, worst_rel_l2
-from fusegraph.runtime.backends.cpu import conv, linear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from oracle import ort_run  # noqa: E402
 
-# label -> (precision, conv family compute, linear family compute)
-VARIANTS = {"fp32": ("fp32", "fp32", "fp32"), "fp16 native": ("fp16", "fp16", "fp16"),
-            "conv fp32c": ("fp16", "fp32", "fp16"), "linear fp32c": ("fp16", "fp16", "fp32"),
-            "fp16 fp32c (default)": ("fp16", "fp32", "fp32")}
+# label -> (precision, Config.cpu_kernels)
+VARIANTS = {"fp32": ("fp32", "auto"), "fp16 native (portable)": ("fp16", "portable"),
+            "fp16 fp32c (default)": ("fp16", "auto")}
 
 
 def models(names: list[str]):
@@ -56,12 +56,8 @@ def main(argv=None) -> None:
     print("|---|" + "---:|" * (len(VARIANTS) + 1))
     for name, proto, feeds in models(args.models.split(",")):
         built = {}
-        for label, (precision, conv_c, linear_c) in VARIANTS.items():
-            conv.FP16_COMPUTE, linear.FP16_COMPUTE = conv_c, linear_c     # read at bind time
-            try:
-                built[label] = fg.compile(proto, fg.Config(threads=2, precision=precision))
-            finally:
-                conv.FP16_COMPUTE = linear.FP16_COMPUTE = "fp32"
+        for label, (precision, kernels) in VARIANTS.items():
+            built[label] = fg.compile(proto, fg.Config(threads=2, precision=precision, cpu_kernels=kernels))
         error = worst_rel_l2(output_errors(built["fp16 fp32c (default)"].run(feeds), ort_run(proto, feeds)))
         times = alternate({k: (lambda m=m: m.run(feeds)) for k, m in built.items()}, runs=args.runs)
         cells = " | ".join(f"{statistics.median(times[k]):.1f}" for k in VARIANTS)

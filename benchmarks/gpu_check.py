@@ -14,7 +14,7 @@ For each light model (batch 1, random He-scaled weights, logits exposed), then B
   against the compiled one's (bitwise, or within the fp32 tolerances), on the device it names;
 - with ``--memory``: the streams=1 fp32 and bf16 CUDA-graph artifacts loaded in fresh
   processes (load s, host RssAnon) beside an onnxruntime session (CPU provider);
-- timing: median latency (``fusegraph.timing.measure``, alternating configurations) of CUDA
+- timing: median latency (``fusegraph.tools.timing.measure``, alternating configurations) of CUDA
   streams=1, 2, cuda_graph, bf16 and fp16, plus the CPU one-stream latency for reference.
 Prints one summary table; exits 1 when a correctness check failed. Without a GPU it says so
 and exits 0. Nothing here is imported by the package or the tests.

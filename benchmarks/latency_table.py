@@ -1,4 +1,4 @@
-"""Latency against onnxruntime in one process, alternating (``fusegraph.bench.alternate``):
+"""Latency against onnxruntime in one process, alternating (``fusegraph.tools.bench.alternate``):
 one row per model, the median of ``--runs`` runs per engine, for the default config and any
 extra configs given as ``field=value``.
 
@@ -23,7 +23,7 @@ import torch
 
 import fusegraph as fg
 from fusegraph.testing import zoo
-from fusegraph.tools.bench import _ort_runner, alternate
+from fusegraph.tools.bench import ort_runner, alternate
 
 
 def main(argv=None) -> None:
@@ -45,7 +45,7 @@ def main(argv=None) -> None:
                 path = os.path.join(tmp, name + ".onnx")
                 onnx.save(zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0), path)
             feeds = zoo.random_feeds(onnx.load(path))
-            engines = {"onnxruntime": _ort_runner(path, 2, feeds)}
+            engines = {"onnxruntime": ort_runner(path, 2, feeds)}
             for label, changes in configs.items():
                 model = fg.compile(path, config=fg.Config(threads=2, **changes))
                 engines[label] = (lambda m=model: m.run(feeds))

@@ -7,7 +7,7 @@ adds to a real run. Here the generated ``run`` function is called as it is, once
 kernel recorded, then with the kernels of one op type swapped for functions that return
 the recorded outputs (no work, same Python calls). ``full - without T`` is what T costs in
 the run, cache misses and thread wake-ups included; ``only T`` runs T alone (every other
-kernel replaced). Alternating blocks (``fusegraph.bench.alternate``), medians, 2 threads by
+kernel replaced). Alternating blocks (``fusegraph.tools.bench.alternate``), medians, 2 threads by
 default; random-weight light models and the BERT / GPT-2 exports as in ``bench_latency.py``.
 
     python benchmarks/marginal_cost.py MODEL [--threads 2] [--runs 300] [--only LinearAct]
@@ -38,7 +38,7 @@ def main() -> int:
     from bench_latency import model_files
 
     import fusegraph as fg
-    from fusegraph.tools.bench import _ort_runner, alternate, random_feeds_for
+    from fusegraph.tools.bench import ort_runner, alternate, random_feeds_for
     from fusegraph.runtime.feeds import convert_feeds
 
     ap = argparse.ArgumentParser()
@@ -51,7 +51,7 @@ def main() -> int:
         path = model_files(Path(tmp), [args.model])[args.model]
         model = fg.compile(str(path), fg.Config(threads=args.threads))
         feeds = random_feeds_for(model)
-        ort_run = _ort_runner(str(path), args.threads, feeds)
+        ort_run = ort_runner(str(path), args.threads, feeds)
     executor = model._executor
     code = executor.code
     env, fn = code.env, code.function

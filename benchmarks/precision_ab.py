@@ -11,7 +11,7 @@ every variant in one process, alternating runs, medians.
 ``guards``: the NaN-exact relu (oneDNN's ``elu`` with alpha 0, an ``exp`` per element) against
 the fast one, three ways: *inputs only* (the guard before measured inputs: a node runs its fast
 relu only where the graph inputs' magnitude bounds it; elementwise chains always exact),
-*measured* (the current code: ``runtime/guard_plan.py`` has the values a deep node depends on
+*measured* (the current code: ``runtime/backends/cpu/guard_plan.py`` has the values a deep node depends on
 measured where they are made), and ``fast_math`` (every fast kernel, NaN-inexact). The outputs of the first two
 are compared bit for bit on the feeds.
 

@@ -5,7 +5,7 @@ beside onnxruntime fp32 and OpenVINO f32 / bf16, one row per model, 2 threads, b
                                          [--no-transformers] [--no-logits] [--memory] [--inputs N]
                                          [--json out.json]
 
-Engines: ``ort`` (onnxruntime fp32, ORT_ENABLE_ALL, ``fusegraph.bench._ort_runner``), ``ov_f32``
+Engines: ``ort`` (onnxruntime fp32, ORT_ENABLE_ALL, ``fusegraph.tools.bench.ort_runner``), ``ov_f32``
 and ``ov_bf16`` (OpenVINO on CPU, ``INFERENCE_PRECISION_HINT`` f32 / bf16, 2 threads, 1 stream,
 LATENCY hint; a benchmark peer only, imported here and never by the package), ``fg_fp32``
 (``fg.Config(threads=2)``) and ``fg_<p>`` for each of ``--precisions`` (default bf16,
@@ -24,7 +24,7 @@ keeps the models as they are.
 
 Columns:
 - *ms (x ort)*: median of ``--runs`` runs, every engine in one process, alternating blocks
-  (``fusegraph.bench.alternate``), and its ratio to onnxruntime fp32; the geometric mean of
+  (``fusegraph.tools.bench.alternate``), and its ratio to onnxruntime fp32; the geometric mean of
   the ratios per engine is printed under the table.
 - *rel-L2*: per engine, the largest over float outputs of ||y - ref|| / ||ref||, against
   onnxruntime with ORT_DISABLE_ALL on the same feeds. *top-1 differs*: engines whose arg-max
@@ -60,7 +60,7 @@ import torch
 
 import fusegraph as fg
 from fusegraph.testing import zoo
-from fusegraph.tools.bench import _ort_runner, alternate
+from fusegraph.tools.bench import ort_runner, alternate
 from fusegraph.errors import FusegraphError
 
 THREADS = 2
@@ -111,7 +111,7 @@ def ort_references(path: str, feeds: list[dict]) -> list[dict[str, np.ndarray]]:
 
 
 def build_ort(path: str, feeds: dict, names: list[str]):
-    runner = _ort_runner(path, THREADS, feeds)   # runs every output, in the graph's order
+    runner = ort_runner(path, THREADS, feeds)   # runs every output, in the graph's order
 
     return runner, lambda other=None: dict(zip(names, runner(other)))
 

@@ -163,8 +163,11 @@ def _calls_into(fn, *folders: str) -> set[str]:
 def test_load_runs_no_pass_and_no_plan(saved, monkeypatch):
     assert _calls_into(lambda: fg.compile(chain_model()), "passes")  # the detector sees compile's passes
     box = []
-    for name in ("optimize", "_plan", "plan_memory"):   # and the stage entry points must not be called
-        monkeypatch.setattr(compiler, name, lambda *a, **k: pytest.fail("load ran a compile stage"))
+    from fusegraph.compiler import planning
+    stages = [(compiler, "optimize"), (compiler, "plan_and_bind"), (planning, "plan_execution"),
+              (planning, "plan_memory")]
+    for module, name in stages:                         # and the stage entry points must not be called
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("load ran a compile stage"))
     assert _calls_into(lambda: box.append(fg.load(saved["chain"][1])), "passes", "plan") == set()
     assert box[0].load_info["seconds"] > 0
 

@@ -40,7 +40,7 @@ class Config:
         ones (softmax, normalisation, reductions, exp / log / pow) and the logits in fp32;
         ``auto``: bf16, with the ops whose reduced precision costs the most error per
         microsecond of work moved back to fp32 until the outputs' relative L2 error on
-        calibration inputs is within ``accuracy_budget`` (``precision_auto.py``).
+        calibration inputs is within ``accuracy_budget`` (``compiler/precision_auto.py``).
     op_precision: per node name or op type, ``fp32`` | ``bf16`` | ``fp16``, over the policy
         (``{"Conv": "bf16", "/head/MatMul": "fp32"}``; a dict or pairs). A name or type the
         model does not have is a ConfigError at compile.
@@ -73,8 +73,9 @@ class Config:
         process so memory a run frees is reused by the next run instead of being faulted in
         again (process-wide; ``runtime/backends/cpu/host_memory.py``). Off by default: the CPU
         backend's kernels write into the planned arena and allocate nothing per run, and the
-        raised trim threshold keeps a compile's freed memory resident (MobileNetV2: 73 against
-        51 MiB). Worth turning on for models whose kernels do allocate (dynamic shapes).
+        raised trim threshold keeps a compile's freed memory resident (measured on MobileNetV2:
+        benchmarks/RESULTS.md, "Figures moved out of docstrings"). Worth turning on for models
+        whose kernels do allocate (dynamic shapes).
     cpu_kernels: which kernels run on CPU. "auto" (default): oneDNN primitives called directly
         (``runtime/backends/cpu/dnnl/``: convolutions, weight products, pools, LRN, writing into
         the arena, weights packed once) where the ``onednn-cpu-gomp`` library loads, every

@@ -1,4 +1,4 @@
-"""``fusegraph.report.bisect``: a rule planted only here (Relu -> Abs, wrong for negative
+"""``fusegraph.tools.bisect``: a rule planted only here (Relu -> Abs, wrong for negative
 inputs; Add -> Sub inside fusion) must be named, with its pass, nodes and IR; a clean
 pipeline reports no divergence. Oracles: the O0 graph and onnxruntime (ORT_DISABLE_ALL)."""
 from __future__ import annotations

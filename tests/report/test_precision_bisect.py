@@ -1,4 +1,4 @@
-"""``fusegraph.report.precision_bisect`` (``fusegraph bisect --precision bf16``): an op planted
+"""``fusegraph.tools.precision_bisect`` (``fusegraph bisect --precision bf16``): an op planted
 to be precision-sensitive (``1000 - relu(conv(x))`` before a LayerNorm: in bf16, 8 bits of
 mantissa, the values near 1000 are 4 apart, and the small signal is lost) must be ranked
 first, by its node name; the same model with a small constant has no sensitive op."""

@@ -1,4 +1,4 @@
-"""``fusegraph.report.profile``: per-kernel times of the real generated run as a Chrome trace.
+"""``fusegraph.tools.profile``: per-kernel times of the real generated run as a Chrome trace.
 
 Checks structure, never timings: the trace is valid Chrome-trace JSON, it holds one kernel
 event per kernel the run launches (``report.kernel_count``), and with two streams it has two

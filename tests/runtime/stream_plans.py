@@ -75,10 +75,10 @@ def rebind(model: CompiledModel, memory: str = "balanced", streams: int = 1, see
     graph = model.graph
     config = model.config.replace(memory=memory, threads=threads)
     if planner == "real":
-        from fusegraph.compiler.driver import _plan
+        from fusegraph.compiler.planning import plan_execution
         config = config.replace(streams=streams)
         report = fg.report.CompileReport(model=model.name)
-        return CompiledModel(graph, config, report, _plan(graph, config, report))
+        return CompiledModel(graph, config, report, plan_execution(graph, config, report))
     mplan = plan_memory(graph, config)
     sp = None
     if streams > 1:

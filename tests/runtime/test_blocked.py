@@ -30,8 +30,7 @@ if available():
     from fusegraph.runtime.backends.cpu.dnnl.capi import Dims
     from fusegraph.runtime.backends.cpu.dnnl.layouts import channels_last, contiguous
     from fusegraph.runtime.backends.cpu.dnnl.memory import DTYPES, MemDesc
-    from fusegraph.runtime.backends.cpu.dnnl.primitive import reorder
-    from fusegraph.runtime.backends.cpu.dnnl.primitive import Attr, create
+    from fusegraph.runtime.backends.cpu.dnnl.primitive import Attr, create, reorder
 
 BF16_OK = available() and "avx512_bf16" in open("/proc/cpuinfo").read()
 

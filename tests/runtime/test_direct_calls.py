@@ -142,3 +142,27 @@ def test_a_failing_direct_call_names_its_node(squeezenet):
     line = next(n for n, text in enumerate(cm._executor.code.source.splitlines(), 1) if f"_df({i}, _s)" in text)
     named = cm._executor.code.line_to_node[line]
     assert repr(named.name) in message and named.op_type in message and "runtime error (5)" in message, (message, node)
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_an_executor_without_direct_calls(squeezenet, tmp_path, streams):
+    """``Executor(direct_calls=False)`` (what ``benchmarks/direct_calls.py --load`` binds a stored
+    model with): no call of its run functions is direct, and its outputs are bit for bit those
+    of the executor with direct calls, on one stream and on two."""
+    from fusegraph import artifact
+    from fusegraph.runtime.executor import Executor
+    proto, feeds = squeezenet
+    path = tmp_path / "squeezenet.fgm"
+    fg.compile(proto, fg.Config(threads=2, streams=streams)).save(path)
+    got = {}
+    for direct in (True, False):
+        stored = artifact.read(path)
+        ex = Executor(stored.graph, stored.graph.name, stored.plan, threads=2, strides=stored.strides,
+                      backend_state=stored.backend_state, direct_calls=direct)
+        entries = [v for v in ex.code.env.values() if isinstance(v, ThreadEntry)]
+        assert (len(entries) >= 1) == direct, ex.code.source
+        assert (":= _dx[" in ex.code.source) == direct
+        got[direct] = ex.run(feeds)
+        ex.close()
+    assert_outputs_close(got[True], ort_run(proto, feeds), rtol=1e-4)
+    _same(got[True], got[False])

@@ -1,4 +1,4 @@
-"""``runtime/finite.py`` and ``runtime/guard_plan.py``: the input magnitudes under which a guarded node cannot see NaN or an
+"""``runtime/backends/cpu/finite.py`` and ``guard_plan.py``: the input magnitudes under which a guarded node cannot see NaN or an
 infinity, checked on small graphs against bounds computed by hand, and on the transfer
 rules that reset bounds (clip, LayerNorm) or make them unknown (an op the table does not
 know); plus the guard at run time (``runtime/backends/cpu/guard.py``): finite feeds run the

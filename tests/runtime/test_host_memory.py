@@ -14,8 +14,8 @@ from fusegraph.runtime.backends.cpu import host_memory
 WORKER = r"""
 import json, resource, sys
 import fusegraph as fg
-from fusegraph import zoo
-from fusegraph.bench import random_feeds_for
+from fusegraph.testing import zoo
+from fusegraph.tools.bench import random_feeds_for
 model = fg.compile(zoo.light_model_path("inception_v1"), fg.Config(threads=1, keep_freed_memory=sys.argv[1] == "1",
                                                                    cpu_kernels="portable", memory="off"))
 feeds = random_feeds_for(model)

@@ -216,7 +216,7 @@ def _hybrid_model(seed: int, memory: str = "balanced"):
     """A random DAG compiled with streams="auto" and fabricated calibration costs under which
     the planner makes a hybrid plan: a few nodes wide (alone, both threads), the rest on two
     one-thread streams."""
-    from fusegraph.compiler.driver import _plan
+    from fusegraph.compiler.planning import plan_execution
     from fusegraph.plan.cost import CostModel, MeasuredCosts
     from fusegraph.runtime import stream_calibrate
     proto, feeds = _random_dag(seed)
@@ -232,7 +232,7 @@ def _hybrid_model(seed: int, memory: str = "balanced"):
     try:
         config = base.config.replace(memory=memory, threads=2, streams="auto")
         report = fg.report.CompileReport(model=base.name)
-        model = fg.compiler.CompiledModel(base.graph, config, report, _plan(base.graph, config, report))
+        model = fg.compiler.CompiledModel(base.graph, config, report, plan_execution(base.graph, config, report))
     finally:
         stream_calibrate.calibrate_costs = original
     return base, model, feeds

@@ -12,8 +12,9 @@ Layout (little-endian)::
 A part's ``xxh3_128`` is a list: the XXH3-128 digest of each ``CHUNK``-byte piece of the part,
 in order (one digest for an empty part). The digests detect corruption (truncation, bit flips,
 splices): a digest stored in the same file cannot authenticate it whatever the hash, so the
-part digests use a non-cryptographic hash that checks ~15 GB/s on one core (SHA-256 managed
-~1.3 GB/s and was most of the load time of the large models); the header keeps its SHA-256.
+part digests use a non-cryptographic hash, many times faster to check than SHA-256, which was
+most of the load time of the large models (benchmarks/RESULTS.md, "Load time"); the header
+keeps its SHA-256.
 Chunks let a loader check a large weights part while it decodes the other parts (``Checksums``).
 ``pack`` seals parts atomically; ``open_artifact`` checks the prefix, header and layout and
 reads the file into private memory; ``Checksums`` verifies padding and digests. Every fault is an

@@ -23,17 +23,17 @@ chosen policy and records the search in ``report.precision["auto"]``:
    always is);
 5. when the nodes that k leaves in bf16 hold less than ``MIN_BF16_SHARE`` of the estimated
    product time, the float32 model instead: that little bf16 work does not pay for the casts
-   around it (measured, benchmarks/RESULTS.md: AlexNet keeps 7 of its 8 products, 0.12 of the
-   time, and ran 0.98-1.07x its float32 model; ShuffleNet 0.17, 1.01-1.31x).
+   around it (measured on AlexNet and ShuffleNet, which ran no faster than their float32
+   models: benchmarks/RESULTS.md, "2026-12-03: auto ranked by error per microsecond").
 
 Before all this, a device without bf16 arithmetic (``bf16_declined``: a CPU whose oneDNN has no
 bf16 product, AVX2 only; a GPU without bf16) gets the float32 model, with the reason in
 ``report.precision["auto"]["declined"]``: there bf16 runs as float32 over bf16 storage, slower
-than float32 and larger once loaded (benchmarks/RESULTS.md: 1.20-1.94x fp32's latency), as
+than float32 and larger once loaded (benchmarks/RESULTS.md, "a CPU without bf16 arithmetic"), as
 OpenVINO's default precision is bf16 only on CPUs with bf16 arithmetic.
 
 The user's own ``op_precision`` entries hold in every candidate. Nothing here is a pass: it
-drives the compiler, as ``report/bisect.py`` does.
+drives the compiler, as ``tools/bisect.py`` does.
 """
 from __future__ import annotations
 

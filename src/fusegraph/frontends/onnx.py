@@ -18,7 +18,7 @@ from ..errors import ModelLoadError, UnsupportedOpError
 from ..ir import DType, Graph
 from .onnx_checks import check_model, check_node, check_opsets, check_types, check_value_dims, small_vectors
 from .onnx_data import check_tensor_bytes, tensor_to_torch
-from .onnx_nodes import Scope, convert_nodes, set_type, tensor_dims, value_type
+from .onnx_nodes import Scope, convert_nodes, set_type, value_type
 from .onnx_weights import parse_without_weights
 
 DEFAULT_OPSET = 7
@@ -55,18 +55,6 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"{where}: not a valid ONNX model (no graph, no nodes, no outputs)")
     return proto
-
-
-def _type_of(type_proto, where: str, name: str) -> tuple[DType, tuple | None]:
-    if not type_proto.HasField("tensor_type"):
-        kind = type_proto.WhichOneof("value") or "unknown"
-        raise UnsupportedOpError(f"{where}: value {name!r} has {kind} type; only tensors are supported")
-    tt = type_proto.tensor_type
-    try:
-        dtype = DType(tt.elem_type)
-    except ValueError:
-        raise ModelLoadError(f"{where}: value {name!r} has unknown element type {tt.elem_type}") from None
-    return dtype, tensor_dims(tt)
 
 
 def import_onnx(model: Any) -> Graph:

@@ -1,13 +1,14 @@
 """Parse an ONNX file without copying its large weights: a walk over the protobuf wire format.
 
 Parsing a file with inline weights the ordinary way holds them twice (the file's bytes and the
-parsed message) before a third copy, the torch tensors, is even made: 2.6x the weight bytes at
-the peak for vgg19. ``parse_without_weights`` instead maps the file, walks ``ModelProto.graph
-.initializer`` (fields 7 and 5) and leaves every ``raw_data`` (TensorProto field 9) of at least
-``min_bytes`` in the file: the message it parses holds, in its place, an external-data reference
-into the model file itself (``location`` = the file's name, ``offset``, ``length``), which
-``onnx_data`` reads straight into the tensor's own memory, under the same confinement and size
-checks as any external data. Only headers are read; the weight pages are never touched here.
+parsed message) before a third copy, the torch tensors, is even made (vgg19's peak:
+benchmarks/RESULTS.md, "Figures moved out of docstrings"). ``parse_without_weights`` instead
+maps the file, walks ``ModelProto.graph.initializer`` (fields 7 and 5) and leaves every
+``raw_data`` (TensorProto field 9) of at least ``min_bytes`` in the file: the message it parses
+holds, in its place, an external-data reference into the model file itself (``location`` = the
+file's name, ``offset``, ``length``), which ``onnx_data`` reads straight into the tensor's own
+memory, under the same confinement and size checks as any external data. Only headers are read;
+the weight pages are never touched here.
 
 Anything unusual (a malformed or truncated file, groups, a tensor that already has external
 data, a type without a whole number of bytes per element, a symlinked file, a big-endian host)

@@ -116,7 +116,7 @@ def _from_keras(model, tf, tf2onnx):
         name = getattr(layer, "name", None) or (getattr(t, "name", None) or f"input_{i}").split(":")[0]
         specs.append(tf.TensorSpec(tuple(t.shape), t.dtype, name=name))
     # only tf2onnx's transpose optimiser (it cancels the NHWC <-> NCHW pairs the conversion
-    # itself inserts); folding, CSE and the rest are fusegraph's passes' job (and 2.6x faster)
+    # itself inserts); folding, CSE and the rest are fusegraph's passes' job (measured faster)
     layout_only = {"optimize_transpose": TransposeOptimizer}
     return _convert(lambda: tf2onnx.convert.from_keras(model, input_signature=tuple(specs), opset=OPSET,
                                                        optimizers=layout_only), f"keras model {model.name!r}")

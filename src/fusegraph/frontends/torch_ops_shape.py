@@ -228,7 +228,7 @@ def _index(cx, a):
     if present != list(range(len(present))):
         raise cx.unsupported("with non-leading index tensors is not mapped")
     # as torch.onnx does: one linear index into the indexed leading dims, then a Gather on the
-    # tensor with those dims flattened (a GatherND kernel costs ~10x a Gather)
+    # tensor with those dims flattened (a GatherND kernel costs far more: benchmarks/RESULTS.md)
     k, rank = len(present), _rank(cx, a["self"])
     shape = cx.shape(a["self"])
 

@@ -12,7 +12,6 @@ from typing import Any, Callable
 
 import torch
 
-from ..ir import DType
 
 TABLE: dict[str, Callable] = {}
 SKIP = object()          # a handler's result for ops that produce nothing (asserts)
@@ -55,10 +54,6 @@ def bind(target, args, kwargs) -> dict[str, Any]:
         else:
             out[a.name] = a.default_value if a.has_default_value() else None
     return out
-
-
-def onnx_dtype(dt: torch.dtype) -> int:
-    return int(DType.from_torch(dt))
 
 
 def out_dtype(cx) -> torch.dtype:

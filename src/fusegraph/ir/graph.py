@@ -149,12 +149,6 @@ class Graph:
             self.constants[out.name] = out
         node.outputs = []
 
-    def remove_unused_constants(self) -> int:
-        dead = [k for k, v in self.constants.items() if not v.uses and not v.is_graph_output]
-        for k in dead:
-            del self.constants[k]
-        return len(dead)
-
     def toposort(self) -> None:
         """Re-sort ``nodes`` topologically, stable with respect to the current order."""
         position = {id(n): i for i, n in enumerate(self.nodes)}

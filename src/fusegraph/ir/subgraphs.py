@@ -24,21 +24,11 @@ def subgraphs(node: Node) -> Iterator[tuple[str, Graph]]:
                 yield name, g
 
 
-def has_subgraphs(node: Node) -> bool:
-    return next(subgraphs(node), None) is not None
-
-
 def implicit_count(node: Node) -> int:
     """How many trailing inputs of ``node`` are outer values its bodies read."""
     for _, g in subgraphs(node):
         return len(g.captures)
     return 0
-
-
-def explicit_inputs(node: Node) -> list:
-    """The node's own (ONNX) inputs, without the implicit outer reads."""
-    k = implicit_count(node)
-    return list(node.inputs[:len(node.inputs) - k]) if k else list(node.inputs)
 
 
 def walk_graphs(graph: Graph) -> Iterator[Graph]:

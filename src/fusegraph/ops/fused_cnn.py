@@ -8,7 +8,7 @@ residual summand ``z`` of the output's shape (added before the activation), and
 
 The op's own kernel is portable ATen: ``F.conv*``, the residual added, then the activation in
 place on the fresh result (every device, every dtype). The CPU backend's oneDNN kernels for it
-live in ``runtime/backends/cpu/conv.py``.
+live in ``runtime/backends/cpu/dnnl/conv.py``.
 
 ``ChannelShuffle(x)`` is ShuffleNet's ``Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4)
 -> Reshape [N, C, H, W]`` in one copy (``torch.native_channel_shuffle``, which keeps

@@ -4,7 +4,7 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
 - ``LinearAct(x, w, b?)``: ``act(x @ w + b)``; ``trans_b`` as ``Linear``; ``activation``
   ``none`` or one of ``ACTIVATIONS``. The op's own kernel: addmm into the output buffer, then
   the activation in place on it (the CPU backend's oneDNN kernels for constant weights:
-  ``runtime/backends/cpu/linear.py``).
+  ``runtime/backends/cpu/dnnl/linear.py``).
 - ``Gelu(x, b?)``: ``gelu(x + b)``; ``approximate`` is ``none`` (erf) or ``tanh``.
 - ``LayerNorm(x, gamma?, beta?)``: ``F.layer_norm`` over the last axis, ``epsilon`` (again in
   float64 when float32 sums overflow: ``norm.layer_norm_exact``).

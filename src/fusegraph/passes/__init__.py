@@ -1,6 +1,6 @@
 """Graph optimisation passes (see passes/manager.py and passes/pipeline.py).
 
-``optimize(graph, config, report)`` is what ``compiler.py`` calls after import and shape
+``optimize(graph, config, report)`` is what ``compiler/driver.py`` calls after import and shape
 inference: it runs the pipeline named by ``config.level`` minus ``config.disabled_passes``,
 fills ``report.passes`` (one PassStat per pass run), ``report.unfolded`` (what constant
 folding declined, and why) and ``report.fusions`` (operator replacements applied or

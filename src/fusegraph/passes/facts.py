@@ -59,12 +59,6 @@ def ints_arg(node: Node, index: int, attr: str, since: int):
     return (False, None) if t is None else (True, [int(x) for x in t.reshape(-1).tolist()])
 
 
-def const_scalar(v: Value | None):
-    """A one-element constant as a Python number, else None."""
-    t = const_of(v)
-    return None if t is None or t.numel() != 1 else t.reshape(-1)[0].item()
-
-
 def nonnegative(v: Value) -> bool:
     """``v >= 0`` or NaN everywhere, whatever the graph inputs are."""
     t = const_of(v)

@@ -144,36 +144,6 @@ class CostModel:
         cores = max(1, int(cores or machine_cores()))
         return cls(device="cpu", cores=cores, threads=cores)
 
-    def calibrated(self, repeats: int = 3) -> "CostModel":
-        """Opt-in: this model with the flop rate and thread efficiency measured on this CPU
-        (a 3x3 conv at 1 and ``cores`` threads, ~0.1 s). Never called by the planner itself."""
-        if self.device != "cpu" or self.cores <= 1:
-            return self
-        import time
-
-        import torch
-        x, w = torch.randn(1, 128, 28, 28), torch.randn(128, 128, 3, 3)
-        flops = 2.0 * 128 * 28 * 28 * 128 * 9
-        before = torch.get_num_threads()
-        times = {}
-        try:
-            for t in (1, self.cores):
-                torch.set_num_threads(t)
-                torch.conv2d(x, w, padding=1)
-                runs = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    torch.conv2d(x, w, padding=1)
-                    runs.append((time.perf_counter() - t0) * 1e6)
-                times[t] = sorted(runs)[len(runs) // 2]
-        finally:
-            torch.set_num_threads(before)
-        single = times[1]
-        speedup = single / max(times[self.cores], 1e-9)
-        ideal = (self.cores - 1) * single / (single + self.grain_us)
-        efficiency = min(1.0, max(0.0, (speedup - 1.0) / ideal)) if ideal > 0 else self.efficiency
-        return dataclasses.replace(self, flops_per_us=flops / single, efficiency=efficiency)
-
     def for_streams(self, n: int) -> "CostModel":
         """The model seen by each of ``n`` CPU streams sharing the cores (CUDA: unchanged)."""
         if self.device != "cpu":

@@ -3,7 +3,7 @@
 Offsets are counted in alignment units, so the model is a strip packing with fixed x (time
 spans) and free y (offset): OR-Tools CP-SAT's ``NoOverlap2D`` when ``ortools`` is installed
 (built as a text-format model through its C++ wrappers: its ``cp_model`` module imports
-pandas, ~30 MiB of private memory for the rest of the process), else a big-M MILP through
+pandas, private memory held for the rest of the process), else a big-M MILP through
 ``scipy.optimize.milp`` (HiGHS) for the smallest cases. Both are optional: with neither,
 ``solve_exact`` returns None and the heuristics' result stands.
 A heuristic solution seeds the search (hint / upper bound), so the result is never worse.

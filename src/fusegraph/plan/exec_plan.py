@@ -1,6 +1,6 @@
 """``ExecutionPlan``: everything the runtime needs from planning, as pure data.
 
-It is what ``compiler.py`` hands the runtime and what an artifact can store (``to_dict`` /
+It is what ``compiler/planning.py`` hands the runtime and what an artifact can store (``to_dict`` /
 ``from_dict``, JSON only): the execution order by node name, the memory mode, the arena size,
 each arena value's ``(offset, size)`` (values written by their kernel into the arena: planned
 and in-place tenants; views and inputs have no slot of their own), the planner's kind of every

@@ -34,9 +34,6 @@ from .direct import LOCALS, ThreadEntry, direct_form, direct_lines
 from .shape_memo import fill_epilogue, memo_globals, memo_prologue, shape_only_calls
 
 
-DIRECT_CALLS = True      # the default; benchmarks/direct_calls.py measures it off
-
-
 @dataclass
 class GeneratedCode:
     source: str
@@ -230,10 +227,11 @@ def arena_globals(binding: Binding) -> dict:
 
 
 def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None,
-                          direct: bool | None = None) -> GeneratedCode:
+                          direct: bool = True) -> GeneratedCode:
     """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order; with
-    ``direct`` (default ``DIRECT_CALLS``), kernels that offer it are called directly (``direct.py``)."""
-    direct = DIRECT_CALLS if direct is None else direct
+    ``direct``, kernels that offer it are called directly (``direct.py``), else every call goes
+    through the kernel's Python path (``Executor(direct_calls=False)``: what
+    ``benchmarks/direct_calls.py`` compares against)."""
     memo = shape_only_calls(graph, binding.calls) if hook is None else None
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
     calls = [c for c in binding.calls if id(c.node) not in memo_ids]

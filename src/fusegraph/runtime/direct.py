@@ -16,14 +16,14 @@ measure measures it after the call::
         if (_s := _dx[3](_dp[3], _st, 4, _da[3])): _df(3, _s)
         _dm[3](_dr[3], a3, True)
 
-A Python call into the kernel costs ~2 us when the interpreter's data is in the caches and
-6-8 us when a large kernel has just evicted it, as inside a run: the direct lines take
-0.94-1.00x the time of the calls through Python on the light models in bf16
-(``benchmarks/direct_calls.py``). ``ThreadEntry``, called once at the top of the
-function, returns the calls' parts as the locals above, and ``_st``, the stream of the thread
-running it: it points every direct call of the function at that thread's scratchpad when the
-thread is not the previous run's. The parts are kept in lists indexed by literals, not as a
-global each, so the module's name table does not grow with the model.
+A Python call into the kernel costs microseconds when the interpreter's data is in the caches
+and several times that when a large kernel has just evicted it, as inside a run: the direct
+lines take less time than the calls through Python on the light models in bf16
+(``benchmarks/direct_calls.py``; benchmarks/RESULTS.md, "direct calls"). ``ThreadEntry``, called
+once at the top of the function, returns the calls' parts as the locals above, and ``_st``, the
+stream of the thread running it: it points every direct call of the function at that thread's
+scratchpad when the thread is not the previous run's. The parts are kept in lists indexed by
+literals, not as a global each, so the module's name table does not grow with the model.
 """
 from __future__ import annotations
 

@@ -16,7 +16,9 @@ stored for it (CPU: packed weights); ``shared_forms``, packed weights it shares 
 per-shape compiles of the same model. After binding, the backend releases the graph's plain
 copy of every weight it holds in its own form (``release_weights``: weights held once); a
 weight stored only packed is read back plain for a backend that cannot take the packed form
-(``packed_only``).
+(``packed_only``). ``direct_calls=False`` generates every kernel call through the kernel's
+Python path instead of the direct call a kernel may offer (``direct.py``): the same results,
+what ``benchmarks/direct_calls.py`` compares against.
 Kernel failures surface as ``KernelError`` naming the node and op, found through the line
 map of the generated source, so the hot path carries no per-node bookkeeping.
 """
@@ -41,15 +43,17 @@ from .feeds import convert_feeds
 class _SingleRunner:
     """One stream on one device: the generated function itself."""
 
-    def __init__(self, graph: Graph, binding: Binding, filename: str):
+    def __init__(self, graph: Graph, binding: Binding, filename: str, direct_calls: bool = True):
         self.graph, self.binding, self.filename = graph, binding, filename
-        self.code = generate_run_function(graph, binding, filename)
+        self.direct_calls = direct_calls
+        self.code = generate_run_function(graph, binding, filename, direct=direct_calls)
         self.codes = [self.code]
 
     def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
         if hook is None:
             return self.code.function(*tensors)
-        code = generate_run_function(self.graph, self.binding, self.filename + ":hook", hook=hook)
+        code = generate_run_function(self.graph, self.binding, self.filename + ":hook", hook=hook,
+                                     direct=self.direct_calls)
         self.codes = [self.code, code]
         return code.function(*tensors)
 
@@ -61,7 +65,7 @@ class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
                  keep_freed_memory: bool = False, backend_state: dict | None = None,
-                 exact: bool = True, cpu_kernels: str = "auto", shared_forms=None,
+                 exact: bool = True, cpu_kernels: str = "auto", shared_forms=None, direct_calls: bool = True,
                  planner=None, declared_shapes: dict | None = None):
         self.graph = graph
         self.model_name = model_name
@@ -107,9 +111,10 @@ class Executor:
             self._runner = CudaRunner(graph, self.binding, streams, filename, cuda_graph=cuda_graph)
         elif streams is not None and streams.num_streams > 1:
             from .streams_cpu import CpuStreamRunner
-            self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads)
+            self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads,
+                                           direct_calls=direct_calls)
         else:
-            self._runner = _SingleRunner(graph, self.binding, filename)
+            self._runner = _SingleRunner(graph, self.binding, filename, direct_calls)
         self._lock = threading.Lock()
         self.backend.settle()                       # what binding's probe runs freed
         frames = getattr(self._runner, "frames", None)

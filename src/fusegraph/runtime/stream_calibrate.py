@@ -1,17 +1,16 @@
 """Timed calibration for ``streams="auto"`` on CPU: every node's time at one intra-op thread
 and at all of them, measured on this machine, for the stream planner's hybrid plans.
 
-``calibrate_costs(graph, plan, threads)`` binds the one-stream plan, runs it on synthetic
-inputs (normal floats, zero integers, false booleans) with a timing hook around every
-kernel, at one thread, at ``threads`` threads, and at ``threads`` threads while another
-thread owns an OpenMP team (the regime of a hybrid plan's wide nodes, see
-``streams_cpu.own_openmp_team``), and keeps each node's fastest time per regime (the
-least disturbed by other processes; ``repeats`` runs each, ~0.7-8 s on the light models
-at batch 1 on 2 cores). Several-thread times are capped by a scaling model of the
-one-thread time (``MeasuredCosts``), so a calibration on a loaded machine does not plan
-for the load. It returns a
-``plan.cost.MeasuredCosts``, or None when it cannot measure (symbolic input shapes, one
-thread, a kernel that fails on synthetic data): the planner then uses its static model.
+``calibrate_costs(graph, plan, threads)`` binds the one-stream plan, runs it on synthetic inputs
+(normal floats, zero integers, false booleans) with a timing hook around every kernel, at one
+thread, at ``threads`` threads, and at ``threads`` threads while another thread owns an OpenMP
+team (the regime of a hybrid plan's wide nodes, see ``streams_cpu.own_openmp_team``), and keeps
+each node's fastest time per regime (the least disturbed by other processes; ``repeats`` runs
+each: seconds on the light models at batch 1, benchmarks/RESULTS_runtime.md, "CPU streams").
+Several-thread times are capped by a scaling model of the one-thread time (``MeasuredCosts``),
+so a calibration on a loaded machine does not plan for the load. It returns a
+``plan.cost.MeasuredCosts``, or None when it cannot measure (symbolic input shapes, one thread,
+a kernel that fails on synthetic data): the planner then uses its static model.
 
 The result only chooses the plan; it never changes what a kernel computes. The thread
 setting of the calling thread is restored; nothing here is called at run time.
@@ -26,14 +25,16 @@ import torch
 
 from ..ir import Graph
 from ..plan.cost import CostModel, MeasuredCosts
+from .threads import intra_op_threads
 
 SYNC_US = 20.0          # a cross-stream handoff: lock release, thread wake-up, GIL
-CONTENTION = 1.0        # one-thread kernels side by side ran at their solo speed (+0-5 %)
+CONTENTION = 1.0        # one-thread kernels side by side ran at about their solo speed
 # These constants were set on this 2-core VM so that the estimates stay below the measured
-# gains of hybrid plans (inception_v1/v2: estimated ~4 % / ~7 %, measured 7 % / 11 %).
+# gains of hybrid plans (inception_v1/v2: benchmarks/RESULTS_runtime.md, "CPU streams").
 # Thread scaling of an undisturbed kernel (``CostModel.scaled_us``), fitted on this 2-core VM's
-# quiet runs of the inception models: ~1.9x for 3-6 ms convolutions, ~1.5x at 0.4 ms,
-# ~1.2x at 70 us. It caps the measured several-thread times (see ``MeasuredCosts``).
+# quiet runs of the inception models: long convolutions gain most from a second thread, short
+# kernels least (the fit: benchmarks/RESULTS.md, "Figures moved out of docstrings"). It caps
+# the measured several-thread times (see ``MeasuredCosts``).
 EFFICIENCY, GRAIN_US = 0.95, 250.0
 WAKE_US = 15.0          # waking a sleeping OpenMP team thread, added to a capped wide node
 
@@ -103,23 +104,21 @@ def calibrate_costs(graph: Graph, plan, threads: int, repeats: int = 4) -> Measu
             if dt < row[i]:
                 row[i] = dt
 
-    before = torch.get_num_threads()
     holder = None
     try:
         for t, throttled in regimes:
             if throttled and holder is None:
                 holder = TeamHolder(threads)
-            torch.set_num_threads(t)
-            executor.run_tensors(tensors)           # warm-up: oneDNN builds primitives per thread count
-            table[0] = best[(t, throttled)]
-            for _ in range(repeats):
-                executor.run_tensors(tensors, hook)
+            with intra_op_threads(t):
+                executor.run_tensors(tensors)       # warm-up: oneDNN builds primitives per thread count
+                table[0] = best[(t, throttled)]
+                for _ in range(repeats):
+                    executor.run_tensors(tensors, hook)
     except Exception:  # noqa: BLE001 - a model that cannot run on synthetic data is planned statically
         return None
     finally:
         if holder is not None:
             holder.close()
-        torch.set_num_threads(before)
         executor.close()
 
     def named(row):

@@ -14,12 +14,13 @@ collected). torch's intra-op thread count is per thread for its OpenMP pool: dur
 every stream thread uses ``max(1, threads // streams)``, and the caller's setting is restored
 afterwards. A hybrid plan's *wide* nodes (``plan.wide``, all on stream 0) run with every
 thread: the generated code sets the count before a node whose budget differs from the
-previous one on its stream (``torch.set_num_threads`` is ~0.2 us), after its waits, and the
+previous one on its stream (``torch.set_num_threads`` is cheap), after its waits, and the
 plan's events keep every other stream idle meanwhile. With wide nodes, each worker owns an
 idle OpenMP team (``own_openmp_team``), which makes libgomp throttle its spin-waiting,
 process-wide, while the workers live (other models in the process included: see
 benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for milliseconds
-after each wide node on a core the other stream needs (inception_v2: 1.35x slower).
+after each wide node on a core the other stream needs (inception_v2 measured slower:
+benchmarks/RESULTS_runtime.md, "CPU streams").
 A failing stream sets the abort flag and opens every event, so the other streams stop at
 their next wait instead of blocking; the first real error is re-raised. Every stream runs
 the kernels one stream runs (the binding's).
@@ -35,9 +36,9 @@ import torch
 
 from ..errors import PlanError
 from ..ir import Graph
-from . import codegen
 from .bind import Binding
 from .codegen import FunctionSpec, GeneratedCode, Names, arena_globals, arena_names, generate_module
+from .threads import intra_op_threads
 
 
 class _Aborted(Exception):
@@ -108,10 +109,8 @@ def own_openmp_team(threads: int) -> None:
     thread run at the budget set per run."""
     if threads < 2:
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    torch.ones(1 << 17).add_(1.0)           # above ATen's grain size: one parallel region
-    torch.set_num_threads(before)
+    with intra_op_threads(threads):
+        torch.ones(1 << 17).add_(1.0)       # above ATen's grain size: one parallel region
 
 
 def _stop_all(workers: list[_Worker]) -> None:
@@ -120,8 +119,9 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 
 def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: bool, wait_lines, record_lines,
-                       prefix: str = "stream", skip: frozenset = frozenset(), direct: bool | None = None):
-    """FunctionSpecs (one per stream) and the E layout: (specs, n_slots, template, output_slots).
+                       prefix: str = "stream", skip: frozenset = frozenset(), direct: bool = True):
+    """FunctionSpecs (one per stream) and the E layout: (specs, n_slots, template, output_slots);
+    with ``direct``, kernels that offer it are called directly (``direct.py``).
 
     ``wait_lines(event_ids)`` / ``record_lines(event_id)`` give the source lines of a wait
     before a call and a record after it (CPU locks here, CUDA events in ``streams_cuda``).
@@ -154,7 +154,7 @@ def build_stream_specs(graph: Graph, binding: Binding, plan, names, *, hook: boo
     specs = []
     for k in range(plan.num_streams):
         spec = FunctionSpec(f"{prefix}{k}", [calls[n] for n in plan.per_stream[k] if n in calls], params=["E"],
-                            hook=hook, direct=codegen.DIRECT_CALLS if direct is None else direct)
+                            hook=hook, direct=direct)
         for pos, call in enumerate(spec.calls):
             node = call.node
             waits = [e for e in plan.waits.get(node.name, []) if e not in done_before]
@@ -194,13 +194,14 @@ def _thread_switches(spec: FunctionSpec, wide: frozenset) -> None:
 
 class CpuStreamRunner:
     def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None,
-                 frames=None, memo=None, frame_values: list | None = None):
+                 direct_calls: bool = True, frames=None, memo=None, frame_values: list | None = None):
         """``frames`` (a ``frames.FrameBuilder``), ``memo`` and ``frame_values``: a model with
         symbolic input dims: the frame of a run's input shapes is taken before the streams
         start, its shape-only values (``memo.results``, made by ``_memo_fill``, a function of
         this module) and arena views (``frame_values``) become the module's globals for the
         run, and the shape-only nodes run in no stream."""
         self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
+        self.direct_calls = direct_calls and frames is None     # a frame's views change per shape
         self.frames, self.memo, self.frame_values = frames, memo, list(frame_values or ())
         self._frame = None
         self.n = plan.num_streams
@@ -237,8 +238,7 @@ class CpuStreamRunner:
 
         specs, self.template, self.out_slots = build_stream_specs(
             self.graph, self.binding, self.plan, names, hook=hook is not None,
-            wait_lines=wait_lines, record_lines=record_lines, skip=skip,
-            direct=False if self.frames is not None else None)
+            wait_lines=wait_lines, record_lines=record_lines, skip=skip, direct=self.direct_calls)
         if self.wide:
             for spec in specs:
                 _thread_switches(spec, self.wide)
@@ -288,7 +288,9 @@ class CpuStreamRunner:
         if not self._workers:
             self._start_workers()
         if self.frames is not None:
-            frame = self.frames.frames.get(tuple(t.shape for t in tensors)) or self.frames(*tensors)
+            frame = self.frames.frames.get(tuple(t.shape for t in tensors))
+            if frame is None:
+                frame = self.frames(*tensors)
             if frame is not self._frame or code is not self.code:
                 code.env.update(zip(self._frame_names, frame))
                 self._frame = frame if code is self.code else None
@@ -298,8 +300,7 @@ class CpuStreamRunner:
         before = torch.get_num_threads()
         budget = max(1, (self.threads or before) // self.n)
         self._budgets[:] = [self.threads or before, budget]
-        torch.set_num_threads(budget)
-        try:
+        with intra_op_threads(budget):
             for w, fn in zip(self._workers, fns[1:]):
                 w.submit(fn, env, budget, self._abort)
             errors: list[BaseException | None] = []
@@ -310,8 +311,6 @@ class CpuStreamRunner:
                 errors.append(exc)
                 self._abort()
             errors += [w.wait() for w in self._workers]
-        finally:
-            torch.set_num_threads(before)
         real = [e for e in errors if e is not None and not isinstance(e, _Aborted)]
         if real:
             raise real[0]

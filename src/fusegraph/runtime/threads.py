@@ -14,13 +14,14 @@ import torch
 
 @contextlib.contextmanager
 def intra_op_threads(threads: int | None):
-    """Within the block, torch runs at ``threads`` intra-op threads (None: as it is)."""
+    """Within the block, torch runs at ``threads`` intra-op threads (None: as it is). The
+    count found on entry is back on exit, also when the block changed it (a hybrid stream
+    plan's wide nodes do) or raised."""
     before = torch.get_num_threads()
-    if threads is None or threads == before:
-        yield
-        return
-    torch.set_num_threads(threads)
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -4,24 +4,25 @@ An *instance* is one ``CompiledModel`` (its own arena and executor lock) driven 
 worker thread (``batcher.py``), with ``torch.set_num_threads`` set on that thread; instances
 x threads never exceed the machine's cores (``settings.bound_threads``).
 
-Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) compiles
-itself at each batch size it runs (``specialize.py``), keeping ``Config.shape_cache`` of them;
-so that a stream of arbitrary batch sizes does not compile on every new one, its batches run
-as chunks of the same sizes as a static model's below (``warmup`` compiles them at start
-when the inputs' other dims are static; a sequence length, say, waits for the first request).
-A static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch
-size, since fusegraph plans memory and binds its kernels for fixed shapes: from its ONNX source,
-lazily (or at start with ``warmup``), for the sizes 1, 2, 4, ... up to ``max_batch_size`` (and
-that size itself), or the config's ``batch_sizes``. A batch runs as chunks of those sizes,
-the cheapest cover by each size's measured time per run (``ServedModel.plan``): on a CPU,
-where a batch of 8 costs nearly 8 batches of 1, 5 rows run as 4 + 1; where a bigger batch is
-nearly free (a GPU), they run on the size-8 variant with the last row repeated as padding, and
-the padding rows are dropped from the outputs. Each variant is a whole compiled model (weights,
-oneDNN's prepacked copies, its own arena: ~300 MiB for resnet50 at batch 8), per instance, so few sizes keep memory down; each
-instance keeps at most ``batch_variants`` of them (least recently used is closed first). When
-no variant can be built (an ``.fgm`` has no source to recompile; a graph that hard-codes its
-batch in a Reshape), the batch runs request by request on the base model: correct, just not
-faster. What happens is logged once per model.
+Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) compiles itself
+at each batch size it runs (``compiler/specialize.py``), keeping ``Config.shape_cache`` of them;
+so that a stream of arbitrary batch sizes does not compile on every new one, its batches run as
+chunks of the same sizes as a static model's below (``warmup`` compiles them at start when the
+inputs' other dims are static; a sequence length, say, waits for the first request). A
+static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch size, since fusegraph
+plans memory and binds its kernels for fixed shapes: from its ONNX source, lazily (or at start
+with ``warmup``), for the sizes 1, 2, 4, ... up to ``max_batch_size`` (and that size itself), or
+the config's ``batch_sizes``. A batch runs as chunks of those sizes, the cheapest cover by each
+size's measured time per run (``ServedModel.plan``): on a CPU, where a batch of 8 costs nearly 8
+batches of 1, 5 rows run as 4 + 1; where a bigger batch is nearly free (a GPU), they run on the
+size-8 variant with the last row repeated as padding, and the padding rows are dropped from the
+outputs. Each variant is a whole compiled model (weights, oneDNN's prepacked copies, its own
+arena: hundreds of MiB for resnet50 at batch 8, benchmarks/RESULTS.md, "Figures moved out of
+docstrings"), per instance, so few sizes keep memory down; each instance keeps at most
+``batch_variants`` of them (least recently used is closed first). When no variant can be built
+(an ``.fgm`` has no source to recompile; a graph that hard-codes its batch in a Reshape), the
+batch runs request by request on the base model: correct, just not faster. What happens is
+logged once per model.
 """
 from __future__ import annotations
 
@@ -209,19 +210,15 @@ class Instance:
     def warmup(self) -> None:
         """Compile and check every batch size now, at the intra-op thread count this instance's
         worker runs at: the first run of a model at another count than its last re-tunes its
-        kernels (resnet50, 1 thread after 2: 383 ms instead of 60 for batch 1, 1.7 s instead of
-        0.44 for batch 8), which warming up at the caller's count left to the first requests."""
-        import torch
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.served.threads)
-        try:
+        kernels (several times a warm run: benchmarks/RESULTS.md, "Serving", its warm-up at
+        the wrong thread count), which warming up at the caller's count left to the first requests."""
+        from ..runtime.threads import intra_op_threads
+        with intra_op_threads(self.served.threads):
             for size in (self.served.sizes if self.served.resizes else []):
                 if self.served.static_batch is None:
                     self._specialize(size)
                 else:
                     self._model_for(size)
-        finally:
-            torch.set_num_threads(before)
 
     def _specialize(self, size: int) -> None:
         """A symbolic-batch model's compile at batch ``size``, where its other dims are static."""

@@ -64,7 +64,7 @@ def random_feeds_for(model, seed: int = 0, batch: int = 1,
     return feeds
 
 
-def _ort_runner(model_path: str, threads: int, feeds) -> Callable[..., object]:
+def ort_runner(model_path: str, threads: int, feeds) -> Callable[..., object]:
     """A run of onnxruntime (ORT_ENABLE_ALL) on ``feeds``, or on the feeds given to the call."""
     import onnxruntime as ort
     so = ort.SessionOptions()
@@ -88,13 +88,14 @@ def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: 
     Before each block the process pauses ``settle_s`` (untimed), so the previous engine's idle
     worker threads stop spinning first: onnxruntime's pool spins on a core after its block
     (``session.intra_op.allow_spinning``, on by default), and every 2-thread region of the next
-    engine would wait for that core (squeezenet measured 4.2 ms next to a spinning pool, 1.9 ms
-    alone); OpenMP's team spins after torch's regions the same way.
+    engine would wait for that core (squeezenet measured twice as slow next to a spinning pool:
+    benchmarks/RESULTS.md, "2026-12-01: oneDNN Graph kernels"); OpenMP's team spins after
+    torch's regions the same way.
 
     Rounds run the runners forwards and backwards in turn (A B, B A, A B ...), so no runner
     always follows the same one: a pause too short for some pool would otherwise tax the
-    same runner every round (measured: the block after onnxruntime's ran 0.15 ms slower on
-    bert in one run, and not at all in the next)."""
+    same runner every round (measured on bert: the block after onnxruntime's ran slower in one
+    run, and not in the next)."""
     for fn in runners.values():
         for _ in range(warmup):
             fn()
@@ -115,7 +116,7 @@ def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: 
 def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int = 2, runs: int = 30,
           warmup: int = 5, config=None, dims: dict[str, int] | None = None) -> BenchResult:
     """``dims``: sizes of named symbolic input dims (``{"seq": 128}``): a model with dynamic axes
-    runs its compile at those shapes (``specialize.py``), made in the warm-up."""
+    runs its compile at those shapes (``compiler/specialize.py``), made in the warm-up."""
     import fusegraph as fg
 
     config = (config or fg.Config()).replace(threads=threads)
@@ -127,7 +128,7 @@ def bench(model_path: str, vs: tuple[str, ...] = ("onnxruntime",), threads: int 
     runners: dict[str, Callable[[], object]] = {"fusegraph": lambda: model.run(feeds)}
     for peer in vs:
         if peer == "onnxruntime":
-            runners[peer] = _ort_runner(model_path, threads, feeds)
+            runners[peer] = ort_runner(model_path, threads, feeds)
         elif peer == "torch":
             eager = fg.compile(model_path, config.replace(level="O0", memory="off"))
             runners[peer] = lambda: eager.run(feeds)

@@ -19,7 +19,7 @@ model's outputs diverge from a reference beyond tolerance (``fusegraph bisect``)
 
 Pass runs are deterministic (node names are drawn in order), so each fresh import replays
 the same rewrites. The precision bisect (``--precision bf16``: the ops whose reduced precision
-costs the most accuracy) is ``report/precision_bisect.py``. Nothing here changes what the
+costs the most accuracy) is ``precision_bisect.py``. Nothing here changes what the
 compiler does: it only drives it.
 """
 from __future__ import annotations

@@ -40,7 +40,7 @@ class PrecisionComparison:
     reduced: PrecisionSide
     # output -> {"fp32": errors vs reference, "reduced": errors vs reference,
     #            "reduced_vs_fp32": errors of the reduced model against the fp32 one}
-    # (each ``report.accuracy.accumulate``'s: rel_l2, max_abs, cosine, inputs, top1_agree)
+    # (each ``compiler.accuracy.accumulate``'s: rel_l2, max_abs, cosine, inputs, top1_agree)
     accuracy: dict[str, dict[str, dict]] = field(default_factory=dict)
     kept_fp32: list[dict] = field(default_factory=list)
     fp32_logits: list[dict] = field(default_factory=list)    # bf16 operands, float32 output

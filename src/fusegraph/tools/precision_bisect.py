@@ -16,7 +16,7 @@
 Node names agree between the two compiles: the precision pass runs last and only adds casts.
 Rounding a node's output is what the reduced model does to it (a fused elementwise chain, too,
 computes in float32 and rounds once); the rounding of its weights is not simulated. Nothing
-here changes what the compiler does: it only drives it, as ``report/bisect.py`` does.
+here changes what the compiler does: it only drives it, as ``bisect.py`` does.
 """
 from __future__ import annotations
 

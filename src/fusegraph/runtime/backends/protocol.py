@@ -30,7 +30,7 @@ class Direct:
     call.n, call.args)`` returns a status, ``call.fail(status)`` raises for a nonzero one, and
     ``call.on_thread()`` points the call at the calling thread's resources and returns its
     stream. With ``limit``, only while ``state.m < limit`` (a guarded node's fast kernel; the
-    kernel itself otherwise); ``measure(state, out, True)`` after the call (``guard.py``)."""
+    kernel itself otherwise); ``measure(state, out, True)`` after the call (``cpu/guard.py``)."""
     call: object
     limit: float | None = None
     state: object = None

@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from ....config import CPU_KERNELS
 from ....errors import ArtifactError, ConfigError
 from ....ops.registry import kernel_writes_out
 from .finite import tensor_fact
@@ -42,7 +43,6 @@ from .dnnl.blocked import check as check_blocked
 from .dnnl.memory import TORCH_OF
 from .dnnl.weights import SharedForms, WeightStore
 
-KERNEL_CHOICES = ("auto", "onednn", "portable")
 # a guarded node admitted only below this input magnitude has the values it reads measured
 # where they are made (``guard_plan.py``): images in 0..255 or normalised ones sit well below it
 MEASURE_BELOW = 1e4
@@ -65,8 +65,8 @@ class CpuBackend(Backend):
 
     def __init__(self, keep_freed_memory: bool = False, exact: bool = True, kernels: str = "auto",
                  shared_forms: SharedForms | None = None):
-        if kernels not in KERNEL_CHOICES:
-            raise ConfigError(f"cpu_kernels {kernels!r}: expected one of {', '.join(KERNEL_CHOICES)}")
+        if kernels not in CPU_KERNELS:
+            raise ConfigError(f"cpu_kernels {kernels!r}: expected one of {', '.join(CPU_KERNELS)}")
         if kernels == "onednn" and not dnnl_available():
             raise ConfigError(f"cpu_kernels='onednn' was asked for, but {unavailable_reason()}; "
                               f"use cpu_kernels='auto' or 'portable'")
@@ -96,7 +96,7 @@ class CpuBackend(Backend):
     # -- kernels
     def bind_start(self, graph) -> None:
         """Before binding: the exact kernels that can run fast, and under which input
-        magnitude (``runtime/guard_plan.py``, from the weights' own magnitudes: the plain tensors, or
+        magnitude (``guard_plan.py``, from the weights' own magnitudes: the plain tensors, or
         a loaded model's packed bytes)."""
         self.guards = guard_plan(graph, self._absmax, MEASURE_BELOW) if self.exact and self.dnnl is not None \
             else GuardPlan({}, {})

@@ -2,7 +2,7 @@
 relu, clip, GELU or hard sigmoid, a max pool without its finiteness check) runs whenever the
 run's inputs make it exact, the exact form otherwise.
 
-``runtime/guard_plan.py`` gives each guarded node a limit: while every float graph input is finite
+``guard_plan.py`` gives each guarded node a limit: while every float graph input is finite
 with ``max |x| < limit``, no NaN or infinity can reach the node, so its fast kernel computes
 what the exact one does. ``RunState.measure(feeds)`` finds the run's ``max |x|`` once before
 the run (NaN in a feed makes it NaN, an infinity infinite: no limit admits either, an

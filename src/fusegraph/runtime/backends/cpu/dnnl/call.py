@@ -27,8 +27,9 @@ post-op is not exact on NaN / Inf; a max pool's NaN check). The primitive runs o
 ``direct(tensors, out)``: a call whose tensors are the same on every run (arena views) and
 that needs none of the above per call (no staging, no copy, no prefill copy, no ``after``)
 as a ``DirectCall``: the generated code executes the kernel's argument array itself
-(``runtime/direct.py``), without this Python path (~2 us a call when warm, 6-8 us when a
-large kernel has just evicted the interpreter's data from the caches). Those tensors become
+(``runtime/direct.py``), without this Python path (microseconds a call, more when a large
+kernel has just evicted the interpreter's data from the caches: benchmarks/RESULTS.md,
+"direct calls"). Those tensors become
 the kernel's *home*: a call through this path with other tensors (a profiling tool's) points
 the slots back at them after it, so the array always holds the home pointers between calls.
 """
@@ -66,8 +67,8 @@ def _convertible(t: torch.Tensor, slot: "Slot") -> bool:
 
 class _Reorder:
     """oneDNN's reorder from one layout of a slot's tensor into the slot's staging buffer: a
-    pure data movement (bit for bit ``copy_``), ~1.7x faster than ATen's for a channels-last
-    copy of an NCHW image (34 against 58 us at 3x224x224 in bfloat16)."""
+    pure data movement (bit for bit ``copy_``), faster than ATen's for a channels-last copy of
+    an NCHW image (benchmarks/RESULTS.md, "where the rest of the gap is", item 3)."""
     __slots__ = ("prim", "src", "dst", "args", "_exec")
 
     def __init__(self, prim: Primitive, src: Memory, dst: Memory):
@@ -220,9 +221,9 @@ class DnnlKernel:
             self._args[self._n - 1] = ExecArg(capi.ARG_SCRATCHPAD, self._scratch.handle)
 
     def _bind(self, ts: tuple, out: torch.Tensor):
-        """Point every slot at this call's tensors; returns (tensors to keep alive for the call,
-        the tensor to copy the result into afterwards, or None)."""
-        cur, temps = self._cur, []
+        """Point every slot at this call's tensors; returns (the tensor to copy the result into
+        afterwards, or None; the tensor the primitive writes)."""
+        cur = self._cur
         for i, (slot, t) in enumerate(zip(self.inputs, ts)):
             if slot is None:
                 cur[i] = t
@@ -250,17 +251,17 @@ class DnnlKernel:
             self.converted += 1
             self.output.memory.point(out.data_ptr())
             cur[-1] = None
-        return temps, copy_to, out
+        return copy_to, out
 
     def __call__(self, *ts, out=None):
         fresh = out is None
         if fresh:
             out = self.output.empty()
         cur = self._cur
-        copy_to = temps = None
+        copy_to = None
         rebound = out is not cur[-1] or any(map(_is_not, ts, cur))
         if rebound:
-            temps, copy_to, target = self._bind(ts, out)
+            copy_to, target = self._bind(ts, out)
             if self.prefill is not None:
                 z = ts[self.prefill]
                 self._prefill_copy = target.data_ptr() != z.data_ptr() or target.stride() != z.stride()

@@ -31,7 +31,6 @@ F16, BF16, F32, S32, S8, U8 = 1, 2, 3, 4, 5, 6
 # dnnl_format_tag_t
 TAG_ANY, TAG_A, TAG_AB, TAG_ABC, TAG_ABCD, TAG_ABCDE = 1, 2, 3, 4, 5, 6
 TAG_ACDB = 22                  # nhwc
-FORMAT_TAG_LAST = 4096         # tags are tried below this bound (``memory.format_tag_of``)
 # dnnl_prop_kind_t, algorithms
 FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT = 1

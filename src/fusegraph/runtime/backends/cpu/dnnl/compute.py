@@ -4,7 +4,8 @@ float16 is always stored, not computed (no float16 arithmetic in these primitive
 float32 primitive reads it through its staging buffer and rounds its result once. bfloat16 is
 computed in bfloat16 where oneDNN has a kernel for it (AVX512-BF16, AMX, or AVX-512's
 emulation); on a CPU without (AVX2 only) oneDNN has none, and ATen's own bfloat16 convolution
-there is ~10x slower than float32, so bfloat16 is stored and computed as float16 is. The
+there is many times slower than float32 (benchmarks/RESULTS.md, "a CPU without bf16
+arithmetic"), so bfloat16 is stored and computed as float16 is. The
 values are the same bfloat16 values either way (products of two bfloat16 numbers are exact in
 float32; only the accumulation order differs), and the result is rounded to bfloat16 once.
 """

@@ -2,8 +2,9 @@
 tensors' own layouts (channels-last in conv nets: a channel concat interleaves the inputs per
 pixel), into the planned output. A pure data movement: the result is the op's own kernel's
 bit for bit. Float32 concats decline: against ``torch.cat`` in the same process the primitive
-measured 0.96-0.98x on inception_v1 / v2 but 1.01-1.03x on densenet121 (its concats append a
-few channels to a wide tensor); in bfloat16 0.96-0.98x on both and level on squeezenet.
+was faster on inception_v1 / v2 but slower on densenet121 (its concats append a few channels to
+a wide tensor); in bfloat16 faster on both and level on squeezenet (benchmarks/RESULTS.md,
+"2026-12-02 16:10", item 7).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ primitive's scale and shift. Exact (as the op's own kernel, ``ops/norm.layer_nor
 when the result holds a NaN or an infinity (float32 sums of a finite row of values near 1e37
 overflow in oneDNN too), the node is computed again by the op's own kernel, which recomputes
 such rows in float64; a row with a NaN in it stays NaN. One sum decides. The fast form
-(``exact`` off: a guarded node whose rows cannot overflow, ``runtime/finite.py``, or
+(``exact`` off: a guarded node whose rows cannot overflow, ``cpu/finite.py``, or
 ``Config.fast_math``) skips that check. Float32 data with static shapes, the normalised axis
 last and every tensor row-major; the normalised output float32, or bfloat16 (``out_dtype``: a
 Cast folded in, ``passes/fold_casts.py``; oneDNN rounds once) where it has its own bytes.

@@ -5,8 +5,7 @@
   format tag (``TAG_ANY`` lets a primitive choose: blocked weights), ``MemDesc.clone(handle)``
   for one a primitive descriptor owns; ``describe()`` is its geometry as plain data
   (dims, data type, padded dims, strides, inner blocks): what an artifact records to check that
-  stored bytes still fit the layout a primitive wants; ``format_tag_of`` finds the format tag
-  that recreates a blocked descriptor on load.
+  stored bytes still fit the layout a primitive wants.
 - ``Memory``: a ``dnnl_memory_t`` over a pointer this process owns (an arena slot, a tensor,
   a weight buffer); ``point(ptr)`` moves it.
 - ``DTYPES``: torch dtype -> oneDNN data type.
@@ -103,19 +102,6 @@ class MemDesc:
             self._lib.memory_desc_destroy(self.handle)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-
-def format_tag_of(md: MemDesc) -> int | None:
-    """The format tag whose descriptor over ``md``'s dims and type equals ``md`` (None: none does)."""
-    info = md.describe()
-    dims, dt = info["dims"], info["dt"]
-    for tag in range(capi.TAG_A, capi.FORMAT_TAG_LAST):
-        h = vp()
-        if _lib().memory_desc_create_with_tag(C.byref(h), len(dims), Dims(*dims), dt, tag) != 0:
-            continue
-        if MemDesc(h) == md:
-            return tag
-    return None
 
 
 class Memory:

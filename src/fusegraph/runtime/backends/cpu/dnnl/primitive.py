@@ -159,10 +159,6 @@ class Resources:
         temporaries live past its primitives' scratchpad bytes."""
         return self._local.buf
 
-    @property
-    def held_bytes(self) -> int:
-        return sum(b.numel() for b in self._held)
-
 
 def reorder(src: MemDesc, src_ptr: int, dst: MemDesc, dst_ptr: int) -> None:
     """Copy the bytes at ``src_ptr`` (laid out as ``src``) to ``dst_ptr`` laid out as ``dst``,

@@ -2,7 +2,8 @@
 axis seen as ``[groups, C / groups]`` in the input and as its transpose in the output
 (ShuffleNet's Reshape-Transpose-Reshape), in the tensors' own layouts, into the planned output.
 oneDNN's shuffle primitive has only its reference kernel for channels-last data; its JIT
-reorder moves the same bytes ~7x faster than ATen's channel shuffle here. A pure data
+reorder moves the same bytes several times faster than ATen's channel shuffle here
+(benchmarks/RESULTS.md, "Figures moved out of docstrings"). A pure data
 movement: the result is the op's own kernel's bit for bit.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def shuffle_kernel(ctx, resources):
     if status != 0:
         return Decline(f"oneDNN has no reorder for this shuffle (status {status})", "dnnl")
     prim = Primitive(pd, "shuffle")
-    if prim.impl.startswith(("simple", "ref")):     # AVX2's bfloat16: the generic element loop, 20x ATen's time
+    if prim.impl.startswith(("simple", "ref")):     # AVX2's bfloat16: the generic element loop, far slower
         return Decline(f"oneDNN offers only its generic reorder for this shuffle ({prim.impl})", "dnnl")
     return DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, x_strides, dtype, src)],
                       Slot(capi.ARG_DST, xs, y_strides, dtype, dst), [], resources, (0,))

@@ -15,9 +15,10 @@ the op's own kernel recomputes the output. ``tests/runtime/test_dnnl_classifier_
 checks such rows.
 
 It is a classifier's last kernel: made for one thread below ``SERIAL_ELEMENTS`` (a 1000-class
-row gains nothing from a second), the pair runs in ~10 us where the op's own ATen kernel,
-called after a run's large kernels have evicted the interpreter's and ATen's data from the
-caches, took 50-150 us. ``Config.fast_math`` drops the check. Anything else declines with its
+row gains nothing from a second), the pair runs several times faster than the op's own ATen
+kernel called after a run's large kernels have evicted the interpreter's and ATen's data from
+the caches (benchmarks/RESULTS.md, "direct calls; a classifier's tail on oneDNN").
+``Config.fast_math`` drops the check. Anything else declines with its
 reason.
 """
 from __future__ import annotations

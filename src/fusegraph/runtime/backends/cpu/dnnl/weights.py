@@ -20,7 +20,7 @@ a portable kernel, another device). ``export()`` gives each weight's forms with 
 descriptions and orientation.
 
 ``SharedForms`` lets several stores (the per-shape compiles of one dynamic model,
-``specialize.py``) share the packed forms of the weights they all read. A form is keyed by the
+``compiler/specialize.py``) share the packed forms of the weights they all read. A form is keyed by the
 plain weight's contents (a SHA-256 of its bytes), its orientation and its layout, never by
 name (a pass of one compile may give a name another compile's weight also has).
 """
@@ -130,7 +130,7 @@ class WeightStore:
             src, src_md = weight, operand_md
         else:
             # in the form's type first: a reduced weight widened by ATen, not by a converting reorder
-            # (AVX2's bfloat16 -> float32 blocked one is oneDNN's generic loop, ~10x slower)
+            # (AVX2's bfloat16 -> float32 blocked one is oneDNN's generic loop: RESULTS.md, AVX2 only)
             src = self.plain(name, weight, dtype=TORCH_OF.get(desc.get("dt"))).permute(perm).contiguous()
             src_md = MemDesc.of(_operand_dims(want), src.dtype)
         with torch.inference_mode(False):
