@@ -7,9 +7,6 @@
 - gemm_to_linear: ``Gemm(A, B, C)`` with alpha = beta = 1 and transA = 0 -> ``Linear(A, B, C,
   trans_b=transB)``, under the same condition on C. Lets ``replace_matmul.py`` drop the
   Reshapes that exporters put around it.
-- matmul_to_linear: ``MatMul(x, W)`` by a constant 2-D float ``W`` whose result no Add reads
-  (that one is ``matmul_add_to_linear``'s) -> ``Linear(x, W)``: a language model's head, a
-  projection without bias; the backends' products take a constant weight packed once.
 
 Equal up to rounding (one addmm instead of a matmul and an add).
 """
@@ -85,27 +82,8 @@ def _rewrite(node, match, ctx):
     return ctx.emit("Linear", inputs, {"trans_b": trans_b}, domain=FUSEGRAPH_DOMAIN)
 
 
-def _matmul_by_weight(node, ctx):
-    if len(node.inputs) != 2 or None in node.inputs:
-        return None
-    x, w = node.inputs
-    y = node.outputs[0]
-    if const_of(w) is None or w.shape is None or len(w.shape) != 2 or x.shape is None or len(x.shape) < 1:
-        return None
-    users = y.users
-    if len(users) == 1 and users[0].op_type == "Add" and users[0].domain in ("", "ai.onnx"):
-        return Decline("its result feeds an Add: matmul_add_to_linear decides")
-    if y.dtype is None or not y.dtype.is_float:
-        return Decline("not floating point")
-    if not ctx.supports("Linear", FUSEGRAPH_DOMAIN):
-        return Decline("no Linear kernel")
-    return x, w, None, 0
-
-
 RULES = [
     Rule("matmul_add_to_linear", _matmul_add, _rewrite, ops=("Add",),
          doc="2-D weight, bias along the last axis only, MatMul output used once, float"),
     Rule("gemm_to_linear", _gemm, _rewrite, ops=("Gemm",), doc="alpha = beta = 1, transA = 0, bias along N"),
-    Rule("matmul_to_linear", _matmul_by_weight, _rewrite, ops=("MatMul",),
-         doc="constant 2-D float weight, result not read by an Add"),
 ]
