@@ -12,12 +12,11 @@ from typing import Any, Callable
 
 from .. import artifact
 from ..config import Config
-from ..errors import ConfigError, ModelLoadError
+from ..errors import ArtifactError, ConfigError, ModelLoadError
 from ..ir import Graph
 from ..ir.serialize import copy_graph
 from ..ops import infer_graph, opdef_for
 from ..passes import optimize
-from ..plan.exec_plan import ExecutionPlan
 from ..report import CompileReport
 from ..runtime.backends import weight_share
 from ..runtime.threads import intra_op_threads
@@ -153,8 +152,12 @@ def load(path: str | Path, *, threads: int | None = None) -> CompiledModel:
     dynamic = specialization_kind(stored.graph, stored.config) == "shapes"   # not "batch": its batch is folded
     shared = weight_share(device_of(stored.config)) if dynamic else None
     plan, planner = stored.plan, None
-    if has_symbolic_inputs(stored.graph) and device_of(stored.config) == "cpu" and plan is not None:
-        plan = ExecutionPlan.for_symbolic(plan.order, plan.memory_mode)   # from the graph, not the file's word
+    symbolic = has_symbolic_inputs(stored.graph) and device_of(stored.config) == "cpu" and plan is not None
+    if plan is not None and plan.symbolic != symbolic:     # the graph decides, not the file's word
+        raise artifact.refusal(str(path), ArtifactError(
+            f"{path}: the stored plan is {'' if plan.symbolic else 'not '}for a range of input shapes, but the "
+            f"graph's inputs are {'symbolic' if symbolic else 'static'}: a re-sealed or corrupt file"))
+    if symbolic:
         planner = bucket_planner(stored.graph, stored.config, plan)
     try:
         source = copy_graph(stored.graph) if dynamic else None                # before binding changes it

@@ -185,5 +185,19 @@ def opdef_for(node: Node) -> OpDef:
     return d
 
 
+def view_input(node: Node) -> int | None:
+    """The input index that output 0 of ``node`` is a view of (``OpDef.alias``: same bytes,
+    another shape, the same dtype), or None when it is not a view (or the op is unknown)."""
+    if len(node.outputs) != 1:
+        return None
+    opdef = lookup(node.domain, node.op_type, node.version)
+    if opdef is None:
+        return None
+    idx = next((i for i, o in opdef.alias if o == 0), None)
+    if idx is None or node.input(idx) is None or node.inputs[idx].dtype != node.outputs[0].dtype:
+        return None
+    return idx
+
+
 def registered_ops() -> list[tuple[str, str, int]]:
     return sorted((d.domain, d.op_type, d.since) for defs in _REGISTRY.values() for d in defs)

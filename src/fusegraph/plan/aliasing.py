@@ -17,21 +17,11 @@ from __future__ import annotations
 
 from ..ir import Node
 from ..ir.shape import is_static
+from ..ops.registry import view_input
 
 def view_source(node: Node) -> int | None:
     """Input index that output 0 of ``node`` is a view of, or None when it is not a view."""
-    if len(node.outputs) != 1:
-        return None
-    opdef = _opdef(node)
-    if opdef is None:
-        return None
-    idx = next((i for i, o in opdef.alias if o == 0), None)
-    if idx is None or node.input(idx) is None:
-        return None
-    src, out = node.inputs[idx], node.outputs[0]
-    if src.dtype != out.dtype:
-        return None
-    return idx
+    return view_input(node)
 
 
 def _opdef(node: Node):

@@ -30,12 +30,11 @@ import torch
 from ..errors import PlanError
 from ..ir import Graph, Node, Value, is_broadcast
 from ..ops import opdef_for
-from ..ops.registry import NodeContext, kernel_writes_out
+from ..ops.registry import NodeContext, kernel_writes_out, view_input
 from .arena import Arena
 from .backends import Backend, Decline
 from .layout_probe import probe_strides
 from .subgraph import subgraph_factory
-from ..plan.aliasing import view_source
 
 
 FRAME_OUTPUTS = ("frame",)     # NodeCall.out of a call writing into the run's frame views (``frames.py``)
@@ -189,7 +188,7 @@ def frame_outputs(binding: Binding, slotted: Callable[[Value], bool]) -> list[Va
             in_arena.update(id(o) for o in outs)
             values.extend(outs)
         elif any(v is not None and id(v) in in_arena for v in node.inputs):
-            src = view_source(node)
+            src = view_input(node)
             for k, o in enumerate(outs):
                 if src is not None and k == 0:
                     in_arena.add(id(o))           # a view of an arena value lives in its slot

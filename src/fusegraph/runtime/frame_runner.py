@@ -17,7 +17,7 @@ import dataclasses
 from typing import Callable
 
 from ..ir import Graph, Value
-from ..plan.aliasing import view_source
+from ..ops.registry import view_input
 from .bind import Binding, frame_outputs
 from .codegen import generate_frame_run_function
 from .frames import FrameBuilder
@@ -47,7 +47,7 @@ class FrameRunner:
         self.program = ShapeProgram(graph, [c.node for c in binding.calls if id(c.node) not in memo_nodes], known)
         self.frames = FrameBuilder(name, graph, self.program, self.memo.results if self.memo else [], [],
                                    planner, device, declared)
-        self._views = {id(o) for c in binding.calls if view_source(c.node) is not None
+        self._views = {id(o) for c in binding.calls if view_input(c.node) is not None
                        for k, o in enumerate(c.node.outputs) if k == 0}
         self._probed = False
         self._generate()

@@ -78,6 +78,8 @@ class _Reorder:
 
     @classmethod
     def make(cls, shape, strides, dtype, staging: torch.Tensor) -> "_Reorder | None":
+        if any(st == 0 and n > 1 for st, n in zip(strides, shape)):   # a broadcast view: copy_ expands it
+            return None
         lib = capi.load()
         src_md, dst_md = MemDesc.of(shape, dtype, strides), MemDesc.of(shape, dtype, tuple(staging.stride()))
         pd = capi.vp()
