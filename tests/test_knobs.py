@@ -149,7 +149,9 @@ PROBES = {
     "cuda_graph": (True, REFUSED if not torch.cuda.is_available() else None),
     "keep_freed_memory": (True, None),    # special-cased below: host_memory is touched only then
     "shape_cache": (0, None),            # special-cased below: a model with a symbolic batch
-    "dynamic_batch": (True, lambda d, p: p.specializations is not None and d.specializations is None),
+    "dynamic_batch": (True, lambda d, p: p.plan.symbolic and not d.plan.symbolic
+                      and p.inputs[0].shape[0] == "batch" and d.inputs[0].shape[0] == 1),
+    "shapes": (None, None),              # special-cased below: a model with a symbolic batch
     "cpu_kernels": ("portable", lambda d, p: set(p.report.kernels["implementations"]) == {"portable"}
                     and set(d.report.kernels["implementations"]) != {"portable"}),
 }
@@ -185,11 +187,18 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
         assert _reduced(loose) == 2 and _reduced(tight) == 0
         assert [k["node"] for k in tight.report.precision["auto"]["kept_fp32"]] == ["conv_a", "conv_b"]
         return
-    if field == "shape_cache":      # 0: the symbolic-batch model runs its shape-generic kernels
+    if field == "shape_cache":      # N > 0: the symbolic-batch model compiles per exact shape instead
         x = {"x": np.random.default_rng(1).standard_normal((3, 8, 16, 16)).astype(np.float32)}
-        per_shape, generic = (fg.compile(knob_model("N"), config=fg.Config(shape_cache=n)) for n in (8, 0))
-        np.testing.assert_allclose(per_shape.run(x)["y"], generic.run(x)["y"], rtol=1e-4, atol=1e-5)
-        assert generic.specializations is None and len(per_shape.specializations) == 1
+        per_shape, one = (fg.compile(knob_model("N"), config=fg.Config(shape_cache=n)) for n in (8, 0))
+        np.testing.assert_allclose(per_shape.run(x)["y"], one.run(x)["y"], rtol=1e-4, atol=1e-5)
+        assert one.specializations is None and one.plan.symbolic and len(per_shape.specializations) == 1
+        return
+    if field == "shapes":           # a declared range refuses a batch outside it
+        x = {"x": np.random.default_rng(1).standard_normal((3, 8, 16, 16)).astype(np.float32)}
+        open_, capped = (fg.compile(knob_model("N"), config=fg.Config(shapes=s)) for s in ((), {"N": (1, 2)}))
+        assert open_.run(x)["y"].shape[0] == 3
+        with pytest.raises(FusegraphError, match="outside the declared range 1..2"):
+            capped.run(x)
         return
     if changed is None:
         pytest.skip(f"{field}: needs a CUDA device")

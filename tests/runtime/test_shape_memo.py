@@ -2,9 +2,8 @@
 
 The oracle is onnxruntime with ORT_DISABLE_ALL (or the reference evaluator): every run is
 checked, including runs that reuse a remembered shape after other shapes, and graphs whose
-shapes depend on input *values* (which must never be remembered). The memo serves the
-shape-generic kernels: ``Config(shape_cache=0)`` and loaded artifacts of a ``shape_cache=0``
-compile (with per-shape compiles, ``specialize.py``, each compile has its shapes folded)."""
+shapes depend on input *values* (which must never be remembered). For a model with symbolic
+input dims the shape-only results are part of each input shape's frame (``frames.py``)."""
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
@@ -12,7 +11,6 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import fusegraph as fg
-from fusegraph.runtime import shape_memo
 from model_builders import transformer_feeds
 from oracle import assert_outputs_close, ort_run
 
@@ -38,12 +36,12 @@ def test_transformer_runs_shape_work_once_per_shape(transformer_models, name, mo
     assert _calls(run) <= most < nodes and _calls(run) + _calls(fill) == nodes
     assert " Shape " not in run          # every Shape, of an input or of an embedding, is remembered
     assert (model.report.kernel_count, model.report.shape_kernels) == (_calls(run), _calls(fill))
-    memo = model._executor.code.env["_MEMO"]
+    frames = model._executor.frame_runner.frames
     shapes = [(1, 16), (2, 7), (1, 16), (3, 1), (2, 7)]
     for i, (batch, seq) in enumerate(shapes):
         feeds = transformer_feeds(seed=i, batch=batch, seq=seq, pad=min(3, seq - 1))
         assert_outputs_close(model.run(feeds), ort_run(path, feeds))
-    assert len(memo) == 3                 # one entry per distinct input shapes
+    assert len(frames.frames) == 3 and frames.stats["frames"] == 3   # once per distinct input shapes
 
 
 def _nonzero_model():
@@ -96,12 +94,15 @@ def test_shape_of_a_value_made_by_a_reshape_stays_in_the_run():
 def test_memo_is_bounded():
     m = _nonzero_model()
     model = fg.compile(m, GENERIC)
-    memo = model._executor.code.env["_MEMO"]
-    for n in range(1, shape_memo.MEMO_ENTRIES + 10):
+    frames = model._executor.frame_runner.frames
+    frames.capacity = 8
+    for n in range(1, 20):
         x = np.arange(n, dtype=np.float32)
         got = model.run({"x": x})
         np.testing.assert_array_equal(got["sr"], [n])
-        assert 1 <= len(memo) <= shape_memo.MEMO_ENTRIES
+        assert 1 <= len(frames.frames) <= 8
+    assert frames.stats["frames"] == 19
+
 
 
 def test_debug_runs_see_every_node(transformer_models):

@@ -262,9 +262,11 @@ def generate_frame_run_function(graph, binding: Binding, memo, frame_values: lis
     unpack it into the shape-only values (``memo.results``) and the arena views of
     ``frame_values`` (the outputs of the calls bound with ``FRAME_OUTPUTS``); every call then
     writes its view. The shape-only nodes are a second function, ``_memo_fill(*inputs)``,
-    which the frame builder calls. ``hook`` as for ``generate_run_function``."""
+    which the frame builder calls. ``hook`` as for ``generate_run_function`` (the shape-only
+    nodes then also run in line, so that it sees every node)."""
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
-    calls = [c for c in binding.calls if id(c.node) not in memo_ids]
+    # a debug run (``hook``) runs the shape-only nodes again in line, so it sees every node
+    calls = [c for c in binding.calls if hook is not None or id(c.node) not in memo_ids]
     names = Names(binding.dense)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
