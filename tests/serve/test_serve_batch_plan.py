@@ -96,20 +96,42 @@ def test_warmup_compiles_at_the_instances_thread_count(served, monkeypatch):
     assert seen == [served.threads] * 3 and served.threads == 1  # sizes 2, 4, 8 at the worker's 1 thread
 
 
-def test_a_symbolic_batch_runs_as_chunks_of_the_compiled_sizes(tmp_path):
-    """A model whose batch is symbolic compiles itself per batch size (``specialize.py``): the
-    server runs its batches as chunks of the sizes 1, 2, 4, 8 (compiled at warm-up, as the other
-    dims are static), so arbitrary batch sizes compile nothing more, and a run that compiles
-    only seeds the size's cost."""
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((8, 4)).astype(np.float32)
+def _symbolic_batch_model(tmp_path, w):
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "dyn",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
                               [numpy_helper.from_array(w, "w")])
     path = tmp_path / "dyn.onnx"
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
-    model = ServedModel("dyn", path, settings_from_mapping({"max_batch_size": 8, "threads": 1}))
+    return path
+
+
+def test_a_symbolic_batch_runs_every_batch_as_it_is(tmp_path):
+    """A model whose batch is symbolic is one compile for every batch size (``frames.py``):
+    the server runs each batch whole, whatever its size, and compiles nothing per size."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    model = ServedModel("dyn", _symbolic_batch_model(tmp_path, w), settings_from_mapping({"max_batch_size": 8,
+                                                                                          "threads": 1}))
+    try:
+        inst = model.instances[0]
+        assert not model.resizes and model.sizes == []
+        x = rng.standard_normal((8, 8)).astype(np.float32)
+        for rows in (3, 5, 7, 6, 8, 1):
+            np.testing.assert_allclose(inst.run({"x": x[:rows]}, rows)["y"], x[:rows] @ w, rtol=1e-5, atol=1e-5)
+        assert inst.base.specializations is None and inst.base.plan.symbolic
+    finally:
+        model.close()
+
+
+def test_a_symbolic_batch_with_per_shape_compiles_runs_as_chunks_of_the_compiled_sizes(tmp_path):
+    """With ``shape_cache`` > 0 a symbolic-batch model compiles itself per batch size
+    (``specialize.py``): the server runs its batches as chunks of the sizes 1, 2, 4, 8 (compiled
+    at warm-up, as the other dims are static), so arbitrary batch sizes compile nothing more."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    model = ServedModel("dyn", _symbolic_batch_model(tmp_path, w),
+                        settings_from_mapping({"max_batch_size": 8, "threads": 1, "shape_cache": 8}))
     try:
         inst = model.instances[0]
         assert model.resizes and model.sizes == [1, 2, 4, 8]

@@ -4,11 +4,13 @@ An *instance* is one ``CompiledModel`` (its own arena and executor lock) driven 
 worker thread (``batcher.py``), with ``torch.set_num_threads`` set on that thread; instances
 x threads never exceed the machine's cores (``settings.bound_threads``).
 
-Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) compiles itself
-at each batch size it runs (``compiler/specialize.py``), keeping ``Config.shape_cache`` of them;
-so that a stream of arbitrary batch sizes does not compile on every new one, its batches run as
-chunks of the same sizes as a static model's below (``warmup`` compiles them at start when the
-inputs' other dims are static; a sequence length, say, waits for the first request). A
+Batch sizes. A model whose batch axis is symbolic (``batch`` in an ONNX export) is one compile
+for every batch size (``runtime/frames.py``): a batch of any size runs as it is. With
+``Config.shape_cache`` > 0 it instead compiles itself at each batch size it runs
+(``compiler/specialize.py``); so that a stream of arbitrary batch sizes does not compile on
+every new one, its batches then run as chunks of the same sizes as a static model's below
+(``warmup`` compiles them at start when the inputs' other dims are static; a sequence length,
+say, waits for the first request). A
 static-shape model (resnet50's ``1x3x224x224``) is compiled once per batch size, since fusegraph
 plans memory and binds its kernels for fixed shapes: from its ONNX source, lazily (or at start
 with ``warmup``), for the sizes 1, 2, 4, ... up to ``max_batch_size`` (and that size itself), or
@@ -302,7 +304,8 @@ class ServedModel:
             raise ModelLoadError(f"model {name!r}: the inputs disagree on the batch axis {axis}: {sorted(map(str, dims))}")
         dim = next(iter(dims)) if dims else None
         self.static_batch = dim if isinstance(dim, int) else None
-        self.resizes = axis is not None
+        # a symbolic batch that one compile serves (``runtime/frames.py``) runs every batch as it is
+        self.resizes = axis is not None and (self.static_batch is not None or base.specializations is not None)
         self.sizes = variant_sizes(settings, self.static_batch) if self.resizes else []
         cache = base.config.shape_cache
         if self.static_batch is None and self.resizes and cache < len(self.sizes):
