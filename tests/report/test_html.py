@@ -45,8 +45,8 @@ def bert(tmp_path_factory, transformer_models):
     model = fg.compile(str(path), config=fg.Config(threads=2))
     feeds = mb.transformer_feeds(batch=2)
     write_html(model, tmp / "bert.html", feeds=feeds, source=str(path), runs=2)
-    shown = model.specializations.model_for(feeds)    # the page shows the compile at the feeds' shapes
-    assert shown.report.memory.unplannable == []
+    shown = model            # one compile for every shape: its report shows the plan of the feeds' bucket
+    assert shown.memory_buckets() and all("shape-only" in u["reason"] for u in shown.report.memory.unplannable)
     yield shown, (tmp / "bert.html").read_text()
     model.close()
 

@@ -65,6 +65,10 @@ class CompiledModel:
         binding = self._executor.binding
         if hasattr(report.memory, "not_writable_into_arena"):
             report.memory.not_writable_into_arena = list(binding.not_writable)
+        frames = getattr(self._executor.frame_runner, "frames", None) if plan is not None and plan.symbolic \
+            and device == "cpu" else None
+        if frames is not None:        # ``report.memory``: the newest plan of a bucket of shapes
+            frames.on_plan = lambda mplan: setattr(self.report, "memory", mplan.report)
         report.shape_kernels = self._executor.code.shape_kernels
         report.kernel_count = len(graph.nodes) - report.shape_kernels
         report.kernels = {**kernel_summary(binding), "weights_released_bytes": self._executor.released_bytes,

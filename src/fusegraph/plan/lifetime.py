@@ -49,9 +49,9 @@ class LifetimeOptions:
     external_tensors: tuple = ()
     release_after: Callable[[Value, int], int] | None = None  # stream hook, see module doc
     inplace_ok: Callable[[Node, list[Value]], bool] | None = None  # stream hook, see module doc
-    # value name -> bytes (None: sized at run time), instead of the static shapes' sizes: a plan
-    # for one range of input shapes (``buckets.py``), each value sized for the range's largest
-    sizes: Mapping[str, int | None] | None = None
+    # value name -> bytes (None: sized at run time; a string: why it has no bytes here),
+    # instead of the static shapes' sizes: a plan for a bucket of input shapes (``buckets.py``)
+    sizes: Mapping[str, int | str | None] | None = None
 
     @classmethod
     def from_config(cls, config, **overrides) -> "LifetimeOptions":
@@ -160,8 +160,9 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
     root: dict[str, str] = {}
     kind: dict[str, str] = {}
     members: dict[str, list[str]] = {}
-    sizes = {name: value_bytes(v) if options.sizes is None else options.sizes.get(name)
-             for name, v in vals.items()}
+    given = options.sizes
+    sizes = {name: value_bytes(v) if given is None else
+             (given.get(name) if not isinstance(given.get(name), str) else None) for name, v in vals.items()}
     for v in graph.inputs:
         root[v.name], kind[v.name] = v.name, "input"
         members[v.name] = [v.name]
@@ -208,8 +209,13 @@ def compute_lifetimes(graph: Graph, order: list[Node] | None = None,
                                     "input" if r == name else "view", None)
             continue
         if sizes[r] is None or sizes[r] > MAX_PLANNED_BYTES:
-            unplannable.append((name, _why_unplannable(vals[r], options.sizes is not None) if r == name
-                                else f"lives in %{r}, which is unplannable"))
+            told = given.get(r) if given is not None else None
+            if isinstance(told, str):
+                why = told if r == name else f"lives in %{r}: {told}"
+            else:
+                why = _why_unplannable(vals[r], given is not None) if r == name \
+                    else f"lives in %{r}, which is unplannable"
+            unplannable.append((name, why))
             lives[name] = ValueLife(name, first[name], last[name], None, "unplannable", None)
             continue
         lives[name] = ValueLife(name, first[name], last[name], sizes[name], k, r)

@@ -84,7 +84,7 @@ def naive_bytes(graph: Graph, sizes=None) -> int:
     """Every activation (node output, views included) in its own buffer (``sizes``: value name
     -> bytes, instead of the static shapes')."""
     if sizes is not None:
-        return sum(sizes.get(o.name) or 0 for n in graph.nodes for o in n.outputs)
+        return sum(b for n in graph.nodes for o in n.outputs if isinstance(b := sizes.get(o.name), int))
     return sum(value_bytes(o) or 0 for n in graph.nodes for o in n.outputs)
 
 

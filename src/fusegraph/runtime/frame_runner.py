@@ -47,6 +47,7 @@ class FrameRunner:
         self.program = ShapeProgram(graph, [c.node for c in binding.calls if id(c.node) not in memo_nodes], known)
         self.frames = FrameBuilder(name, graph, self.program, self.memo.results if self.memo else [], [],
                                    planner, device, declared)
+        self.frames.shape_only_nodes = {c.node.name for c in binding.calls if id(c.node) in memo_nodes}
         self._views = {id(o) for c in binding.calls if view_input(c.node) is not None
                        for k, o in enumerate(c.node.outputs) if k == 0}
         self._probed = False

@@ -38,6 +38,7 @@ from ..ir import Graph, Value
 from ..plan.buckets import slot_capacity
 from .shape_program import ShapeProgram
 
+SHAPE_ONLY = "shape-only work, done once per input shape: its result is kept in the frame"
 FRAMES_KEPT = 256
 FRAME_BYTES = 64 << 20       # the shape-only tensors the kept frames may hold, together
 PLANS_KEPT = 64
@@ -64,7 +65,7 @@ class MemoryBucket:
         self.runs += 1
         for name, n in dims.items():
             self.served[name] = max(self.served.get(name, 0), n)
-        if sum(n or 0 for n in sizes.values()) > sum(n or 0 for n in self.largest.values()):
+        if _total(sizes) > _total(self.largest):
             self.largest = dict(sizes)
 
 
@@ -135,9 +136,11 @@ class FrameBuilder:
         self.frame_bytes = 0
         self.plans: OrderedDict[int, MemoryBucket] = OrderedDict()
         self.memo_fill: Callable | None = None       # the generated shape-only function (set after codegen)
+        self.on_plan: Callable | None = None         # called with each new memory plan (the model's report)
         self.memo_storages: dict[int, int] = {}      # storage -> kept frames holding a shape-only tensor there
         self.stats = {"frames": 0, "frame_seconds": 0.0, "plans": 0, "plan_seconds": 0.0, "planned_alone": 0}
         self._symbols = _input_symbols(graph)
+        self.shape_only_nodes: set[str] = set()     # the nodes _memo_fill runs (set after codegen)
         self._plan_ids = itertools.count()
         self.envs: list[dict] = []          # generated modules whose ``_AL`` / ``_AH`` follow the arena
         self.reset_values()
@@ -239,7 +242,7 @@ class FrameBuilder:
                 self.plans.move_to_end(key)
                 break
         else:
-            plan = self._plan_sizes(dims, {k: None if n is None else slot_capacity(n) for k, n in sizes.items()},
+            plan = self._plan_sizes(dims, {k: slot_capacity(n) if isinstance(n, int) else n for k, n in sizes.items()},
                                     shapes)
         plan.serve(dims, sizes)
         return plan
@@ -262,15 +265,20 @@ class FrameBuilder:
             self.arena_moved()
         self.stats["plans"] += 1
         self.stats["plan_seconds"] += seconds
+        if self.on_plan is not None:
+            self.on_plan(mplan)
         return plan
 
-    def _sizes(self, shapes: dict[int, tuple]) -> dict[str, int | None]:
-        sizes: dict[str, int | None] = {}
+    def _sizes(self, shapes: dict[int, tuple]) -> dict[str, int | str | None]:
+        sizes: dict[str, int | str | None] = {}
         known = self.program.known           # shape-only values live in the frame, not the arena
         for node in self.graph.nodes:
             for o in node.outputs:
                 s = shapes.get(id(o))
-                if s is None or id(o) in known or o.dtype is None or "container" in o.meta:
+                if id(o) in known or node.name in self.shape_only_nodes:
+                    sizes[o.name] = SHAPE_ONLY
+                    continue
+                if s is None or o.dtype is None or "container" in o.meta:
                     sizes[o.name] = None
                     continue
                 n = 1
@@ -283,7 +291,7 @@ class FrameBuilder:
         slots = plan.slots
         for v in self.planned:
             slot = slots.get(v.name)
-            if slot is None or (sizes[v.name] or 0) > slot[1]:
+            if slot is None or (sizes[v.name] if isinstance(sizes[v.name], int) else 0) > slot[1]:
                 return False
         by_name = {o.name: o for n in self.graph.nodes for o in n.outputs}
         for a, b in plan.inplace:
@@ -304,6 +312,10 @@ class FrameBuilder:
     def lower_bound(self, sizes: dict[str, int | None]) -> int:
         """The most bytes live at once in the fixed order, with activations of ``sizes``."""
         return self.planner(sizes, None).lifetimes.lower_bound_bytes
+
+
+def _total(sizes: dict) -> int:
+    return sum(n for n in sizes.values() if isinstance(n, int))
 
 
 def _input_symbols(graph: Graph) -> list[tuple[list[tuple[int, str]], Value]]:
