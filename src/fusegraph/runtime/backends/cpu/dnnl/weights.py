@@ -26,7 +26,6 @@ name (a pass of one compile may give a name another compile's weight also has).
 """
 from __future__ import annotations
 
-import hashlib
 import weakref
 
 import torch
@@ -53,26 +52,31 @@ class Packed:
 
 
 class SharedForms:
-    """Packed forms shared by the stores made with it, keyed by the plain weight's contents
-    (dtype, shape, strides, SHA-256 of its bytes), its orientation and the layout."""
+    """Packed forms shared by the stores made with it (the per-shape compiles of one model,
+    ``Config.shape_cache``), keyed by the plain weight *itself* (its storage, offset, geometry
+    and version: the same tensor object every compile's graph copy shares; nothing hashes its
+    bytes), its orientation and the layout. A compile whose passes derive a new weight (a
+    folded BatchNorm) packs that one anew. The plain tensors are kept beside their forms, so a
+    storage address is never reused by another weight while its key lives."""
 
     def __init__(self):
         self._forms: dict[tuple, torch.Tensor] = {}
+        self._plains: dict[tuple, torch.Tensor] = {}
         self.hits = 0
 
     @staticmethod
     def key(weight: torch.Tensor, perm, desc: dict) -> tuple:
-        data = weight.detach().contiguous().view(-1).view(torch.uint8).numpy()
-        return (str(weight.dtype), tuple(weight.shape), tuple(weight.stride()),
-                hashlib.sha256(memoryview(data)).digest(), tuple(perm), repr(sorted(desc.items())))
+        return (weight.untyped_storage().data_ptr(), weight.storage_offset(), str(weight.dtype), tuple(weight.shape),
+                tuple(weight.stride()), weight._version, tuple(perm), repr(sorted(desc.items())))
 
     def get(self, key: tuple):
         got = self._forms.get(key)
         self.hits += got is not None
         return got
 
-    def put(self, key: tuple, data: torch.Tensor) -> None:
+    def put(self, key: tuple, data: torch.Tensor, weight: torch.Tensor) -> None:
         self._forms[key] = data
+        self._plains[key] = weight
 
     @property
     def nbytes(self) -> int:
@@ -138,7 +142,7 @@ class WeightStore:
         reorder(src_md, src.data_ptr(), want, data.data_ptr())
         self.reorders += 1
         if shared_key is not None:
-            self.shared.put(shared_key, data)
+            self.shared.put(shared_key, data, weight)
         self.forms.setdefault(name, []).append(Packed(desc, data, perm))
         return data
 
