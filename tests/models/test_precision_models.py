@@ -118,6 +118,7 @@ def test_auto_meets_its_budget_and_reports_what_it_kept(models, searching):
     forced = [r for r in model.report.precision["nodes"] if r["why"] == "Config.op_precision: fp32"]
     still = [r for r in model.report.precision["nodes"] if r["class"] == "reduce" and r["dtype"] == "bf16"]
     assert len(forced) == len(auto["kept_fp32"]) > 0 and still   # some moved back, some still bf16
+    assert {r["code"] for r in forced} == {"op_precision"} and {k["code"] for k in auto["kept_fp32"]} == {"auto_budget"}
     # against the independent oracle too (the search measures against fusegraph's fp32 model)
     assert worst_rel_l2(output_errors(model.run(feeds), ort_run(proto, feeds))) <= 1.05e-2
 
@@ -151,5 +152,6 @@ def test_auto_gives_the_fp32_model_when_too_little_would_stay_bf16(models, searc
     assert 0 < auto["fp32_fallback"] < 0.2 and auto["bf16_time_share"] == 0.0
     assert model.report.precision["by_dtype"] == {"fp32": len(model.report.precision["nodes"])}
     assert "too little to pay for its casts" in auto["kept_fp32"][-1]["why"]
+    assert auto["kept_fp32"][-1]["code"] == "auto_fallback"
     assert not any(n.op_type == "Cast" for n in model.graph.nodes)
     assert worst_rel_l2(output_errors(model.run(feeds), ort_run(proto, feeds))) <= 1e-4

@@ -1,5 +1,6 @@
 """The mixed-precision pass (passes/precision.py) graph in / graph out, for every entry of its
-policy table (passes/precision_policy.py POLICY): each op reads the output of a reduced
+policy table (the classes the ops register, read by passes/precision_policy.py policy()): each op
+reads the output of a reduced
 (bf16) convolution, and its compute dtype, the casts around it, the converted weights and its
 log entry are asserted exactly. Then the cast properties (none between two reduced ops, one
 per value and type, weights converted once, broadcast constants kept stride 0), the
@@ -26,7 +27,9 @@ from fusegraph.passes.precision import PrecisionPass, precision_summary
 
 FP, BF, H, I64 = DType.FLOAT, DType.BFLOAT16, DType.FLOAT16, DType.INT64
 SHAPE = (1, 4, 6, 6)
-CONV_WHY = pp.POLICY[("", "Conv")][1]
+POLICY = pp.policy()
+CONV_WHY = POLICY[("", "Conv")][1]
+R = pp.Reason
 FG = "fusegraph"
 REDUCE, FOLLOW, KEEP, ANY = pp.REDUCE, pp.FOLLOW, pp.KEEP, pp.ANY
 
@@ -191,7 +194,7 @@ BUILDERS = {
 
 
 def test_every_policy_entry_has_a_graph_test():
-    assert set(BUILDERS) == set(pp.POLICY)
+    assert set(BUILDERS) == set(POLICY)
 
 
 def _casts(g: Graph) -> list:
@@ -231,9 +234,9 @@ def _float_ins(op):
     return [v for v in op.inputs if v is not None and v.dtype in (FP, BF)]
 
 
-@pytest.mark.parametrize("key", sorted(pp.POLICY), ids=lambda k: f"{k[0] or 'onnx'}.{k[1]}")
+@pytest.mark.parametrize("key", sorted(POLICY), ids=lambda k: f"{k[0] or 'onnx'}.{k[1]}")
 def test_policy_entry_graph_in_graph_out(key):
-    cls, why = pp.POLICY[key]
+    cls, why = POLICY[key]
     g, conv, op = _build(key, "reduced")
     consts = _float_consts(op)
     res, log = _run(g)
@@ -256,7 +259,8 @@ def test_policy_entry_graph_in_graph_out(key):
         assert g.nodes[g.nodes.index(back) + 1].name == "tail"      # the cast back feeds the tail
         assert res.stats["weights_converted"] == 1 + len(consts) - len(kept)
         assert all(c.dtype == FP and (c.name in g.constants) == (id(c) in kept) for c in consts)   # old fp32 ones removed
-        assert log["op"] == {"node": "op", "op": key[1], "dtype": "bf16", "class": cls, "why": why}
+        assert log["op"] == {"node": "op", "op": key[1], "dtype": "bf16", "class": cls, "why": why,
+                             "code": pp.classify(*key).code}
     elif cls == KEEP:
         assert all(v.dtype == FP for v in _float_ins(op)), [str(v) for v in op.inputs]
         assert all(v.dtype == FP for v in op.outputs)
@@ -264,7 +268,8 @@ def test_policy_entry_graph_in_graph_out(key):
         assert back.inputs[0] is conv.outputs[0]
         assert res.stats["weights_converted"] == 1
         assert all(g.constants[c.name] is c and c.dtype == FP for c in consts)   # untouched
-        assert log["op"] == {"node": "op", "op": key[1], "dtype": "fp32", "class": cls, "why": why}
+        assert log["op"] == {"node": "op", "op": key[1], "dtype": "fp32", "class": cls, "why": why,
+                             "code": pp.classify(*key).code}
     else:
         assert cls == ANY
         assert op.inputs[0] is conv.outputs[0] and not produced_by_cast      # read as it is
@@ -273,7 +278,7 @@ def test_policy_entry_graph_in_graph_out(key):
     _assert_output_kept(g)
 
 
-@pytest.mark.parametrize("key", sorted(k for k, (c, _) in pp.POLICY.items() if c == FOLLOW),
+@pytest.mark.parametrize("key", sorted(k for k, (c, _) in POLICY.items() if c == FOLLOW),
                          ids=lambda k: f"{k[0] or 'onnx'}.{k[1]}")
 def test_follow_op_with_an_fp32_input_stays_fp32(key):
     """A FOLLOW op whose live float input (Exp's, fp32) is fp32 computes in fp32; where it also
@@ -291,7 +296,7 @@ def test_follow_op_with_an_fp32_input_stays_fp32(key):
             assert v.producer is back
     assert res.stats["weights_converted"] == 1           # conv0's weight only
     assert log["op"] == {"node": "op", "op": key[1], "dtype": "fp32", "class": FOLLOW,
-                         "why": pp.POLICY[key][1]}
+                         "why": POLICY[key][1], "code": R.MOVEMENT if POLICY[key][1] == pp.MOVE_WHY else R.POLICY}
     _assert_output_kept(g)
 
 
@@ -306,7 +311,7 @@ def test_elementwise_chain_with_an_exp_step_stays_fp32():
     assert op.inputs[0].producer.op_type == "Cast" and op.outputs[0].dtype == FP
     assert res.stats["casts"] == len(_casts(g)) == 2
     assert (log["op"]["dtype"], log["op"]["class"]) == ("fp32", KEEP)
-    assert log["op"]["why"] == pp.classify(FG, "ElementwiseChain", ["Exp p"])[1] != pp.POLICY[(FG, "ElementwiseChain")][1]
+    assert log["op"]["why"] == pp.classify(FG, "ElementwiseChain", ["Exp p"])[1] != POLICY[(FG, "ElementwiseChain")][1]
 
 
 # ---------------------------------------------------------------- casts
@@ -422,7 +427,7 @@ def test_override_by_name_fp32_keeps_a_reduce_op_fp32():
     g, (c0, c1, c2) = _three_convs()
     res, log = _run(g, overrides=[("conv1", "fp32")])
     assert log["conv1"] == {"node": "conv1", "op": "Conv", "dtype": "fp32", "class": KEEP,
-                            "why": "Config.op_precision: fp32"}
+                            "why": "Config.op_precision: fp32", "code": R.OP_PRECISION}
     assert [c.outputs[0].dtype for c in (c0, c1, c2)] == [BF, FP, BF]
     assert c1.inputs[1].dtype == FP and c1.inputs[0].producer.op_type == "Cast"
     assert res.stats == {"casts": 4, "weights_converted": 2, "reduced_nodes": 2}
@@ -474,7 +479,7 @@ def test_override_names_a_fused_away_node_through_compile():
     rows = {r["node"]: r for r in report["nodes"] if r["op"] == "FusedConv"}
     assert len(rows) == 2, report["nodes"]
     dtypes = sorted((r["dtype"], r["why"]) for r in rows.values())
-    assert dtypes == [("bf16", pp.POLICY[(FG, "FusedConv")][1]), ("fp32", "Config.op_precision: fp32")]
+    assert dtypes == [("bf16", POLICY[(FG, "FusedConv")][1]), ("fp32", "Config.op_precision: fp32")]
     assert [k["why"] for k in report["kept_fp32"] if k["op"] == "FusedConv"] == ["Config.op_precision: fp32"]
 
 
@@ -580,7 +585,8 @@ def _cnn_head(through=None):
 def test_the_last_heavy_op_before_an_output_stays_fp32(through):
     g, head = _cnn_head(through)
     res, log = _run(g)
-    assert log["head"] == {"node": "head", "op": "Gemm", "dtype": "fp32", "class": KEEP, "why": pp.LOGITS_WHY}
+    assert log["head"] == {"node": "head", "op": "Gemm", "dtype": "fp32", "class": KEEP, "why": pp.LOGITS_WHY,
+                           "code": R.LOGITS_FP32}
     assert all(v.dtype == FP for v in head.inputs + head.outputs)
     assert [log[n]["dtype"] for n in ("conv0", "r", "conv1", "flat")] == ["bf16"] * 4
     assert [n.inputs[0].name for n in _casts(g)] == ["x", "flat"] and res.stats["casts"] == 2
@@ -607,14 +613,15 @@ def test_bf16_logits_of_a_product_read_bf16_and_write_fp32(op):
     g, head = _linear_head(op)
     w = head.inputs[1]
     res, log = _run(g)
-    assert log["head"] == {"node": "head", "op": op, "dtype": "bf16", "class": REDUCE, "why": pp.LOGITS_OUT_WHY}
+    assert log["head"] == {"node": "head", "op": op, "dtype": "bf16", "class": REDUCE, "why": pp.LOGITS_OUT_WHY,
+                           "code": R.LOGITS_FP32_OUTPUT}
     assert [v.dtype for v in head.inputs] == [BF, BF] and head.inputs[1].const.dtype == torch.bfloat16
     assert torch.equal(head.inputs[1].const, w.const.to(torch.bfloat16))
     assert head.attrs["out_dtype"] == int(FP) and head.outputs[0].dtype == FP
     assert [(v.name, v.dtype, v.producer) for v in g.outputs] == [("logits", FP, head)]   # no Cast after it
     assert [n.inputs[0].name for n in _casts(g)] == ["x"] and res.stats["casts"] == 1   # none around the head
     report = precision_summary(g, fg.Config(precision="bf16"), list(log.values()))
-    assert report["fp32_logits"] == [{"node": "head", "op": op, "why": pp.LOGITS_OUT_WHY}]
+    assert report["fp32_logits"] == [{"node": "head", "op": op, "why": pp.LOGITS_OUT_WHY, "code": R.LOGITS_FP32_OUTPUT}]
     assert report["kept_fp32"] == [] and report["casts_folded"] == 0
 
 
@@ -641,7 +648,7 @@ def test_a_residual_convolution_as_the_logits_stays_fp32():
 def test_a_heavy_op_before_a_layernorm_is_reduced():
     g, _head = _cnn_head("LayerNorm")
     _, log = _run(g)
-    assert (log["head"]["dtype"], log["head"]["why"]) == ("bf16", pp.POLICY[("", "Gemm")][1])
+    assert (log["head"]["dtype"], log["head"]["why"]) == ("bf16", POLICY[("", "Gemm")][1])
     assert log["after"]["dtype"] == "fp32"
 
 
@@ -722,3 +729,33 @@ def test_one_value_listed_twice_as_an_output_is_restored_once():
     casts = [n for n in g.nodes if n.op_type == "Cast"]
     assert res.stats["casts"] == len(casts) and all(n.outputs[0].uses or n.outputs[0].is_graph_output for n in casts)
     assert [v.name for v in g.outputs][-2:] == ["r", "r"] and g.outputs[-1].dtype == DType.FLOAT
+
+
+def test_decisions_read_the_reason_code_not_the_text(monkeypatch):
+    """Both logits texts made one: the pass still gives only the product that writes float32
+    its ``out_dtype``; and a log whose texts were all reworded summarises the same."""
+    import fusegraph.passes.precision as precision_pass
+    monkeypatch.setattr(precision_pass, "LOGITS_OUT_WHY", pp.LOGITS_WHY)
+    g, head = _linear_head("Linear")
+    _, log = _run(g)
+    assert head.attrs["out_dtype"] == int(FP) and log["head"]["code"] == R.LOGITS_FP32_OUTPUT
+    assert log["head"]["why"] == pp.LOGITS_WHY
+    report = precision_summary(g, fg.Config(precision="bf16"), list(log.values()))
+    reworded = precision_summary(g, fg.Config(precision="bf16"), [{**r, "why": "?"} for r in log.values()])
+    assert [k["node"] for k in report["fp32_logits"]] == [k["node"] for k in reworded["fp32_logits"]] == ["head"]
+    assert report["kept_fp32"] == reworded["kept_fp32"] == []
+    g, head = _linear_head("Linear")
+    _, log = _run(g, overrides=[("head", "fp32")])
+    reworded = precision_summary(g, fg.Config(precision="bf16"), [{**r, "why": "?"} for r in log.values()])
+    assert [(k["node"], k["code"]) for k in reworded["kept_fp32"]] == [("head", R.OP_PRECISION)]
+
+
+def test_every_decision_has_a_code():
+    """Each per-node entry carries a code of ``Reason``; the policy's own and a body owner's
+    among them."""
+    g, _x, conv = _graph()
+    _tail(g, conv.outputs[0])
+    infer_graph(g)
+    _, log = _run(g, "fp32")
+    assert {r["code"] for r in log.values()} <= {c.value for c in pp.Reason}
+    assert log["conv0"]["code"] == R.PRECISION_FP32 and log["tail"]["code"] == R.POLICY

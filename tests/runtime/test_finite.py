@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 import fusegraph as fg
 from fusegraph.ir import DType, Graph
-from fusegraph.runtime.backends.cpu.finite import FLOAT32_MAX, GRID, propagate
+from fusegraph.runtime.backends.cpu.finite import FLOAT32_MAX, GRID, Fact, propagate, tensor_fact
 from fusegraph.runtime.backends.cpu.guard_plan import fast_limits, guard_plan
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.guard import Guarded, Measuring
@@ -331,3 +331,122 @@ def test_a_malformed_chain_is_unknown_to_the_analysis_not_a_crash(steps):
     g.outputs.append(y)
     assert "c" not in guard_plan(g, measure_below=1e4).limits
     assert math.isinf(propagate(g, 1.0)[id(y)].bound)
+
+
+# ---------------------------------------------------------------- transfers that were unsound
+
+def _one(op, inputs, shape=(1, 4, 6, 6), attrs=None, opset=18, consts=(), out_shape=None):
+    """x [shape] -> op(x, consts...) ; returns (graph, output value)."""
+    g = Graph("g", opset={"": opset, "fusegraph": 1})
+    x = g.add_input("x", DType.FLOAT, shape)
+    ins = [x if i == "x" else None if i is None else g.add_constant(i, consts[i]) for i in inputs] if consts else \
+        [x] * inputs
+    y = _out(g.add_node(op, ins, attrs=attrs or {}, name="op"), out_shape or shape)
+    g.outputs.append(y)
+    return g, y
+
+
+def test_a_pad_fill_is_part_of_the_padded_value():
+    """Pad passed its input's bound through whatever its fill (issue 38): a fill above the
+    input's bound is the padded value's bound, a NaN fill makes it NaN-carrying."""
+    for fill, want in ((2.0 ** 100, Fact(2.0 ** 100)), (0.5, Fact(2.0))):
+        g, y = _one("Pad", ["x", "pads", "fill"], consts={"pads": torch.tensor([0, 0, 1, 1] * 2),
+                                                          "fill": torch.tensor(fill)}, out_shape=(1, 4, 8, 8))
+        assert propagate(g, 2.0)[id(y)] == want
+    g, y = _one("Pad", ["x", "pads", "fill"], consts={"pads": torch.tensor([0, 0, 1, 1] * 2),
+                                                      "fill": torch.tensor(float("nan"))}, out_shape=(1, 4, 8, 8))
+    assert propagate(g, 2.0)[id(y)].nan
+    g, y = _one("Pad", ["x", "pads"], consts={"pads": torch.tensor([0, 0, 1, 1] * 2)}, attrs={"mode": "reflect"},
+                out_shape=(1, 4, 8, 8))
+    assert propagate(g, 2.0)[id(y)] == Fact(2.0)
+
+
+def test_a_sum_of_inputs_adds_their_bounds():
+    """The variadic Sum was bounded like Max (the largest input's bound)."""
+    g, y = _one("Sum", 3)
+    assert propagate(g, 2.0)[id(y)] == Fact(6.0)
+
+
+def test_clip_bounds_follow_its_limits_and_an_infinite_input():
+    """clip(x, 5, 10) of |x| <= 1 is 5 (the old bound: min(1, 10) = 1); clip(x, 0, 6) of an
+    input that may be +-inf reaches 6 (the old bound kept the input's finite bound); limits
+    computed at run time bound it by their own facts (the old bound: 0)."""
+    c = {"x": None, "lo": torch.tensor(5.0), "hi": torch.tensor(10.0)}
+    g, y = _one("Clip", ["x", "lo", "hi"], consts=c)
+    assert propagate(g, 1.0)[id(y)] == Fact(5.0)
+    assert propagate(g, 20.0)[id(y)] == Fact(10.0)
+    g = Graph("g", opset={"": 18})
+    x = g.add_input("x", DType.FLOAT, (4,))
+    inf = _out(g.add_node("Mul", [x, g.add_constant("big", torch.tensor(float("inf")))], name="inf"), (4,))
+    y = _out(g.add_node("Clip", [inf, g.add_constant("lo", torch.tensor(0.0)), g.add_constant("hi", torch.tensor(6.0))],
+                        name="clip"), (4,))
+    f = propagate(g, 1e-3)[id(y)]
+    assert f.bound == 6.0 and not f.inf
+    g = Graph("g", opset={"": 18})
+    x = g.add_input("x", DType.FLOAT, (4,))
+    lim = g.add_input("limit", DType.FLOAT, ())
+    neg = _out(g.add_node("Neg", [lim], name="neg"), ())
+    y = _out(g.add_node("Clip", [x, neg, lim], name="clip"), (4,))
+    assert propagate(g, 3.0)[id(y)] == Fact(3.0)
+
+
+def test_a_steep_leaky_relu_enlarges_the_bound():
+    g, y = _one("LeakyRelu", 1, attrs={"alpha": 10.0})
+    assert propagate(g, 2.0)[id(y)] == Fact(20.0)
+    g, y = _one("LeakyRelu", 1)
+    assert propagate(g, 2.0)[id(y)] == Fact(2.0)
+    g = _conv_graph(activation="leaky_relu", params=(10.0,), pool=False)
+    y = g.outputs[0]
+    assert propagate(g, 2.0)[id(y)].bound == pytest.approx(10.0 * (2.0 * 0.5 * 36 + 1.0))
+
+
+def test_layer_normalization_over_several_axes_is_bounded_by_all_of_them():
+    """LayerNormalization(axis=1) of [1, 4, 6, 6] normalises rows of 144: sqrt(144) = 12 (the
+    old bound took the last axis alone: sqrt(6))."""
+    consts = {"x": None, "g": torch.ones(4, 6, 6), "b": torch.zeros(4, 6, 6)}
+    g, y = _one("LayerNormalization", ["x", "g", "b"], consts=consts, attrs={"axis": 1})
+    assert propagate(g, 1.0)[id(y)].bound == pytest.approx(12.0)
+
+
+def test_dropout_in_training_mode_is_unknown():
+    g, y = _one("Dropout", 1, opset=6)
+    assert math.isinf(propagate(g, 1.0)[id(y)].bound)
+    g, y = _one("Dropout", 1, opset=6, attrs={"is_test": 1})
+    assert propagate(g, 1.0)[id(y)] == Fact(1.0)
+
+
+@pytest.mark.parametrize("where, bad", [("weight", float("nan")), ("weight", float("inf")), ("bias", float("nan"))])
+def test_a_non_finite_weight_or_bias_makes_the_product_nan_carrying(where, bad):
+    """Issue 39 #3: the gain was one number, so a NaN weight became an unknown but NaN-free
+    bound that a clip or a sigmoid then reset; now the weight's fact carries its NaN (an
+    infinite weight times a zero: NaN too) into the product, the activation and the pool after
+    it: no limit for either."""
+    g = _conv_graph(activation="hardtanh", params=(0.0, 6.0))
+    g.constants["w" if where == "weight" else "b"].const.view(-1)[3] = bad
+    conv = next(n for n in g.nodes if n.name == "conv").outputs[0]
+    f = propagate(g, 1.0)[id(conv)]
+    assert f.nan and f.bound == 6.0
+    assert fast_limits(g) == {}
+
+
+def test_an_infinite_bias_is_clipped_not_nan():
+    """conv + inf is inf, never NaN: the clip makes it 6, so the pool after it keeps its fast
+    kernel; the convolution's own clip post-op (whose pre-activation is infinite) does not."""
+    g = _conv_graph(activation="hardtanh", params=(0.0, 6.0))
+    g.constants["b"].const.view(-1)[3] = float("inf")
+    conv = next(n for n in g.nodes if n.name == "conv").outputs[0]
+    assert propagate(g, 1.0)[id(conv)] == Fact(6.0)
+    assert fast_limits(g) == {"pool": math.inf}
+
+
+def test_a_released_weight_is_read_through_the_backends_facts():
+    """A loaded model's weights exist only in their packed forms: the analysis asks the
+    backend (``const_fact``) for the fact of a constant whose plain tensor is a placeholder."""
+    g = _conv_graph(activation="hardtanh", params=(0.0, 6.0))
+    w = g.constants["w"]
+    w.const = torch.empty(w.const.shape, device="meta")
+    nan_packed = torch.full((4 * 4 * 9 + 16,), 0.5)
+    nan_packed[7] = float("nan")
+    assert fast_limits(g, lambda v: tensor_fact(torch.full((160,), 0.5))) == {"conv": 1e32, "pool": math.inf}
+    assert fast_limits(g, lambda v: tensor_fact(nan_packed)) == {}
+    assert fast_limits(g) == {}           # nothing to read the placeholder by: unknown

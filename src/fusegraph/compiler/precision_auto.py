@@ -131,6 +131,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     from .planning import plan_execution
     from ..passes import optimize
     from ..passes.pipeline import precision_steps
+    from ..passes.precision_policy import REDUCE, Reason
     from ..report import CompileReport
 
     why = bf16_declined(device_of(config))
@@ -172,7 +173,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     if candidates[0] > budget:
         keys = _model_names(graph, full.graph)
         nodes = {n.name: n for n in full.graph.nodes}
-        reduced = [r["node"] for r in log if r["dtype"] != "fp32" and r["class"] == "reduce" and r["node"] in keys]
+        reduced = [r["node"] for r in log if r["dtype"] != "fp32" and r["class"] == REDUCE and r["node"] in keys]
         measured = sensitivity(reference, feeds[0], want[0], reduced, torch.bfloat16)
         cost = {keys[n]: measured.get(n, math.inf) for n in reduced}
         costs = CostModel.for_device(device_of(config))
@@ -210,6 +211,7 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
         "budget": budget, "calibration_inputs": len(feeds), "error": candidates.get(k),
         "bf16_error": candidates[0],
         "bf16_time_share": share(ranked[k:]), "fp32_fallback": fallback, "declined": None,
-        "kept_fp32": [{"node": n, "sensitivity": cost[n], "time_us": time_us[n], "why": why}
-                      for n, why in zip(kept, [BUDGET_WHY] * budget_kept + [fallback_why] * (k - budget_kept))],
+        "kept_fp32": [{"node": n, "sensitivity": cost[n], "time_us": time_us[n], "why": why, "code": code.value}
+                      for n, (why, code) in zip(kept, [(BUDGET_WHY, Reason.AUTO_BUDGET)] * budget_kept
+                                                + [(fallback_why, Reason.AUTO_FALLBACK)] * (k - budget_kept))],
         "steps": [{"kept": n, "error": e} for n, e in sorted(candidates.items())]}

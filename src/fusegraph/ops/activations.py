@@ -10,12 +10,16 @@ fused kernels use it too.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from .common import same_as_input
 from .elementwise import EMULATED, UNSIGNED, copy_out, ordered, torch_dtype, u64_scalar_key
+from .precision_reasons import ACTIVATION, ELEMENTWISE
 from .registry import FusionKind, NodeContext, no_out, register
+from .value_range import SAME_AS_INPUT, UNIT_BOUNDED, Fact, leaky_relu_fact
 
 _SAME = same_as_input(0)
 _EW = FusionKind.ELEMENTWISE
@@ -29,55 +33,60 @@ def _precise(ctx: NodeContext, fn):
     return fn
 
 
-def _simple(op_type: str, since: int, fn, writes_out: bool = False):
-    register(op_type, since=since, fusion=_EW, infer=_SAME, writes_out=writes_out)(lambda ctx, _fn=fn: _fn)
+def _simple(op_type: str, since: int, fn, writes_out: bool = False, **facts):
+    register(op_type, since=since, fusion=_EW, infer=_SAME, writes_out=writes_out, **facts)(lambda ctx, _fn=fn: _fn)
 
 
-_simple("Sigmoid", 1, torch.sigmoid, writes_out=True)
-_simple("Tanh", 1, torch.tanh, writes_out=True)
+_simple("Sigmoid", 1, torch.sigmoid, writes_out=True, precision=ACTIVATION, value_range=UNIT_BOUNDED)
+_simple("Tanh", 1, torch.tanh, writes_out=True, precision=ACTIVATION, value_range=UNIT_BOUNDED)
 _simple("Softsign", 1, F.softsign)
-_simple("Mish", 18, F.mish)
-_simple("HardSwish", 14, F.hardswish)
+_simple("Mish", 18, F.mish, precision=ACTIVATION)
+_simple("HardSwish", 14, F.hardswish, precision=ACTIVATION)
 
 
 def _relu_out(x, out=None):
     return torch.clamp_min(x, 0, out=out) if out is not None else torch.relu(x)  # relu is clamp_min(0)
 
 
-@register("Relu", since=1, fusion=_EW, infer=_SAME, writes_out=True)
+@register("Relu", since=1, fusion=_EW, infer=_SAME, writes_out=True, precision=ELEMENTWISE, value_range=SAME_AS_INPUT)
 def _relu(ctx: NodeContext):
     if torch_dtype(ctx, 0) in UNSIGNED:
         return copy_out
     return _relu_out
 
 
-@register("Softplus", since=1, fusion=_EW, infer=_SAME, writes_out=True)
+@register("Softplus", since=1, fusion=_EW, infer=_SAME, writes_out=True, precision=ACTIVATION)
 def _softplus(ctx: NodeContext):
     # log(exp(x) + 1) without overflow for large x
     return lambda x, out=None: torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device), out=out)
 
 
-@register("LeakyRelu", since=1, fusion=_EW, infer=_SAME, writes_out=True)
+def _leaky_relu_range(node, ins: list[Fact]) -> list[Fact]:
+    return [leaky_relu_fact(ins[0], float(node.attrs.get("alpha", 0.01)))]
+
+
+@register("LeakyRelu", since=1, fusion=_EW, infer=_SAME, writes_out=True, precision=ELEMENTWISE,
+          value_range=_leaky_relu_range)
 def _leaky_relu(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 0.01))
     return lambda x, out=None: torch._C._nn.leaky_relu(x, alpha, out=out) if out is not None \
         else F.leaky_relu(x, alpha)
 
 
-@register("PRelu", since=1, fusion=FusionKind.BROADCAST, infer=_SAME)
+@register("PRelu", since=1, fusion=FusionKind.BROADCAST, infer=_SAME, precision=ELEMENTWISE)
 def _prelu(ctx: NodeContext):
     if torch_dtype(ctx, 0) in UNSIGNED:       # never negative
         return lambda x, slope: x.clone()
     return lambda x, slope: torch.where(x < 0, x * slope, x)
 
 
-@register("Elu", since=1, fusion=_EW, infer=_SAME)
+@register("Elu", since=1, fusion=_EW, infer=_SAME, precision=ACTIVATION)
 def _elu(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 1.0))
     return _precise(ctx, lambda x: torch.where(x > 0, x, torch.expm1(x) * alpha))
 
 
-@register("Selu", since=1, fusion=_EW, infer=_SAME)
+@register("Selu", since=1, fusion=_EW, infer=_SAME, precision=ACTIVATION)
 def _selu(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 1.67326319217681884765625))
     gamma = float(ctx.attr("gamma", 1.05070102214813232421875))
@@ -98,7 +107,7 @@ def _thresholded_relu(ctx: NodeContext):
     return lambda x: torch.where(x > alpha, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-@register("HardSigmoid", since=1, fusion=_EW, infer=_SAME)
+@register("HardSigmoid", since=1, fusion=_EW, infer=_SAME, precision=ACTIVATION, value_range=UNIT_BOUNDED)
 def _hard_sigmoid(ctx: NodeContext):
     alpha = float(ctx.attr("alpha", 0.2))
     beta = float(ctx.attr("beta", 0.5))
@@ -124,7 +133,7 @@ def gelu(x: torch.Tensor, approximate: str = "none", out: torch.Tensor | None = 
     return out
 
 
-@register("Gelu", since=20, fusion=_EW, infer=_SAME, writes_out=True)
+@register("Gelu", since=20, fusion=_EW, infer=_SAME, writes_out=True, precision=ACTIVATION)
 def _gelu(ctx: NodeContext):
     approximate = ctx.attr("approximate", "none")
     if approximate not in ("none", "tanh"):
@@ -157,7 +166,40 @@ def _shrink(ctx: NodeContext):
 
 # --- Clip --------------------------------------------------------------------------------
 
-@register("Clip", since=1, fusion=_EW, infer=_SAME, writes_out=True)
+def _clip_limits(node) -> list[float | None]:
+    """[min, max] as numbers (-inf / +inf when absent), None for one not known before a run."""
+    if node.version < 11:
+        return [float(node.attrs.get("min", -_FLT_MAX)), float(node.attrs.get("max", _FLT_MAX))]
+    out: list[float | None] = []
+    for i, absent in ((1, -math.inf), (2, math.inf)):
+        v = node.inputs[i] if len(node.inputs) > i else None
+        c = None if v is None else v.const
+        if v is None:
+            out.append(absent)
+        elif c is None or c.device.type == "meta" or c.numel() != 1:
+            out.append(None)
+        else:
+            out.append(float(c.reshape(()).item()))
+    return out
+
+
+def _clip_range(node, ins: list[Fact]) -> list[Fact]:
+    """min(max(x, lo), hi) is monotone in x: between the clip of x's extremes (the limits
+    themselves for an infinite x). Limits known only at run time bound it by their facts."""
+    x, (lo, hi) = ins[0], _clip_limits(node)
+    if lo is None or hi is None:
+        limits = [ins[i] for i in (1, 2) if len(node.inputs) > i and node.inputs[i] is not None]
+        bound = max(f.bound for f in limits) if len(limits) == 2 else max([x.bound] + [f.bound for f in limits])
+        return [Fact(bound, x.nan or any(f.nan for f in limits),
+                     any(f.inf for f in limits) or (x.inf and len(limits) < 2))]
+    if math.isnan(lo) or math.isnan(hi):
+        return [Fact(math.inf, True, True)]
+    top = math.inf if x.inf else x.bound
+    bound = max(abs(min(max(-top, lo), hi)), abs(min(max(top, lo), hi)))
+    return [Fact(bound, x.nan, x.inf and math.isinf(bound))]
+
+
+@register("Clip", since=1, fusion=_EW, infer=_SAME, writes_out=True, precision=ELEMENTWISE, value_range=_clip_range)
 def _clip6(ctx: NodeContext):
     lo = float(ctx.attr("min", -_FLT_MAX))
     hi = float(ctx.attr("max", _FLT_MAX))
@@ -190,7 +232,7 @@ def _clamp(x, lo, hi):
     return x
 
 
-@register("Clip", since=11, fusion=_EW, infer=_SAME, writes_out=True)
+@register("Clip", since=11, fusion=_EW, infer=_SAME, writes_out=True, precision=ELEMENTWISE, value_range=_clip_range)
 def _clip11(ctx: NodeContext):
     tdt = torch_dtype(ctx, 0)
     lo, hi = _clip_bound(ctx, 1), _clip_bound(ctx, 2)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import DType
-from .registry import FusionKind, NodeContext, no_out, register
+from .registry import FusionKind, Movement, NodeContext, no_out, register
 
 _FLOAT8 = {DType.FLOAT8E4M3FN, DType.FLOAT8E4M3FNUZ, DType.FLOAT8E5M2, DType.FLOAT8E5M2FNUZ}
 _WIDE_FLOATS = {DType.FLOAT, DType.DOUBLE, DType.FLOAT16, DType.BFLOAT16}
@@ -106,7 +106,7 @@ def _to_attr(ctx: NodeContext) -> DType:
 
 
 @register("Cast", since=1, fusion=FusionKind.ELEMENTWISE, writes_out=True,
-          infer=lambda ctx: [(_to_attr(ctx), ctx.shape(0))])
+          infer=lambda ctx: [(_to_attr(ctx), ctx.shape(0))], movement=Movement.CAST)
 def _cast_build(ctx: NodeContext):
     return _cast(ctx, ctx.dtype(0), _to_attr(ctx))
 

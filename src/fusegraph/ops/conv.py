@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeInferenceError
+from .precision_reasons import CONVOLUTION
 from .registry import FusionKind, NodeContext, register
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -141,7 +142,8 @@ def conv_infer(ctx: NodeContext):
 
 
 # ----------------------------------------------------------------------------- Conv
-@register("Conv", since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True, infer=conv_infer)
+@register("Conv", since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True, infer=conv_infer,
+          precision=CONVOLUTION)
 def _conv(ctx: NodeContext):
     check_rank(ctx)
     geo = ConvGeometry(ctx)
@@ -154,7 +156,7 @@ def _conv(ctx: NodeContext):
 
 
 # ----------------------------------------------------------------------------- ConvTranspose
-@register("ConvTranspose", since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True)
+@register("ConvTranspose", since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True, precision=CONVOLUTION)
 def _conv_transpose(ctx: NodeContext):
     check_rank(ctx)
     geo = ConvGeometry(ctx)

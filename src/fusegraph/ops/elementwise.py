@@ -15,10 +15,13 @@ from __future__ import annotations
 import torch
 
 from .common import broadcast_of_inputs, same_as_input
-from .registry import FusionKind, NodeContext, no_out, register
+from .precision_reasons import ACTIVATION, ELEMENTWISE
+from .registry import FusionKind, NodeContext, Precision, no_out, register
+from .value_range import PRODUCT, SAME_AS_INPUT, SUM, UNION, UNIT_BOUNDED
 
 _BCAST = broadcast_of_inputs()
 _SAME = same_as_input(0)
+_EXP_LOG = (Precision.KEEP, "exp / log / pow / sqrt: float32")
 
 # --- unsigned emulation ------------------------------------------------------------------
 
@@ -102,24 +105,25 @@ def copy_out(x, out=None):
     return x.clone() if out is None else out.copy_(x)
 
 
-def _binary(op_type: str, fn):
-    @register(op_type, since=7, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True)
+def _binary(op_type: str, fn, value_range):
+    @register(op_type, since=7, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True, precision=ELEMENTWISE,
+              value_range=value_range)
     def build(ctx: NodeContext, _fn=fn):
         tdt = torch_dtype(ctx, 0)
         return no_out(wrapping(_fn, tdt)) if tdt in EMULATED else _fn
     return build
 
 
-_binary("Add", torch.add)
-_binary("Sub", torch.sub)
-_binary("Mul", torch.mul)
+_binary("Add", torch.add, SUM)
+_binary("Sub", torch.sub, SUM)
+_binary("Mul", torch.mul, PRODUCT)
 
 
 def _trunc_div(a, b, out=None):
     return torch.div(a, b, rounding_mode="trunc", out=out)
 
 
-@register("Div", since=7, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True)
+@register("Div", since=7, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True, precision=ELEMENTWISE)
 def _div(ctx: NodeContext):
     tdt = torch_dtype(ctx, 0)
     if tdt == torch.uint64:
@@ -157,7 +161,7 @@ def _exponent(et: torch.dtype | None):
     return lambda b: b
 
 
-@register("Pow", since=7, fusion=FusionKind.BROADCAST, infer=_BCAST)
+@register("Pow", since=7, fusion=FusionKind.BROADCAST, infer=_BCAST, precision=_EXP_LOG)
 def _pow(ctx: NodeContext):
     bt, et = torch_dtype(ctx, 0), torch_dtype(ctx, 1)
     prep = _exponent(et)
@@ -173,12 +177,12 @@ def _pow(ctx: NodeContext):
 
 # --- variadic ----------------------------------------------------------------------------
 
-def _pairwise(op_type: str, since: int, pair_of, finish=None):
+def _pairwise(op_type: str, since: int, pair_of, finish=None, **facts):
     """Register a variadic op that folds a binary op over its inputs (with broadcasting).
 
     With ``out=``, only the last step writes ``out``: every input has been read by then, so
     ``out`` may be the buffer of any input of its shape."""
-    @register(op_type, since=since, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True)
+    @register(op_type, since=since, fusion=FusionKind.BROADCAST, infer=_BCAST, writes_out=True, **facts)
     def build(ctx: NodeContext):
         n = ctx.n_inputs
         if n < 1:
@@ -205,9 +209,9 @@ def _pairwise(op_type: str, since: int, pair_of, finish=None):
     return build
 
 
-_pairwise("Max", 8, lambda t: ordered(torch.maximum, t))
-_pairwise("Min", 8, lambda t: ordered(torch.minimum, t))
-_pairwise("Sum", 8, lambda t: wrapping(torch.add, t))
+_pairwise("Max", 8, lambda t: ordered(torch.maximum, t), precision=ELEMENTWISE, value_range=UNION)
+_pairwise("Min", 8, lambda t: ordered(torch.minimum, t), precision=ELEMENTWISE, value_range=UNION)
+_pairwise("Sum", 8, lambda t: wrapping(torch.add, t), value_range=SUM)
 _pairwise("Mean", 8, lambda t: torch.add, finish=lambda acc, n: acc.div_(n) if n != 1 else acc)
 
 
@@ -221,20 +225,24 @@ _UNARY = {
     "Acosh": torch.acosh, "Atanh": torch.atanh,
 }
 _SINCE = {"Round": 11, "Erf": 9, "Sinh": 9, "Cosh": 9, "Asinh": 9, "Acosh": 9, "Atanh": 9}
+_UNARY_FACTS = {"Exp": {"precision": _EXP_LOG}, "Log": {"precision": _EXP_LOG}, "Sqrt": {"precision": _EXP_LOG},
+                "Reciprocal": {"precision": _EXP_LOG}, "Erf": {"precision": ACTIVATION, "value_range": UNIT_BOUNDED}}
 
 for _op, _fn in _UNARY.items():
     register(_op, since=_SINCE.get(_op, 1), fusion=FusionKind.ELEMENTWISE, infer=_SAME,
-             writes_out=True)(lambda ctx, _fn=_fn: _fn)
+             writes_out=True, **_UNARY_FACTS.get(_op, {}))(lambda ctx, _fn=_fn: _fn)
 
 
-@register("Abs", since=1, fusion=FusionKind.ELEMENTWISE, infer=_SAME, writes_out=True)
+@register("Abs", since=1, fusion=FusionKind.ELEMENTWISE, infer=_SAME, writes_out=True, precision=ELEMENTWISE,
+          value_range=SAME_AS_INPUT)
 def _abs(ctx: NodeContext):
     if torch_dtype(ctx, 0) in UNSIGNED:
         return copy_out
     return torch.abs
 
 
-@register("Neg", since=1, fusion=FusionKind.ELEMENTWISE, infer=_SAME, writes_out=True)
+@register("Neg", since=1, fusion=FusionKind.ELEMENTWISE, infer=_SAME, writes_out=True, precision=ELEMENTWISE,
+          value_range=SAME_AS_INPUT)
 def _neg(ctx: NodeContext):
     tdt = torch_dtype(ctx, 0)
     return no_out(wrapping(torch.neg, tdt)) if tdt in EMULATED else torch.neg

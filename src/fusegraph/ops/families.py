@@ -6,7 +6,7 @@ without editing a list.
 import importlib
 import pkgutil
 
-_MACHINERY = {"registry", "infer", "common", "families"}
+_MACHINERY = {"registry", "infer", "common", "families", "value_range", "precision_reasons"}
 
 _PACKAGE_PATH = importlib.import_module(__package__).__path__
 

@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
 from .common import bias_like, product_out_dtype, widened, widens
+from .precision_reasons import MATRIX_PRODUCT, REDUCTION
 from .registry import FusionKind, NodeContext, no_out, register
+from .value_range import ProductRange
 
 DOMAIN = "fusegraph"
 
@@ -44,8 +46,17 @@ def _linear_infer(ctx: NodeContext):
     return [(dtype, tuple(xs[:-1]) + (n,))]
 
 
+def linear_terms(node) -> int | None:
+    """The terms each output of a product with a 2-D weight ([K, N], or [N, K] under
+    ``trans_b``) sums: K."""
+    w = node.inputs[1].shape if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if w is None or len(w) != 2 or not all(isinstance(d, int) for d in w):
+        return None
+    return int(w[1] if node.attrs.get("trans_b") else w[0])
+
+
 @register("Linear", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_infer,
-          writes_out=True)
+          writes_out=True, precision=MATRIX_PRODUCT, value_range=ProductRange(linear_terms, activation=False))
 def _linear(ctx: NodeContext):
     trans_b = bool(ctx.attr("trans_b", 0))
 
@@ -82,7 +93,8 @@ def _bmm_infer(ctx: NodeContext):
     return [(dtype, tuple(batch) + (m, n))]
 
 
-@register("BatchMatMul", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_bmm_infer)
+@register("BatchMatMul", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_bmm_infer,
+          precision=MATRIX_PRODUCT)
 def _bmm(ctx: NodeContext):
     ta, tb = bool(ctx.attr("trans_a", 0)), bool(ctx.attr("trans_b", 0))
 
@@ -114,7 +126,7 @@ def _sr_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, out)]
 
 
-@register("ScaledReduce", domain=DOMAIN, since=1, fusion=FusionKind.REDUCE, infer=_sr_infer)
+@register("ScaledReduce", domain=DOMAIN, since=1, fusion=FusionKind.REDUCE, infer=_sr_infer, precision=REDUCTION)
 def _scaled_reduce(ctx: NodeContext):
     mode = ctx.attr("mode")
     if mode not in _REDUCERS:

@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from .activations import gelu
 from .common import bias_like, product_out_dtype, widened, widens
 from .conv import conv_call, conv_infer, ConvGeometry
-from .registry import FusionKind, NodeContext, register
+from .precision_reasons import CONVOLUTION
+from .registry import FusionKind, Movement, NodeContext, register
+from .value_range import ProductRange
 
 DOMAIN = "fusegraph"
 
@@ -50,8 +52,20 @@ def _fused_conv_infer(ctx: NodeContext):
     return [(product_out_dtype(ctx), conv_infer(ctx)[0][1])]
 
 
+def conv_terms(node) -> int | None:
+    """The terms each output of a convolution sums: its weight's [C/group, kh, kw, ...]."""
+    w = node.inputs[1].shape if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if w is None or not all(isinstance(d, int) for d in w):
+        return None
+    n = 1
+    for d in w[1:]:
+        n *= int(d)
+    return n
+
+
 @register("FusedConv", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, layout_sensitive=True,
-          infer=_fused_conv_infer, writes_out=True, inplace=((3, 0),))
+          infer=_fused_conv_infer, writes_out=True, inplace=((3, 0),), precision=CONVOLUTION,
+          value_range=ProductRange(conv_terms))
 def _fused_conv(ctx: NodeContext):
     activation = str(ctx.attr("activation", ""))
     if activation not in ACTIVATIONS:
@@ -94,7 +108,7 @@ def portable_kernel(ctx: NodeContext, activation: str, params: list[float]):
 # ---------------------------------------------------------------- ChannelShuffle
 
 @register("ChannelShuffle", domain=DOMAIN, since=1, fusion=FusionKind.INJECTIVE,
-          infer=lambda ctx: [(ctx.dtype(0) or None, ctx.shape(0))], writes_out=True)
+          infer=lambda ctx: [(ctx.dtype(0) or None, ctx.shape(0))], writes_out=True, movement=Movement.PERMUTE)
 def _channel_shuffle(ctx: NodeContext):
     g = int(ctx.attr("groups"))
 

@@ -37,8 +37,12 @@ from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from .activations import gelu as _gelu_fn
 from .common import bias_like, product_out_dtype, widened, widens
-from .norm import layer_norm_exact as layer_norm
-from .registry import FusionKind, NodeContext, register
+from .fused_basic import linear_terms
+from .norm import layer_norm_exact as layer_norm, layer_norm_range
+from .precision_reasons import ACTIVATION, EXPONENTIALS_AND_SUM, MATRIX_PRODUCT
+from .registry import FusionKind, NodeContext, Precision, register
+from .softmax import softmax_range
+from .value_range import Fact, ProductRange, chain_range
 
 DOMAIN = "fusegraph"
 
@@ -69,7 +73,7 @@ def _linear_act_infer(ctx: NodeContext):
 
 
 @register("LinearAct", domain=DOMAIN, since=1, fusion=FusionKind.OUT_FUSABLE, infer=_linear_act_infer,
-          writes_out=True)
+          writes_out=True, precision=MATRIX_PRODUCT, value_range=ProductRange(linear_terms))
 def _linear_act(ctx: NodeContext):
     trans_b = bool(ctx.attr("trans_b", 0))
     name = ctx.attr("activation")
@@ -96,7 +100,7 @@ def _linear_act(ctx: NodeContext):
 
 # ---------------------------------------------------------------- Gelu
 
-@register("Gelu", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
+@register("Gelu", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True, precision=ACTIVATION,
           infer=lambda ctx: [(ctx.dtype(0) or None,
                               broadcast_shapes(ctx.shape(0), ctx.shape(1)) if ctx.has_input(1) else ctx.shape(0))])
 def _gelu(ctx: NodeContext):
@@ -129,7 +133,8 @@ def _rounding(ctx: NodeContext):
 
 
 @register("LayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_ln_infer,
-          layout_sensitive=True)
+          layout_sensitive=True, value_range=layer_norm_range(1),
+          precision=(Precision.KEEP, "normalisation statistics (mean, variance): float32"))
 def _layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon"))
     rounded = _rounding(ctx)
@@ -146,7 +151,8 @@ def _skip_ln_infer(ctx: NodeContext):
 
 
 @register("SkipLayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_skip_ln_infer,
-          layout_sensitive=True)
+          layout_sensitive=True, value_range=layer_norm_range(2),
+          precision=(Precision.KEEP, "a residual sum and normalisation statistics: float32"))
 def _skip_layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon"))
     both = ctx.n_outputs == 2
@@ -181,6 +187,7 @@ def _softmax_(y, nan_to_zero):
 
 
 @register("MaskedSoftmax", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
+          precision=EXPONENTIALS_AND_SUM, value_range=softmax_range,
           infer=lambda ctx: [(ctx.dtype(0) or None,
                               broadcast_shapes(ctx.shape(0), ctx.shape(1)) if ctx.has_input(1) else ctx.shape(0))])
 def _masked_softmax(ctx: NodeContext):
@@ -241,8 +248,17 @@ def split_heads(x, heads):
     return x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
 
 
+def _sdpa_range(node, ins: list[Fact]) -> list[Fact]:
+    """Each output row is a convex combination of v's rows (softmax weights): v's bound; NaN
+    where any input holds NaN or inf (unless ``nan_to_zero``)."""
+    v = ins[0] if node.attrs.get("qkv_split") else ins[2]
+    nan = any(f.nan or f.inf for f in ins if f is not None) and not node.attrs.get("nan_to_zero", 0)
+    return [Fact(v.bound, nan or v.nan)]
+
+
 @register("ScaledDotProductAttention", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE,
-          infer=_sdpa_infer, writes_out=True)
+          infer=_sdpa_infer, writes_out=True, value_range=_sdpa_range,
+          precision=(Precision.REDUCE, "attention products in the reduced type; its softmax runs in float32 inside"))
 def _sdpa(ctx: NodeContext):
     """Attributes: scale; k_transposed (4-D k given as [B, H, D, S]); q_heads / k_heads /
     v_heads (> 0: that operand comes as [B, S, H*D] and is split into heads here, k then
@@ -406,7 +422,10 @@ def chain_source(steps: list[str], n_inputs: int, scalars: dict[int, float]) -> 
 
 
 @register("ElementwiseChain", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
-          infer=_chain_infer)
+          infer=_chain_infer, value_range=chain_range,
+          precision=(Precision.FOLLOW, "a fused elementwise chain: reads and writes the reduced type, computes every "
+                                       "step in float32 with its float32 constants and rounds once (a chain with a "
+                                       "KEEP step stays float32)"))
 def _chain(ctx: NodeContext):
     scalars = {}
     for i in range(ctx.n_inputs):

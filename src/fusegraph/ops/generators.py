@@ -14,6 +14,7 @@ import torch
 from ..ir import DType
 from ._tensor_util import dtype_or_none, onnx_dtype_attr, runtime_ints, unsigned_safe
 from .common import const_ints, normalize_axis, same_as_input
+from .precision_reasons import REDUCTION
 from .registry import FusionKind, NodeContext, register
 
 
@@ -153,7 +154,7 @@ def _scan_builder(ctx: NodeContext, fn, identity: int):
     return unsigned_safe(ctx, kernel)
 
 
-@register("CumSum", since=11, infer=same_as_input(0), layout_sensitive=True)
+@register("CumSum", since=11, infer=same_as_input(0), layout_sensitive=True, precision=REDUCTION)
 def _cumsum(ctx: NodeContext):
     return _scan_builder(ctx, torch.cumsum, 0)
 

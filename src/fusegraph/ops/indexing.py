@@ -11,7 +11,7 @@ import torch
 from ..ir import DType
 from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, static_dims, unsigned_safe
 from .common import const_ints, normalize_axis
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, Movement, NodeContext, register
 
 INJ = FusionKind.INJECTIVE
 
@@ -90,7 +90,7 @@ def _slice_infer(ctx: NodeContext):
     return [(dt, tuple(out))]
 
 
-@register("Slice", since=1, fusion=INJ, infer=_slice_infer, layout_sensitive=True)
+@register("Slice", since=1, fusion=INJ, infer=_slice_infer, layout_sensitive=True, movement=Movement.SELECT)
 def _slice(ctx: NodeContext):
     return unsigned_safe(ctx, _slice_kernel(ctx))
 
@@ -125,7 +125,7 @@ def _gather_infer(ctx: NodeContext):
     return [(dt, tuple(s[:a]) + tuple(si) + tuple(s[a + 1:]))]
 
 
-@register("Gather", since=1, fusion=INJ, infer=_gather_infer, layout_sensitive=True)
+@register("Gather", since=1, fusion=INJ, infer=_gather_infer, layout_sensitive=True, movement=Movement.SELECT)
 def _gather(ctx: NodeContext):
     axis = int(ctx.attr("axis", 0))
     const = ctx.const(1)

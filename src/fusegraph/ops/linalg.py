@@ -10,6 +10,7 @@ import torch
 
 from ..ir.shape import broadcast_shapes
 from .conv import exact_float
+from .precision_reasons import MATRIX_PRODUCT
 from .registry import FusionKind, NodeContext, no_out, register
 
 _VIA_INT64 = (torch.uint16, torch.uint32, torch.uint64)
@@ -49,7 +50,8 @@ def _gemm_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, shape)]
 
 
-@register("Gemm", since=7, fusion=FusionKind.OUT_FUSABLE, infer=_gemm_infer, writes_out=True)
+@register("Gemm", since=7, fusion=FusionKind.OUT_FUSABLE, infer=_gemm_infer, writes_out=True,
+          precision=MATRIX_PRODUCT)
 def _gemm(ctx: NodeContext):
     ta, tb = bool(ctx.attr("transA", 0)), bool(ctx.attr("transB", 0))
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
@@ -86,7 +88,8 @@ def _matmul_infer(ctx: NodeContext):
     return [(ctx.dtype(0) or None, matmul_shape(ctx.shape(0), ctx.shape(1)))]
 
 
-@register("MatMul", since=1, fusion=FusionKind.OUT_FUSABLE, infer=_matmul_infer, writes_out=True)
+@register("MatMul", since=1, fusion=FusionKind.OUT_FUSABLE, infer=_matmul_infer, writes_out=True,
+          precision=MATRIX_PRODUCT)
 def _matmul(ctx: NodeContext):
     tdt = ctx.dtype(0)
     if tdt and tdt.to_torch() not in _VIA_INT64:

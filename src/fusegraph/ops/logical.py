@@ -12,7 +12,9 @@ import torch
 from ..ir import DType
 from .common import broadcast_of_inputs, same_as_input
 from .elementwise import EMULATED, SIGNED_VIEW, UNSIGNED, ordered, torch_dtype
+from .precision_reasons import ELEMENTWISE
 from .registry import FusionKind, NodeContext, no_out, register
+from .value_range import FactLaw, union
 
 _BOOL_BCAST = broadcast_of_inputs(DType.BOOL)
 _BCAST = broadcast_of_inputs()
@@ -121,7 +123,8 @@ def _bitshift(ctx: NodeContext):
 
 # --- selection and classification --------------------------------------------------------
 
-@register("Where", since=9, fusion=_BC, infer=broadcast_of_inputs(dtype_from=1), writes_out=True)
+@register("Where", since=9, fusion=_BC, infer=broadcast_of_inputs(dtype_from=1), writes_out=True,
+          precision=ELEMENTWISE, value_range=FactLaw("one of the two branches", lambda cond, a, b: union(a, b)))
 def _where(ctx: NodeContext):
     _no_strings(ctx)
     tdt = torch_dtype(ctx, 1)

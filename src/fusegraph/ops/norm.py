@@ -8,13 +8,17 @@ cases run as the fused ``torch.nn.functional`` calls (``batch_norm``, ``layer_no
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from ..ir import DType
 from .common import normalize_axis, same_as_input
 from .pool import sum_pool
-from .registry import FusionKind, NodeContext, register
+from .precision_reasons import NORMALISATION
+from .registry import FusionKind, NodeContext, Precision, register
+from .value_range import UNKNOWN, Fact, sum_fact
 
 
 def _stash(ctx: NodeContext) -> torch.dtype:
@@ -48,7 +52,8 @@ def _bcast_param(p: torch.Tensor, x: torch.Tensor):
     return p.unsqueeze(0)
 
 
-@register("BatchNormalization", since=7, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=_bn_infer)
+@register("BatchNormalization", since=7, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=_bn_infer,
+          precision=NORMALISATION)
 def _batch_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon", 1e-5))
     momentum = float(ctx.attr("momentum", 0.9))
@@ -84,7 +89,7 @@ def _batch_norm(ctx: NodeContext):
 
 # ----------------------------------------------------------------------------- InstanceNormalization
 @register("InstanceNormalization", since=6, fusion=FusionKind.OPAQUE, layout_sensitive=True,
-          infer=same_as_input(0))
+          infer=same_as_input(0), precision=NORMALISATION)
 def _instance_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon", 1e-5))
 
@@ -127,7 +132,30 @@ def _layer_norm_float64(x, norm_shape, scale, b, eps: float):
                         None if b is None else b.double(), eps).float()
 
 
-@register("LayerNormalization", since=17, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=_ln_infer)
+def layer_norm_range(n_data: int):
+    """The transfer of a layer norm over the axes from ``axis`` on (attribute, default -1) of
+    the sum of its first ``n_data`` inputs, then scale and shift (the next two inputs, each
+    optional): a normalised row of d elements has no element above sqrt(d), so the output is
+    below sqrt(d) |scale| + |shift| whatever the input, NaN where the input holds NaN or inf
+    (or the scale or shift does). A second output, where there is one, is the sum itself (the
+    residual stream) or its mean."""
+    def transfer(node, ins: list[Fact]) -> list[Fact]:
+        shape, axis = node.outputs[0].shape, int(node.attrs.get("axis", -1))
+        dims = tuple(shape[axis:]) if shape is not None and -len(shape) <= axis < len(shape) else ()
+        if not dims or not all(isinstance(d, int) for d in dims):
+            return [UNKNOWN] * len(node.outputs)
+        data = ins[:n_data]
+        present = [len(node.inputs) > k and node.inputs[k] is not None for k in (n_data, n_data + 1)]
+        scale = ins[n_data] if present[0] else Fact(1.0)
+        shift = ins[n_data + 1] if present[1] else Fact(0.0)
+        y = Fact(math.sqrt(math.prod(dims)) * scale.bound + shift.bound,
+                 any(f.nan or f.inf for f in data) or scale.nan or scale.inf or shift.nan, scale.inf or shift.inf)
+        return [y, sum_fact(*data)][:len(node.outputs)]
+    return transfer
+
+
+@register("LayerNormalization", since=17, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=_ln_infer,
+          precision=NORMALISATION, value_range=layer_norm_range(1))
 def _layer_norm(ctx: NodeContext):
     axis = int(ctx.attr("axis", -1))
     eps = float(ctx.attr("epsilon", 1e-5))
@@ -158,7 +186,7 @@ def _layer_norm(ctx: NodeContext):
 
 # ----------------------------------------------------------------------------- GroupNormalization
 @register("GroupNormalization", since=18, fusion=FusionKind.OPAQUE, layout_sensitive=True,
-          infer=same_as_input(0))
+          infer=same_as_input(0), precision=NORMALISATION)
 def _group_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon", 1e-5))
     groups = int(ctx.attr("num_groups"))
@@ -197,7 +225,17 @@ def _rms_norm(ctx: NodeContext):
 
 
 # ----------------------------------------------------------------------------- LRN
-@register("LRN", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=same_as_input(0))
+def _lrn_range(node, ins: list[Fact]) -> list[Fact]:
+    """x / (bias + alpha / size * sum of squares) ^ beta: with bias > 0 and alpha, beta >= 0
+    the divisor is at least bias ^ beta."""
+    alpha, beta, bias = (float(node.attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    x = ins[0]
+    bounded = bias > 0 and alpha >= 0 and beta >= 0
+    return [Fact(x.bound / bias ** beta if bounded else math.inf, x.nan or x.inf)]
+
+
+@register("LRN", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=same_as_input(0),
+          precision=(Precision.KEEP, "a windowed sum of squares and a power: float32"), value_range=_lrn_range)
 def _lrn(ctx: NodeContext):
     size = int(ctx.attr("size"))
     alpha = float(ctx.attr("alpha", 1e-4))

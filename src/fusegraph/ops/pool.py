@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from ..ir import DType
 from .conv import auto_pads, check_rank, ints_attr, torch_pad_list
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, NodeContext, Precision, register
+from .value_range import SAME_AS_INPUT
 
 _MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -185,7 +186,9 @@ def pool_infer(ctx: NodeContext):
     return outs
 
 
-@register("MaxPool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=pool_infer)
+# a pooled value is one of its window's (a maximum) or within their range (a mean, padding counted as 0)
+@register("MaxPool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=pool_infer,
+          precision=(Precision.FOLLOW, "a window maximum: exact in any type"), value_range=SAME_AS_INPUT)
 def _max_pool(ctx: NodeContext):
     geo = PoolGeometry(ctx)
     storage = int(ctx.attr("storage_order", 0))
@@ -222,7 +225,9 @@ def _max_pool(ctx: NodeContext):
 
 
 # ----------------------------------------------------------------------------- AveragePool
-@register("AveragePool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=pool_infer)
+@register("AveragePool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=pool_infer,
+          precision=(Precision.FOLLOW, "a small window mean: torch accumulates in float32 and rounds once"),
+          value_range=SAME_AS_INPUT)
 def _average_pool(ctx: NodeContext):
     geo = PoolGeometry(ctx)
     include = bool(ctx.attr("count_include_pad", 0))
@@ -282,7 +287,8 @@ def _global_infer(ctx: NodeContext):
 
 
 @register("GlobalAveragePool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer,
-          writes_out=True)
+          writes_out=True, precision=(Precision.KEEP, "a reduction over the whole plane: float32"),
+          value_range=SAME_AS_INPUT)
 def _global_average_pool(ctx: NodeContext):
     def gap(x, out=None):
         return _gap(x, out)
@@ -323,7 +329,7 @@ def _gap_channels_last(x, out):
 
 
 @register("GlobalMaxPool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer,
-          writes_out=True)
+          writes_out=True, precision=(Precision.FOLLOW, "a maximum: exact in any type"), value_range=SAME_AS_INPUT)
 def _global_max_pool(ctx: NodeContext):
     return lambda x, out=None: torch.amax(x, dim=_spatial(x), keepdim=True, out=out)
 

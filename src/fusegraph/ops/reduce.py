@@ -12,6 +12,7 @@ import torch
 
 from ..ir import DType
 from .common import const_ints, normalize_axis
+from .precision_reasons import REDUCTION
 from .registry import FusionKind, NodeContext, register
 
 _INT64_MIN = -(1 << 63)
@@ -186,7 +187,7 @@ def _make_reduce(op_type: str, input_since: int):
                 return red(x, _resolve(given, x.dim(), noop), keep)
         return kernel
 
-    register(op_type, since=1, fusion=FusionKind.REDUCE, infer=_make_infer(input_since))(build)
+    register(op_type, since=1, fusion=FusionKind.REDUCE, infer=_make_infer(input_since), precision=REDUCTION)(build)
 
 
 for _op in _REDUCERS:

@@ -1,9 +1,16 @@
 """The op registry: per (domain, op_type, opset range) the facts every stage needs.
 
-An ``OpDef`` holds the kernel builder, shape/dtype inference, purity, fusion kind and layout
-sensitivity. Kernel builders run once per node at compile time: they read attributes and
-constant inputs through a ``NodeContext`` and return a plain callable over torch tensors,
-so the run loop pays one call per node. The same torch calls run on CPU and CUDA.
+An ``OpDef`` holds the kernel builder, shape/dtype inference, purity, fusion kind, layout
+sensitivity, and the facts passes and backends read instead of lists of op names: the
+data-movement class (``Movement``), the mixed-precision class with its one-line reason
+(``Precision``, applied by ``passes/precision_policy.py``) and the value-range transfer
+(``value_range``: how input magnitude bounds bound the outputs, ``ops/value_range.py``).
+A consumer takes the ops it needs through a named query (``movement_ops``) at its use site,
+where the reason it takes that subset is written.
+
+Kernel builders run once per node at compile time: they read attributes and constant inputs
+through a ``NodeContext`` and return a plain callable over torch tensors, so the run loop pays
+one call per node. The same torch calls run on CPU and CUDA.
 
 Kernel convention: ``kernel(*inputs)`` receives one torch tensor per node input (``None``
 for a missing optional input) and returns a tensor for a one-output node, else a tuple with
@@ -27,6 +34,29 @@ from typing import Any, Callable
 from ..errors import UnsupportedOpError
 from ..ir import DType, Node
 from ..ir.shape import Shape
+
+
+class Movement(str, enum.Enum):
+    """What an op that only moves data does with its input's elements (its data-movement
+    class); an op that computes new values is ``NONE``. A value of a non-NONE op's output is a
+    value of its inputs (or the pad fill, or the same value in another type)."""
+    NONE = "none"              # computes new values (the default)
+    VIEW = "view"              # the same elements in the same order under another shape (Reshape, Identity)
+    PERMUTE = "permute"        # every element once, in another order (Transpose, DepthToSpace)
+    SELECT = "select"          # some of the elements, chosen by range or index (Slice, Split, Gather)
+    REPLICATE = "replicate"    # elements repeated (Expand, Tile)
+    JOIN = "join"              # several inputs' elements side by side (Concat)
+    PAD = "pad"                # the input's elements and a fill value (Pad)
+    CAST = "cast"              # each element converted to another type, rounded to it (Cast)
+
+
+class Precision(str, enum.Enum):
+    """An op's mixed-precision class (``passes/precision_policy.py`` applies it). An op
+    registered with none stays in float32 (``KEEP``, the safe default)."""
+    REDUCE = "reduce"          # heavy arithmetic in the reduced type, accumulated in float32 inside
+    FOLLOW = "follow"          # exact or rounded once in any float type: follows its inputs' type
+    KEEP = "keep"              # numerically sensitive: float32
+    ANY = "any"                # reads only a value's shape: no cast either way
 
 
 class FusionKind(str, enum.Enum):
@@ -121,28 +151,73 @@ class OpDef:
     # (ctx, constant inputs) -> the one value every element of the single output holds, or None
     # when it is not one value; lets folding keep an oversized fill as a stride-0 broadcast
     splat: Callable | None = None
+    movement: Movement = Movement.NONE
+    precision: Precision | None = None      # None: not in the policy (float32)
+    precision_why: str = ""                 # the policy's one-line reason for ``precision``
+    # (node, input facts) -> output facts (``ops/value_range.py``); None: the movement class's, else unknown
+    value_range: Callable | None = None
 
 
 _REGISTRY: dict[tuple[str, str], list[OpDef]] = {}
+_QUERIES: dict[tuple, frozenset] = {}        # movement_ops' answers, until the registry changes
 
 
 def register(op_type: str, *, since: int = 1, domain: str = "", infer: Infer | None = None,
              pure: bool = True, fusion: FusionKind = FusionKind.OPAQUE, layout_sensitive: bool = False,
              foldable: bool = True, inplace: tuple = (), writes_out: bool = False,
-             alias: tuple = (), splat: Callable | None = None) -> Callable[[Builder], Builder]:
+             alias: tuple = (), splat: Callable | None = None, movement: Movement = Movement.NONE,
+             precision: tuple[Precision, str] | None = None,
+             value_range: Callable | None = None) -> Callable[[Builder], Builder]:
     """Decorator: register ``build`` as the kernel builder of ``op_type`` from opset ``since``.
 
     A later registration of the same op with a higher ``since`` takes over from that opset on.
+    ``precision``: (class, the one-line reason); ``value_range``: the op's transfer.
     """
+    movement = Movement(movement)
+    if precision is not None:
+        cls, why = precision
+        if not isinstance(cls, Precision) or not isinstance(why, str) or not why:
+            raise TypeError(f"register({op_type!r}): precision must be (Precision, a reason), got {precision!r}")
+
     def deco(build: Builder) -> Builder:
         defs = _REGISTRY.setdefault((domain, op_type), [])
         defs[:] = [d for d in defs if d.since != since]
         defs.append(OpDef(op_type, domain, since, build, infer, pure, fusion, layout_sensitive,
                           foldable, tuple(inplace), bool(writes_out),
-                          tuple(tuple(p) for p in alias), splat))
+                          tuple(tuple(p) for p in alias), splat, movement,
+                          None if precision is None else precision[0],
+                          "" if precision is None else precision[1], value_range))
         defs.sort(key=lambda d: d.since)
+        _QUERIES.clear()
         return build
     return deco
+
+
+def unregister(op_type: str, *, since: int, domain: str = "") -> None:
+    """Remove one registration (a test or a plugin that registered an op for a while)."""
+    defs = _REGISTRY.get((domain, op_type), [])
+    defs[:] = [d for d in defs if d.since != since]
+    if not defs:
+        _REGISTRY.pop((domain, op_type), None)
+    _QUERIES.clear()
+
+
+def movement_ops(*classes: Movement) -> frozenset[tuple[str, str]]:
+    """(domain, op type) of every registered op whose data-movement class is one of
+    ``classes`` (every class but ``NONE`` when none is named), in any of its opsets."""
+    want = frozenset(Movement(c) for c in classes) or frozenset(Movement) - {Movement.NONE}
+    key = ("movement", want)
+    got = _QUERIES.get(key)
+    if got is None:
+        got = _QUERIES[key] = frozenset(k for k, defs in _REGISTRY.items() if any(d.movement in want for d in defs))
+    return got
+
+
+def newest(domain: str, op_type: str) -> OpDef | None:
+    """The op's registration of the highest opset: where a fact holds in every opset of the op
+    (its precision class, its movement class) and the caller has no version."""
+    defs = _REGISTRY.get(("" if domain == "ai.onnx" else domain, op_type))
+    return defs[-1] if defs else None
 
 
 def no_out(kernel: Callable) -> Callable:

@@ -5,7 +5,7 @@ import torch
 
 from ._tensor_util import dtype_or_none, ints_input_or_attr, runtime_ints
 from .common import normalize_axis
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, Movement, NodeContext, register
 
 
 def _concat_infer(ctx: NodeContext):
@@ -37,7 +37,7 @@ def _concat_infer(ctx: NodeContext):
 
 
 @register("Concat", since=1, fusion=FusionKind.INJECTIVE, infer=_concat_infer, layout_sensitive=True,
-          writes_out=True)
+          writes_out=True, movement=Movement.JOIN)
 def _concat(ctx: NodeContext):
     axis = int(ctx.attr("axis", 1 if ctx.version < 4 else 0))
 
@@ -78,7 +78,8 @@ def _split_infer(ctx: NodeContext):
                        for j, d in enumerate(s))) for k in range(n)]
 
 
-@register("Split", since=1, fusion=FusionKind.INJECTIVE, infer=_split_infer, layout_sensitive=True)
+@register("Split", since=1, fusion=FusionKind.INJECTIVE, infer=_split_infer, layout_sensitive=True,
+          movement=Movement.SELECT)
 def _split(ctx: NodeContext):
     axis = int(ctx.attr("axis", 0))
     known, split = ints_input_or_attr(ctx, 1, "split", 13)

@@ -14,7 +14,8 @@ from ..ir.shape import broadcast_shapes
 from ._tensor_util import (SeededGenerators, dtype_or_none, ints_input_or_attr, mul_dims, norm_axes,
                            rank_of, runtime_ints, static_dims)
 from .common import const_ints, same_as_input
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, Movement, NodeContext, Precision, register
+from .value_range import UNKNOWN, Fact
 
 INJ = FusionKind.INJECTIVE
 
@@ -23,7 +24,7 @@ def _ident(x, *_):
     return x
 
 
-@register("Identity", since=1, fusion=INJ, infer=same_as_input(0), alias=((0, 0),))
+@register("Identity", since=1, fusion=INJ, infer=same_as_input(0), alias=((0, 0),), movement=Movement.VIEW)
 def _identity(ctx: NodeContext):
     return _ident
 
@@ -37,7 +38,21 @@ def _dropout_infer(ctx: NodeContext):
     return out
 
 
-@register("Dropout", since=1, fusion=INJ, infer=_dropout_infer)
+def _dropout_range(node, ins: list[Fact]) -> list[Fact]:
+    """Inference: the identity. Training mode (Dropout-1..6 unless ``is_test``; from opset 12
+    a ``training_mode`` input that is not a constant false) scales what it keeps by
+    1 / (1 - ratio): unknown."""
+    if node.version < 7:
+        training = int(node.attrs.get("is_test", 0)) == 0
+    elif node.version < 12 or len(node.inputs) < 3 or node.inputs[2] is None:
+        training = False
+    else:
+        flag = node.inputs[2].const
+        training = flag is None or flag.device.type == "meta" or bool(flag.reshape(-1)[0])
+    return [UNKNOWN if training else ins[0]] * len(node.outputs)
+
+
+@register("Dropout", since=1, fusion=INJ, infer=_dropout_infer, value_range=_dropout_range)
 def _dropout(ctx: NodeContext):
     """Inference: identity (mask all true). Training mode (opset 12+ input) drops at random."""
     v = ctx.version
@@ -118,7 +133,8 @@ def _reshape_infer(ctx: NodeContext):
     return [(dt, tuple(out))]
 
 
-@register("Reshape", since=1, fusion=INJ, infer=_reshape_infer, layout_sensitive=True, alias=((0, 0),))
+@register("Reshape", since=1, fusion=INJ, infer=_reshape_infer, layout_sensitive=True, alias=((0, 0),),
+          movement=Movement.VIEW)
 def _reshape(ctx: NodeContext):
     allowzero = int(ctx.attr("allowzero", 0))
     if ctx.version < 5:
@@ -153,7 +169,8 @@ def _transpose_infer(ctx: NodeContext):
     return [(dtype_or_none(ctx), tuple(s[p] for p in perm))]
 
 
-@register("Transpose", since=1, fusion=INJ, infer=_transpose_infer, layout_sensitive=True, writes_out=True)
+@register("Transpose", since=1, fusion=INJ, infer=_transpose_infer, layout_sensitive=True, writes_out=True,
+          movement=Movement.PERMUTE)
 def _transpose(ctx: NodeContext):
     """One row-major copy of the permuted input (into ``out=``, the output's planned buffer,
     when given): what reads it next (a Reshape merging heads) is then a view."""
@@ -186,7 +203,8 @@ def _squeeze_infer(ctx: NodeContext):
     return [(dt, tuple(d for i, d in enumerate(s) if i not in drop))]
 
 
-@register("Squeeze", since=1, fusion=INJ, infer=_squeeze_infer, layout_sensitive=True, alias=((0, 0),))
+@register("Squeeze", since=1, fusion=INJ, infer=_squeeze_infer, layout_sensitive=True, alias=((0, 0),),
+          movement=Movement.VIEW)
 def _squeeze(ctx: NodeContext):
     known, axes = ints_input_or_attr(ctx, 1, "axes", 13)
 
@@ -227,7 +245,8 @@ def _unsqueeze_infer(ctx: NodeContext):
     return [(dt, tuple(_unsqueeze_shape(s, axes)))]
 
 
-@register("Unsqueeze", since=1, fusion=INJ, infer=_unsqueeze_infer, layout_sensitive=True, alias=((0, 0),))
+@register("Unsqueeze", since=1, fusion=INJ, infer=_unsqueeze_infer, layout_sensitive=True, alias=((0, 0),),
+          movement=Movement.VIEW)
 def _unsqueeze(ctx: NodeContext):
     known, axes = ints_input_or_attr(ctx, 1, "axes", 13)
     if known and axes is None:
@@ -252,7 +271,8 @@ def _flatten_infer(ctx: NodeContext):
     return [(dtype_or_none(ctx), (mul_dims(s[:a]), mul_dims(s[a:])))]
 
 
-@register("Flatten", since=1, fusion=INJ, infer=_flatten_infer, layout_sensitive=True, alias=((0, 0),))
+@register("Flatten", since=1, fusion=INJ, infer=_flatten_infer, layout_sensitive=True, alias=((0, 0),),
+          movement=Movement.VIEW)
 def _flatten(ctx: NodeContext):
     axis = int(ctx.attr("axis", 1))
 
@@ -285,7 +305,10 @@ def _shape_infer(ctx: NodeContext):
     return [(DType.INT64, (e - s,))]
 
 
-@register("Shape", since=1, infer=_shape_infer, layout_sensitive=True)
+_SHAPE_READER = (Precision.ANY, "reads only the shape")
+
+
+@register("Shape", since=1, infer=_shape_infer, layout_sensitive=True, precision=_SHAPE_READER)
 def _shape(ctx: NodeContext):
     start, end = int(ctx.attr("start", 0)), ctx.attr("end", None)
 
@@ -295,7 +318,7 @@ def _shape(ctx: NodeContext):
     return kernel
 
 
-@register("Size", since=1, infer=lambda ctx: [(DType.INT64, ())])
+@register("Size", since=1, infer=lambda ctx: [(DType.INT64, ())], precision=_SHAPE_READER)
 def _size(ctx: NodeContext):
     return lambda x: torch.tensor(x.numel(), dtype=torch.int64, device=x.device)
 
@@ -320,7 +343,8 @@ def _expand_splat(ctx: NodeContext, xs):
     return xs[0].reshape(()) if xs[0].numel() == 1 else None
 
 
-@register("Expand", since=8, fusion=INJ, infer=_expand_infer, layout_sensitive=True, splat=_expand_splat)
+@register("Expand", since=8, fusion=INJ, infer=_expand_infer, layout_sensitive=True, splat=_expand_splat,
+          movement=Movement.REPLICATE)
 def _expand(ctx: NodeContext):
     shape = const_ints(ctx, 1)
     if shape is None:
@@ -339,7 +363,7 @@ def _tile_infer(ctx: NodeContext):
     return [(dt, tuple(d * r if isinstance(d, int) else (d if r == 1 else None) for d, r in zip(s, reps)))]
 
 
-@register("Tile", since=6, fusion=INJ, infer=_tile_infer, layout_sensitive=True)
+@register("Tile", since=6, fusion=INJ, infer=_tile_infer, layout_sensitive=True, movement=Movement.REPLICATE)
 def _tile(ctx: NodeContext):
     reps = const_ints(ctx, 1)
     if reps is None:
@@ -349,7 +373,7 @@ def _tile(ctx: NodeContext):
 
 # ---------------------------------------------------------------- DepthToSpace / SpaceToDepth
 
-@register("DepthToSpace", since=1, fusion=INJ, layout_sensitive=True)
+@register("DepthToSpace", since=1, fusion=INJ, layout_sensitive=True, movement=Movement.PERMUTE)
 def _depth_to_space(ctx: NodeContext):
     bs = int(ctx.attr("blocksize"))
     mode = ctx.attr("mode", "DCR") if ctx.version >= 11 else "DCR"
@@ -366,7 +390,7 @@ def _depth_to_space(ctx: NodeContext):
     return kernel
 
 
-@register("SpaceToDepth", since=1, fusion=INJ, layout_sensitive=True)
+@register("SpaceToDepth", since=1, fusion=INJ, layout_sensitive=True, movement=Movement.PERMUTE)
 def _space_to_depth(ctx: NodeContext):
     bs = int(ctx.attr("blocksize"))
     mode = ctx.attr("mode", "DCR")

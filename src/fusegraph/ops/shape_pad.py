@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from ._tensor_util import dtype_or_none, runtime_ints, unsigned_safe
 from .common import const_ints, normalize_axis
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, Movement, NodeContext, register
+from .value_range import Fact, number_fact, union
 
 _MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -88,7 +89,21 @@ def _pad_params(ctx: NodeContext):
     return pads, axes, known
 
 
-@register("Pad", since=2, fusion=FusionKind.INJECTIVE, infer=_pad_infer, layout_sensitive=True)
+def _pad_range(node, ins: list[Fact]) -> list[Fact]:
+    """The input's elements and, in constant mode, the fill (attribute ``value`` before opset
+    11, input 2 after: absent, 0)."""
+    mode = node.attrs.get("mode", "constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+        return [ins[0]]
+    if node.version < 11:
+        fill = number_fact(float(node.attrs.get("value", 0.0)))
+    else:
+        fill = ins[2] if len(ins) > 2 else Fact(0.0)
+    return [union(ins[0], fill)]
+
+
+@register("Pad", since=2, fusion=FusionKind.INJECTIVE, infer=_pad_infer, layout_sensitive=True,
+          movement=Movement.PAD, value_range=_pad_range)
 def _pad(ctx: NodeContext):
     mode = ctx.attr("mode", "constant")
     if isinstance(mode, bytes):

@@ -11,7 +11,9 @@ import torch
 
 from ..ir import DType
 from .common import normalize_axis, same_as_input
-from .registry import FusionKind, NodeContext, no_out, register
+from .precision_reasons import EXPONENTIALS_AND_SUM
+from .registry import FusionKind, NodeContext, Precision, no_out, register
+from .value_range import Fact
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.BFLOAT16)
 
@@ -38,11 +40,25 @@ _FNS = {
 }
 
 
+def softmax_range(node, ins: list[Fact]) -> list[Fact]:
+    """Probabilities: within [0, 1], NaN where a row holds NaN or inf (unless the op's
+    ``nan_to_zero`` maps such rows to 0)."""
+    nan = any(f.nan or f.inf for f in ins) and not node.attrs.get("nan_to_zero", 0)
+    return [Fact(1.0, nan)]
+
+
+_FACTS = {
+    "Softmax": {"precision": EXPONENTIALS_AND_SUM, "value_range": softmax_range},
+    "LogSoftmax": {"precision": (Precision.KEEP, "exponentials, a sum and a log: float32")},
+}
+
+
 def _make(op_type: str):
     fn = _FNS[op_type]
     writes_out = op_type != "Hardmax"
 
-    @register(op_type, since=1, fusion=FusionKind.OPAQUE, infer=same_as_input(0), writes_out=writes_out)
+    @register(op_type, since=1, fusion=FusionKind.OPAQUE, infer=same_as_input(0), writes_out=writes_out,
+              **_FACTS.get(op_type, {}))
     def build(ctx: NodeContext):
         if ctx.dtype(0) not in _FLOATS:
             raise ctx.unsupported(f"input dtype {ctx.dtype(0).name}")

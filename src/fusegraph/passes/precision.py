@@ -18,7 +18,8 @@ Graph outputs keep their declared type and name (a final ``Cast`` where needed).
 bodies (If / Loop / Scan) stay float32, bodies unchanged. Output dtypes come from each op's own
 inference, so an op that cannot take the reduced type fails here, naming it.
 
-``log`` receives ``{"node", "op", "dtype", "class", "why"}`` per float node;
+``log`` receives ``{"node", "op", "dtype", "class", "why", "code"}`` per float node (``code``: the
+decision's ``precision_policy.Reason``, which what follows reads; ``why``: its text for people);
 ``precision_summary`` turns it into ``report.precision``.
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ from ..ir import DType, Graph, Node, Value
 from ..ir.subgraphs import subgraphs
 from .manager import PassResult, is_locked
 from .precision_policy import (ANY, FLOAT32_BIAS, FLOAT32_CONSTANTS, FOLLOW, FP32_OUTPUT_PRODUCTS, KEEP,
-                               LOGITS_OUT_WHY, LOGITS_WHY, NORMALISATIONS, REDUCE, classify, has_residual)
+                               LOGITS_OUT_WHY, LOGITS_WHY, NORMALISATIONS, REDUCE, Classified, Reason, classify,
+                               has_residual)
 
 REDUCED = {"bf16": DType.BFLOAT16, "fp16": DType.FLOAT16}
 _NAMES = {DType.FLOAT: "fp32", DType.BFLOAT16: "bf16", DType.FLOAT16: "fp16"}
@@ -62,7 +64,7 @@ class PrecisionPass:
                 return self.overrides[key]
         return None
 
-    def _logits(self, graph: Graph, cls: dict[int, tuple[str, str]]) -> set[int]:
+    def _logits(self, graph: Graph, cls: dict[int, Classified]) -> set[int]:
         """Heavy nodes a graph output reaches backwards without crossing a normalisation."""
         found, seen, todo = set(), set(), list(graph.outputs)
         while todo:
@@ -71,33 +73,35 @@ class PrecisionPass:
             if p is None or id(p) in seen:
                 continue
             seen.add(id(p))
-            if cls[id(p)][0] == REDUCE:
+            if cls[id(p)].cls == REDUCE:
                 found.add(id(p))
-            elif p.op_type not in NORMALISATIONS and cls[id(p)][0] != ANY:   # a shape reader carries no values
+            elif p.op_type not in NORMALISATIONS and cls[id(p)].cls != ANY:   # a shape reader carries no values
                 todo.extend(x for x in p.inputs if x is not None and not x.is_const)
         return found
 
-    def _targets(self, graph: Graph) -> dict[int, tuple[str, DType | None, str]]:
-        """id(node) -> (class, forced dtype or None, why)."""
+    def _targets(self, graph: Graph) -> dict[int, tuple[str, DType | None, str, Reason]]:
+        """id(node) -> (class, forced dtype or None, why, code)."""
         cls = {id(n): classify(n.domain, n.op_type, n.attrs.get("steps", ())) for n in graph.nodes}
         logits = self._logits(graph, cls)
         out = {}
         for n in graph.nodes:
-            c, why = cls[id(n)]
+            c, why, code = cls[id(n)]
             forced = self._override(n)
             if any(True for _ in subgraphs(n)):
-                c, why, forced = KEEP, "owns a body (If / Loop / Scan): float32, body unchanged", None
+                c, why, code = KEEP, "owns a body (If / Loop / Scan): float32, body unchanged", Reason.OWNS_BODY
+                forced = None
             if forced is not None:
                 dt = DType.FLOAT if forced == "fp32" else REDUCED[forced]
-                out[id(n)] = (REDUCE if dt != DType.FLOAT else KEEP, dt, f"Config.op_precision: {forced}")
+                out[id(n)] = (REDUCE if dt != DType.FLOAT else KEEP, dt, f"Config.op_precision: {forced}",
+                              Reason.OP_PRECISION)
             elif self.default is None and c == REDUCE:
-                out[id(n)] = (KEEP, None, "precision fp32")
+                out[id(n)] = (KEEP, None, "precision fp32", Reason.PRECISION_FP32)
             elif id(n) in logits and c == REDUCE and self._writes_fp32(n):
-                out[id(n)] = (REDUCE, self.default, LOGITS_OUT_WHY)
+                out[id(n)] = (REDUCE, self.default, LOGITS_OUT_WHY, Reason.LOGITS_FP32_OUTPUT)
             elif id(n) in logits and c == REDUCE:
-                out[id(n)] = (KEEP, None, LOGITS_WHY)
+                out[id(n)] = (KEEP, None, LOGITS_WHY, Reason.LOGITS_FP32)
             else:
-                out[id(n)] = (c, self.default if c == REDUCE else None, why)
+                out[id(n)] = (c, self.default if c == REDUCE else None, why, code)
         return out
 
     def _writes_fp32(self, node: Node) -> bool:
@@ -115,7 +119,7 @@ class PrecisionPass:
         self.n_casts = self.n_weights = 0
         declared = [(v, v.dtype) for v in graph.outputs]
         for node in list(graph.nodes):
-            c, dt, why = targets[id(node)]
+            c, dt, why, code = targets[id(node)]
             if c == ANY:
                 continue
             floats = [i for i, v in enumerate(node.inputs) if v is not None and self._is_float(v)]
@@ -133,20 +137,20 @@ class PrecisionPass:
                 kept = v.is_const and v.dtype == DType.FLOAT and (keep_consts or i == bias)
                 if v.dtype != target and not kept:
                     node.set_input(i, self._convert(graph, v, target, node))
-            if why == LOGITS_OUT_WHY:
+            if code == Reason.LOGITS_FP32_OUTPUT:
                 node.attrs["out_dtype"] = int(DType.FLOAT)      # the logits stay float32
             if target != DType.FLOAT:
                 for out, (odt, shape) in zip(node.outputs, infer_node(node) or []):
                     if out.dtype == DType.FLOAT:
-                        if odt == DType.FLOAT and why == LOGITS_OUT_WHY:
+                        if odt == DType.FLOAT and code == Reason.LOGITS_FP32_OUTPUT:
                             continue
                         if odt != target:
                             raise PassError(f"pass 'precision': node {node.name!r} ({node.op_type}) does not "
                                             f"compute in {target.name} (its inference gives {odt!r})")
                         out.dtype = target
                         self._ours.add(id(out))
-            self.log.append({"node": node.name, "op": node.op_type, "dtype": _NAMES[target], "class": c,
-                             "why": why})
+            self.log.append({"node": node.name, "op": node.op_type, "dtype": _NAMES[target], "class": str(c.value),
+                             "why": why, "code": str(code.value)})
         for v, dtype in declared:
             if v.dtype != dtype and v.is_graph_output:      # (one value listed twice: restored once)
                 self._restore_output(graph, v, dtype)
@@ -209,7 +213,7 @@ def precision_summary(graph: Graph, options, log: list[dict]) -> dict:
     in float32 (with why), the logits products with bf16 operands and float32 outputs, and the
     ``op_precision`` entries no compiled node answers to."""
     by_dtype: dict[str, int] = {}
-    logits_out = {r["node"] for r in log if r["why"] == LOGITS_OUT_WHY}
+    logits_out = {r["node"] for r in log if r["code"] == Reason.LOGITS_FP32_OUTPUT}
     present = {x for n in graph.nodes
                for x in (n.name, n.op_type, *n.meta.get("fused_from", ()), *n.meta.get("fused_types", ()))}
     for r in log:
@@ -222,7 +226,8 @@ def precision_summary(graph: Graph, options, log: list[dict]) -> dict:
             "casts": sum(1 for n in graph.nodes if n.op_type == "Cast" and n.meta.get("rule") == "precision"),
             "casts_folded": sum(1 for n in graph.nodes if "out_dtype" in n.attrs      # fold_casts.py
                                 and n.name not in logits_out),
-            "kept_fp32": [{"node": r["node"], "op": r["op"], "why": r["why"]} for r in log   # the logits, or asked for
-                          if r["dtype"] == "fp32" and (r["why"] == LOGITS_WHY or r["why"] == "Config.op_precision: fp32")],
-            "fp32_logits": [{"node": r["node"], "op": r["op"], "why": r["why"]} for r in log
-                            if r["why"] == LOGITS_OUT_WHY]}
+            "kept_fp32": [{"node": r["node"], "op": r["op"], "why": r["why"], "code": r["code"]}
+                          for r in log if r["dtype"] == "fp32"             # the logits, or asked for
+                          and r["code"] in (Reason.LOGITS_FP32, Reason.OP_PRECISION)],
+            "fp32_logits": [{"node": r["node"], "op": r["op"], "why": r["why"], "code": r["code"]} for r in log
+                            if r["code"] == Reason.LOGITS_FP32_OUTPUT]}

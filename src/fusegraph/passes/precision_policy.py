@@ -1,5 +1,10 @@
-"""The mixed-precision policy, as data: which ops compute in the reduced type, which follow
-their inputs, and which stay in float32, each with a one-line reason.
+"""The mixed-precision policy: which ops compute in the reduced type, which follow their
+inputs, and which stay in float32, each with a one-line reason, and the rules across ops.
+
+Each op registers its class and reason with the op (``register(..., precision=...)``,
+``ops/registry.Precision``); data movement the op registry classes (``Movement``) follows its
+inputs (``FOLLOWING_MOVES``); ``classify`` reads both, ``policy()`` lists them. Every decision
+carries a ``Reason`` code beside its text, and the passes and tools decide on the code.
 
 Classes (``passes/precision.py`` applies them):
 - ``REDUCE``: heavy arithmetic that runs in bf16 / fp16 (AMX and AVX512-BF16 / FP16 tiles on
@@ -20,69 +25,44 @@ operands is the product's own arithmetic); any other keeps float32 throughout.
 """
 from __future__ import annotations
 
-REDUCE, FOLLOW, KEEP, ANY = "reduce", "follow", "keep", "any"
+import enum
+from typing import NamedTuple
 
-_MATMUL = "a product: the reduced-type GEMM accumulates in float32 and rounds the result once"
-_CONV = "a convolution: the reduced-type kernel accumulates in float32 and rounds the result once"
-_MOVE = "data movement: exact in any type"
-_ELEMENTWISE = "one elementwise step: rounded once, as in float32 then cast"
-_ACTIVATION = "an activation: torch computes it in float32 inside and rounds once"
+from ..ops import Movement, Precision, movement_ops, newest, registered_ops
 
-# (domain, op type) -> (class, why)
-POLICY: dict[tuple[str, str], tuple[str, str]] = {
-    # heavy arithmetic
-    ("fusegraph", "FusedConv"): (REDUCE, _CONV),
-    ("", "Conv"): (REDUCE, _CONV),
-    ("", "ConvTranspose"): (REDUCE, _CONV),
-    ("fusegraph", "LinearAct"): (REDUCE, _MATMUL),
-    ("fusegraph", "Linear"): (REDUCE, _MATMUL),
-    ("fusegraph", "BatchMatMul"): (REDUCE, _MATMUL),
-    ("", "MatMul"): (REDUCE, _MATMUL),
-    ("", "Gemm"): (REDUCE, _MATMUL),
-    ("fusegraph", "ScaledDotProductAttention"): (
-        REDUCE, "attention products in the reduced type; its softmax runs in float32 inside"),
-    # data movement
-    **{("", op): (FOLLOW, _MOVE) for op in (
-        "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Concat", "Split",
-        "Slice", "Gather", "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth")},
-    ("fusegraph", "ChannelShuffle"): (FOLLOW, _MOVE),
-    ("", "MaxPool"): (FOLLOW, "a window maximum: exact in any type"),
-    ("", "GlobalMaxPool"): (FOLLOW, "a maximum: exact in any type"),
-    ("", "AveragePool"): (FOLLOW, "a small window mean: torch accumulates in float32 and rounds once"),
-    # elementwise
-    **{("", op): (FOLLOW, _ELEMENTWISE) for op in (
-        "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu", "PRelu", "Clip", "Max", "Min", "Where")},
-    **{("", op): (FOLLOW, _ACTIVATION) for op in (
-        "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu", "Elu", "Selu", "Softplus", "Mish", "Erf")},
-    ("fusegraph", "Gelu"): (FOLLOW, _ACTIVATION),
-    ("fusegraph", "ElementwiseChain"): (FOLLOW, "a fused elementwise chain: reads and writes the reduced "
-                                                "type, computes every step in float32 with its float32 "
-                                                "constants and rounds once (a chain with a KEEP step "
-                                                "stays float32)"),
-    # shape readers
-    ("", "Shape"): (ANY, "reads only the shape"),
-    ("", "Size"): (ANY, "reads only the shape"),
-    # numerically sensitive
-    ("", "Softmax"): (KEEP, "exponentials and a sum: float32"),
-    ("", "LogSoftmax"): (KEEP, "exponentials, a sum and a log: float32"),
-    ("fusegraph", "MaskedSoftmax"): (KEEP, "exponentials and a sum: float32"),
-    ("fusegraph", "LayerNorm"): (KEEP, "normalisation statistics (mean, variance): float32"),
-    ("fusegraph", "SkipLayerNorm"): (KEEP, "a residual sum and normalisation statistics: float32"),
-    ("", "LayerNormalization"): (KEEP, "normalisation statistics: float32"),
-    ("", "BatchNormalization"): (KEEP, "normalisation statistics: float32"),
-    ("", "InstanceNormalization"): (KEEP, "normalisation statistics: float32"),
-    ("", "GroupNormalization"): (KEEP, "normalisation statistics: float32"),
-    ("", "LRN"): (KEEP, "a windowed sum of squares and a power: float32"),
-    ("", "GlobalAveragePool"): (KEEP, "a reduction over the whole plane: float32"),
-    **{("", op): (KEEP, "a reduction: float32") for op in (
-        "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
-        "ReduceLogSumExp", "ReduceProd", "ReduceMax", "ReduceMin", "CumSum")},
-    ("fusegraph", "ScaledReduce"): (KEEP, "a reduction: float32"),
-    **{("", op): (KEEP, "exp / log / pow / sqrt: float32") for op in (
-        "Exp", "Log", "Pow", "Sqrt", "Reciprocal")},
-}
+REDUCE, FOLLOW, KEEP, ANY = Precision.REDUCE, Precision.FOLLOW, Precision.KEEP, Precision.ANY
 
-DEFAULT = (KEEP, "not in the policy: float32 (the safe default)")
+# Data movement follows its inputs' type: every class but CAST (a Cast's output type is its own
+# attribute, which the pass does not change: it stays KEEP, the default). The movement classes
+# are the registry's (``ops/registry.Movement``).
+FOLLOWING_MOVES = tuple(m for m in Movement if m not in (Movement.NONE, Movement.CAST))
+MOVE_WHY = "data movement: exact in any type"
+
+
+class Reason(str, enum.Enum):
+    """Why a node got its precision (``code`` beside the human ``why`` in the pass's log and in
+    ``report.precision``): decisions read the code, never the text."""
+    POLICY = "policy"                        # the op's registered class (its reason is the op's)
+    MOVEMENT = "movement"                    # data movement: FOLLOW (``FOLLOWING_MOVES``)
+    UNCLASSIFIED = "unclassified"            # no class registered: float32, the safe default
+    CHAIN_KEEP_STEP = "chain_keep_step"      # an elementwise chain with a KEEP step: float32
+    OWNS_BODY = "owns_body"                  # If / Loop / Scan: float32, body unchanged
+    OP_PRECISION = "op_precision"            # a ``Config.op_precision`` entry (the user's, or auto's)
+    PRECISION_FP32 = "precision_fp32"        # a REDUCE op under the float32 policy
+    LOGITS_FP32 = "logits_fp32"              # the logits: float32 throughout
+    LOGITS_FP32_OUTPUT = "logits_fp32_output"   # the logits: bf16 operands, float32 accumulation and output
+    AUTO_BUDGET = "auto_budget"              # precision "auto": float32 to stay within the accuracy budget
+    AUTO_FALLBACK = "auto_fallback"          # precision "auto": too little left in bf16 to pay for its casts
+
+
+class Classified(NamedTuple):
+    """An op's class under the policy, its reason for people and its code for decisions."""
+    cls: Precision
+    why: str
+    code: Reason
+
+
+DEFAULT = Classified(KEEP, "not in the policy: float32 (the safe default)", Reason.UNCLASSIFIED)
 LOGITS_WHY = "the model's logits (its last heavy op before an output): float32 unless op_precision names it"
 LOGITS_OUT_WHY = ("the model's logits (its last heavy op before an output): bf16 operands, accumulated and "
                   "written in float32; op_precision fp32 keeps the operands float32 too")
@@ -107,13 +87,34 @@ FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain")})
 # relative L2 error of inception_v1 2.4e-2 -> 1.3e-2, bvlc_alexnet 2.1e-2 -> 8.5e-3
 # (OpenVINO's bf16, which keeps biases float32: 1.7e-2 / 1.9e-2)
 FLOAT32_BIAS = {("fusegraph", "FusedConv"): 2, ("fusegraph", "LinearAct"): 2, ("fusegraph", "Linear"): 2}
-# ElementwiseChain steps that keep the whole chain in float32
-CHAIN_KEEP_STEPS = frozenset({"Exp", "Log", "Pow", "Sqrt", "Reciprocal"})
+CHAIN_KEEP_WHY = "a fused elementwise chain with an exp / log / pow / sqrt step: float32"
 
 
-def classify(domain: str, op_type: str, steps=()) -> tuple[str, str]:
-    """(class, why) of one op; ``steps``: an ElementwiseChain's steps."""
-    cls, why = POLICY.get((domain, op_type), DEFAULT)
-    if op_type == "ElementwiseChain" and any(str(s).split(" ")[0] in CHAIN_KEEP_STEPS for s in steps):
-        return KEEP, "a fused elementwise chain with an exp / log / pow / sqrt step: float32"
-    return cls, why
+def classify(domain: str, op_type: str, steps=()) -> Classified:
+    """(class, why, code) of one op, from the registry; ``steps``: an ElementwiseChain's
+    steps, which keep the whole chain in float32 when one of them names a KEEP op."""
+    if op_type == "ElementwiseChain" and any(_step_keeps(s) for s in steps):
+        return Classified(KEEP, CHAIN_KEEP_WHY, Reason.CHAIN_KEEP_STEP)
+    opdef = newest(domain, op_type)
+    if opdef is not None and opdef.precision is not None:
+        return Classified(opdef.precision, opdef.precision_why, Reason.POLICY)
+    if (domain, op_type) in movement_ops(*FOLLOWING_MOVES):
+        return Classified(FOLLOW, MOVE_WHY, Reason.MOVEMENT)
+    return DEFAULT
+
+
+def _step_keeps(step) -> bool:
+    """A chain step naming an op registered as KEEP (exp, log, pow, sqrt, reciprocal)."""
+    opdef = newest("", str(step).split(" ")[0])
+    return opdef is not None and opdef.precision == KEEP
+
+
+def policy() -> dict[tuple[str, str], tuple[Precision, str]]:
+    """(domain, op type) -> (class, why) of every registered op the policy names (a class of
+    its own, or data movement that follows); any other op is ``DEFAULT``."""
+    out = {}
+    for key in sorted({(domain, op) for domain, op, _ in registered_ops()}):
+        c = classify(*key)
+        if c.code != Reason.UNCLASSIFIED:
+            out[key] = (c.cls, c.why)
+    return out

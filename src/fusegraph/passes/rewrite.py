@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import PassError
 from ..ir import DType, Graph, Node, Value
 from ..ir.shape import dims_equal, numel
+from ..ops import movement_ops
 from .manager import PassOptions, PassResult, is_locked
 from .rule import FUSEGRAPH_DOMAIN, Decline, Rule, RuleContext, by_priority, verdict
 
@@ -125,9 +126,10 @@ def rewire(ctx, root: Node, new) -> tuple[list, list[tuple[Value, str]]]:
     return news, renames
 
 
-# ops that only move or view data: a rewrite's computing node, not these, takes its sources
-_MOVES = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat", "Split",
-                    "Slice", "Gather", "Expand", "Cast"})
+def _moves(node: Node) -> bool:
+    """Whether ``node`` only moves data (any data-movement class: a view, a copy, a join, a
+    pad, a cast): a rewrite's computing node, not such a one, takes its sources."""
+    return (node.domain, node.op_type) in movement_ops()
 
 
 def _stand_in(v: Value, made: dict[int, Node]) -> Node | None:
@@ -135,7 +137,7 @@ def _stand_in(v: Value, made: dict[int, Node]) -> Node | None:
     it to move data, the computing node the rewrite made that it moves (an attention, not the
     Reshape after it, which a later rule fuses into the next product)."""
     p = q = v.producer
-    while q is not None and id(q) in made and q.op_type in _MOVES:
+    while q is not None and id(q) in made and _moves(q):
         q = next((x.producer for x in q.inputs if x is not None and id(x.producer) in made), None)
     return q if q is not None and id(q) in made else p
 
@@ -153,7 +155,7 @@ def record_sources(news, matched: list[Node], absorbed: list[tuple[Node, tuple]]
     made = {id(n): n for n in emitted if n.graph is not None}
     values = news if isinstance(news, (list, tuple)) else [news]
     stand = [p for p in (_stand_in(v, made) for v in values if v is not None) if p is not None]
-    computing = [n for n in made.values() if n.op_type not in _MOVES]
+    computing = [n for n in made.values() if not _moves(n)]
     groups = [(n, stand) for n in matched]
     for n, inputs in absorbed:
         reads = {id(v) for v in inputs if v is not None and not v.is_const}

@@ -19,9 +19,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..ops import Movement, movement_ops
+
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
                 "shufflenet", "squeezenet", "vgg19", "zfnet512")
-_PASS_THROUGH = {"Unsqueeze", "Reshape", "Squeeze", "Identity", "Flatten", "Transpose", "Cast"}
+# ops a weight's role is read through: those that keep every one of its values (a view, a
+# permutation, a cast), so the weight plays the role of what reads them; a selection, a join
+# or a pad would make it part of something else
+LOOK_THROUGH = (Movement.VIEW, Movement.PERMUTE, Movement.CAST)
 
 
 def light_model_path(name: str) -> Path:
@@ -42,9 +47,10 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, i
 
 
 def _role(name: str, users: dict, depth: int = 0) -> tuple[str, onnx.NodeProto | None]:
-    """The first real consumer of a weight (looking through Unsqueeze/Reshape...)."""
+    """The first real consumer of a weight (looking through ``LOOK_THROUGH``: Reshape, Transpose ...)."""
     for node, idx in users.get(name, []):
-        if node.op_type in _PASS_THROUGH and idx == 0 and depth < 4:
+        key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+        if key in movement_ops(*LOOK_THROUGH) and idx == 0 and depth < 4:
             return _role(node.output[0], users, depth + 1)
         return f"{node.op_type}:{idx}", node
     return "unused", None

@@ -30,7 +30,7 @@ import torch
 from ....config import CPU_KERNELS
 from ....errors import ArtifactError, ConfigError
 from ....ops.registry import kernel_writes_out
-from .finite import tensor_fact
+from ....ops.value_range import Fact, tensor_fact, union
 from .guard_plan import GuardPlan, guard_plan
 from ..protocol import Backend, Decline
 from . import host_memory
@@ -98,19 +98,23 @@ class CpuBackend(Backend):
         """Before binding: the exact kernels that can run fast, and under which input
         magnitude (``guard_plan.py``, from the weights' own magnitudes: the plain tensors, or
         a loaded model's packed bytes)."""
-        self.guards = guard_plan(graph, self._absmax, MEASURE_BELOW) if self.exact and self.dnnl is not None \
+        self.guards = guard_plan(graph, self._const_fact, MEASURE_BELOW) if self.exact and self.dnnl is not None \
             else GuardPlan({}, {})
 
     def before_run(self, tensors) -> None:
         if self.run_state.needed:
             self.run_state.measure(tensors)
 
-    def _absmax(self, value) -> float:
+    def _const_fact(self, value) -> Fact:
+        """A constant's fact (``finite.ConstantFacts``): its packed forms' when the backend
+        released its plain tensor (a NaN or an infinity in any of them counts)."""
         t = value.const
         if not is_placeholder(t):
-            return tensor_fact(t).bound
+            return tensor_fact(t)
         forms = self.store.forms.get(value.name, []) + self.store.provided.get(value.name, [])
-        return max((tensor_fact(p.data.view(TORCH_OF[p.desc["dt"]])).bound for p in forms), default=math.inf)
+        if not forms:
+            return Fact(math.inf, True, True)
+        return union(*(tensor_fact(p.data.view(TORCH_OF[p.desc["dt"]])) for p in forms))
 
     def kernel(self, ctx, opdef):
         """The node's kernel (``_choose``); a producer of values the guard plan measures

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 from ....ir import Graph, Node, Value
 from ....ir.shape import numel
-from .finite import GRID, UNKNOWN, Fact, Weights, chain_fact, pre_activation_fact, record_facts, sum_fact, propagate_init
+from ....ops import Movement, movement_ops
+from ....ops.value_range import UNKNOWN, Fact, chain_fact, pre_activation_fact, sum_fact
+from .finite import GRID, ConstantFacts, op_facts, propagate_init, record_facts
 
 # fast post-op differs from the exact one on NaN / Inf only (relu: oneDNN's maps NaN to 0, the
 # exact elu with alpha 0 costs 5-10 % on conv nets)
@@ -45,31 +47,44 @@ def _relu_chain(node: Node) -> bool:
     return len(steps) > 1 and str(steps[-1]).split() == ["Relu", "p"]
 
 
-def _guard_fact(node: Node, ins: list[Fact], weights: Weights) -> Fact:
+def _guard_fact(node: Node, ins: list[Fact]) -> Fact:
     """The fact a guarded node's fast kernel needs finite, from its inputs' facts: a max pool's
     input, a convolution's or product's pre-activation, a chain's value (its Relu keeps NaN in
     the analysis), a layer norm's sum of squared deviations per row."""
     if node.op_type == "MaxPool":
         return ins[0]
     if node.op_type == "ElementwiseChain":
-        return chain_fact(node, ins)
+        return chain_fact(node.attrs.get("steps", ()), ins)
     if node.op_type in NORMS:         # the row's sum of squared deviations: at most d * (2 max|x|)^2
         x = sum_fact(*ins[:2]) if node.op_type == "SkipLayerNorm" else ins[0]
         d = node.outputs[0].shape[-1] if node.outputs[0].shape else None
         if not isinstance(d, int):
             return UNKNOWN
         return Fact(4.0 * d * x.bound * x.bound, x.nan, x.inf)
-    return pre_activation_fact(node, ins, weights)
+    return pre_activation_fact(node, ins, op_facts(node))
 
 
 MEASURE_MIN = 1 << 14        # output elements: a smaller guarded node saves less than a measurement costs
 # Where a value a weak guarded node reads is measured (``_sources``): through a join or a
-# reshape the parts it is made of (a DenseNet join: its newest part, not the whole join
-# again); first also through cheap elementwise work (the BatchNorm-ReLU chain in front of a
-# DenseNet convolution: the join's parts, not the chain's output), else at the join.
-SHALLOW = frozenset({("", "Concat"), ("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"),
-                     ("", "Identity")})
-DEEP = SHALLOW | {("fusegraph", "ElementwiseChain"), ("", "Cast"), ("", "Relu")}
+# view the parts it is made of (a DenseNet join: its newest part, not the whole join again;
+# a view is the same elements, so a measurement before it bounds what it shows); first also
+# through a cast and cheap elementwise work (the BatchNorm-ReLU chain in front of a DenseNet
+# convolution: the join's parts, not the chain's output), else at the join. Copies that
+# reorder, select, replicate or pad are measured where they are made: the pattern this was
+# made for has none, and looking through them would move measurements no model has asked to move.
+SHALLOW_MOVES = (Movement.VIEW, Movement.JOIN)
+DEEP_MOVES = SHALLOW_MOVES + (Movement.CAST,)
+DEEP_COMPUTING = frozenset({("fusegraph", "ElementwiseChain"), ("", "Relu")})
+
+
+def shallow() -> frozenset:
+    """(domain, op) the measurement looks through on its second try."""
+    return movement_ops(*SHALLOW_MOVES)
+
+
+def deep() -> frozenset:
+    """(domain, op) the measurement looks through on its first try."""
+    return movement_ops(*DEEP_MOVES) | DEEP_COMPUTING
 
 
 @dataclass
@@ -114,7 +129,7 @@ def _anchor(outputs, anchored, table: dict, m: float) -> None:
 
 
 def _trial(nodes: list[Node], lo: int, node: Node, hi: int, sources: dict[int, Value], facts: list[dict],
-           anchored: dict[int, Value], weights: Weights) -> float | None:
+           anchored: dict[int, Value]) -> float | None:
     """``node``'s limit were ``sources`` measured too: the facts of ``nodes[lo:hi]`` downstream
     of them derived again on an overlay of each grid point's table."""
     both = {**anchored, **sources}
@@ -124,24 +139,25 @@ def _trial(nodes: list[Node], lo: int, node: Node, hi: int, sources: dict[int, V
         view = ChainMap(over, table)
         for n in nodes[lo:hi]:
             if any(v is not None and id(v) in over for v in n.inputs):
-                record_facts(n, [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in n.inputs], over, weights)
+                record_facts(n, [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in n.inputs], over)
                 _anchor(n.outputs, both, over, m)
         ins = [Fact(0.0) if v is None else view.get(id(v), UNKNOWN) for v in node.inputs]
-        ok.append(_guard_fact(node, ins, weights).finite)
+        ok.append(_guard_fact(node, ins).finite)
     return _limit(ok)
 
 
-def guard_plan(graph: Graph, absmax=None, measure_below: float | None = None) -> GuardPlan:
+def guard_plan(graph: Graph, const_fact=None, measure_below: float | None = None) -> GuardPlan:
     """Every guarded node's limit, in one walk evaluating the whole grid at once. With
     ``measure_below``, a guarded node admitted only below it (or not at all) has values it
     depends on measured where they are made (``_sources``, deep then shallow: right after
     their producer runs, before any reader) when that admits it further (``_trial``); the walk
     then resumes at the earliest such producer, so every reader of a measured value, and
-    everything downstream, is bounded by the measurement."""
-    weights = Weights(absmax)
+    everything downstream, is bounded by the measurement. ``const_fact(value)``: the fact of a
+    constant whose plain tensor the backend released (``finite.ConstantFacts``)."""
+    constants = ConstantFacts(const_fact)
     nodes = list(graph.nodes)
     position = {id(n): i for i, n in enumerate(nodes)}
-    facts = [propagate_init(graph, m, weights) for m in GRID]
+    facts = [propagate_init(graph, m, constants) for m in GRID]
     limits: dict[str, float] = {}
     anchored: dict[int, Value] = {}           # id(value) -> value measured after its producer runs
     i = 0
@@ -150,17 +166,17 @@ def guard_plan(graph: Graph, absmax=None, measure_below: float | None = None) ->
         ins = [[Fact(0.0) if v is None else t.get(id(v), UNKNOWN) for v in node.inputs] for t in facts]
         if _guarded(node):
             limits.pop(node.name, None)
-            limit = _limit([_guard_fact(node, x, weights).finite for x in ins])
+            limit = _limit([_guard_fact(node, x).finite for x in ins])
             if measure_below is not None and (limit is None or limit < measure_below) and _worth_measuring(node):
                 restart = None
-                for through in (DEEP, SHALLOW):
+                for through in (deep(), shallow()):
                     new: dict[int, Value] = {}
                     for v in node.inputs:
                         _sources(v, anchored, new, through)
                     if not new:
                         continue
                     lo = min(position[id(v.producer)] for v in new.values())
-                    better = _trial(nodes, lo + 1, node, i, new, facts, anchored, weights)
+                    better = _trial(nodes, lo + 1, node, i, new, facts, anchored)
                     if better is not None and (limit is None or better > limit):
                         anchored.update(new)
                         restart = lo
@@ -171,7 +187,7 @@ def guard_plan(graph: Graph, absmax=None, measure_below: float | None = None) ->
             if limit is not None:
                 limits[node.name] = limit
         for m, table, x in zip(GRID, facts, ins):
-            record_facts(node, x, table, weights)
+            record_facts(node, x, table)
             _anchor(node.outputs, anchored, table, m)
         i += 1
     measured: dict[str, tuple[int, ...]] = {}
@@ -182,8 +198,8 @@ def guard_plan(graph: Graph, absmax=None, measure_below: float | None = None) ->
     return GuardPlan(limits, measured)
 
 
-def fast_limits(graph: Graph, absmax=None) -> dict[str, float]:
+def fast_limits(graph: Graph, const_fact=None) -> dict[str, float]:
     """``{node name: largest M}`` for the guarded nodes whose fast kernel is exact while
     ``max |float input| <= M`` (``math.inf``: for every finite input, as far as the grid
-    tells); ``absmax(value)``: a constant's largest magnitude (default: read off its tensor)."""
-    return guard_plan(graph, absmax).limits
+    tells); ``const_fact(value)``: a released constant's fact (default: unknown)."""
+    return guard_plan(graph, const_fact).limits
