@@ -17,7 +17,7 @@ import pytest
 import fusegraph as fg
 from fusegraph.testing import zoo
 from fusegraph.runtime import bind as bind_module
-from fusegraph.runtime.backends.cpu.dnnl import available, memory, primitive
+from fusegraph.runtime.backends.cpu.dnnl import available, primitive, weights
 from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
 
 pytestmark = pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
@@ -44,8 +44,8 @@ def saved(request, tmp_path_factory):
 def test_load_reorders_probes_and_compiles_nothing(saved, monkeypatch):
     compiled, path, feeds = saved
     reorders, made = [], []
-    real_reorder, real_init = memory.reorder, primitive.Primitive.__init__
-    monkeypatch.setattr(memory, "reorder", lambda *a: reorders.append(1) or real_reorder(*a))
+    real_reorder, real_init = weights.reorder, primitive.Primitive.__init__    # weight packing's reorder
+    monkeypatch.setattr(weights, "reorder", lambda *a: reorders.append(1) or real_reorder(*a))
 
     def counted_init(self, pd, what):
         made.append(what)

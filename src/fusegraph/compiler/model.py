@@ -61,7 +61,7 @@ class CompiledModel:
                                       backend_state=backend_state, exact=not config.fast_math,
                                       cpu_kernels=config.cpu_kernels, shared_forms=shared_forms)
         binding = self._executor.binding
-        if hasattr(report.memory, "not_writable_into_arena"):
+        if report.memory is not None:
             report.memory.not_writable_into_arena = list(binding.not_writable)
         report.shape_kernels = self._executor.code.shape_kernels
         report.kernel_count = len(graph.nodes) - report.shape_kernels
