@@ -152,6 +152,8 @@ def test_report_str_is_a_short_summary(conv_streams, transformer):
         assert "load " in str(loaded.report) and "load " not in str(compiled.report)
     assert re.search(r"^streams:\s+2 \(", str(conv_streams[0].report), re.M)
     assert "bf16 policy" in str(transformer[0].report)
+    assert repr(conv_streams[1].report).startswith("<CompileReport 'inception_v1': 144 -> ")
+    assert len(repr(transformer[1].report)) < 200
     out = io.StringIO()
     Console(file=out, width=200, color_system=None).print(conv_streams[1].report)
     printed = out.getvalue()

@@ -5,8 +5,8 @@ A compiled model's report and a loaded one's are the same classes: ``to_dict`` w
 artifact, ``CompileReport.from_dict`` reads it back typed and checked (``typed_json.py``: a
 malformed part is an ``ArtifactError`` naming it), the memory and stream parts as
 ``MemoryReport`` and ``StreamPlan``, the kernel and precision parts as the dicts
-``parts.py`` describes. ``str(report)`` is a short summary (``summary.py``), and a ``rich``
-console prints it as a table.
+``parts.py`` describes. ``str(report)`` is a short summary (``summary.py``), ``repr`` one line
+of it, and a ``rich`` console prints it as a table.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class FusionRecord:
     reason: str = ""
 
 
-@dataclass
+@dataclass(repr=False)     # its fields are thousands of records: repr is one line (``summary.py``)
 class CompileReport:
     model: str = ""
     nodes_imported: int = 0
@@ -75,6 +75,10 @@ class CompileReport:
     def __str__(self) -> str:
         from .summary import report_text
         return report_text(self)
+
+    def __repr__(self) -> str:
+        from .summary import report_repr
+        return report_repr(self)
 
     def __rich__(self):
         from .summary import report_table

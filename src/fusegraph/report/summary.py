@@ -102,6 +102,15 @@ def report_text(report) -> str:
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in rows)
 
 
+def report_repr(report) -> str:
+    """``repr(model.report)``: one line (the fields are thousands of records; ``str`` has more)."""
+    mem = report.memory
+    arena = f", arena {mem.arena_bytes / _MIB:.2f} MiB" if mem is not None else ""
+    streams = report.streams.num_streams if report.streams is not None else 1
+    return (f"<CompileReport {printable(report.model)!r}: {report.nodes_imported} -> {report.nodes_final} nodes, "
+            f"{report.kernel_count} kernels{arena}, {streams} stream(s)>")
+
+
 def report_table(report):
     """The same rows as a two-column ``rich`` table (values as plain text, never markup)."""
     from rich.table import Table
