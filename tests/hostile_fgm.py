@@ -8,7 +8,8 @@ Mutations: raw bit flips, truncations and part swaps (the checksums catch them),
 *re-sealed* edits — the JSON graph, plan, header or weights header edited and the checksums
 recomputed with ``artifact.pack``, so the file passes the integrity check: overlapping or
 out-of-range arena slots, shapes, dtypes, op types, attributes, thread and stream counts,
-stream plans, weight shape / dtype / offsets, and names carrying code.
+stream plans, weight shape / dtype / offsets, compile report parts of the wrong type, and
+names carrying code.
 """
 from __future__ import annotations
 
@@ -88,6 +89,13 @@ def _set_slot(name, k, value):
 def _set_plan(key, value):
     def edit(h, p):
         _plan(p)[key] = value
+    return edit
+
+
+def _set_report(key, value):
+    """A compile report part (``report.memory``, ``.passes`` ...) replaced: the load refuses it by name."""
+    def edit(h, p):
+        p["report"]["report"][key] = value
     return edit
 
 
@@ -248,6 +256,11 @@ def _common_cases(name, base, info):
         yield "fgm_plan", f"{name}.plan_{key}={str(bad)[:16]!r}", base, _resealed(_set_plan(key, bad)), True
     yield "fgm_plan", f"{name}.strides_bogus", base, _resealed(
         lambda h, p: p["report"].__setitem__("strides", {v: [0, 0, 0, 0] for v in values})), True
+    for key, bad in (("memory", {"arena_bytes": "1"}), ("memory", []), ("streams", {"num_streams": 2}),
+                     ("passes", [{"name": 7}]), ("fusions", "x"), ("precision", {"policy": INJECTIONS[0]}),
+                     ("kernels", {"backend": None}), ("timings", {"load": "1"}), ("model", ["x"]),
+                     ("op_histogram", {"Conv": 2.5})):
+        yield "fgm_report", f"{name}.report_{key}={str(bad)[:16]!r}", base, _resealed(_set_report(key, bad)), True
 
 
 def _arena_cases(name, base, slots):

@@ -147,6 +147,7 @@ def run_fgm(make, folder: Path, base: dict, same: bool):
     try:
         model = fg.load(path)
         try:
+            str(model.report)         # what a loaded report says must render (every part typed)
             got = model.run(base["feeds"])
         finally:
             model.close()

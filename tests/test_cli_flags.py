@@ -178,3 +178,15 @@ def test_html_composes_with_the_other_inspect_flags(files, capsys):
                              capsys)
     assert code == 0, err
     assert (files / "both.html").stat().st_size and "report written" in out and "def run(" in out
+
+
+def test_version_is_the_package_version_and_pyproject_version(capsys):
+    """``fusegraph --version`` prints ``fusegraph.__version__``, which is pyproject.toml's."""
+    import tomllib
+    from pathlib import Path
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fusegraph {fg.__version__}"
+    assert fg.__version__ == pyproject["project"]["version"]

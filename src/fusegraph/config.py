@@ -64,7 +64,8 @@ class Config:
     max_arena_bytes: largest activation memory a compile may plan (the arena, plus the broadcast
         constants materialised at bind time, plus any one graph output), in bytes; over it,
         compile raises PlanError naming the biggest tensors. Default 8 GiB; None: no cap.
-    verify_each: verify the graph after every pass (tests turn it on).
+    verify_each: verify the graph after every pass, naming the pass that broke it (tests turn it
+    on); every compile verifies it as imported and after the pipeline anyway.
     fast_math: allow rewrites that are exact only away from NaN / Inf / zero (x*0, x/x,
         log(exp(x)) outside the provable domain), as -ffast-math does, and on CPU the kernels
         whose only difference from ONNX is NaN / Inf (oneDNN's fused relu, clip, GELU and max

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 import fusegraph as fg
-from fusegraph.errors import ConfigError, PassError
+from fusegraph.errors import ConfigError, PassError, VerifyError
+from fusegraph.ir import Graph
 from fusegraph.frontends.onnx import import_onnx
 from fusegraph.ops import infer_graph, infer_node
 from fusegraph.passes import FixedPoint, PassManager, PassResult
@@ -109,7 +110,34 @@ def test_fixed_point_goes_past_the_cap_while_the_graph_shrinks():
 def test_verify_each_names_the_pass():
     with pytest.raises(PassError, match="pass 'breaker' left graph"):
         PassManager([_Break()], verify_each=True, infer=infer_node).run(_graph())
-    PassManager([_Break()], verify_each=False).run(_graph())  # unverified: no error
+    PassManager([_Break()], verify=False, infer=infer_node).run(_graph())  # unverified: no error
+
+
+def test_the_pipeline_is_verified_by_default():
+    """Without verify_each the manager still checks the graph after the last pass (the fault
+    names no pass, and says how to find it), and before the first (as imported)."""
+    manager = PassManager([_Break()], infer=infer_node)
+    with pytest.raises(PassError, match=r"the pass pipeline left graph .* invalid \(Config\(verify_each=True\)"):
+        manager.run(_graph())
+    assert manager.verify_seconds > 0
+    broken = _graph()
+    broken.nodes[0].outputs[0].shape = (9,)
+    with pytest.raises(VerifyError, match="invalid before any pass ran"):
+        PassManager([], infer=infer_node).run(broken)
+
+
+def test_compile_verifies_twice_and_reports_its_cost(monkeypatch):
+    calls = []
+    real = Graph.verify
+    monkeypatch.setattr(Graph, "verify", lambda self, infer=None: calls.append(infer) or real(self, infer))
+    report = fg.compile(_m()).report
+    assert len(calls) == 2 and all(c is infer_node for c in calls)   # as imported, after the pipeline
+    assert report.timings["verify"] > 0 and report.timings["passes"] >= report.timings["verify"]
+    assert all(p.verify_seconds == 0.0 for p in report.passes)
+    calls.clear()
+    each = fg.compile(_m(), fg.Config(verify_each=True)).report
+    assert len(calls) == len(each.passes) + 1 and all(p.verify_seconds > 0 for p in each.passes)
+    assert each.timings["verify"] >= sum(p.verify_seconds for p in each.passes)
 
 
 def test_dump_after_each_pass(tmp_path, monkeypatch):

@@ -66,7 +66,7 @@ def test_given_order_and_stream_hook():
 
 def test_timeline_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from fusegraph.plan import plot_memory_timeline
+    from fusegraph.tools.memory_plot import plot_memory_timeline
     p = plan_memory(branchy(width=3), Config(memory="tight"))
     out = tmp_path / "plan.png"
     plot_memory_timeline(p.report, out)

@@ -44,8 +44,8 @@ def saved(request, tmp_path_factory):
 def test_load_reorders_probes_and_compiles_nothing(saved, monkeypatch):
     compiled, path, feeds = saved
     reorders, made = [], []
-    real_reorder, real_init = weights.reorder, primitive.Primitive.__init__
-    monkeypatch.setattr(weights, "reorder", lambda *a: reorders.append(1) or real_reorder(*a))   # the store's
+    real_reorder, real_init = weights.reorder, primitive.Primitive.__init__    # weight packing's reorder
+    monkeypatch.setattr(weights, "reorder", lambda *a: reorders.append(1) or real_reorder(*a))
 
     def counted_init(self, pd, what):
         made.append(what)

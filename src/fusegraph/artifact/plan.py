@@ -32,7 +32,7 @@ _MAX_STREAMS = 256
 
 def plan_record(plan: ExecutionPlan | None, strides: dict | None) -> dict | None:
     """``{"plan": ..., "strides": {value: [...]}}`` of a compiled model (None: no plan)."""
-    if not hasattr(plan, "to_dict"):
+    if plan is None:
         return None
     return {"plan": plan.to_dict(), "strides": {k: list(v) for k, v in (strides or {}).items()}}
 
@@ -211,6 +211,8 @@ def restore_plan(record: Any, graph: Graph, where: str) -> tuple[ExecutionPlan |
     want(isinstance(record["plan"], dict), f"{where}: the stored plan is malformed")
     try:
         plan = ExecutionPlan.from_dict(record["plan"])
+    except ArtifactError as exc:      # a malformed stream plan, named by its field
+        raise ArtifactError(f"{where}: the stored plan is malformed: {exc}") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise ArtifactError(f"{where}: the stored plan is malformed: {type(exc).__name__}: {exc}") from None
     pos = _check_order(plan, graph, where)

@@ -22,7 +22,7 @@ from ..errors import ArtifactError, FusegraphError, VerifyError
 from ..ir import Graph
 from ..ir.serialize import graph_from_dict, graph_to_dict
 from ..plan.exec_plan import ExecutionPlan
-from ..report.compile_report import CompileReport, FusionRecord, PassStat
+from ..report.compile_report import CompileReport
 from ..report.version import FUSEGRAPH_VERSION
 from ..runtime.backends import stored_plain
 from ..config import machine_cores
@@ -36,8 +36,7 @@ _MAX_JSON_PART = 1 << 30
 
 # ----- save / load -----------------------------------------------------------------------------
 def _jsonable(o: Any) -> Any:
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
+    """What ``json.dumps`` makes of a value the report's ``to_dict`` left in a pass's stats."""
     if hasattr(o, "item") and callable(o.item):
         try:
             return o.item()
@@ -79,38 +78,14 @@ def save(path: str | Path, name: str, graph: Graph, config, report: CompileRepor
     pack(path, header, parts)
 
 
-class _Record(dict):
-    """A report section read back from JSON: dict with attribute access (``report.memory.arena_bytes``)."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def to_dict(self) -> dict:
-        return dict(self)
-
-
-def _records(x: Any) -> Any:
-    if isinstance(x, dict):
-        return _Record({k: _records(v) for k, v in x.items()})
-    return [_records(v) for v in x] if isinstance(x, list) else x
-
-
 def _report(data: Any, where: str) -> CompileReport:
+    """The stored report as the record a compile makes (``CompileReport.from_dict``: every part
+    typed and checked; a malformed one is refused naming it)."""
     _want(isinstance(data, dict) and isinstance(data.get("report"), dict), f"{where}: report is malformed")
-    d = data["report"]
     try:
-        report = CompileReport(**{k: v for k, v in d.items() if k in CompileReport.__dataclass_fields__
-                                  and k not in ("passes", "fusions", "memory", "streams")})
-        report.passes = [PassStat(**p) for p in d.get("passes", [])]
-        report.fusions = [FusionRecord(**r) for r in d.get("fusions", [])]
-    except TypeError as exc:
-        raise ArtifactError(f"{where}: report is malformed: {exc}") from None
-    report.memory, report.streams = _records(d.get("memory")), _records(d.get("streams"))
-    report.timings = dict(report.timings) if isinstance(report.timings, dict) else {}
-    return report
+        return CompileReport.from_dict(data["report"])
+    except ArtifactError as exc:
+        raise ArtifactError(f"{where}: the stored report is malformed: {exc}") from None
 
 
 def _corrupt_first(checks: Checksums | None, exc: Exception) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..config import LEVELS, PRECISIONS, machine_cores
 from ..errors import ConfigError, InputError, UsageError
+from ..report.summary import precision_text
 
 COMPILE_FLAGS = ("level", "memory", "precision", "op_precision", "num_streams")   # options that only mean something when compiling
 
@@ -83,35 +84,8 @@ def op_precision_arg(items: list[str] | None) -> tuple[tuple[str, str], ...]:
 
 
 def precision_line(report) -> str | None:
-    """One line about ``report.precision`` (None for a plain fp32 compile)."""
-    prec = getattr(report, "precision", None)
-    if not prec:
-        return None
-    get = (lambda k: prec.get(k)) if isinstance(prec, dict) else (lambda k: getattr(prec, k, None))
-    by_dtype = dict(get("by_dtype") or {})
-    counts = ", ".join(f"{n} {d}" for d, n in sorted(by_dtype.items(), key=lambda kv: -kv[1])) or "no float nodes"
-    kept = list(get("kept_fp32") or [])
-    ops = dict(get("op_precision") or {})
-    line = f"precision: {get('policy')} policy: nodes {counts}; {get('casts') or 0} cast(s)"
-    if get("casts_folded"):
-        line += f" ({get('casts_folded')} more folded into their producers)"
-    if ops:
-        line += "; op_precision " + ", ".join(f"{k}={v}" for k, v in ops.items())
-    if kept:
-        first = kept[0]
-        line += (f"; {len(kept)} heavy op(s) kept in fp32 (first: {first['node']} ({first['op']}): "
-                 f"{first['why']})")
-    logits = list(get("fp32_logits") or [])
-    if logits:
-        line += (f"; {len(logits)} logits product(s) write fp32 from {get('policy')} operands "
-                 f"(first: {logits[0]['node']} ({logits[0]['op']}))")
-    unmatched = list(get("op_precision_unmatched") or [])
-    if unmatched:
-        line += f"; op_precision entries that changed nothing (no run-time node): {', '.join(unmatched)}"
-    declined = (get("auto") or {}).get("declined")
-    if declined:
-        line += f"; auto chose fp32: {declined}"
-    return line
+    """One line about ``report.precision`` (None for a plain fp32 compile; names escaped)."""
+    return precision_text(report.precision)
 
 
 def threads_arg(text: str) -> int:

@@ -22,12 +22,6 @@ def _example_inputs(args):
     return tuple(parse_example_input(text, seed=i) for i, text in enumerate(given))
 
 
-def _field(obj, name):
-    if obj is None:
-        return None
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-
-
 def compile_command(args) -> int:
     import fusegraph as fg
     from rich.console import Console
@@ -64,13 +58,11 @@ def compile_command(args) -> int:
     console.print(f"  nodes: {r.nodes_imported} imported -> {r.nodes_final} after passes; "
                   f"kernels per run: {r.kernel_count}"
                   + (f" (+{r.shape_kernels} once per input shapes)" if r.shape_kernels else ""))
-    arena, bound = _field(mem, "arena_bytes"), _field(mem, "lower_bound_bytes")
-    if arena is not None and bound:
-        console.print(f"  activation arena: {arena / 1e6:.2f} MB (lower bound {bound / 1e6:.2f} MB, "
-                      f"{arena / bound:.3f}x)")
-    streams = _field(r.streams, "num_streams")
-    if streams is not None:
-        console.print(f"  streams: {streams}")
+    if mem is not None and mem.lower_bound_bytes:
+        console.print(f"  activation arena: {mem.arena_bytes / 1e6:.2f} MB (lower bound "
+                      f"{mem.lower_bound_bytes / 1e6:.2f} MB, {mem.ratio_to_lower_bound:.3f}x)")
+    if r.streams is not None:
+        console.print(f"  streams: {r.streams.num_streams}")
     line = precision_line(r)
     if line:
         console.print(f"  {line}", markup=False, highlight=False)

@@ -10,6 +10,8 @@ import argparse
 import sys
 
 from ..errors import FusegraphError
+from ..report.printable import printable_lines
+from ..report.version import FUSEGRAPH_VERSION
 from .compile import add_compile_parser
 from .explain import add_report_parsers
 from .measure import add_measure_parsers
@@ -19,6 +21,7 @@ from .serve import add_serve_parser
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fusegraph", description="graph engine for deep-learning inference")
+    ap.add_argument("--version", action="version", version=f"fusegraph {FUSEGRAPH_VERSION}")
     sub = ap.add_subparsers(dest="command", required=True)
     add_run_parsers(sub)
     add_compile_parser(sub)
@@ -33,7 +36,7 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except FusegraphError as exc:
-        print(f"fusegraph: error: {exc}", file=sys.stderr)
+        print(f"fusegraph: error: {printable_lines(exc)}", file=sys.stderr)   # names from the model escaped
         return 2
     except OSError as exc:   # a path the command was given cannot be read or written
         where = f" {exc.filename}" if exc.filename else ""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import machine_cores
 from ..errors import UsageError
+from ..report.printable import printable
 from .common import config_from_args, dim_arg, model_flags, positive_int, precision_flags, threads_arg
 
 
@@ -34,8 +35,8 @@ def cmd_bench(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
     prec = f", {config.precision} precision" if config is not None else ""
-    print(f"{result.model}: {result.threads} threads{prec}, median of {result.runs} runs, {result.kernels} kernels")
-    print("  inputs " + ", ".join(f"{k} {v}" for k, v in result.shapes.items()))
+    print(f"{printable(result.model)}: {result.threads} threads{prec}, median of {result.runs} runs, {result.kernels} kernels")
+    print("  inputs " + ", ".join(f"{printable(k)} {v}" for k, v in result.shapes.items()))
     print(f"  fusegraph   {result.fusegraph_ms:9.2f} ms")
     for peer, ms in result.peers_ms.items():
         print(f"  {peer:<11} {ms:9.2f} ms   ratio fusegraph/{peer} = {result.ratio(peer):.3f}")

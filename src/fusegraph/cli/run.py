@@ -14,6 +14,7 @@ import numpy as np
 
 from ..config import MEMORY_MODES
 from ..errors import UsageError
+from ..report.printable import printable
 from .common import load_model, model_flags, parse_inputs, precision_line, random_feeds, stream_count
 
 
@@ -33,7 +34,7 @@ def cmd_run(args) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     for name, value in outputs.items():
         checksum = float(np.asarray(value, dtype=np.float64).sum()) if value.dtype != object else 0.0
-        print(f"{name}: shape={list(value.shape)} dtype={value.dtype} sum={checksum:.6g}")
+        print(f"{printable(name)}: shape={list(value.shape)} dtype={value.dtype} sum={checksum:.6g}")
         if out_dir:
             np.save(out_dir / f"{name.replace('/', '_')}.npy", value)
     print(f"time: {elapsed * 1000:.2f} ms ({how_it_runs(model)})")
@@ -51,7 +52,7 @@ def how_it_runs(model) -> str:
 
 def memory_summary(model, plot: str | None) -> None:
     mem = model.report.memory
-    if mem is None or not hasattr(mem, "summary"):
+    if mem is None:
         return
     print(mem.summary())
     slow = mem.not_writable_into_arena
@@ -59,7 +60,7 @@ def memory_summary(model, plot: str | None) -> None:
         print(f"not writable into the arena: {len(slow)} nodes, "
               f"{sum(d['bytes'] for d in slow) / (1 << 20):.2f} MiB allocated by their kernels per run")
     if plot:
-        from ..plan.memory_report import plot_memory_timeline
+        from ..tools.memory_plot import plot_memory_timeline
         plot_memory_timeline(mem, plot, title=None)
         print(f"memory timeline written to {plot}")
 
@@ -74,15 +75,15 @@ def need_matplotlib(plot: str | None) -> None:
 
 
 def kernels_summary(report) -> None:
-    kernels = getattr(report, "kernels", None) or {}
-    impls = kernels.get("implementations") or {}
-    if impls:
-        top = ", ".join(f"{n} {k}" for k, n in sorted(impls.items(), key=lambda kv: -kv[1])[:6])
-        print(f"kernels ({kernels.get('backend')} backend): {top}")
-    if kernels.get("declined"):
+    kernels = report.kernels
+    if kernels and kernels["implementations"]:
+        top = ", ".join(f"{n} {printable(k)}" for k, n in sorted(kernels["implementations"].items(),
+                                                               key=lambda kv: -kv[1])[:6])
+        print(f"kernels ({printable(kernels['backend'])} backend): {top}")
+    if kernels and kernels["declined"]:
         first = kernels["declined"][0]
         print(f"  {len(kernels['declined'])} node(s) declined to the op's portable kernel "
-              f"(first: {first['node']} ({first['op']}): {first['reason']})")
+              f"(first: {printable(first['node'])} ({printable(first['op'])}): {printable(first['reason'])})")
 
 
 def cmd_inspect(args, model=None) -> int:
@@ -117,7 +118,7 @@ def cmd_inspect(args, model=None) -> int:
         print(line)
     print("op histogram:")
     for op, count in model.report.op_histogram.items():
-        print(f"  {op:<28} {count}")
+        print(f"  {printable(op):<28} {count}")
     memory_summary(model, getattr(args, "memory_plot", None))
     return 0
 

@@ -63,7 +63,7 @@ class CompiledModel:
                                       cpu_kernels=config.cpu_kernels, shared_forms=shared_forms,
                                       planner=planner, declared_shapes=config.declared_shapes())
         binding = self._executor.binding
-        if hasattr(report.memory, "not_writable_into_arena"):
+        if report.memory is not None:
             report.memory.not_writable_into_arena = list(binding.not_writable)
         frames = getattr(self._executor.frame_runner, "frames", None) if plan is not None and plan.symbolic \
             and device == "cpu" else None

@@ -193,9 +193,9 @@ class ShapeSpecializations:
                 self._cache.popitem(last=False)
             memory = model.report.memory
             self.compiled.append({"shapes": self._shapes(key), "seconds": time.perf_counter() - started,
-                                  "arena_bytes": getattr(memory, "arena_bytes", None),
-                                  "lower_bound_bytes": getattr(memory, "lower_bound_bytes", None),
-                                  "unplannable": len(getattr(memory, "unplannable", ())),
+                                  "arena_bytes": memory.arena_bytes if memory else None,
+                                  "lower_bound_bytes": memory.lower_bound_bytes if memory else None,
+                                  "unplannable": len(memory.unplannable) if memory else 0,
                                   "kernel_count": model.report.kernel_count})
             return model
 

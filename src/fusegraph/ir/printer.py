@@ -1,6 +1,10 @@
-"""A readable text form of a ``Graph`` (used by ``fusegraph inspect`` and FUSEGRAPH_DUMP)."""
+"""A readable text form of a ``Graph`` (used by ``fusegraph inspect`` and FUSEGRAPH_DUMP).
+
+Names, dims and meta come from the model: each line is passed through ``printable``, so a
+control character in them (ESC, CR, NUL, a bidi override) is printed as its escape."""
 from __future__ import annotations
 
+from ..report.printable import printable
 from .graph import Graph
 from .nodes import Node
 
@@ -25,7 +29,7 @@ def format_node(node: Node) -> str:
     if node.attrs:
         attrs = " {" + ", ".join(f"{k}={_fmt_attr(v)}" for k, v in sorted(node.attrs.items())) + "}"
     rule = f"  # {node.meta['rule']}" if "rule" in node.meta else ""
-    return f"  {outs} = {dom}{node.op_type}({ins}){attrs}{rule}"
+    return printable(f"  {outs} = {dom}{node.op_type}({ins}){attrs}{rule}")
 
 
 def format_graph(graph: Graph, max_constants: int = 20) -> str:
@@ -48,4 +52,4 @@ def format_graph(graph: Graph, max_constants: int = 20) -> str:
             lines.append(f"    {attr}: {sub[0]}")
             lines.extend("      " + ln for ln in sub[1:])
     lines.append("  return " + ", ".join(f"%{v.name}" for v in graph.outputs))
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)

@@ -5,8 +5,10 @@ inference: it runs the pipeline named by ``config.level`` minus ``config.disable
 fills ``report.passes`` (one PassStat per pass run), ``report.unfolded`` (what constant
 folding declined, and why) and ``report.fusions`` (operator replacements applied or
 declined) and ``report.precision`` (the precision pass's per-node dtypes, when reduced
-precision is asked for), verifies after every pass when ``config.verify_each`` is set, and writes the IR
-after each pass when the environment variable ``FUSEGRAPH_DUMP`` names a folder.
+precision is asked for), verifies the graph as it comes in and after the pipeline (after
+every pass when ``config.verify_each`` is set; the seconds it took add up in
+``report.timings["verify"]``), and writes the IR after each pass when the environment variable
+``FUSEGRAPH_DUMP`` names a folder.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ def optimize(graph, config, report, options: PassOptions | None = None, on_pass=
     manager = PassManager(steps, verify_each=config.verify_each, infer=infer_node,
                           dump_dir=os.environ.get("FUSEGRAPH_DUMP") or None, on_pass=on_pass)
     report.passes.extend(manager.run(graph))
+    report.timings["verify"] = report.timings.get("verify", 0.0) + manager.verify_seconds
     report.unfolded.extend(fold_log.entries(graph))
     if options.precision != "fp32" or options.op_precision:
         report.precision = precision_summary(graph, options, precision_log)

@@ -3,9 +3,11 @@
 A pass is a small object with a ``name`` and ``run(graph) -> PassResult(changed, stats)``;
 its options are given to its constructor (typed, see ``PassOptions``). The manager runs a
 list of steps (passes and ``FixedPoint`` groups), records one ``PassStat`` per pass run,
-verifies the graph after every pass when asked (naming the pass that broke it), writes the
-IR text after each pass to a dump folder when one is given, and fails loudly when a
-fixed-point group does not converge within its iteration cap.
+verifies the graph (``Graph.verify`` with the op registry's inference) as it comes in and
+after the last pass by default, and after every pass under ``verify_each`` (naming the pass
+that broke it), keeps the seconds spent verifying (``verify_seconds``, and per pass in its
+``PassStat``), writes the IR text after each pass to a dump folder when one is given, and
+fails loudly when a fixed-point group does not converge within its iteration cap.
 
 What pipelines exist and in which order is data, in ``pipeline.py``; this file knows no pass.
 """
@@ -84,28 +86,53 @@ def is_locked(value) -> bool:
 
 
 class PassManager:
-    def __init__(self, steps: Sequence[Step], *, verify_each: bool = False,
+    def __init__(self, steps: Sequence[Step], *, verify: bool = True, verify_each: bool = False,
                  infer: Callable | None = None, dump_dir: str | Path | None = None,
                  on_pass: Callable[[PassStat, Graph], None] | None = None):
-        """``on_pass(stat, graph)`` (debugging, ``fusegraph bisect``): called after every pass
+        """``verify``: check the graph before the first pass and after the last (a fault found
+        after the last names no pass: ``verify_each`` checks after every pass and names it).
+        ``on_pass(stat, graph)`` (debugging, ``fusegraph bisect``): called after every pass
         run, once the graph is verified; it may raise to stop the pipeline there."""
         self.steps = list(steps)
         self.on_pass = on_pass
+        self.verify = verify
         self.verify_each = verify_each
         self.infer = infer
         self.dump_dir = Path(dump_dir) if dump_dir else None
+        self.verify_seconds = 0.0     # of the last run, every Graph.verify together
         self._dumps = 0
 
     def run(self, graph: Graph) -> list[PassStat]:
         stats: list[PassStat] = []
         self._dumps = 0
+        self.verify_seconds = 0.0
         self._dump(graph, "input")
+        if self.verify or self.verify_each:
+            self._verify(graph, lambda exc: VerifyError(f"graph {graph.name!r} is invalid before any pass "
+                                                        f"ran (as imported):\n{exc}"))
         for step in self.steps:
             if isinstance(step, FixedPoint):
                 self._run_group(graph, step, stats)
             else:
                 self._run_one(graph, step, stats, {})
+        if self.verify and self.steps and not self.verify_each:   # verify_each checked after the last
+            self._verify(graph, lambda exc: PassError(
+                f"the pass pipeline left graph {graph.name!r} invalid (Config(verify_each=True) names "
+                f"the pass):\n{exc}"))
         return stats
+
+    def _verify(self, graph: Graph, error: Callable[[VerifyError], Exception]) -> float:
+        """``graph.verify`` with the registry's inference; its seconds (added to
+        ``verify_seconds``); ``error(exc)`` is raised when it fails."""
+        t0 = time.perf_counter()
+        try:
+            graph.verify(infer=self.infer)
+        except VerifyError as exc:
+            raise error(exc) from exc
+        finally:
+            seconds = time.perf_counter() - t0
+            self.verify_seconds += seconds
+        return seconds
 
     def _run_group(self, graph: Graph, group: FixedPoint, stats: list[PassStat]) -> None:
         iteration = 0
@@ -133,10 +160,8 @@ class PassManager:
         if result.changed:
             self._dump(graph, p.name)
         if self.verify_each:
-            try:
-                graph.verify(infer=self.infer)
-            except VerifyError as exc:
-                raise PassError(f"pass {p.name!r} left graph {graph.name!r} invalid:\n{exc}") from exc
+            stats[-1].verify_seconds = self._verify(graph, lambda exc: PassError(
+                f"pass {p.name!r} left graph {graph.name!r} invalid:\n{exc}"))
         if self.on_pass is not None:
             self.on_pass(stats[-1], graph)
         return bool(result.changed)

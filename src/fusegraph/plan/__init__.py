@@ -5,7 +5,7 @@ offset planner is ``memory.plan(buffers, constraints)``.
 """
 from .memory import Assignment, Buffer, Constraints, conflict_graph, lower_bound, plan
 from .memory_plan import MemoryPlan, PlanOptions, plan_memory
-from .memory_report import MemoryReport, plot_memory_timeline
+from ..report.memory import MemoryReport
 
 __all__ = ["Assignment", "Buffer", "Constraints", "MemoryPlan", "MemoryReport", "PlanOptions",
-           "conflict_graph", "lower_bound", "plan", "plan_memory", "plot_memory_timeline"]
+           "conflict_graph", "lower_bound", "plan", "plan_memory"]

@@ -13,7 +13,8 @@ Nothing here touches the graph or allocates.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..report.streams import StreamPlan
 
 ARENA_KINDS = ("planned", "inplace")
 
@@ -25,7 +26,7 @@ class ExecutionPlan:
     arena_bytes: int = 0
     slots: dict[str, tuple[int, int]] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)   # value name -> planner kind
-    streams: Any = None                                    # StreamPlan or None
+    streams: StreamPlan | None = None
     # made for a range of input shapes (symbolic input dims): no slots here; each bucket of
     # shapes gets its offsets at run time, from the sizes at that bucket (``buckets.py``)
     symbolic: bool = False
@@ -50,34 +51,16 @@ class ExecutionPlan:
                    slots, kinds, streams)
 
     def to_dict(self) -> dict:
-        streams = self.streams.to_dict() if hasattr(self.streams, "to_dict") else self.streams
+        streams = None if self.streams is None else self.streams.to_dict()
         return {"order": list(self.order), "memory_mode": self.memory_mode, "arena_bytes": self.arena_bytes,
                 "slots": {k: list(v) for k, v in self.slots.items()}, "kinds": dict(self.kinds),
                 "streams": streams, "symbolic": self.symbolic}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExecutionPlan":
-        streams = d.get("streams")
-        if isinstance(streams, dict):
-            streams = stream_plan_from_dict(streams)
+        """A stored ``to_dict()`` back (the stream plan typed: ``StreamPlan.from_dict``); the
+        caller checks it against its graph (``artifact/plan.py``)."""
+        streams = None if d.get("streams") is None else StreamPlan.from_dict(d["streams"], "plan.streams")
         return cls(list(d["order"]), d.get("memory_mode", "off"), int(d.get("arena_bytes", 0)),
                    {k: (int(v[0]), int(v[1])) for k, v in d.get("slots", {}).items()},
                    dict(d.get("kinds", {})), streams, bool(d.get("symbolic", False)))
-
-
-def stream_plan_from_dict(d: dict):
-    """Rebuild a StreamPlan from ``StreamPlan.to_dict()`` output: the agreed fields typed, any
-    other field the dataclass has passed through as stored."""
-    import dataclasses
-
-    from .streams import StreamEvent, StreamPlan
-    events = [e if isinstance(e, StreamEvent) else StreamEvent(int(e["id"]), e["producer"], int(e["stream"]))
-              for e in d.get("events", [])]
-    kw = {f.name: d[f.name] for f in dataclasses.fields(StreamPlan) if f.name in d}
-    kw.update(num_streams=int(d["num_streams"]), stream_of=dict(d["stream_of"]),
-              per_stream=[list(s) for s in d["per_stream"]], events=events,
-              waits={k: [int(x) for x in v] for k, v in d.get("waits", {}).items()},
-              records={k: int(v) for k, v in d.get("records", {}).items()},
-              critical_path=float(d.get("critical_path", 0.0)), total_work=float(d.get("total_work", 0.0)),
-              estimated_parallelism=float(d.get("estimated_parallelism", 1.0)))
-    return StreamPlan(**kw)

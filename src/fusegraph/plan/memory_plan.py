@@ -24,7 +24,7 @@ from ..ir import Graph, Node, Value
 from .lifetime import LifetimeOptions, Lifetimes, compute_lifetimes, value_bytes
 from .memory_cap import check_memory_cap
 from .memory import DEFAULT_ALGORITHMS, Assignment, Buffer, Constraints, conflict_graph, live_bytes, plan
-from .memory_report import MemoryReport, TensorPlan
+from ..report.memory import MemoryReport, TensorPlan
 from .order import check_order, choose_order
 from .order_bound import order_floor
 
@@ -144,5 +144,5 @@ def _report(graph: Graph, mode: str, order_name: str, order_scores: dict, lifeti
 
 
 def _buffer_dict(b: Buffer, offset: int, exclusive: bool, members: list[str]) -> dict:
-    return {"name": b.name, "offset": offset, "size": b.size, "spans": [list(s) for s in b.spans],
+    return {"name": b.name, "offset": offset, "size": b.size, "spans": [(int(s[0]), int(s[1])) for s in b.spans],
             "exclusive": exclusive, "members": list(members)}

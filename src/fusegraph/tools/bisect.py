@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FusegraphError, UsageError
+from ..report.printable import printable
 
 
 class _Stop(Exception):
@@ -68,29 +69,29 @@ class BisectResult:
     found: Divergence | None
 
     def to_text(self) -> str:
-        head = (f"{self.model}: {self.level} vs reference {self.reference} (rtol={self.rtol:g}, "
+        head = (f"{printable(self.model)}: {self.level} vs reference {self.reference} (rtol={self.rtol:g}, "
                 f"atol={self.atol:g}); {self.pass_runs} pass runs, {self.evaluations} graphs evaluated")
         f = self.found
         if f is None:
             return head + "\nno divergence: every pass and the compiled model match the reference"
-        err = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in f.error.items())
+        err = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={printable(v)}" for k, v in f.error.items())
         if f.stage != "pass":
             return (head + f"\nevery pass keeps the outputs, but the compiled model diverges ({err}): "
                     f"the fault is in planning or the runtime (memory plan, streams, segments); "
                     f"try --memory off / --streams 1")
-        where = f" (group {f.group}, iteration {f.iteration})" if f.group else ""
-        lines = [head, f"first divergent pass: {f.pass_name}{where}, pass run #{f.pass_index}"]
+        where = f" (group {printable(f.group)}, iteration {f.iteration})" if f.group else ""
+        lines = [head, f"first divergent pass: {printable(f.pass_name)}{where}, pass run #{f.pass_index}"]
         if f.rule:
-            lines.append(f"first divergent rule application: {f.rule} "
+            lines.append(f"first divergent rule application: {printable(f.rule)} "
                          f"(application {f.application} of {f.applications} in that pass run)")
-            lines.append(f"nodes: {', '.join(f.nodes)}")
+            lines.append(f"nodes: {', '.join(map(printable, f.nodes))}")
         else:
             lines.append("the pass is not rule-driven: the whole pass is the smallest step")
         lines.append(f"error: {err}")
         lines.append("IR before (the nodes this step removed or rewired):")
-        lines += f.removed or ["  (none)"]
+        lines += [printable(line) for line in f.removed] or ["  (none)"]
         lines.append("IR after (the nodes it made or rewired):")
-        lines += f.added or ["  (none)"]
+        lines += [printable(line) for line in f.added] or ["  (none)"]
         return "\n".join(lines)
 
 

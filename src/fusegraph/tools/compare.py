@@ -38,8 +38,7 @@ def memory_of(model) -> tuple[int | None, int | None]:
     mem = model.report.memory
     if mem is None:
         return None, None
-    get = (lambda k: mem.get(k)) if isinstance(mem, dict) else (lambda k: getattr(mem, k, None))
-    return get("arena_bytes"), get("naive_bytes")
+    return mem.arena_bytes, mem.naive_bytes
 
 
 def _batchable(model) -> bool:
@@ -67,9 +66,9 @@ def compare(model_src: Any, runs: int = 20, budget_s: float = 10.0, big_batch: i
             big = measure(lambda: model.run(fb), runs=max(5, runs // 4), warmup=1, budget_s=budget_s)
             col.throughput[big_batch] = big.per_second * big_batch
         col.arena_bytes, col.naive_bytes = memory_of(ran)      # the compile the batch-1 runs executed
-        slow = getattr(ran.report.memory, "not_writable_into_arena", None)
+        mem = ran.report.memory
         col.outside_bytes = col.naive_bytes if level == "O0" else \
-            (sum(d["bytes"] for d in slow) if slow is not None else None)
+            (sum(d["bytes"] for d in mem.not_writable_into_arena) if mem is not None else None)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.fgm"
             model.save(path)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..report.printable import printable
 from .compare import megabytes, memory_of
 
 @dataclass
@@ -225,10 +226,10 @@ def render_precision(result: PrecisionComparison, title: str):
             vals = [sides.get(s, {}).get(key) for s in ("fp32", "reduced", "reduced_vs_fp32")]
             if all(v is None for v in vals):
                 continue
-            acc.add_row(name if i == 0 else "", label, *(fmt(v) for v in vals))
+            acc.add_row(Text(printable(name)) if i == 0 else "", label, *(fmt(v) for v in vals))
     parts = [perf, acc]
     if result.declined:
-        parts.append(Text(f"auto chose fp32: {result.declined}"))
+        parts.append(Text(f"auto chose fp32: {printable(result.declined)}"))
     for title, rows in ((f"heavy ops kept in fp32 ({len(result.kept_fp32)})", result.kept_fp32),
                         (f"logits written in fp32 from {result.precision} operands ({len(result.fp32_logits)})",
                          result.fp32_logits)):
@@ -238,6 +239,6 @@ def render_precision(result: PrecisionComparison, title: str):
             kept.add_column("op")
             kept.add_column("why")
             for k in rows[:20]:
-                kept.add_row(k["node"], k["op"], k["why"])
+                kept.add_row(*(Text(printable(k[key])) for key in ("node", "op", "why")))
             parts.append(kept)
     return Group(*parts)

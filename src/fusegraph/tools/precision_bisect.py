@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..compiler.accuracy import worst_error
+from ..report.printable import printable
 
 DTYPES = ("bf16", "fp16")
 
@@ -59,7 +60,7 @@ class PrecisionBisectResult:
         return self.ranked[0] if self.ranked else None
 
     def _head(self) -> str:
-        return (f"{self.model}: {self.precision} vs fp32: whole-model relative L2 error {self.error:.3g}; "
+        return (f"{printable(self.model)}: {self.precision} vs fp32: whole-model relative L2 error {self.error:.3g}; "
                 f"{len(self.ranked)} node(s) run in {self.precision}")
 
     def to_text(self, top: int | None = None) -> str:
@@ -69,9 +70,11 @@ class PrecisionBisectResult:
             return lines[0] + f"\nno node runs in {self.precision}: nothing to rank"
         lines.append(f"most sensitive ops (outputs' relative L2 error with only that op rounded to "
                      f"{self.precision}):")
-        width = max(len(r.label) for r in self.ranked[:top])
-        for i, r in enumerate(self.ranked[:top], 1):
-            lines.append(f"  {i:>3}  {r.label:<{width}}  {r.op:<18} {_sci(r.sensitivity):>9}  {r.why}")
+        labels = [printable(r.label) for r in self.ranked[:top]]
+        width = max(len(label) for label in labels)
+        for i, (r, label) in enumerate(zip(self.ranked[:top], labels), 1):
+            lines.append(f"  {i:>3}  {label:<{width}}  {printable(r.op):<18} {_sci(r.sensitivity):>9}  "
+                         f"{printable(r.why)}")
         if len(self.ranked) > top:
             lines.append(f"  ... {len(self.ranked) - top} more")
         return "\n".join(lines)
@@ -80,18 +83,20 @@ class PrecisionBisectResult:
         """A rich table of the ``top`` most sensitive ops, the whole-model error as its caption."""
         from rich.markup import escape
         from rich.table import Table
+        from rich.text import Text
         top = self.top if top is None else top
-        table = Table(title=f"{self.model}: ops ranked by their {self.precision} sensitivity",
-                      caption=self._head() + ("" if len(self.ranked) <= top else
-                                              f"; {len(self.ranked) - top} more not shown"))
+        table = Table(title=escape(f"{printable(self.model)}: ops ranked by their {self.precision} sensitivity"),
+                      caption=escape(self._head() + ("" if len(self.ranked) <= top else
+                                                     f"; {len(self.ranked) - top} more not shown")))
         table.add_column("#", justify="right")
         table.add_column("node", no_wrap=True)
         table.add_column("op", no_wrap=True)
         table.add_column("rel L2 error", justify="right", no_wrap=True)
         table.add_column("why it runs reduced", min_width=20)
         for i, r in enumerate(self.ranked[:top], 1):
-            fused = f"\n[dim]fused from {', '.join(r.fused_from)}[/dim]" if r.fused_from else ""
-            table.add_row(str(i), r.node, r.op, _sci(r.sensitivity), escape(r.why) + fused)
+            fused = f"\n[dim]fused from {escape(', '.join(map(printable, r.fused_from)))}[/dim]" if r.fused_from else ""
+            table.add_row(str(i), Text(printable(r.node)), Text(printable(r.op)), _sci(r.sensitivity),
+                          escape(printable(r.why)) + fused)
         return table
 
     def to_dict(self) -> dict[str, Any]:

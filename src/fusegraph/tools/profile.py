@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
+from ..report.printable import printable
 
 
 @dataclass
@@ -99,7 +100,7 @@ class Profile:
     def to_text(self, top: int = 15) -> str:
         total = sum(k.median_us for k in self.kernels) or 1.0
         shape = len(self.kernels) - len(self.kernel_events)
-        lines = [f"{self.model}: {len(self.kernel_events)} kernels"
+        lines = [f"{printable(self.model)}: {len(self.kernel_events)} kernels"
                  + (f" (+{shape} shape-only, once per input shapes in the plain run)" if shape else "")
                  + f", {self.streams} stream(s), {self.threads} thread(s), median of {self.runs} runs",
                  (f"run with the timing hook (the same kernels, a timestamp around each): {self.hooked_ms:.3f} ms; "
@@ -107,10 +108,11 @@ class Profile:
                  "", "top kernels (per-node median):",
                  f"  {'us':>10} {'%':>6}  {'stream':>6}  node (op)"]
         for k in self.top(top):
-            lines.append(f"  {k.median_us:>10.1f} {100 * k.median_us / total:>5.1f}%  {k.stream:>6}  {k.name} ({k.op})")
+            lines.append(f"  {k.median_us:>10.1f} {100 * k.median_us / total:>5.1f}%  {k.stream:>6}  "
+                         f"{printable(k.name)} ({printable(k.op)})")
         lines += ["", "time by op type:", f"  {'us':>10} {'%':>6}  {'count':>5}  op"]
         for op, n, us in self.by_op():
-            lines.append(f"  {us:>10.1f} {100 * us / total:>5.1f}%  {n:>5}  {op}")
+            lines.append(f"  {us:>10.1f} {100 * us / total:>5.1f}%  {n:>5}  {printable(op)}")
         return "\n".join(lines)
 
 
@@ -120,7 +122,7 @@ def _op(node) -> str:
 
 def _shape_only_names(model) -> set[str]:
     """Nodes the plain run computes once per input shapes (``report.shape_kernels`` of them)."""
-    if not getattr(model.report, "shape_kernels", 0):
+    if not model.report.shape_kernels:
         return set()
     from ..runtime.shape_memo import shape_only_calls
     binding = model._executor.binding    # read only: which calls the plain run memoises

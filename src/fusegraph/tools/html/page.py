@@ -66,7 +66,7 @@ def _covers(report) -> dict[str, list[str]]:
 def _after_items(model, prof) -> list[tuple[str, str]]:
     nodes = {n.name: n for n in model.graph.nodes}
     order = list(model.plan.order) if model.plan is not None else list(nodes)
-    streams = getattr(model.plan, "streams", None)
+    streams = model.plan.streams if model.plan is not None else None
     stream_of = streams.stream_of if streams is not None else {}
     us = {k.name: k.median_us for k in prof.kernels} if prof else {}
     covers = _covers(model.report)
@@ -138,7 +138,7 @@ def _passes_section(report) -> str:
 
 def _memory_section(report, figures: dict) -> str:
     mem = report.memory
-    if mem is None or not hasattr(mem, "tensors"):
+    if mem is None:
         return '<section id="memory"><h2>Memory</h2><p>no memory plan (memory off)</p></section>'
     slow = list(mem.not_writable_into_arena)
     parts = ['<section id="memory"><h2>Memory</h2><div class="figs">',
@@ -150,13 +150,13 @@ def _memory_section(report, figures: dict) -> str:
                   figures["not_writable_bytes"]),
              html_figure("peak RSS (this process)", mib(figures["peak_rss_bytes"]), "peak_rss_bytes",
                   figures["peak_rss_bytes"]),
-             "</div>", f"<p>{escape(mem.summary())}</p>" if hasattr(mem, "summary") else ""]
+             "</div>", f"<p>{escape(mem.summary())}</p>"]
     if mem.buffers:
         from .plots import memory_svg
         parts.append(f'<div class="svg">{memory_svg(mem)}</div>')
     parts.append(f'<details class="group"><summary>not writable into the arena: {len(slow)} nodes</summary>'
-                 + html_table(["node", "op", "bytes"], [[d.get("node", ""), d.get("op", ""), d.get("bytes", 0)]
-                                                    for d in slow], {2}) + "</details>")
+                 + html_table(["node", "op", "bytes"], [[d["node"], d["op"], d["bytes"]] for d in slow], {2})
+                 + "</details>")
     tensors = [[t.name, t.kind, t.buffer or "", t.offset if t.offset is not None else "",
                 t.size if t.size is not None else "", t.first, t.last] for t in mem.tensors]
     parts.append(f'<details class="group"><summary>the plan: {len(tensors)} tensors (offset, size, first and '
@@ -166,7 +166,7 @@ def _memory_section(report, figures: dict) -> str:
 
 
 def _streams_section(model, prof) -> str:
-    streams = getattr(model.plan, "streams", None)
+    streams = model.plan.streams if model.plan is not None else None
     parts = ['<section id="streams"><h2>Streams</h2>']
     if streams is None:
         parts.append("<p>one stream: the run has no stream plan (compile with streams &gt; 1 for one); "
@@ -238,13 +238,13 @@ def figures_of(model, prof=None) -> dict[str, Any]:
     """The figures the page shows, from ``model.report`` (and the profile)."""
     r = model.report
     mem = r.memory
-    slow = list(getattr(mem, "not_writable_into_arena", []) or [])
-    streams = getattr(model.plan, "streams", None)
+    slow = mem.not_writable_into_arena if mem is not None else []
+    streams = model.plan.streams if model.plan is not None else None
     return {"model": model.name, "nodes_imported": r.nodes_imported, "nodes_final": r.nodes_final,
             "kernel_count": r.kernel_count, "shape_kernels": r.shape_kernels,
-            "arena_bytes": getattr(mem, "arena_bytes", 0), "lower_bound_bytes": getattr(mem, "lower_bound_bytes", 0),
-            "order_floor_bytes": getattr(mem, "order_floor_bytes", None), "naive_bytes": getattr(mem, "naive_bytes", 0),
-            "not_writable_nodes": len(slow), "not_writable_bytes": sum(int(d.get("bytes", 0)) for d in slow),
+            "arena_bytes": mem.arena_bytes if mem else 0, "lower_bound_bytes": mem.lower_bound_bytes if mem else 0,
+            "order_floor_bytes": mem.order_floor_bytes if mem else None, "naive_bytes": mem.naive_bytes if mem else 0,
+            "not_writable_nodes": len(slow), "not_writable_bytes": sum(d["bytes"] for d in slow),
             "fusions_applied": sum(f.applied for f in r.fusions),
             "fusions_declined": sum(not f.applied for f in r.fusions), "pass_runs": len(r.passes),
             "streams": streams.num_streams if streams is not None else 1,

@@ -1,6 +1,6 @@
 """The figures of the HTML report, drawn by matplotlib as inline SVG text.
 
-- ``memory_svg``: the memory plan's timeline (``plan.memory_report.plot_memory_timeline``:
+- ``memory_svg``: the memory plan's timeline (``tools/memory_plot.plot_memory_timeline``:
   arena offset x step, one rectangle per buffer span, arena and lower bound lines);
 - ``gantt_svg``: per-stream bars of the measured run (the profiler's kernel starts and
   durations) above the stream planner's estimate (``StreamPlan.start`` / ``cost``);
@@ -45,7 +45,7 @@ def _fig_svg(fig) -> str:
 
 
 def memory_svg(mem) -> str:
-    from ...plan.memory_report import plot_memory_timeline
+    from ..memory_plot import plot_memory_timeline
     plt = _plt()
     with plt.rc_context(_rc()), tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "memory.svg"
@@ -59,7 +59,7 @@ def gantt_svg(profile, streams=None) -> str:
     plt = _plt()
     with plt.rc_context(_rc()):
         rows = 2 if streams is not None and streams.start else 1
-        n = max(profile.streams, getattr(streams, "num_streams", 1) or 1)
+        n = max(profile.streams, streams.num_streams if streams is not None else 1)
         fig, axes = plt.subplots(rows, 1, figsize=(11, 1.2 + 0.6 * n * rows), squeeze=False)
         cmap = plt.get_cmap("tab20")
         ops = sorted({k.op for k in profile.kernels})

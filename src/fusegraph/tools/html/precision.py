@@ -5,7 +5,6 @@ collapsible groups; the outputs' error against the fp32 graph unoptimised (O0), 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
 from typing import Any
 
 from .parts import GROUP_CHUNK, escape, group_items, html_figure, html_table, op_label, scope_of, table_row
@@ -15,7 +14,7 @@ def precision_section(model, accuracy: list[list[Any]] | None, comparison: Any =
     """The policy, nodes by dtype, casts, the heavy ops kept in fp32 (why), and a per-node table
     (node, op, dtype, why) in collapsible groups with a search box, from ``report.precision``;
     a plain fp32 compile shows the output dtypes per op. Then the accuracy tables given."""
-    prec = getattr(model.report, "precision", None)
+    prec = model.report.precision
     parts = ['<section id="precision"><h2>Precision</h2>']
     if not prec:
         by_op: dict[str, Counter] = defaultdict(Counter)
@@ -27,39 +26,34 @@ def precision_section(model, accuracy: list[list[Any]] | None, comparison: Any =
                    f"Config(precision=&quot;bf16&quot;) for mixed precision); output dtypes per op:</p>"),
                   html_table(["op", "output dtypes"], rows)]
     else:
-        get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
-        by_dtype = dict(get("by_dtype") or {})
-        kept = list(get("kept_fp32") or [])
-        logits = list(get("fp32_logits") or [])
-        nodes = list(get("nodes") or [])
-        overrides = dict(get("op_precision") or {})
+        by_dtype, kept, logits = prec["by_dtype"], prec["kept_fp32"], prec["fp32_logits"]
+        nodes, overrides = prec["nodes"], prec["op_precision"]
         parts.append('<div class="figs">')
-        parts.append(html_figure("policy", str(get("policy")), "precision_policy", get("policy")))
+        parts.append(html_figure("policy", prec["policy"], "precision_policy", prec["policy"]))
         for dtype, count in sorted(by_dtype.items(), key=lambda kv: -kv[1]):
             parts.append(html_figure(f"nodes in {dtype}", str(count), f"precision_nodes_{dtype}", count))
-        parts.append(html_figure("precision casts", str(get("casts") or 0), "precision_casts", get("casts") or 0))
+        parts.append(html_figure("precision casts", str(prec["casts"]), "precision_casts", prec["casts"]))
         parts.append(html_figure("heavy ops kept in fp32", str(len(kept)), "precision_kept_fp32", len(kept)))
         parts.append(html_figure("logits written in fp32", str(len(logits)), "precision_fp32_logits", len(logits)))
         parts.append("</div>")
         if overrides:
             parts.append("<p>op_precision: " + escape(", ".join(f"{k}={v}" for k, v in overrides.items())) + "</p>")
-        declined = (get("auto") or {}).get("declined")
+        declined = prec.get("auto", {}).get("declined")
         if declined:
             parts.append(f"<p>auto chose fp32: {escape(declined)}</p>")
         parts.append(f'<details class="group"{" open" if kept else ""}><summary>heavy ops kept in fp32, with '
                      f"the reason ({len(kept)})</summary>"
-                     + html_table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
-                                                     for k in kept]) + "</details>")
+                     + html_table(["node", "op", "why"], [[k["node"], k["op"], k["why"]] for k in kept]) + "</details>")
         if logits:
             parts.append(f'<details class="group"><summary>logits written in fp32 from reduced operands '
                          f"({len(logits)})</summary>"
-                         + html_table(["node", "op", "why"], [[k.get("node", ""), k.get("op", ""), k.get("why", "")]
-                                                         for k in logits]) + "</details>")
+                         + html_table(["node", "op", "why"], [[k["node"], k["op"], k["why"]] for k in logits])
+                         + "</details>")
         head = "".join(f"<th>{escape(h)}</th>" for h in ["node", "op", "dtype", "class", "why"])
-        items = [(scope_of(str(r.get("node", ""))),
-                  table_row(f"{r.get('node', '')} {r.get('op', '')} {r.get('dtype', '')}",
-                       [escape(r.get("node", "")), escape(r.get("op", "")), escape(r.get("dtype", "")), escape(r.get("class", "")),
-                        escape(r.get("why", ""))], "reduced" if r.get("dtype") != "fp32" else ""))
+        items = [(scope_of(r["node"]),
+                  table_row(f"{r['node']} {r['op']} {r['dtype']}",
+                            [escape(r["node"]), escape(r["op"]), escape(r["dtype"]), escape(r["class"]), escape(r["why"])],
+                            "reduced" if r["dtype"] != "fp32" else ""))
                  for r in nodes]
         groups = group_items(items)
         small = len(nodes) <= GROUP_CHUNK
@@ -104,8 +98,6 @@ def _comparison_table(result: Any) -> str:
 def precision_figures(prec) -> dict[str, Any] | None:
     if not prec:
         return None
-    get = (lambda k: prec.get(k)) if isinstance(prec, Mapping) else (lambda k: getattr(prec, k, None))
-    return {"policy": get("policy"), "by_dtype": dict(get("by_dtype") or {}), "casts": get("casts") or 0,
-            "kept_fp32": len(get("kept_fp32") or []), "fp32_logits": len(get("fp32_logits") or []),
-            "nodes": len(get("nodes") or []),
-            "op_precision": dict(get("op_precision") or {})}
+    return {"policy": prec["policy"], "by_dtype": dict(prec["by_dtype"]), "casts": prec["casts"],
+            "kept_fp32": len(prec["kept_fp32"]), "fp32_logits": len(prec["fp32_logits"]), "nodes": len(prec["nodes"]),
+            "op_precision": dict(prec["op_precision"])}
