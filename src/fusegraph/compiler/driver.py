@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .. import artifact
 from ..config import Config
-from ..errors import ArtifactError, ConfigError, ModelLoadError
+from ..errors import ArtifactError, ConfigError, ModelLoadError, UsageError
 from ..ir import Graph
 from ..ir.serialize import copy_graph
 from ..ops import infer_graph, opdef_for
@@ -39,6 +39,24 @@ def import_model(model: Any, example_inputs: Any = None, dynamic_shapes: Any = N
                          f"onnx.ModelProto or a fusegraph Graph")
 
 
+def check_arguments(model: Any, config: Config, example_inputs: Any, dynamic_shapes: Any, calibration: Any) -> None:
+    """Refuse an argument that would change nothing (a ``UsageError`` saying what it applies to):
+    ``calibration_inputs`` outside ``precision="auto"``; ``example_inputs`` / ``dynamic_shapes``
+    with a model that is not a torch module or ExportedProgram (an ONNX file, a TensorFlow
+    model, a graph: its input shapes are its own)."""
+    if calibration is not None and config.precision != "auto":
+        raise UsageError(f"calibration_inputs apply to precision='auto' (its accuracy search); precision="
+                         f"{config.precision!r} uses none: drop them or ask for 'auto'")
+    if example_inputs is None and dynamic_shapes is None:
+        return
+    import torch
+    if not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+        given = " and ".join(n for n, v in (("example_inputs", example_inputs), ("dynamic_shapes", dynamic_shapes))
+                             if v is not None)
+        raise UsageError(f"{given} apply to a torch module or ExportedProgram; a {type(model).__name__} model "
+                         f"brings its own input shapes (an ONNX model's dynamic axes are its symbolic dims)")
+
+
 def check_op_precision(graph: Graph, config: Config) -> None:
     """Every ``Config.op_precision`` key names a node or an op type of the imported model (or a
     fused op type: ``FusedConv``, ``LinearAct`` ...); otherwise a ConfigError naming them."""
@@ -63,6 +81,7 @@ def compile(model: Any, config: Config | None = None, *,  # noqa: A001 - public 
     accuracy search measures on (default: random inputs of the model's input specs).
     """
     config = config or Config()
+    check_arguments(model, config, example_inputs, dynamic_shapes, calibration_inputs)
     with intra_op_threads(config.threads):   # the caller's thread count is back when this returns
         return _compile(model, config, on_stage or (lambda name: None), example_inputs, dynamic_shapes,
                         calibration_inputs)
