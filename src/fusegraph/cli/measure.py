@@ -20,6 +20,10 @@ def cmd_bench(args) -> int:
     import json
 
     from ..tools.bench import bench
+    if args.decode is not None:
+        return _bench_decode(args)
+    if args.prompt is not None:
+        raise UsageError("bench --prompt sets the prompt of --decode N (a greedy decode loop)")
     if Path(args.model).suffix == ".fgm" and args.vs:
         raise UsageError(f"{args.model}: --vs {' --vs '.join(args.vs)} runs the peer on the .onnx model; "
                          f"give the .onnx file (an .fgm artifact is fusegraph's own)")
@@ -41,6 +45,29 @@ def cmd_bench(args) -> int:
     for peer, ms in result.peers_ms.items():
         print(f"  {peer:<11} {ms:9.2f} ms   ratio fusegraph/{peer} = {result.ratio(peer):.3f}")
     return 0
+
+
+def _bench_decode(args) -> int:
+    """``bench --decode N``: a greedy decode loop, milliseconds per token (``tools/decode.py``)."""
+    import json
+
+    from ..tools.decode import decode
+    given = [f for f, v in (("--precision", args.precision), ("--op-precision", args.op_precision),
+                            ("--dim", args.dim)) if v]
+    if given:
+        raise UsageError(f"bench --decode runs the decoder as compiled by default; {' and '.join(given)} "
+                         f"do not apply to it")
+    result = decode(args.model, prompt=args.prompt or 32, tokens=args.decode, threads=args.threads,
+                    vs=tuple(args.vs or ()))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(f"{printable(result.model)}: {result.threads} threads, prompt {result.prompt}, {result.tokens} greedy "
+          f"tokens{'' if result.same_tokens else ' (ENGINES CHOSE DIFFERENT TOKENS)'}")
+    print(f"  {'engine':<20} {'prompt ms':>10} {'ms/token':>9} {'p90':>8} {'total ms':>9}")
+    for name, e in result.engines.items():
+        print(f"  {name:<20} {e['prompt_ms']:10.2f} {e['token_ms']:9.2f} {e['p90_ms']:8.2f} {e['total_ms']:9.1f}")
+    return 0 if result.same_tokens else 1
 
 
 def cmd_compare(args) -> int:
@@ -101,6 +128,10 @@ def add_measure_parsers(sub) -> None:
     p.add_argument("--dim", action="append", type=dim_arg, metavar="NAME=SIZE",
                    help="size of a symbolic input dim, e.g. seq=128 (repeatable; others: batch 1, else 1)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--decode", type=positive_int, metavar="N",
+                   help="a decoder with its KV cache as inputs / outputs: N greedy tokens, ms per token "
+                        "(the cache kept inside fusegraph, plain runs, and --vs onnxruntime)")
+    p.add_argument("--prompt", type=positive_int, metavar="P", help="with --decode: prompt tokens (default 32)")
     precision_flags(p)
     p.set_defaults(func=cmd_bench)
 
