@@ -178,17 +178,34 @@ def decoder(tmp_path_factory):
 
 
 def _greedy(step, prompt, tokens: int):
-    """Tokens of a greedy decode; ``step(ids) -> logits``."""
-    out, ids = [], prompt
+    """(tokens, logits of each step) of a greedy decode; ``step(ids) -> logits``."""
+    out, logits, ids = [], [], prompt
     for _ in range(tokens):
-        nxt = int(step(ids)[0, -1].argmax())
+        got = step(ids)
+        logits.append(got)
+        nxt = int(got[0, -1].argmax())
         out.append(nxt)
         ids = np.array([[nxt]], np.int64)
-    return out
+    return out, logits
 
 
-def test_kv_cache_session_decodes_as_the_plain_runs_and_onnxruntime(decoder):
+def _close(got, want):
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * float(np.abs(w).max()))
+
+
+@pytest.mark.parametrize("loaded", [False, True])
+def test_kv_cache_session_decodes_as_the_plain_runs_and_onnxruntime(decoder, loaded, tmp_path):
+    """32 greedy tokens: the logits of every step as onnxruntime's (ORT_DISABLE_ALL), with the
+    presents fed back by the caller and with the cache kept in a KV session; the decoder's
+    products run one row on the matrix-vector kernel over plain weights."""
     model = fg.compile(decoder)
+    if loaded:
+        model.save(tmp_path / "decoder.fgm")
+        model = fg.load(tmp_path / "decoder.fgm")
+    impls = model.report.kernels["implementations"]
+    if any(k.startswith("brg") for k in impls):
+        assert all("sgemm" in k for k in impls if k.startswith("brg")), impls
     prompt = np.random.default_rng(0).integers(0, 1000, (1, 6)).astype(np.int64)
     names = [f"past_{i}" for i in range(4)]
 
@@ -201,19 +218,23 @@ def test_kv_cache_session_decodes_as_the_plain_runs_and_onnxruntime(decoder):
             state.update({n: out[f"present_{i}"] for i, n in enumerate(names)})
             return out["logits"]
         return step
-    want = _greedy(plain(lambda f: dict(zip(["logits"] + [f"present_{i}" for i in range(4)],
-                                           ort_run(decoder, f).values()))), prompt, 32)
-    assert _greedy(plain(model.run), prompt, 32) == want
+    want, want_logits = _greedy(plain(lambda f: dict(zip(["logits"] + [f"present_{i}" for i in range(4)],
+                                                         ort_run(decoder, f).values()))), prompt, 32)
+    got, logits = _greedy(plain(model.run), prompt, 32)
+    assert got == want
+    _close(logits, want_logits)
     session = model.kv_cache(capacity=8)             # grows twice on the way to 38 positions
 
     def cached(ids):
         out = session.run({"input_ids": ids, "attention_mask": np.ones((1, session.length + ids.shape[1]), np.int64)})
         assert sorted(out) == ["logits"]
         return out["logits"]
-    assert _greedy(cached, prompt, 32) == want
+    got, logits = _greedy(cached, prompt, 32)
+    assert got == want
+    _close(logits, want_logits)
     assert session.length == 6 + 32 - 1 and session.nbytes >= 4 * 4 * 64 * 16 * 4
     session.reset()
-    assert _greedy(cached, prompt, 4) == want[:4]
+    assert _greedy(cached, prompt, 4)[0] == want[:4]
     with pytest.raises(InputError, match="feeds 'past_0'"):
         session.run({"input_ids": prompt, "attention_mask": np.ones((1, 6), np.int64),
                      "past_0": np.zeros((1, 4, 0, 16), np.float32)})

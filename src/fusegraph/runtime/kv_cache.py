@@ -160,7 +160,8 @@ class KVSession:
             for i, v in enumerate(ex.inputs):
                 b = next((b for b in self.buffers if b.pair.input is v), None)
                 if b is not None:
-                    shape = (past_shapes or {}).get(v.name) or _template(v, tensors, ex.inputs)
+                    shape = None if b.tensor is not None else \
+                        (past_shapes or {}).get(v.name) or _template(v, tensors, ex.inputs)
                     tensors[i] = b.past(shape, v.dtype.to_torch())
             try:
                 outs = ex.run_tensors(tensors, runner=self.runner)

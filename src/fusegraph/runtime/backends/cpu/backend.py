@@ -42,6 +42,7 @@ from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
 from .dnnl.blocked import check as check_blocked
 from .dnnl.memory import TORCH_OF
 from .dnnl.weights import SharedForms, WeightStore
+from ...kv_cache import kv_pairs
 
 # a guarded node admitted only below this input magnitude has the values it reads measured
 # where they are made (``guard_plan.py``): images in 0..255 or normalised ones sit well below it
@@ -97,7 +98,10 @@ class CpuBackend(Backend):
     def bind_start(self, graph) -> None:
         """Before binding: the exact kernels that can run fast, and under which input
         magnitude (``guard_plan.py``, from the weights' own magnitudes: the plain tensors, or
-        a loaded model's packed bytes)."""
+        a loaded model's packed bytes); whether its steps run one row (a decoder feeding its
+        KV cache back: ``dnnl/linear_runtime.py`` holds its weights for that)."""
+        if self.dnnl is not None:
+            self.dnnl.one_row_steps = bool(kv_pairs(graph, [v.name for v in graph.outputs])[0])
         self.guards = guard_plan(graph, self._const_fact, MEASURE_BELOW) if self.exact and self.dnnl is not None \
             else GuardPlan({}, {})
 

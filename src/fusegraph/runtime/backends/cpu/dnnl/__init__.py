@@ -46,13 +46,14 @@ class DnnlKernels:
     def __init__(self, store: WeightStore):
         self.store = store
         self.resources = Resources()
+        self.one_row_steps = False     # the model being bound runs mostly one row (a decoder's steps)
 
     def kernel(self, ctx, opdef, key, exact: bool):
         if key == ("fusegraph", "FusedConv"):
             return conv_kernel(ctx, self.store, self.resources, exact)
         if key in (("fusegraph", "LinearAct"), ("fusegraph", "Linear")):
             if static_shape(ctx.node.inputs[0]) is None:       # rows known at run time only
-                return runtime_linear_kernel(ctx, self.store, self.resources, exact)
+                return runtime_linear_kernel(ctx, self.store, self.resources, exact, self.one_row_steps)
             return linear_kernel(ctx, self.store, self.resources, exact)
         if key in POOLS:
             return pool_kernel(ctx, opdef, self.resources, exact)

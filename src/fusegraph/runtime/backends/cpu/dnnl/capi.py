@@ -130,6 +130,8 @@ _SIGNATURES = {   # name -> (restype, argtypes)
     "dnnl_concat_primitive_desc_create": (C.c_int, [_P(vp), vp, vp, C.c_int, C.c_int, _P(vp), vp]),
     "dnnl_reduction_primitive_desc_create": (C.c_int, [_P(vp), vp, C.c_int, vp, vp, C.c_float, C.c_float, vp]),
     "dnnl_get_effective_cpu_isa": (C.c_int, []),
+    "dnnl_sgemm": (C.c_int, [C.c_char, C.c_char, C.c_int64, C.c_int64, C.c_int64, C.c_float, vp, C.c_int64, vp,
+                             C.c_int64, C.c_float, vp, C.c_int64]),
 }
 
 

@@ -14,6 +14,14 @@ The primitives of the last ``ROWS_KEPT`` row counts are kept. (A row count for w
 would offer only its reference implementation with that layout is an error naming the
 node; brgemm takes every M.)
 
+A decoder's step has one row (``one_row_steps``: the model feeds its KV cache back,
+``runtime/kv_cache.kv_pairs``), and a product of one row streams its weight once: it is
+bound by memory, and brgemm's blocked panels stream at about half the rate of a
+matrix-vector kernel over the plain ``K x N`` weight. There the float32 weight is held plain
+(once: the store's only form of it), rows up to ``GEMV_ROWS`` run oneDNN's ``dnnl_sgemm``
+(its matrix-vector kernel), and more rows (the prompt) run the brgemm matmul reading the
+plain weight (a little slower than on the packed one: the trade is in RESULTS.md).
+
 The activation is a post-op where oneDNN's eltwise is exact on NaN / Inf and the
 implementation's epilogue was checked for it (``primitive.exact_post_ops``); otherwise it runs
 after the product, in place, with torch (GELU always, unless ``Config.fast_math``). Products
@@ -43,12 +51,14 @@ EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwi
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
 ROWS_KEPT = 64                    # primitives kept, one per row count (the most recently used)
+GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
 
 
-def runtime_linear_kernel(ctx, store, resources, exact: bool = True):
+def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_steps: bool = False):
     """The kernel of a Linear / LinearAct node whose input rows are symbolic, or a ``Decline``
-    saying why not."""
+    saying why not. ``one_row_steps``: the model runs mostly one row (a decoder's steps): a
+    float32 weight is held plain and few rows run a matrix-vector product."""
     node = ctx.node
     activation = str(ctx.attr("activation", "none")) if node.op_type == "LinearAct" else "none"
     if activation != "none" and activation not in ACTIVATIONS:
@@ -69,9 +79,11 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True):
     if (isinstance(x_v.shape[-1], int) and x_v.shape[-1] != k) or (b is not None and b.numel() != n):
         return Decline("operand sizes do not match", "dnnl")
     post = (EXACT if exact else {**EXACT, **FAST}).get(activation)
-    kernel = RuntimeLinear(k, n, compute, b, post, resources, exact)
+    gemv = one_row_steps and compute == torch.float32
+    kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv)
+    want = MemDesc.of((k, n), compute) if gemv else MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
     try:
-        prim = kernel.make(REFERENCE_ROWS, MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY))
+        prim = kernel.make(REFERENCE_ROWS, want)
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no matmul for this node: {exc}", "dnnl")
     if prim.is_reference:
@@ -89,8 +101,10 @@ class RuntimeLinear:
     writes_out = True
     reads = (0,)
 
-    def __init__(self, k: int, n: int, dtype: torch.dtype, bias, post: list | None, resources, exact: bool):
+    def __init__(self, k: int, n: int, dtype: torch.dtype, bias, post: list | None, resources, exact: bool,
+                 gemv: bool = False):
         self.k, self.n, self.dtype = k, n, dtype
+        self.gemv_rows = GEMV_ROWS if gemv else 0     # the weight is plain K x N: sgemm up to these rows
         self._bias = None if bias is None else bias.to(torch.float32).contiguous()
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
         self._post, self._exact = post, exact
@@ -119,7 +133,7 @@ class RuntimeLinear:
         self._consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
         if self._bias is not None:
             self._consts.append((capi.ARG_BIAS, Memory(self._b_md, self._bias.data_ptr())))
-        self.impl = self.make(REFERENCE_ROWS, w_md).impl
+        self.impl = self.make(REFERENCE_ROWS, w_md).impl + (f", sgemm <= {self.gemv_rows} rows" if self.gemv_rows else "")
 
     def _for_rows(self, m: int) -> tuple:
         got = self._rows.get(m)
@@ -158,6 +172,8 @@ class RuntimeLinear:
         if not out.is_contiguous() or out.dtype != self.dtype:
             raise TypeError(f"oneDNN matmul: output is {out.dtype} {tuple(out.stride())}, expected a row-major "
                             f"{self.dtype}")
+        if m <= self.gemv_rows:
+            return self._gemv(x, m, out)
         if self._tid != get_ident():                     # another thread: its own scratchpad
             self._tid = get_ident()
             self._rows.clear()
@@ -168,5 +184,21 @@ class RuntimeLinear:
         if status:
             raise capi.DnnlError("execute matmul", status)
         if after and self._act is not None:
+            self._act(out)
+        return out
+
+    def _gemv(self, x: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor:
+        """``out = act(x @ W + b)`` by oneDNN's sgemm over the plain weight (row-major: ``W`` is
+        ``K x N`` with leading dimension N); the bias is written first and summed onto
+        (``beta`` 1), else ``beta`` 0 overwrites whatever ``out`` held."""
+        beta = 0.0
+        if self._bias is not None:
+            out.view(m, self.n).copy_(self._bias.expand(m, self.n))
+            beta = 1.0
+        status = self._lib.sgemm(b"N", b"N", m, self.n, self.k, 1.0, x.data_ptr(), self.k,
+                                 self._packed.data_ptr(), self.n, beta, out.data_ptr(), self.n)
+        if status:
+            raise capi.DnnlError("sgemm", status)
+        if self._act is not None:
             self._act(out)
         return out

@@ -1,0 +1,139 @@
+"""The CPU kernels made once for every shape of a model with symbolic dims: the weight product
+with run-time rows (``dnnl/linear_runtime.py``: a brgemm primitive per row count over one
+packed weight, or, for a decoder, a plain weight with a matrix-vector product for few rows)
+and the layer norms writing into planned memory (``layer_norm.py``), checked against torch
+computing the same thing on its own."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fusegraph.ir import DType, Graph, Node, Value
+from fusegraph.ops.registry import NodeContext
+from fusegraph.runtime.backends.cpu.dnnl import available
+from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import GEMV_ROWS, runtime_linear_kernel
+from fusegraph.runtime.backends.cpu.dnnl.primitive import Resources
+from fusegraph.runtime.backends.cpu.dnnl.weights import WeightStore
+from fusegraph.runtime.backends.cpu.layer_norm import layer_norm_kernel
+from fusegraph.runtime.backends.cpu.workspace import Workspace
+
+needs_dnnl = pytest.mark.skipif(not available(), reason="oneDNN is not loadable here")
+
+
+def _linear_node(k: int, n: int, activation: str, bias: bool, trans_b: bool, rng) -> tuple[Node, torch.Tensor, torch.Tensor | None]:
+    g = Graph("linear")
+    x = Value("x", DType.FLOAT, ("rows", k))
+    w = torch.from_numpy((rng.standard_normal((n, k) if trans_b else (k, n)) * (2 / k) ** 0.5).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal(n).astype(np.float32)) if bias else None
+    inputs = [x, g.add_constant("w", w)] + ([g.add_constant("b", b)] if bias else [])
+    y = Value("y", DType.FLOAT, ("rows", n))
+    node = Node("LinearAct", inputs, [y], {"activation": activation, "trans_b": int(trans_b)}, name="lin",
+                domain="fusegraph")
+    return node, w, b
+
+
+def _want(x, w, b, activation, trans_b):
+    y = x.double() @ (w.double().t() if trans_b else w.double())
+    if b is not None:
+        y = y + b.double()
+    return {"none": y, "relu": torch.relu(y), "gelu": torch.nn.functional.gelu(y)}[activation].float()
+
+
+@needs_dnnl
+@pytest.mark.parametrize("one_row_steps", [False, True])
+@pytest.mark.parametrize("activation,bias,trans_b", [("none", False, False), ("gelu", True, True), ("relu", True, False)])
+def test_run_time_rows_match_torch_at_every_row_count(one_row_steps, activation, bias, trans_b):
+    rng = np.random.default_rng(0)
+    k, n = 96, 200
+    node, w, b = _linear_node(k, n, activation, bias, trans_b, rng)
+    kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, one_row_steps)
+    assert ("sgemm" in kernel.impl) == one_row_steps
+    for rows in (1, 2, 3, 7, 64, 65):
+        x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
+        out = torch.full((rows, n), float("nan"))        # whatever the slot held is overwritten
+        got = kernel(x, out=out)
+        assert got is out
+        torch.testing.assert_close(got, _want(x, w, b, activation, trans_b), rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_the_matrix_vector_product_keeps_nan_and_inf_of_its_input():
+    rng = np.random.default_rng(1)
+    node, w, b = _linear_node(64, 48, "none", True, False, rng)
+    kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, True)
+    x = torch.from_numpy(rng.standard_normal((GEMV_ROWS, 64)).astype(np.float32))
+    x[0, 3] = float("nan")
+    x[1 % GEMV_ROWS, 5] = float("inf")
+    got = kernel(x, out=torch.zeros(GEMV_ROWS, 48))
+    want = _want(x, w, b, "none", False)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
+
+
+@needs_dnnl
+def test_a_decoder_holds_its_product_weights_plain_and_once():
+    """The weight of a one-row product is the store's only form of it (or the graph's own
+    tensor): no blocked copy beside it."""
+    rng = np.random.default_rng(2)
+    node, w, _ = _linear_node(64, 80, "none", False, False, rng)
+    store = WeightStore()
+    kernel = runtime_linear_kernel(NodeContext(node), store, Resources(), True, True)
+    assert kernel._packed.data_ptr() == w.data_ptr() and not store.forms
+    node_t, w_t, _ = _linear_node(64, 80, "none", False, True, rng)
+    store_t = WeightStore()
+    runtime_linear_kernel(NodeContext(node_t), store_t, Resources(), True, True)
+    (form,) = store_t.forms["w"]
+    assert form.data.numel() == w_t.numel() * 4 and form.desc["strides"] == [80, 1]
+
+
+def _layer_norm_node(skip: bool, both: bool, d: int, rng):
+    g = Graph("ln")
+    x = Value("x", DType.FLOAT, ("rows", d))
+    inputs = [x] + ([Value("r", DType.FLOAT, ("rows", d))] if skip else [])
+    gamma = torch.from_numpy(rng.standard_normal(d).astype(np.float32))
+    beta = torch.from_numpy(rng.standard_normal(d).astype(np.float32))
+    inputs += [g.add_constant("gamma", gamma), g.add_constant("beta", beta)]
+    outs = [Value("y", DType.FLOAT, ("rows", d))] + ([Value("s", DType.FLOAT, ("rows", d))] if both else [])
+    node = Node("SkipLayerNorm" if skip else "LayerNorm", inputs, outs, {"epsilon": 1e-5}, name="ln",
+                domain="fusegraph")
+    return node, gamma, beta
+
+
+@pytest.mark.parametrize("skip,both", [(False, False), (True, False), (True, True)])
+def test_layer_norm_in_planned_memory_matches_torch_bit_for_bit(skip, both):
+    """Normalised in place over the sum when the node gives no residual output: bit for bit
+    the out-of-place result, at any row count."""
+    rng = np.random.default_rng(3)
+    d = 48
+    node, gamma, beta = _layer_norm_node(skip, both, d, rng)
+    kernel = layer_norm_kernel(NodeContext(node), Workspace())
+    for rows in (1, 5, 33):
+        a = torch.from_numpy(rng.standard_normal((rows, d)).astype(np.float32))
+        r = torch.from_numpy(rng.standard_normal((rows, d)).astype(np.float32))
+        s = a + r if skip else a
+        want = torch.nn.functional.layer_norm(s, [d], gamma, beta, 1e-5)
+        if not skip:
+            got = kernel(a, out=torch.empty(rows, d))
+        elif both:
+            got, total = kernel(a, r, out=(torch.empty(rows, d), torch.empty(rows, d)))
+            assert torch.equal(total, s)
+        else:
+            got = kernel(a, r, out=torch.empty(rows, d))
+        assert torch.equal(got, want)
+
+
+def test_layer_norm_recomputes_a_non_finite_row_in_float64():
+    """A row whose float32 statistics overflow is computed again in float64 (finite where the
+    exact result is), and a row with a NaN stays NaN."""
+    rng = np.random.default_rng(4)
+    d = 16
+    node, gamma, beta = _layer_norm_node(False, False, d, rng)
+    kernel = layer_norm_kernel(NodeContext(node), Workspace())
+    x = torch.from_numpy(rng.standard_normal((3, d)).astype(np.float32))
+    x[0] = torch.linspace(-3e38, 3e38, d, dtype=torch.float64).float()
+    x[1, 2] = float("nan")
+    got = kernel(x, out=torch.empty(3, d))
+    want = torch.nn.functional.layer_norm(x.double(), [d], gamma.double(), beta.double(), 1e-5).float()
+    assert torch.isfinite(got[0]).all() and torch.isnan(got[1]).all()
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-5)
