@@ -95,12 +95,16 @@ def test_a_declared_range_is_enforced(transformer_models):
             fg.Config(shapes=bad)
 
 
-def test_dynamic_batch_is_one_compile_for_every_batch():
+def test_dynamic_batch_is_one_compile_for_every_batch(tmp_path):
+    """... and survives save / load (the loaded model's inputs keep the symbolic batch)."""
     model = fg.compile(knob_model(), fg.Config(dynamic_batch=True))
-    assert model.plan.symbolic and model.inputs[0].shape[0] == "batch"
+    model.save(tmp_path / "m.fgm")
+    loaded = fg.load(tmp_path / "m.fgm")
     x = np.random.default_rng(0).standard_normal((5, 8, 16, 16)).astype(np.float32)
-    for n in (3, 1, 5):
-        assert_outputs_close(model.run({"x": x[:n]}), ort_run(knob_model("N"), {"x": x[:n]}))
+    for m in (model, loaded):
+        assert m.plan.symbolic and m.inputs[0].shape[0] == "batch" and m.config.dynamic_batch
+        for n in (3, 1, 5):
+            assert_outputs_close(m.run({"x": x[:n]}), ort_run(knob_model("N"), {"x": x[:n]}))
 
 
 def _fixed_batch_model() -> onnx.ModelProto:

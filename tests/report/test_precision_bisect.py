@@ -16,7 +16,7 @@ from fusegraph.errors import UsageError
 from fusegraph.tools.precision_bisect import precision_bisect
 
 
-def planted_model(big: float):
+def planted_model(big: float, batch="1"):
     """x -> Conv -> Relu -> Sub(big, .) -> LayerNorm -> Conv -> LayerNorm -> y. The Sub is a
     FOLLOW op: its input comes out of a bf16 conv, so it runs in bf16; its output feeds a KEEP
     op (LayerNorm, float32), which removes the large mean and leaves only the rounding."""
@@ -32,8 +32,9 @@ def planted_model(big: float):
              H.make_node("LayerNormalization", ["s1", "scale", "shift"], ["l1"], name="ln1", axis=-1),
              H.make_node("Conv", ["l1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
              H.make_node("LayerNormalization", ["c2", "scale", "shift"], ["y"], name="ln2", axis=-1)]
-    g = H.make_graph(nodes, "planted", [H.make_tensor_value_info("x", T.FLOAT, [1, 4, 16, 16])],
-                     [H.make_tensor_value_info("y", T.FLOAT, [1, 8, 16, 16])], inits)
+    g = H.make_graph(nodes, "planted", [H.make_tensor_value_info("x", T.FLOAT, [int(batch) if batch.isdigit() else batch, 4, 16, 16])],
+                     [H.make_tensor_value_info("y", T.FLOAT, [int(batch) if batch.isdigit() else batch, 8, 16, 16])],
+                     inits)
     return H.make_model(g, opset_imports=[H.make_opsetid("", 17)])
 
 
@@ -47,6 +48,13 @@ def test_planted_precision_sensitive_op_is_ranked_first():
     assert result.error > 0.3                                 # the whole bf16 model is off as well
     text = result.to_text()
     assert "sub_big" in text and text.index("sub_big") < text.index("FusedConv")
+
+
+def test_a_model_with_a_symbolic_dim_is_ranked_on_its_one_compile():
+    """The hooks index the order of the compile that runs (one for every shape): the planted
+    op is found in a model whose batch dim is symbolic too."""
+    result = precision_bisect(planted_model(1000.0, batch="n"), precision="bf16")
+    assert result.worst.node == "sub_big" and result.worst.sensitivity > 0.3
 
 
 def test_ordinary_model_has_no_sensitive_op():
