@@ -16,6 +16,7 @@ import torch
 from onnx import TensorProto as T, helper as H, numpy_helper
 
 import fusegraph as fg
+from fusegraph.runtime import free_cores
 from fusegraph.compiler import precision_auto
 from fusegraph.errors import FusegraphError
 from fusegraph.runtime.backends.cpu import host_memory
@@ -111,6 +112,16 @@ def _reduced(m) -> int:
     return 0 if rec is None else sum(1 for r in rec["nodes"] if r["dtype"] != "fp32" and r["class"] == "reduce")
 
 
+def _one_core_busy() -> free_cores.CoreSampler:
+    """A sampler whose last second saw two CPUs busy, one of them by this process."""
+    now = {"t": 0.0, "own": 0.0, "busy": 0}
+    sampler = free_cores.CoreSampler(read_stat=lambda: {c: (now["busy"], int(now["t"] * 100)) for c in (0, 1)},
+                                     own_cpu=lambda: now["own"], clock=lambda: now["t"], cpus=lambda: {0, 1})
+    sampler.update()
+    now.update(t=1.0, own=1.0, busy=100)
+    return sampler
+
+
 def _kept_freed(config, monkeypatch):
     calls = []
     monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1))
@@ -152,6 +163,7 @@ PROBES = {
     "dynamic_batch": (True, lambda d, p: p.plan.symbolic and not d.plan.symbolic
                       and p.inputs[0].shape[0] == "batch" and d.inputs[0].shape[0] == 1),
     "shapes": (None, None),              # special-cased below: a model with a symbolic batch
+    "thread_policy": ("fixed", None),    # special-cased below: another process keeps a core busy
     "cpu_kernels": ("portable", lambda d, p: set(p.report.kernels["implementations"]) == {"portable"}
                     and set(d.report.kernels["implementations"]) != {"portable"}),
 }
@@ -199,6 +211,16 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
         assert open_.run(x)["y"].shape[0] == 3
         with pytest.raises(FusegraphError, match="outside the declared range 1..2"):
             capped.run(x)
+        return
+    if field == "thread_policy":    # "fixed": every run at Config.threads, a core busy elsewhere or not
+        if fg.config.machine_cores() < 2:
+            pytest.skip("needs two cores")
+        monkeypatch.setattr(free_cores, "SAMPLER", _one_core_busy())
+        x = {"x": np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)}
+        free, fixed = (fg.compile(knob_model(), config=fg.Config(threads=2, thread_policy=p))
+                       for p in ("free_cores", "fixed"))
+        np.testing.assert_allclose(free.run(x)["y"], fixed.run(x)["y"], rtol=1e-5, atol=1e-6)
+        assert free.threads_used == {1: 1} and fixed.threads_used == {2: 1}
         return
     if changed is None:
         pytest.skip(f"{field}: needs a CUDA device")

@@ -16,6 +16,7 @@ LEVELS = ("O0", "O1", "O2")
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 OP_PRECISIONS = ("fp32", "fp16", "bf16")
 CPU_KERNELS = ("auto", "onednn", "portable")
+THREAD_POLICIES = ("free_cores", "fixed")
 MEMORY_MODES = ("off", "balanced", "tight")
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -54,6 +55,13 @@ class Config:
     threads: intra-op threads, 1 .. this machine's cores (None: torch's setting at each call);
         compile, bind and every run use them and then put the caller's setting back; with
         several CPU streams each stream gets ``threads // streams`` of them.
+    thread_policy: ``free_cores`` (default): on CPU, a run takes at most the cores other
+        processes leave free (sampled from ``/proc/stat`` at most four times a second), down to
+        one: its oneDNN kernels split their work statically and wait at a barrier for a thread
+        another process has descheduled, so on a busy machine fewer threads run faster
+        (``runtime/free_cores.py``; the kernels for the smaller count are made at its first run
+        and kept). ``fixed``: every run at ``threads``. CPU stream plans and hooked runs stay
+        at ``threads``.
     cuda_graph: on CUDA, capture the whole run as one CUDA graph and replay it (default off;
         a ConfigError on any other device).
     fold_size_limit: largest tensor, in bytes, that constant folding may materialise.
@@ -104,6 +112,7 @@ class Config:
     memory: str = "balanced"
     device: str = "cpu"
     threads: int | None = None
+    thread_policy: str = "free_cores"
     fold_size_limit: int = 64 * 1024 * 1024
     fold_broadcast_limit: int = 4 * 1024 ** 3
     max_arena_bytes: int | None = 8 * 1024 ** 3
@@ -128,6 +137,8 @@ class Config:
             raise ConfigError(f"Config.level must be one of {LEVELS}, got {self.level!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"Config.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.thread_policy not in THREAD_POLICIES:
+            raise ConfigError(f"Config.thread_policy must be one of {THREAD_POLICIES}, got {self.thread_policy!r}")
         if self.memory not in MEMORY_MODES:
             raise ConfigError(f"Config.memory must be one of {MEMORY_MODES}, got {self.memory!r}")
         if self.device not in DEVICES:

@@ -61,7 +61,8 @@ class CompiledModel:
                                       keep_freed_memory=config.keep_freed_memory,
                                       backend_state=backend_state, exact=not config.fast_math,
                                       cpu_kernels=config.cpu_kernels, shared_forms=shared_forms,
-                                      planner=planner, declared_shapes=config.declared_shapes())
+                                      planner=planner, declared_shapes=config.declared_shapes(),
+                                      thread_policy=config.thread_policy)
         binding = self._executor.binding
         if report.memory is not None:
             report.memory.not_writable_into_arena = list(binding.not_writable)
@@ -106,15 +107,17 @@ class CompiledModel:
         """Run once: ``{input name: array}`` -> ``{output name: numpy array}``.
 
         Thread-safe: the model's own lock makes concurrent calls run one at a time. Runs at
-        ``config.threads`` intra-op threads when set (the caller's setting is restored).
+        ``config.threads`` intra-op threads when set (the caller's setting is restored), fewer
+        where other processes keep cores busy (``Config.thread_policy``, ``threads_used``).
 
         ``hook(index, phase, outputs)`` (debugging) runs a variant of the generated code that
         calls it before (phase 0) and after (phase 1, with the node's output tensors) the
         node at ``index`` of ``plan.order``, on the thread that runs the node.
 
-        A model with symbolic input dims (or ``Config.dynamic_batch``) runs its compile at the
-        feeds' exact shapes (``specialize.py``), made on the first run at those shapes; ``hook``'s
-        index is then into that compile's ``plan.order`` (``model.specialize(shapes)``)."""
+        A model with symbolic input dims runs every shape on this one compile (frames,
+        ``runtime/frames.py``); with ``Config.shape_cache`` > 0 it runs instead its compile at
+        the feeds' exact shapes (``specialize.py``), made on the first run at those shapes, and
+        ``hook``'s index is into that compile's ``plan.order`` (``model.specialize(shapes)``)."""
         model = self.runs_as(feeds)
         if model is not self:
             return model.run(feeds, hook=hook)
@@ -138,6 +141,11 @@ class CompiledModel:
         if self._executor.closed:
             raise ModelClosedError(f"{self.name}: the model was closed; compile or load it again to run it")
         return self.specializations.at(shapes)
+
+    @property
+    def threads_used(self) -> dict[int, int]:
+        """Runs so far per intra-op thread count (``Config.thread_policy``)."""
+        return dict(self._executor.threads_used)
 
     def memory_buckets(self) -> list[dict]:
         """For a model with symbolic input dims: the memory plans its runs made so far (one per

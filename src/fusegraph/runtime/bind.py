@@ -22,6 +22,7 @@ Nothing here generates code or runs a kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,6 +49,7 @@ class NodeCall:
     out: tuple[torch.Tensor, ...] | None = None  # arena views written with out=
     guard: bool = False
     args: list[Value] | None = None             # the values the kernel reads, when not the node's inputs
+    inplace_input: int | None = None            # the input whose planned bytes the output takes over
 
     @property
     def inputs(self) -> list:
@@ -152,7 +154,7 @@ def _call(i: int, node: Node, opdef, backend: Backend, device, kept: bool, inpla
         kernel = backend.portable(ctx, opdef)
     for d in backend.tried(node):                  # families the backend tried before this kernel
         declined.append({"node": node.name, "op": node.op_type, "family": d.family, "reason": d.reason})
-    call = NodeCall(i, node, kernel)
+    call = NodeCall(i, node, kernel, inplace_input=inplace_input)
     reads = getattr(kernel, "reads", None)        # the inputs the kernel reads at run time
     if reads is not None:
         call.args = [node.inputs[j] for j in reads]
@@ -169,6 +171,37 @@ def bind_kernels(graph: Graph, plan, device: str | torch.device, backend: Backen
     order = execution_order(graph, plan.order if plan is not None else None)
     calls = [_call(i, node, opdef_for(node), backend, device, kept, None, declined) for i, node in enumerate(order)]
     return Binding(calls, None, [], dense_constants(graph), {}, backend, declined)
+
+
+def kernels_again(binding: Binding, device, nodes: set[str]) -> dict[int, Callable]:
+    """The kernels of the calls whose node is in ``nodes`` made again by the binding's backend
+    (at the thread count of the caller's block: ``Executor`` makes a binding per thread count
+    this way), keyed by id(node); a node whose new kernel would not read the same inputs, or
+    would pack a weight in a form the backend did not already hold (weights held once), keeps
+    its kernel (it is left out)."""
+    backend = binding.backend
+    kept = bool(backend.freed_memory_kept)
+    out: dict[int, Callable] = {}
+    for call in binding.calls:
+        node = call.node
+        if node.name not in nodes:
+            continue
+        forms = backend.weight_forms()
+        new = _call(call.index, node, opdef_for(node), backend, device, kept, call.inplace_input, [])
+        if backend.weight_forms() != forms:
+            backend.drop_weight_forms(forms)
+            continue
+        if [id(v) for v in new.inputs] != [id(v) for v in call.inputs]:
+            continue
+        out[id(node)] = new.kernel
+    return out
+
+
+def with_kernels(binding: Binding, kernels: dict[int, Callable]) -> Binding:
+    """The binding with the calls of ``kernels`` (id(node) -> kernel) running those kernels:
+    the same outputs, guards and arena."""
+    return dataclasses.replace(binding, calls=[
+        dataclasses.replace(c, kernel=kernels[id(c.node)]) if id(c.node) in kernels else c for c in binding.calls])
 
 
 def frame_outputs(binding: Binding, slotted: Callable[[Value], bool]) -> list[Value]:

@@ -19,6 +19,12 @@ weight stored only packed is read back plain for a backend that cannot take the 
 (``packed_only``). ``direct_calls=False`` generates every kernel call through the kernel's
 Python path instead of the direct call a kernel may offer (``direct.py``): the same results,
 what ``benchmarks/direct_calls.py`` compares against.
+Thread counts: under ``thread_policy="free_cores"`` a run takes no more threads than the
+cores other processes leave free (``free_cores.py``); below the count the kernels were bound
+at, it runs a binding made for its count (``bind.kernels_again``: the backend's
+thread-bound kernels made again at that count, the same arena, frames and packed weights),
+made at the first such run and kept (``threads_used`` counts the runs per count). Runs with
+a hook, and CPU stream plans, run at the bound count.
 Kernel failures surface as ``KernelError`` naming the node and op, found through the line
 map of the generated source, so the hot path carries no per-node bookkeeping.
 """
@@ -33,7 +39,8 @@ import torch
 from ..errors import ConfigError, FusegraphError, KernelError, ModelClosedError
 from ..ir import Graph
 from .backends import backend_for
-from .bind import Binding, bind, bind_kernels
+from . import free_cores
+from .bind import Binding, bind, bind_kernels, kernels_again, with_kernels
 from .threads import intra_op_threads
 from .codegen import GeneratedCode, generate_run_function
 from .convert import to_host, to_numpy
@@ -66,7 +73,7 @@ class Executor:
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
                  keep_freed_memory: bool = False, backend_state: dict | None = None,
                  exact: bool = True, cpu_kernels: str = "auto", shared_forms=None, direct_calls: bool = True,
-                 planner=None, declared_shapes: dict | None = None):
+                 planner=None, declared_shapes: dict | None = None, thread_policy: str = "fixed"):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -88,6 +95,12 @@ class Executor:
                 if v.const.device != self.device:
                     v.const = self.backend.portable_weight(v).to(self.device)
         self.threads = threads
+        self.bound_threads = threads or torch.get_num_threads()     # the count the kernels are made for
+        self.thread_policy = thread_policy
+        self.threads_used: dict[int, int] = {}       # thread count -> runs at it
+        self._chosen_threads: int | None = None      # the count free_cores chose last
+        self._narrow: dict[tuple[int, int], object] = {}   # (id(runner), threads) -> that runner at threads
+        self._narrow_kernels: dict[int, dict[int, Callable]] = {}
         self._closed = False
         symbolic = plan is not None and plan.symbolic and planner is not None and self.device.type == "cpu"
         if symbolic:            # one binding for every input shape; plans per bucket at run time
@@ -115,6 +128,7 @@ class Executor:
                                            direct_calls=direct_calls)
         else:
             self._runner = _SingleRunner(graph, self.binding, filename, direct_calls)
+        self._direct_calls = direct_calls
         self._lock = threading.Lock()
         self.backend.settle()                       # what binding's probe runs freed
         frames = getattr(self._runner, "frames", None)
@@ -154,14 +168,41 @@ class Executor:
         if self._closed:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
         runner = runner or self._runner
+        threads = self.threads
+        if hook is None and self.thread_policy == "free_cores" and _adaptable(runner):
+            wanted = self.threads or torch.get_num_threads()
+            threads = self._chosen_threads = free_cores.SAMPLER.free(wanted, self._chosen_threads)
+            if threads < self.bound_threads:
+                runner = self._at_threads(runner, threads, tensors)
+        used = threads or torch.get_num_threads()
+        self.threads_used[used] = self.threads_used.get(used, 0) + 1
         try:
-            with torch.inference_mode(), intra_op_threads(self.threads):
+            with torch.inference_mode(), intra_op_threads(threads):
                 self.backend.before_run(tensors)
                 return runner(tensors, hook)
         except FusegraphError:
             raise
         except Exception as exc:
             raise self._kernel_error(exc, runner) from exc
+
+    def _at_threads(self, runner, threads: int, tensors: list):
+        """``runner`` with its thread-bound kernels made for ``threads`` (made once, kept)."""
+        key = (id(runner), threads)
+        got = self._narrow.get(key)
+        if got is not None:
+            return got
+        kernels = self._narrow_kernels.get(threads)
+        if kernels is None:
+            with torch.inference_mode(), intra_op_threads(threads):
+                kernels = kernels_again(self.binding, self.device, self.backend.thread_bound())
+            self._narrow_kernels[threads] = kernels
+        if isinstance(runner, _SingleRunner):
+            got = _SingleRunner(self.graph, with_kernels(self.binding, kernels),
+                                f"{runner.filename}:{threads}-threads", self._direct_calls)
+        else:                                   # a FrameRunner (the model's, or a KV session's)
+            got = runner.with_kernels(kernels, f"{threads}-threads", tensors)
+        self._narrow[key] = got
+        return got
 
     def convert_feeds_except(self, feeds: Mapping[str, Any], skipped: set[str]) -> list:
         """``feeds`` checked and converted for every input not in ``skipped`` (None there)."""
@@ -219,6 +260,12 @@ class Executor:
                     return KernelError(f"{self.model_name}: node {node.name!r} ({node.op_type}) failed "
                                        f"with inputs ({ins}): {type(exc).__name__}: {exc}")
         return KernelError(f"{self.model_name}: run failed: {type(exc).__name__}: {exc}")
+
+
+def _adaptable(runner) -> bool:
+    """A runner whose thread-bound kernels can be made again for another count: one stream."""
+    from .frame_runner import FrameRunner
+    return isinstance(runner, _SingleRunner) or (isinstance(runner, FrameRunner) and runner.streams is None)
 
 
 def _storage(t: torch.Tensor) -> int:

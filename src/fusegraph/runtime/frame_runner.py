@@ -9,16 +9,19 @@ whose first lines take the frame of the inputs' shapes (``frames.py``: made on a
 after). The first run also probes the shape program at its (valid) shapes: a node whose
 kernel turns out to need data to know its output shape becomes dynamic (its kernel
 allocates), and the function is generated again, once. Outputs are handed out by the
-executor as from any run (copied out of the arena).
+executor as from any run (copied out of the arena). ``with_kernels`` gives the same runner
+with some calls running other kernels (made for another thread count) and its own code,
+sharing the frames (one arena, one set of plans).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Callable
 
 from ..ir import Graph, Value
 from ..ops.registry import view_input
-from .bind import Binding, frame_outputs
+from .bind import Binding, frame_outputs, with_kernels
 from .codegen import generate_frame_run_function
 from .frames import FrameBuilder
 from .shape_memo import shape_only_calls
@@ -64,6 +67,26 @@ class FrameRunner:
         graph, planner, filename, name, device, declared, streams, threads = self._args
         return FrameRunner(graph, self.binding, planner, f"{filename}:{suffix}", name, device, declared, replaced,
                            streams, threads)
+
+    def with_kernels(self, kernels: dict[int, Callable], suffix: str, tensors: list) -> "FrameRunner":
+        """This runner with the calls of ``kernels`` (id(node) -> kernel) running those kernels,
+        its own code, and this runner's frames (the same values slotted: the kernels write
+        what the ones they stand for wrote). A node this runner replaced keeps its replacement.
+        ``tensors``: a run's inputs, to probe this runner's shapes first (the probe may
+        generate its code again, which the other code must follow)."""
+        if self._stream_runner is not None:
+            raise ValueError("a runner of several streams keeps the kernels of its stream plan")
+        if not self._probed:
+            self._probe(tensors)
+        other = copy.copy(self)
+        other.binding = with_kernels(self.binding, {k: v for k, v in kernels.items() if k not in self._replaced})
+        other.filename = f"{self.filename}:{suffix}"
+        other.code = generate_frame_run_function(self.graph, other.binding, self.memo, self.frames.planned,
+                                                 other.filename, self.frames)
+        other.codes = [other.code]
+        self.frames.envs.append(other.code.env)
+        self.frames.arena_moved()
+        return other
 
     def _generate(self) -> None:
         for call in self.binding.calls:
@@ -114,13 +137,13 @@ class FrameRunner:
             return self.code.function(*tensors)
         code = generate_frame_run_function(self.graph, self.binding, self.memo, self.frames.planned,
                                            self.filename + ":hook", self.frames, hook=hook)
-        self.frames.envs = [self.code.env, code.env]
+        self.frames.envs.append(code.env)
         self.frames.arena_moved()
         self.codes = [self.code, code]
         try:
             return code.function(*tensors)
         finally:
-            self.frames.envs = [self.code.env]
+            self.frames.envs.remove(code.env)
 
     @property
     def arena(self):

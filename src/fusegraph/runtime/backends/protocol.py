@@ -69,6 +69,20 @@ class Backend:
         """The op's own kernel, for a node this backend declined."""
         return opdef.build(ctx)
 
+    def thread_bound(self) -> set[str]:
+        """The nodes whose kernels were made for the thread count of their binding (they run
+        that many threads whatever the count at the call): a binding for another count makes
+        these again (``bind.kernels_again``)."""
+        return set()
+
+    def weight_forms(self) -> dict[str, int]:
+        """Per weight name, how many forms of it the backend holds (``drop_weight_forms``
+        goes back to such a count)."""
+        return {}
+
+    def drop_weight_forms(self, counts: dict[str, int]) -> None:
+        """Forget the forms made since ``weight_forms()`` returned ``counts``."""
+
     def prepare(self) -> None:
         """Process-level set-up before binding (CPU: the host-memory policy)."""
 

@@ -78,6 +78,7 @@ class CpuBackend(Backend):
         self.workspace = Workspace()      # scratch the torch kernels share (attention scores)
         self.dnnl = DnnlKernels(self.store) if kernels != "portable" and dnnl_available() else None
         self._tried: dict[str, list[Decline]] = {}
+        self._thread_bound: set[str] = set()      # nodes given a oneDNN kernel (made for a thread count)
         self.where = "artifact"
         self.guards = GuardPlan({}, {})     # which nodes run fast below which input magnitude, what they measure
         self.run_state = RunState()
@@ -137,11 +138,13 @@ class CpuBackend(Backend):
         if limit is not None and self.dnnl is not None:
             fast = self.dnnl.kernel(ctx, opdef, key, False)
             if fast is not None and not isinstance(fast, Decline):
+                self._thread_bound.add(ctx.node.name)
                 return Guarded(fast, lambda: self._exact(ctx, opdef, key), limit, self.run_state,
                                len(ctx.node.inputs), measures)
         if self.dnnl is not None:
             got = self.dnnl.kernel(ctx, opdef, key, self.exact)
             if got is not None and not isinstance(got, Decline):
+                self._thread_bound.add(ctx.node.name)
                 return got
             if got is not None:
                 self._tried[ctx.node.name] = [got]
@@ -163,6 +166,20 @@ class CpuBackend(Backend):
 
     def tried(self, node) -> list[Decline]:
         return self._tried.get(node.name, [])
+
+    def thread_bound(self) -> set[str]:
+        return set(self._thread_bound)
+
+    def weight_forms(self) -> dict[str, int]:
+        return {name: len(forms) for name, forms in self.store.forms.items()}
+
+    def drop_weight_forms(self, counts: dict[str, int]) -> None:
+        for name in list(self.store.forms):
+            keep = counts.get(name, 0)
+            if keep:
+                del self.store.forms[name][keep:]
+            else:
+                del self.store.forms[name]
 
     # -- weights
     def release_weights(self, graph, calls) -> int:
