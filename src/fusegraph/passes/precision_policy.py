@@ -55,6 +55,10 @@ POLICY: dict[tuple[str, str], tuple[str, str]] = {
     **{("", op): (FOLLOW, _ACTIVATION) for op in (
         "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu", "Elu", "Selu", "Softplus", "Mish", "Erf")},
     ("fusegraph", "Gelu"): (FOLLOW, _ACTIVATION),
+    ("fusegraph", "GatedActivation"): (FOLLOW, "an activation times the up projection: float32 inside, "
+                                              "rounded once"),
+    ("fusegraph", "RotaryEmbedding"): (FOLLOW, "a rotation by float32 cos / sin tables: float32 inside, "
+                                              "rounded once"),
     ("fusegraph", "ElementwiseChain"): (FOLLOW, "a fused elementwise chain: reads and writes the reduced "
                                                 "type, computes every step in float32 with its float32 "
                                                 "constants and rounds once (a chain with a KEEP step "
@@ -68,6 +72,8 @@ POLICY: dict[tuple[str, str], tuple[str, str]] = {
     ("fusegraph", "MaskedSoftmax"): (KEEP, "exponentials and a sum: float32"),
     ("fusegraph", "LayerNorm"): (KEEP, "normalisation statistics (mean, variance): float32"),
     ("fusegraph", "SkipLayerNorm"): (KEEP, "a residual sum and normalisation statistics: float32"),
+    ("fusegraph", "RMSNorm"): (KEEP, "normalisation statistics (mean square): float32"),
+    ("fusegraph", "SkipRMSNorm"): (KEEP, "a residual sum and normalisation statistics: float32"),
     ("", "LayerNormalization"): (KEEP, "normalisation statistics: float32"),
     ("", "BatchNormalization"): (KEEP, "normalisation statistics: float32"),
     ("", "InstanceNormalization"): (KEEP, "normalisation statistics: float32"),
@@ -96,10 +102,10 @@ def has_residual(node) -> bool:
     return node.op_type == "FusedConv" and len(node.inputs) > 3 and node.inputs[3] is not None
 # ops the logits search looks through (graph output backwards to the last heavy ops); a
 # normalisation stops it: what follows one is a hidden state, not logits
-NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "LayerNormalization", "BatchNormalization",
-                            "InstanceNormalization", "GroupNormalization", "LRN"})
+NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "RMSNorm", "SkipRMSNorm", "LayerNormalization",
+                            "BatchNormalization", "InstanceNormalization", "GroupNormalization", "LRN"})
 # FOLLOW ops that compute in float32 inside: their constant inputs stay float32 (not rounded)
-FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain")})
+FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain"), ("fusegraph", "RotaryEmbedding")})
 # REDUCE products -> the input index of their constant bias, kept float32: it is added to the
 # float32 accumulator (oneDNN takes a float32 bias beside bf16 / fp16 operands; the ops' own
 # kernels round it to the operands' type), and a rounded bias shifts every output of its

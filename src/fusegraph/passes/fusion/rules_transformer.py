@@ -18,6 +18,10 @@ recognisers in ``attention_forms.py`` / ``transformer_forms.py``.
   ``linear(x)`` (GPT-2's Conv1D as Gemm), targets read symbolically.
 - layer_norm (30-32): ``(x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta]`` over
   the last axis (``Pow(d, 2)`` or ``d * d``) -> ``LayerNorm``. Statistics differ by rounding.
+- layer_norm_onnx (24): ONNX ``LayerNormalization`` (opset 17 exports: Swin, SegFormer,
+  MobileViT, ConvNeXt) over the last axis with one output, float32 statistics and constant
+  scale / bias -> ``LayerNorm`` (the same function; its kernel is oneDNN's): after
+  skip_layer_norm, which takes those after a residual Add.
 - gelu (30): the erf and tanh GELU forms (any association of the product), a bias Add in
   front absorbed -> ``Gelu``.
 - skip_layer_norm (25): ``LayerNorm(a + b)`` -> ``SkipLayerNorm``, which also outputs the
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ir import DType
 from ..facts import const_of, producer
 from ..rule import FUSEGRAPH_DOMAIN as FG
 from ..rule import Decline, Rule
@@ -233,6 +238,31 @@ def _skip_rewrite(m, _, ctx):
     return y
 
 
+def _onnx_ln_check(m, ctx):
+    ln = m.root
+    x = ln.inputs[0]
+    rank = len(x.shape) if x.shape is not None else 0
+    if len(ln.outputs) != 1 or rank == 0 or int(ln.attrs.get("axis", -1)) % rank != rank - 1 \
+            or int(ln.attrs.get("stash_type", 1)) != 1:
+        return Decline("LayerNormalization is not over the last axis alone, or has statistics outputs")
+    if x.dtype != DType.FLOAT or not isinstance(x.shape[-1], int):
+        return Decline("not float32, or the normalised size is unknown")
+    n = x.shape[-1]
+    params = [vector_along(v, n, rank) if v is not None else None for v in ln.inputs[1:3]]
+    if any(v is not None and (p is None or const_of(v) is None) for v, p in zip(ln.inputs[1:3], params)):
+        return Decline("scale / bias are not constant vectors along the last axis")
+    return params
+
+
+def _onnx_ln_rewrite(m, params, ctx):
+    ln = m.root
+    ins = [ln.inputs[0], *(_as_const(ctx, p, name) for p, name in zip(params, ("gamma", "beta")))]
+    while ins[-1] is None:
+        ins.pop()
+    return keep_shape(ctx.emit("LayerNorm", ins, {"epsilon": float(ln.attrs.get("epsilon", 1e-5))}, domain=FG),
+                      ln)
+
+
 # ------------------------------------------------------------------ GELU and linear + activation
 
 
@@ -426,6 +456,10 @@ RULES = [
                      Pat("Add", Var("a"), Var("b"), name="add", single_use=False),
                      Var("gamma", optional=True), Var("beta", optional=True)),
          priority=25, doc="no broadcasting in the Add; normalised over the last axis"),
+    Rule("layer_norm_onnx", _onnx_ln_check, _onnx_ln_rewrite,
+         pattern=Pat("LayerNormalization", Var("x"), Var("gamma"), Var("beta", optional=True)), priority=24,
+         doc="ONNX LayerNormalization over the last axis, float32 (stash_type 1), one output, scale / bias "
+             "constant vectors: the LayerNorm the oneDNN kernel runs (after skip_layer_norm)"),
     Rule("gelu", _gelu_check, _gelu_rewrite, pattern=Pat("Mul", Var("a", _gelu_candidate), Var("b")), priority=30,
          doc="erf or tanh GELU with its constants within 1e-5; interior values used only inside"),
     Rule("linear_act", _linear_check, _linear_rewrite, pattern=_LINEAR, priority=20,
