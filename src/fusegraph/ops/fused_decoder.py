@@ -107,9 +107,11 @@ def rotary_views(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
 
 
 def rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out = x * cos + cat(-x2, x1) * sin`` (``out`` of x's shape, any strides, not x):
-    the products and the sum rounded as the graph rounds them (``addcmul`` multiplies, then
-    adds)."""
+    """``out = x * cos + cat(-x2, x1) * sin`` (``out`` of x's shape, any strides, not x), in
+    three passes and no temporary: ``x * cos``, then each half's ``addcmul`` (a fused
+    multiply-add where ATen vectorises it: the graph's separate product and sum round twice,
+    this once, so results may differ in the last bit, and a product beyond float32's range
+    that the sum would bring back is not infinite here)."""
     h = x.shape[-1] // 2
     torch.mul(x, cos, out=out)
     out[..., :h].addcmul_(x[..., h:], sin[..., :h], value=-1.0)

@@ -18,15 +18,13 @@ recognisers in ``attention_forms.py`` / ``transformer_forms.py``.
   ``linear(x)`` (GPT-2's Conv1D as Gemm), targets read symbolically.
 - layer_norm (30-32): ``(x - mean) / sqrt(mean((x - mean)^2) + eps) [* gamma] [+ beta]`` over
   the last axis (``Pow(d, 2)`` or ``d * d``) -> ``LayerNorm``. Statistics differ by rounding.
-- layer_norm_onnx (24): ONNX ``LayerNormalization`` (opset 17 exports: Swin, SegFormer,
-  MobileViT, ConvNeXt) over the last axis with one output, float32 statistics and constant
-  scale / bias -> ``LayerNorm`` (the same function; its kernel is oneDNN's): after
-  skip_layer_norm, which takes those after a residual Add.
 - gelu (30): the erf and tanh GELU forms (any association of the product), a bias Add in
   front absorbed -> ``Gelu``.
 - skip_layer_norm (25): ``LayerNorm(a + b)`` -> ``SkipLayerNorm``, which also outputs the
   sum when the Add has other users (pre-LN residual streams).
 - linear_act (20): ``act(Linear | MatMul by a 2-D weight)`` -> ``LinearAct``.
+- linear_silu (20): ``p * Sigmoid(p)`` of such a product (SiLU as exporters write it:
+  MobileViT's MLPs) -> ``LinearAct`` with ``silu``.
 - linear_layer (-50, after every other rule): a MatMul / Linear by a constant 2-D weight of at
   least ``LAYER_MIN_WEIGHT`` elements left over -> ``LinearAct`` without activation, whose
   kernel runs them through oneDNN's inner product.
@@ -39,7 +37,6 @@ from __future__ import annotations
 
 import torch
 
-from ...ir import DType
 from ..facts import const_of, producer
 from ..rule import FUSEGRAPH_DOMAIN as FG
 from ..rule import Decline, Rule
@@ -238,31 +235,6 @@ def _skip_rewrite(m, _, ctx):
     return y
 
 
-def _onnx_ln_check(m, ctx):
-    ln = m.root
-    x = ln.inputs[0]
-    rank = len(x.shape) if x.shape is not None else 0
-    if len(ln.outputs) != 1 or rank == 0 or int(ln.attrs.get("axis", -1)) % rank != rank - 1 \
-            or int(ln.attrs.get("stash_type", 1)) != 1:
-        return Decline("LayerNormalization is not over the last axis alone, or has statistics outputs")
-    if x.dtype != DType.FLOAT or not isinstance(x.shape[-1], int):
-        return Decline("not float32, or the normalised size is unknown")
-    n = x.shape[-1]
-    params = [vector_along(v, n, rank) if v is not None else None for v in ln.inputs[1:3]]
-    if any(v is not None and (p is None or const_of(v) is None) for v, p in zip(ln.inputs[1:3], params)):
-        return Decline("scale / bias are not constant vectors along the last axis")
-    return params
-
-
-def _onnx_ln_rewrite(m, params, ctx):
-    ln = m.root
-    ins = [ln.inputs[0], *(_as_const(ctx, p, name) for p, name in zip(params, ("gamma", "beta")))]
-    while ins[-1] is None:
-        ins.pop()
-    return keep_shape(ctx.emit("LayerNorm", ins, {"epsilon": float(ln.attrs.get("epsilon", 1e-5))}, domain=FG),
-                      ln)
-
-
 # ------------------------------------------------------------------ GELU and linear + activation
 
 
@@ -328,6 +300,25 @@ def _linear_rewrite(m, _, ctx):
     ins[1], trans_b = _weight_rows(ctx, mm)
     return keep_shape(ctx.emit("LinearAct", ins, {"trans_b": trans_b, "activation": _act_name(act)}, domain=FG),
                        m.root)
+
+
+def _silu_check(m, ctx):
+    mm = m.nodes["mm"]
+    w = mm.inputs[1]
+    if w.shape is None or len(w.shape) != 2 or mm.inputs[0].shape is None or len(mm.inputs[0].shape) < 1:
+        return Decline("the weight is not 2-D")
+    if not mm.outputs[0].dtype.is_float or mm.outputs[0].shape is None:
+        return Decline("not floating point")
+    if mm.domain == FG and (int(mm.attrs.get("trans_a", 0)) or mm.attrs.get("out_dtype") is not None):
+        return Decline("a transposed or widened product")
+    return True
+
+
+def _silu_rewrite(m, _, ctx):
+    mm = m.nodes["mm"]
+    ins = list(mm.inputs)
+    ins[1], trans_b = _weight_rows(ctx, mm)
+    return keep_shape(ctx.emit("LinearAct", ins, {"trans_b": trans_b, "activation": "silu"}, domain=FG), m.root)
 
 
 def _weight_rows(ctx, mm):
@@ -425,6 +416,9 @@ _ATTENTION = Pat(("MatMul", "fusegraph::BatchMatMul"), Var("p", _softmaxish), Va
 _LINEAR = Pat(("Relu", "Sigmoid", "Tanh", "fusegraph::Gelu"),
               Pat(("fusegraph::Linear", "MatMul"), Var("x"), Var("w"), Var("b", optional=True), name="mm"),
               Var("bias", optional=True))
+_MM = ("fusegraph::Linear", "MatMul")
+_LINEAR_SILU = Pat("Mul", Pat(_MM, Var("x"), Var("w"), Var("b", optional=True), name="mm"),
+                   Pat("Sigmoid", Pat(_MM, Var("x"), Var("w"), Var("b", optional=True), name="mm")))
 _BINARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
                     Var("p", _chain_link), Var("o"), commutative=True)
 _UNARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op not in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
@@ -456,14 +450,13 @@ RULES = [
                      Pat("Add", Var("a"), Var("b"), name="add", single_use=False),
                      Var("gamma", optional=True), Var("beta", optional=True)),
          priority=25, doc="no broadcasting in the Add; normalised over the last axis"),
-    Rule("layer_norm_onnx", _onnx_ln_check, _onnx_ln_rewrite,
-         pattern=Pat("LayerNormalization", Var("x"), Var("gamma"), Var("beta", optional=True)), priority=24,
-         doc="ONNX LayerNormalization over the last axis, float32 (stash_type 1), one output, scale / bias "
-             "constant vectors: the LayerNorm the oneDNN kernel runs (after skip_layer_norm)"),
     Rule("gelu", _gelu_check, _gelu_rewrite, pattern=Pat("Mul", Var("a", _gelu_candidate), Var("b")), priority=30,
          doc="erf or tanh GELU with its constants within 1e-5; interior values used only inside"),
     Rule("linear_act", _linear_check, _linear_rewrite, pattern=_LINEAR, priority=20,
          doc="2-D weight, activation of the same shape, at most one non-constant bias"),
+    Rule("linear_silu", _silu_check, _silu_rewrite, pattern=_LINEAR_SILU, priority=20,
+         doc="p * Sigmoid(p), p a product by a 2-D weight read only there: LinearAct with SiLU (oneDNN's swish "
+             "post-op, exact on NaN / Inf)"),
     Rule("linear_reshapes", _reshape_linear_check, _reshape_linear_rewrite,
          pattern=Pat("Reshape", Pat(tuple(f"{d}::{t}" if d else t for d, t in LINEARS), ..., name="mm"),
                      Var("target")),
