@@ -74,7 +74,7 @@ def _axis(a: int, rank: int) -> int:
       "Softplus", "Softsign", "Gelu", "Clip", "IsNaN", "IsInf", "Sign", "Floor", "Ceil", "Round", "Mish",
       "LayerNormalization", "Dropout", "Celu", "ThresholdedRelu", "Shrink", "Swish", "InstanceNormalization",
       "BatchNormalization", "LRN")
-@rule("Gelu", "LayerNorm", "MaskedSoftmax", "RMSNorm", "RotaryEmbedding", domain="fusegraph")
+@rule("Gelu", "LayerNorm", "MaskedSoftmax", "RMSNorm", "RotaryEmbedding", "Roll", domain="fusegraph")
 def _same(node, shapes, values):
     if len(node.outputs) != 1 and node.op_type != "Dropout":    # statistics outputs: the kernel knows
         return None

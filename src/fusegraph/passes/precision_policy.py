@@ -46,6 +46,7 @@ POLICY: dict[tuple[str, str], tuple[str, str]] = {
         "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Concat", "Split",
         "Slice", "Gather", "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth")},
     ("fusegraph", "ChannelShuffle"): (FOLLOW, _MOVE),
+    ("fusegraph", "Roll"): (FOLLOW, _MOVE),
     ("", "MaxPool"): (FOLLOW, "a window maximum: exact in any type"),
     ("", "GlobalMaxPool"): (FOLLOW, "a maximum: exact in any type"),
     ("", "AveragePool"): (FOLLOW, "a small window mean: torch accumulates in float32 and rounds once"),
