@@ -146,6 +146,7 @@ BUILDERS = {
     ("", "DepthToSpace"): _op("DepthToSpace", blocksize=2),
     ("", "SpaceToDepth"): _op("SpaceToDepth", blocksize=2),
     (FG, "ChannelShuffle"): _op("ChannelShuffle", domain=FG, groups=2),
+    (FG, "Roll"): _op("Roll", domain=FG, shifts=[2], axes=[3]),
     ("", "MaxPool"): _op("MaxPool", kernel_shape=[2, 2]),
     ("", "GlobalMaxPool"): _op("GlobalMaxPool"),
     ("", "AveragePool"): _op("AveragePool", kernel_shape=[2, 2]),
@@ -161,6 +162,8 @@ BUILDERS = {
     (FG, "Gelu"): _op("Gelu", domain=FG, approximate="none"),
     (FG, "ElementwiseChain"): lambda g, a, b: g.add_node(
         "ElementwiseChain", [a, b], attrs={"steps": ["Mul i0 i1", "Relu p"]}, domain=FG, name="op"),
+    (FG, "GatedActivation"): _op("GatedActivation", domain=FG, activation="silu"),
+    (FG, "RotaryEmbedding"): lambda g, a, b: g.add_node("RotaryEmbedding", [a, b, b], domain=FG, name="op"),
     # ANY
     ("", "Shape"): _shape,
     ("", "Size"): _size,
@@ -173,6 +176,9 @@ BUILDERS = {
     (FG, "SkipLayerNorm"): lambda g, a, b: g.add_node(
         "SkipLayerNorm", [a, b, _c(g, "gamma", _w(6, seed=9)), _c(g, "beta", _w(6, seed=10))], attrs=_LN,
         domain=FG, name="op"),
+    (FG, "RMSNorm"): _op("RMSNorm", ("gamma", lambda: _w(6, seed=9)), domain=FG, epsilon=1e-6),
+    (FG, "SkipRMSNorm"): lambda g, a, b: g.add_node(
+        "SkipRMSNorm", [a, b, _c(g, "gamma", _w(6, seed=9))], attrs={"epsilon": 1e-6}, domain=FG, name="op"),
     ("", "LayerNormalization"): _op("LayerNormalization", ("gamma", lambda: _w(6, seed=9)),
                                     ("beta", lambda: _w(6, seed=10)), axis=-1, **_LN),
     ("", "BatchNormalization"): _op("BatchNormalization", *[(n, lambda s=s: _w(4, seed=s).abs() + 0.5)

@@ -221,15 +221,43 @@ def _sdpa_infer(ctx: NodeContext):
     v = _heads_shape(v_in, ctx.attr("v_heads", 0))
     if q is None or v is None:
         return [(ctx.dtype(0) or None, None)]
+    if int(ctx.attr("kv_repeat", 1)) > 1:      # k / v heads serve groups of query heads: q's batch
+        out = tuple(q[:-2]) + (q[-2], v[-1])
+        return [(ctx.dtype(0) or None, _merged(ctx, out))]
     batch = broadcast_shapes(tuple(q[:-2]), tuple(v[:-2]))
     k = None if split is not None else _heads_shape(ctx.shape(1), ctx.attr("k_heads", 0))
     if k is not None and tuple(k[:-2]) != tuple(q[:-2]):
         batch = broadcast_shapes(batch, tuple(k[:-2]))
     out = tuple(batch) + (q[-2], v[-1])
+    return [(ctx.dtype(0) or None, _merged(ctx, out))]
+
+
+def _merged(ctx: NodeContext, out):
+    """The output shape ``[..., H, L, Dv]``, or ``[..., L, H*Dv]`` with ``merge_heads``."""
     if ctx.attr("merge_heads", 0):
         h, d = out[-3], out[-1]
         out = tuple(out[:-3]) + (out[-2], h * d if isinstance(h, int) and isinstance(d, int) else None)
-    return [(ctx.dtype(0) or None, out)]
+    return out
+
+
+def _grouped(q, kt, v, mask, out, rep: int):
+    """Grouped-query attention (``kv_repeat``): q ``[..., H, L, D]`` as ``[..., H/rep, rep, L, D]``,
+    k^T / v with one more axis of size 1 there (broadcast over each group of ``rep`` query
+    heads), the mask and the ``[..., H, L, Dv]`` output likewise; views, nothing repeated."""
+    h = q.shape[-3]
+    if h % rep or kt.shape[-3] * rep != h or v.shape[-3] * rep != h:
+        raise RuntimeError(f"grouped attention: {h} query heads are not {rep} per k / v head "
+                           f"(k^T {tuple(kt.shape)}, v {tuple(v.shape)})")
+    q = q.reshape(*q.shape[:-3], h // rep, rep, *q.shape[-2:])
+    kt, v = kt.unsqueeze(-3), v.unsqueeze(-3)
+    if mask is not None:
+        if mask.dim() >= 3 and mask.shape[-3] == h:
+            mask = mask.reshape(*mask.shape[:-3], h // rep, rep, *mask.shape[-2:])
+        else:
+            mask = mask.unsqueeze(-3)
+    if out is not None:
+        out = out.view(*out.shape[:-3], h // rep, rep, *out.shape[-2:])
+    return q, kt, v, mask, out
 
 
 def _mask_fits(mask, q, kt) -> bool:
@@ -263,7 +291,9 @@ def _sdpa(ctx: NodeContext):
     """Attributes: scale; k_transposed (4-D k given as [B, H, D, S]); q_heads / k_heads /
     v_heads (> 0: that operand comes as [B, S, H*D] and is split into heads here, k then
     untransposed); qkv_split [Eq, Ek, Ev] (q, k and v packed along the last axis of input 0,
-    inputs 1 and 2 absent); merge_heads (output [B, L, H*D] instead of [B, H, L, D]); nan_to_zero.
+    inputs 1 and 2 absent); merge_heads (output [B, L, H*D] instead of [B, H, L, D]); nan_to_zero;
+    kv_repeat (> 1: k and v have H / kv_repeat heads, each serving kv_repeat consecutive query
+    heads, as grouped-query attention's repeat_kv gives them; broadcast, never copied).
     The kernel takes ``out=`` (its output buffer) and ``scores=`` (a buffer of at least the
     scores' bytes, for ``q @ k^T``: a backend's workspace, or a function of the bytes needed
     that returns one; else allocated per call)."""
@@ -274,6 +304,9 @@ def _sdpa(ctx: NodeContext):
     merge = bool(ctx.attr("merge_heads", 0))
     split = ctx.attr("qkv_split", None)
     split = None if split is None else [int(n) for n in split]
+    rep = int(ctx.attr("kv_repeat", 1))
+    if rep < 1:
+        raise ctx.unsupported(f"kv_repeat={rep}")
 
     def composed(q, kt, v, mask, scores, out):
         s = y = None
@@ -314,6 +347,8 @@ def _sdpa(ctx: NodeContext):
         if vh:
             v = split_heads(v, vh)
         kt = split_heads(k, kh).transpose(-1, -2) if kh else (k if k_transposed else k.transpose(-1, -2))
+        if rep > 1:
+            return _grouped_attention(q, kt, v, mask, out, scores, rep)
         if mask is not None and not _mask_fits(tuple(mask.shape), tuple(q.shape), tuple(kt.shape)):
             raise RuntimeError(f"the attention mask {tuple(mask.shape)} broadcasts the scores of q "
                                f"{tuple(q.shape)} and k^T {tuple(kt.shape)} to a larger shape, which the fused "
@@ -342,6 +377,24 @@ def _sdpa(ctx: NodeContext):
             y = y.transpose(-3, -2).reshape(*y.shape[:-3], y.shape[-2], y.shape[-3] * y.shape[-1])
         return y
 
+    def _grouped_attention(q, kt, v, mask, out, scores, rep):
+        h, length, dv = q.shape[-3], q.shape[-2], v.shape[-1]
+        heads_out = None
+        if out is not None:
+            heads_out = out.view(*out.shape[:-1], h, dv).transpose(-3, -2) if merge else out
+        q, kt, v, mask, heads_out = _grouped(q, kt, v, mask, heads_out, rep)
+        if mask is not None and not _mask_fits(tuple(mask.shape), tuple(q.shape), tuple(kt.shape)):
+            raise RuntimeError(f"the attention mask {tuple(mask.shape)} broadcasts the scores of q "
+                               f"{tuple(q.shape)} and k^T {tuple(kt.shape)} to a larger shape, which the fused "
+                               f"attention does not take; compile with disabled_passes=('attention',)")
+        y = composed(q, kt, v, mask, scores, heads_out)
+        if out is not None:
+            return out
+        y = y.reshape(*y.shape[:-4], h, length, dv)
+        if merge:
+            y = y.transpose(-3, -2).reshape(*y.shape[:-3], length, h * dv)
+        return y
+
     attention.scores_bytes = lambda: _scores_bytes(ctx, split, qh, kh, k_transposed)
     return attention
 
@@ -360,7 +413,7 @@ def _scores_bytes(ctx: NodeContext, split, qh: int, kh: int, k_transposed: bool)
     if kh:
         k = (k[0], kh, k[1], k[2] // kh)
     s_len = k[-1] if (k_transposed and not kh) else k[-2]
-    batch = broadcast_shapes(tuple(q[:-2]), tuple(k[:-2]))
+    batch = tuple(q[:-2]) if int(ctx.attr("kv_repeat", 1)) > 1 else broadcast_shapes(tuple(q[:-2]), tuple(k[:-2]))
     scores = math.prod(batch) * q[-2] * s_len * dtype.to_torch().itemsize
     out = ctx.node.outputs[0].shape
     if not ctx.attr("merge_heads", 0) or out is None or not all(isinstance(d, int) for d in out):

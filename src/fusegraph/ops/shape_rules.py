@@ -74,7 +74,7 @@ def _axis(a: int, rank: int) -> int:
       "Softplus", "Softsign", "Gelu", "Clip", "IsNaN", "IsInf", "Sign", "Floor", "Ceil", "Round", "Mish",
       "LayerNormalization", "Dropout", "Celu", "ThresholdedRelu", "Shrink", "Swish", "InstanceNormalization",
       "BatchNormalization", "LRN")
-@rule("Gelu", "LayerNorm", "MaskedSoftmax", domain="fusegraph")
+@rule("Gelu", "LayerNorm", "MaskedSoftmax", "RMSNorm", "RotaryEmbedding", "Roll", domain="fusegraph")
 def _same(node, shapes, values):
     if len(node.outputs) != 1 and node.op_type != "Dropout":    # statistics outputs: the kernel knows
         return None
@@ -83,7 +83,7 @@ def _same(node, shapes, values):
 
 @rule("Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
       "And", "Or", "Xor", "Max", "Min", "Mod", "PRelu", "BitShift", "Sum", "Mean")
-@rule("SkipLayerNorm", "ElementwiseChain", domain="fusegraph")
+@rule("SkipLayerNorm", "ElementwiseChain", "SkipRMSNorm", domain="fusegraph")
 def _broadcast(node, shapes, values):
     return [broadcast(*(s for s in shapes if s is not None))] * len(node.outputs)
 
@@ -97,6 +97,12 @@ def _weight_columns(node, shapes) -> int:
 @rule("Linear", "LinearAct", domain="fusegraph")
 def _linear(node, shapes, values):
     return [tuple(shapes[0][:-1]) + (_weight_columns(node, shapes),)]
+
+
+@rule("GatedActivation", domain="fusegraph")
+def _gated(node, shapes, values):
+    x = shapes[0]
+    return [tuple(x[:-1]) + (x[-1] // 2,)]
 
 
 @rule("MatMul", "BatchMatMul")
@@ -128,8 +134,11 @@ def _attention(node, shapes, values):
     else:
         q, v = shapes[0], shapes[2]
     q, v = _heads(q, int(a.get("q_heads", 0))), _heads(v, int(a.get("v_heads", 0)))
-    batch = broadcast(tuple(q[:-2]), tuple(v[:-2]))
-    if split is None:
+    if int(a.get("kv_repeat", 1)) > 1:          # grouped k / v heads: the query's batch and heads
+        batch = tuple(q[:-2])
+    else:
+        batch = broadcast(tuple(q[:-2]), tuple(v[:-2]))
+    if split is None and int(a.get("kv_repeat", 1)) == 1:
         k = _heads(shapes[1], int(a.get("k_heads", 0)))
         batch = broadcast(batch, tuple(k[:-2]))
     out = batch + (q[-2], v[-1])

@@ -31,7 +31,8 @@ from .precision_policy import FP32_OUTPUT_PRODUCTS as PRODUCTS
 from .precision_policy import has_residual
 
 VIEWS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze")}
-NORMS = {("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")}
+NORMS = {("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm"), ("fusegraph", "RMSNorm"),
+         ("fusegraph", "SkipRMSNorm")}
 
 
 def _product_path(cast):
@@ -66,8 +67,8 @@ def _norm_path(cast):
         return "not a float32 layer norm"
     if len(src.uses) != 1 or src.is_graph_output or is_locked(src) or is_locked(cast.outputs[0]):
         return "the norm's output has other readers, is a graph output or is locked"
-    if node.op_type == "SkipLayerNorm" and len(node.outputs) != 2:
-        return "a SkipLayerNorm that normalises its sum in place"
+    if node.op_type in ("SkipLayerNorm", "SkipRMSNorm") and len(node.outputs) != 2:
+        return f"a {node.op_type} that normalises its sum in place"
     if cast.outputs[0].is_graph_output:
         return "the Cast's output is a graph output"
     return [src]

@@ -76,10 +76,10 @@ def has_residual(node) -> bool:
     return node.op_type == "FusedConv" and len(node.inputs) > 3 and node.inputs[3] is not None
 # ops the logits search looks through (graph output backwards to the last heavy ops); a
 # normalisation stops it: what follows one is a hidden state, not logits
-NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "LayerNormalization", "BatchNormalization",
-                            "InstanceNormalization", "GroupNormalization", "LRN"})
+NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "RMSNorm", "SkipRMSNorm", "LayerNormalization",
+                            "BatchNormalization", "InstanceNormalization", "GroupNormalization", "LRN"})
 # FOLLOW ops that compute in float32 inside: their constant inputs stay float32 (not rounded)
-FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain")})
+FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain"), ("fusegraph", "RotaryEmbedding")})
 # REDUCE products -> the input index of their constant bias, kept float32: it is added to the
 # float32 accumulator (oneDNN takes a float32 bias beside bf16 / fp16 operands; the ops' own
 # kernels round it to the operands' type), and a rounded bias shifts every output of its

@@ -26,10 +26,10 @@ ShapeFn = Callable[[dict], tuple]     # {id(leaf): tensor} -> shape
 SAME_AS_FIRST = {("", op) for op in ("Cast", "CastLike", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Neg", "Abs",
                                      "Exp", "Log", "Not", "Identity", "Softmax", "LogSoftmax", "IsNaN", "IsInf",
                                      "Reciprocal", "LayerNormalization")} | \
-    {("fusegraph", op) for op in ("Gelu", "LayerNorm")}
+    {("fusegraph", op) for op in ("Gelu", "LayerNorm", "RMSNorm", "RotaryEmbedding")}
 BROADCAST = {("", op) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater",
                                  "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min")} | \
-    {("fusegraph", op) for op in ("SkipLayerNorm", "ElementwiseChain")}
+    {("fusegraph", op) for op in ("SkipLayerNorm", "ElementwiseChain", "SkipRMSNorm")}
 
 
 MAX_DEPTH = 200     # producers followed back from one value (a deeper chain is left unknown)

@@ -1,5 +1,6 @@
 """The fusion engine: ``FusionPass`` (pass "fusion"), which applies the pattern rules
-(``rule.Rule`` with ``pattern=``) of ``rules_cnn.RULES`` and ``rules_transformer.RULES``.
+(``rule.Rule`` with ``pattern=``) of ``rules_cnn.RULES``, ``rules_transformer.RULES``,
+``rules_decoder.RULES`` and ``rules_movement.RULES``.
 
 Rules run highest ``priority`` first, each over the whole graph before the next (so a larger
 pattern such as Conv+Add+Relu gets its chance before Conv+Add), and the whole list repeats
@@ -30,7 +31,7 @@ from ..rewrite import counts_result, record_sources, rewire, sweep_dead
 from ..rule import Decline, Rule, RuleContext, by_priority, verdict
 from .pattern import Match, explain, matches
 
-RULE_MODULES = ("rules_cnn", "rules_transformer")
+RULE_MODULES = ("rules_cnn", "rules_transformer", "rules_decoder", "rules_movement")
 
 
 class FusionContext(RuleContext):

@@ -23,6 +23,8 @@ recognisers in ``attention_forms.py`` / ``transformer_forms.py``.
 - skip_layer_norm (25): ``LayerNorm(a + b)`` -> ``SkipLayerNorm``, which also outputs the
   sum when the Add has other users (pre-LN residual streams).
 - linear_act (20): ``act(Linear | MatMul by a 2-D weight)`` -> ``LinearAct``.
+- linear_silu (20): ``p * Sigmoid(p)`` of such a product (SiLU as exporters write it:
+  MobileViT's MLPs) -> ``LinearAct`` with ``silu``.
 - linear_layer (-50, after every other rule): a MatMul / Linear by a constant 2-D weight of at
   least ``LAYER_MIN_WEIGHT`` elements left over -> ``LinearAct`` without activation, whose
   kernel runs them through oneDNN's inner product.
@@ -300,6 +302,25 @@ def _linear_rewrite(m, _, ctx):
                        m.root)
 
 
+def _silu_check(m, ctx):
+    mm = m.nodes["mm"]
+    w = mm.inputs[1]
+    if w.shape is None or len(w.shape) != 2 or mm.inputs[0].shape is None or len(mm.inputs[0].shape) < 1:
+        return Decline("the weight is not 2-D")
+    if not mm.outputs[0].dtype.is_float or mm.outputs[0].shape is None:
+        return Decline("not floating point")
+    if mm.domain == FG and (int(mm.attrs.get("trans_a", 0)) or mm.attrs.get("out_dtype") is not None):
+        return Decline("a transposed or widened product")
+    return True
+
+
+def _silu_rewrite(m, _, ctx):
+    mm = m.nodes["mm"]
+    ins = list(mm.inputs)
+    ins[1], trans_b = _weight_rows(ctx, mm)
+    return keep_shape(ctx.emit("LinearAct", ins, {"trans_b": trans_b, "activation": "silu"}, domain=FG), m.root)
+
+
 def _weight_rows(ctx, mm):
     """(the weight, trans_b) for a LinearAct replacing ``mm``: a constant ``[K, N]`` weight is
     stored transposed, ``[N, K]`` contiguous, the layout oneDNN's inner product reads directly
@@ -395,6 +416,9 @@ _ATTENTION = Pat(("MatMul", "fusegraph::BatchMatMul"), Var("p", _softmaxish), Va
 _LINEAR = Pat(("Relu", "Sigmoid", "Tanh", "fusegraph::Gelu"),
               Pat(("fusegraph::Linear", "MatMul"), Var("x"), Var("w"), Var("b", optional=True), name="mm"),
               Var("bias", optional=True))
+_MM = ("fusegraph::Linear", "MatMul")
+_LINEAR_SILU = Pat("Mul", Pat(_MM, Var("x"), Var("w"), Var("b", optional=True), name="mm"),
+                   Pat("Sigmoid", Pat(_MM, Var("x"), Var("w"), Var("b", optional=True), name="mm")))
 _BINARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
                     Var("p", _chain_link), Var("o"), commutative=True)
 _UNARY_CHAIN = Pat(tuple(op for op in CHAIN_OPS if op not in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")),
@@ -430,6 +454,9 @@ RULES = [
          doc="erf or tanh GELU with its constants within 1e-5; interior values used only inside"),
     Rule("linear_act", _linear_check, _linear_rewrite, pattern=_LINEAR, priority=20,
          doc="2-D weight, activation of the same shape, at most one non-constant bias"),
+    Rule("linear_silu", _silu_check, _silu_rewrite, pattern=_LINEAR_SILU, priority=20,
+         doc="p * Sigmoid(p), p a product by a 2-D weight read only there: LinearAct with SiLU (oneDNN's swish "
+             "post-op, exact on NaN / Inf)"),
     Rule("linear_reshapes", _reshape_linear_check, _reshape_linear_rewrite,
          pattern=Pat("Reshape", Pat(tuple(f"{d}::{t}" if d else t for d, t in LINEARS), ..., name="mm"),
                      Var("target")),

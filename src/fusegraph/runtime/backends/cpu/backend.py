@@ -1,7 +1,7 @@
 """``CpuBackend``: the CPU's kernel choices, the weights it holds, and its artifact state.
 
 - ``kernel``: with oneDNN loadable here (``dnnl/``; ``Config.cpu_kernels`` "auto" or
-  "onednn"), convolutions, weight products, pools, LRN, layer norms, bfloat16 joins and
+  "onednn"), convolutions, weight products, pools, LRN, layer and RMS norms, bfloat16 joins and
   static-shape attention run as oneDNN primitives that write into their planned arena slots and hold their
   weights packed; a node that family cannot take declines with a reason (``tried``, recorded
   in ``report.kernels``) and, like every other op, runs its own portable ATen kernel; other
@@ -36,6 +36,8 @@ from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
 from .layer_norm import layer_norm_kernel
+from .rms_norm import rms_norm_kernel
+from .rotary_gating import gated_kernel, rotary_kernel
 from .guard import Guarded, Measuring, RunState
 from .workspace import Workspace
 from .dnnl import DnnlKernels, available as dnnl_available, unavailable_reason
@@ -47,11 +49,16 @@ from ...kv_cache import kv_pairs
 # a guarded node admitted only below this input magnitude has the values it reads measured
 # where they are made (``guard_plan.py``): images in 0..255 or normalised ones sit well below it
 MEASURE_BELOW = 1e4
-_PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py, layer_norm.py)
+_PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py, layer_norm.py,
+              # rms_norm.py, rotary_gating.py)
     ("fusegraph", "ScaledDotProductAttention"): attention_kernel,
     ("", "Gather"): lambda ctx, opdef, ws: embedding_kernel(ctx),
     ("fusegraph", "LayerNorm"): lambda ctx, opdef, ws: layer_norm_kernel(ctx, ws),
     ("fusegraph", "SkipLayerNorm"): lambda ctx, opdef, ws: layer_norm_kernel(ctx, ws),
+    ("fusegraph", "RMSNorm"): lambda ctx, opdef, ws: rms_norm_kernel(ctx, ws),
+    ("fusegraph", "SkipRMSNorm"): lambda ctx, opdef, ws: rms_norm_kernel(ctx, ws),
+    ("fusegraph", "RotaryEmbedding"): lambda ctx, opdef, ws: rotary_kernel(ctx, ws),
+    ("fusegraph", "GatedActivation"): lambda ctx, opdef, ws: gated_kernel(ctx, ws),
 }
 FORM_KEY = "dnnl"      # the packed-form key of this backend's weights in an artifact
 

@@ -4,7 +4,8 @@ a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
-``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``binary.py``:
+``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``rmsnorm.py``:
+RMSNorm, SkipRMSNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
 ``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
@@ -24,6 +25,7 @@ from .linear_runtime import runtime_linear_kernel
 from .layernorm import layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
+from .rmsnorm import rms_norm_kernel
 from .shuffle import shuffle_kernel
 from .softmax import softmax_kernel
 from .primitive import Resources
@@ -63,6 +65,8 @@ class DnnlKernels:
             return shuffle_kernel(ctx, self.resources)
         if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")):
             return layer_norm_kernel(ctx, opdef, self.resources, exact)
+        if key in (("fusegraph", "RMSNorm"), ("fusegraph", "SkipRMSNorm")):
+            return rms_norm_kernel(ctx, self.resources)
         if key == ("fusegraph", "ElementwiseChain"):
             return chain_kernel(ctx, self.resources, exact)
         if key == ("fusegraph", "ScaledDotProductAttention"):

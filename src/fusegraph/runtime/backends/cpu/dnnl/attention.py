@@ -11,6 +11,13 @@ mask) @ v`` in four calls, its temporaries in the thread's scratch buffer.
 4. ``p @ v`` written straight into the planned output, heads merged (``merge_heads``) by
    the destination's strides.
 
+Grouped-query attention (``kv_repeat`` n: k and v have H / n heads, each serving n consecutive
+query heads) runs the same four calls: step 1 reads each k / v head n times (a stride-0 axis
+in the reorder's source) into the places of its n query heads in the contiguous buffer that
+step 1 fills for every attention, so no repeated k / v exists outside that per-thread buffer
+and no kernel is added. (oneDNN 3.2's brgemm matmul that would broadcast k / v over the group
+takes neither the mask post-op nor the merged-heads output; it falls back to ``ref`` / GEMM.)
+
 A batch of several items runs the calls once per item (the primitives are made for one:
 oneDNN's brgemm takes neither a broadcast mask nor merged heads across a batch). NaN and Inf: a
 row with a NaN or +inf score, or only -inf scores, gives NaN, as ONNX's softmax does;
@@ -83,7 +90,8 @@ def attention_kernel(ctx, resources):
     if dtype not in TYPES or any(dtype_of(node.inputs[o[0]]) != dtype for o in ops):
         return Decline(f"needs float32 or bfloat16 q, k and v of one type (got {dtype})", "dnnl")
     (_, _, qs, _), (_, _, ks, _), (_, _, vs, _) = ops
-    if not (qs[:2] == ks[:2] == vs[:2] and qs[3] == ks[3] and ks[2] == vs[2]):
+    rep = int(ctx.attr("kv_repeat", 1))
+    if not (qs[0] == ks[0] == vs[0] and qs[1] == ks[1] * rep == vs[1] * rep and qs[3] == ks[3] and ks[2] == vs[2]):
         return Decline(f"operands {qs}, {ks}, {vs} broadcast or do not chain", "dnnl")
     b, h, length, d = qs
     s_len, dv = ks[2], vs[3]
@@ -104,9 +112,9 @@ def attention_kernel(ctx, resources):
         if any(m not in (1, t) for m, t in zip(ms, (b, h, length, s_len))):
             return Decline(f"the mask {ms} does not broadcast into the scores", "dnnl")
         step = ms[1] * ms[2] * ms[3] if ms[0] > 1 else 0          # elements from one item's mask to the next
-        mask = (MemDesc.of((1, *ms[1:]), dtype_of(mask_v)), dtype_of(mask_v), step)
+        mask = (MemDesc.of((1, *ms[1:]), dtype_of(mask_v)), dtype_of(mask_v), step, ms)
     try:
-        return DnnlAttention(ctx, resources, ops, dtype, split, (b, h, length, s_len, d, dv), merge, mask)
+        return DnnlAttention(ctx, resources, ops, dtype, split, (b, h, length, s_len, d, dv), merge, mask, rep)
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no primitives for this attention: {exc}", "dnnl")
     except NoFastForm as exc:
@@ -131,10 +139,10 @@ class DnnlAttention:
     """The four calls of one attention node; ``__call__(*inputs it reads, out=)``."""
     writes_out = True
 
-    def __init__(self, ctx, resources, ops, dtype, split, dims, merge: bool, mask):
+    def __init__(self, ctx, resources, ops, dtype, split, dims, merge: bool, mask, rep: int = 1):
         batch, h, length, s_len, d, dv = dims
         b = 1                 # the primitives take one batch item; a call runs them per item
-        mask_md, self.mask_dtype, mask_step = mask if mask is not None else (None, None, 0)
+        mask_md, self.mask_dtype, mask_step = mask[:3] if mask is not None else (None, None, 0)
         lib = capi.load()
         self.es = es = torch.empty((), dtype=dtype).element_size()
         scale = float(ctx.attr("scale", 1.0))
@@ -156,6 +164,7 @@ class DnnlAttention:
         kt_md = MemDesc.of((b, h, d, s_len), dtype, (h * s_len * d, s_len * d, 1, d))   # k's buffer, transposed
         out_md = MemDesc.of((b, h, length, dv), dtype,
                             (length * h * dv, dv, h * dv, 1) if merge else contiguous((b, h, length, dv)))
+        self.rep = rep
         post = [("eltwise", "linear", scale, 0.0)] if scale != 1.0 else []
         self.mask_arg = capi.arg_post_op_src1(len(post)) if mask_md is not None else None
         post += [("binary", "add", mask_md)] if mask_md is not None else []
@@ -196,6 +205,9 @@ class DnnlAttention:
         shape = (1, *shape[1:])          # one batch item
         if n == 3:          # q, k, v as one more leading axis, ``split[0]`` elements apart
             shape, strides = (3, *shape), (ops[1][1] - ops[0][1], *strides)
+        if first and self.rep > 1:       # each k / v head read rep times (stride 0) into rep query heads' places
+            shape = (1, shape[1], self.rep, *shape[2:])
+            strides = (strides[0], strides[1], 0, *strides[2:])
         src, dst = MemDesc.of(shape, dtype, strides), MemDesc.of(shape, dtype)
         attr = Attr()
         prim = create("attention heads", lambda pd: lib.reorder_primitive_desc_create(

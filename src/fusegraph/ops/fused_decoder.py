@@ -1,0 +1,198 @@
+"""Fused ops of modern decoder blocks (Llama, Qwen2, Mistral, T5) in domain ``fusegraph``
+(version 1), made by the decoder fusion rules (``passes/fusion/rules_decoder.py``); no
+frontend creates them.
+
+- ``RMSNorm(x, gamma?)``: ``x / sqrt(mean(x^2 over the last axis) + epsilon) [* gamma]``,
+  computed in float32 (as the exporters' float32 upcast does) and rounded once to
+  ``out_dtype`` when given (a Cast folded in, ``passes/fold_casts.py``), else to x's type.
+  The op's own kernel is the float32 composition the graph held (square, mean, add, square
+  root, reciprocal, products), so a row whose float32 sum of squares overflows gives what
+  the graph gives (0, or NaN where x is infinite), and a NaN makes its whole row NaN.
+- ``SkipRMSNorm(a, b, gamma?)``: ``s = a + b``; outputs ``RMSNorm(s)`` and, when the node has a
+  second output, ``s`` itself (the residual stream of pre-norm decoders).
+- ``RotaryEmbedding(x, cos, sin)``: rotary position embedding in the rotate-half form
+  ``x * cos + cat(-x2, x1) * sin`` (``x1`` / ``x2`` the first and second half of the last
+  axis); ``cos`` / ``sin`` broadcast into x's ``[..., S, D]`` without enlarging it. With
+  ``heads`` > 0, x comes as ``[B, S, H*D]`` (a projection before its head split) and the
+  rotation is that of its ``[B, H, S, D]`` heads (cos / sin given as they broadcast into the
+  heads), written back in x's own ``[B, S, H*D]`` layout. Constants stay float32; a reduced x
+  is rotated in float32 and rounded once.
+- ``GatedActivation(x)``: ``act(x[..., :N]) * x[..., N:]`` with ``N`` half the last axis (the
+  gate and the up projection of a gated MLP packed into one product, SwiGLU / GeGLU);
+  ``activation`` one of ``ACTIVATIONS``. A reduced x is computed in float32, rounded once.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import DType
+from ..ir.shape import broadcast_shapes
+from .activations import gelu as _gelu_fn
+from .common import product_out_dtype
+from .registry import FusionKind, NodeContext, Precision, register
+
+DOMAIN = "fusegraph"
+REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _out_type(ctx: NodeContext) -> torch.dtype | None:
+    given = ctx.attr("out_dtype", None)
+    return None if given is None else DType(int(given)).to_torch()
+
+
+# ---------------------------------------------------------------- RMSNorm / SkipRMSNorm
+
+def rms_norm_float32(x: torch.Tensor, gamma: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The graph's float32 arithmetic: ``x * (1 / sqrt(mean(x * x) + eps)) [* gamma]``."""
+    xs = x.float()
+    r = torch.mean(xs * xs, dim=-1, keepdim=True).add_(eps).sqrt_().reciprocal_()
+    y = xs * r
+    return y if gamma is None else y.mul_(gamma.float())
+
+
+def _rms_infer(ctx: NodeContext):
+    return [(product_out_dtype(ctx), ctx.shape(0))]
+
+
+@register("RMSNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_rms_infer,
+          layout_sensitive=True, writes_out=True,
+          precision=(Precision.KEEP, "normalisation statistics (mean square): float32"))
+def _rms_norm(ctx: NodeContext):
+    eps = float(ctx.attr("epsilon"))
+    dtype = _out_type(ctx)
+
+    def rms_norm(x, gamma=None, out=None):
+        y = rms_norm_float32(x, gamma, eps)
+        want = dtype or x.dtype
+        if out is not None:
+            return out.copy_(y)
+        return y if y.dtype == want else y.to(want)
+    return rms_norm
+
+
+def _skip_rms_infer(ctx: NodeContext):
+    a, b = ctx.shape(0), ctx.shape(1)
+    shape = broadcast_shapes(a, b) if a is not None and b is not None else None
+    return [(product_out_dtype(ctx), shape), (ctx.dtype(0) or None, shape)][:ctx.n_outputs]
+
+
+@register("SkipRMSNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_skip_rms_infer,
+          layout_sensitive=True,
+          precision=(Precision.KEEP, "a residual sum and normalisation statistics: float32"))
+def _skip_rms_norm(ctx: NodeContext):
+    eps = float(ctx.attr("epsilon"))
+    dtype = _out_type(ctx)
+    both = ctx.n_outputs == 2
+
+    def skip_rms_norm(a, b, gamma=None):
+        s = torch.add(a, b)
+        y = rms_norm_float32(s, gamma, eps)
+        y = y.to(dtype or s.dtype)
+        return (y, s) if both else y
+    return skip_rms_norm
+
+
+# ---------------------------------------------------------------- RotaryEmbedding
+
+def rotary_views(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int):
+    """(x as ``[..., S, D]`` heads, cos, sin) for ``heads`` (0: x as it is); a RuntimeError when
+    cos / sin do not broadcast into the heads without enlarging them (the fused node's output
+    has x's shape: a larger broadcast is the graph's, not this op's)."""
+    if heads:
+        b, s, hd = x.shape
+        x = x.view(b, s, heads, hd // heads).transpose(1, 2)
+    for t in (cos, sin):
+        if t.dim() > x.dim() or any(d not in (1, n) for d, n in zip(t.shape[::-1], x.shape[::-1])):
+            raise RuntimeError(f"rotary embedding: a cos / sin table of shape {tuple(t.shape)} does not broadcast "
+                               f"into the rotated heads {tuple(x.shape)}")
+    return x, cos, sin
+
+
+def rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = x * cos + cat(-x2, x1) * sin`` (``out`` of x's shape, any strides, not x), in
+    three passes and no temporary: ``x * cos``, then each half's ``addcmul`` (a fused
+    multiply-add where ATen vectorises it: the graph's separate product and sum round twice,
+    this once, so results may differ in the last bit, and a product beyond float32's range
+    that the sum would bring back is not infinite here)."""
+    h = x.shape[-1] // 2
+    torch.mul(x, cos, out=out)
+    out[..., :h].addcmul_(x[..., h:], sin[..., :h], value=-1.0)
+    out[..., h:].addcmul_(x[..., :h], sin[..., h:])
+    return out
+
+
+def _rotary_infer(ctx: NodeContext):
+    return [(ctx.dtype(0) or None, ctx.shape(0))]
+
+
+@register("RotaryEmbedding", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_rotary_infer,
+          writes_out=True,
+          precision=(Precision.FOLLOW, "a rotation by float32 cos / sin tables: float32 inside, rounded once"))
+def _rotary(ctx: NodeContext):
+    heads = int(ctx.attr("heads", 0))
+    if heads < 0:
+        raise ctx.unsupported(f"heads={heads}")
+
+    def rotary(x, cos, sin, out=None):
+        if x.shape[-1] % (2 * max(heads, 1)):
+            raise RuntimeError(f"rotary embedding: the last axis {x.shape[-1]} does not split into "
+                               f"{max(heads, 1)} heads of an even size")
+        dst = torch.empty(x.shape, dtype=x.dtype) if out is None else out
+        xv, c, s = rotary_views(x, cos, sin, heads)
+        if x.dtype in REDUCED:           # float32 inside, one rounding
+            y = rotate_into(xv.float(), c.float(), s.float(), torch.empty(xv.shape))
+            rotary_views(dst, cos, sin, heads)[0].copy_(y)
+        else:
+            rotate_into(xv, c.to(x.dtype), s.to(x.dtype), rotary_views(dst, cos, sin, heads)[0])
+        return dst
+    return rotary
+
+
+# ---------------------------------------------------------------- GatedActivation
+
+def _silu_into(a, out):
+    return torch._C._nn.silu(a, out=out)
+
+
+ACTIVATIONS = {
+    "silu": _silu_into,
+    "gelu": lambda a, out: _gelu_fn(a, "none", out),
+    "gelu_tanh": lambda a, out: _gelu_fn(a, "tanh", out),
+    "relu": lambda a, out: torch.clamp_min(a, 0, out=out),
+    "sigmoid": lambda a, out: torch.sigmoid(a, out=out),
+}
+
+
+def _gated_infer(ctx: NodeContext):
+    xs = ctx.shape(0)
+    if xs is None or not xs:
+        return [(ctx.dtype(0) or None, None)]
+    n = xs[-1] // 2 if isinstance(xs[-1], int) else None
+    return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (n,))]
+
+
+def gated_into(act, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = act(x[..., :N]) * x[..., N:]``."""
+    n = x.shape[-1] // 2
+    act(x[..., :n], out)
+    return out.mul_(x[..., n:])
+
+
+@register("GatedActivation", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_gated_infer,
+          writes_out=True,
+          precision=(Precision.FOLLOW, "an activation times the up projection: float32 inside, rounded once"))
+def _gated(ctx: NodeContext):
+    name = ctx.attr("activation")
+    if name not in ACTIVATIONS:
+        raise ctx.unsupported(f"activation {name!r} (expected one of {sorted(ACTIVATIONS)})")
+    act = ACTIVATIONS[name]
+
+    def gated(x, out=None):
+        if x.shape[-1] % 2:
+            raise RuntimeError(f"gated activation: the last axis {x.shape[-1]} is odd")
+        shape = tuple(x.shape[:-1]) + (x.shape[-1] // 2,)
+        if x.dtype in REDUCED:
+            y = gated_into(act, x.float(), torch.empty(shape))
+            return y.to(x.dtype) if out is None else out.copy_(y)
+        return gated_into(act, x, torch.empty(shape, dtype=x.dtype) if out is None else out)
+    return gated
