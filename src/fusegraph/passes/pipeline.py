@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from . import algebra, batchnorm, collapse, conv_affine, noop, replace_linear, replace_matmul
-from . import replace_reduce, shape_chain
+from . import replace_reduce, replace_rnn, shape_chain
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
@@ -42,8 +42,9 @@ RULE_FAMILIES = {
     "replace_linear": replace_linear.RULES,
     "replace_matmul": replace_matmul.RULES,
     "replace_reduce": replace_reduce.RULES,
+    "replace_rnn": replace_rnn.RULES,
 }
-REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce"})
+REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce", "replace_rnn"})
 OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "layout", "fold_casts")
 
 SIMPLIFY = Group("simplify", (
@@ -63,6 +64,7 @@ REPLACE = Group("replace", (
     "replace_reduce",       # Expand+Reduce, one-input Sum -> Identity ...
     "replace_linear",       # before replace_matmul: Reshape(Linear(Reshape)) needs the Linear
     "replace_matmul",
+    "replace_rnn",          # LSTM weights in the gate order the recurrent kernels read
     "noop_elimination",     # ... removes the Identity replace_reduce made
     "constant_fold",
     "dce",
