@@ -17,6 +17,7 @@ from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
 from .fold_casts import FoldCasts
 from .fusion.engine import FusionPass, rule_names as fusion_rule_names
+from .fusion.rules_aggressive import RULES as AGGRESSIVE_RULES
 from .layout import LayoutPass
 from .precision import PrecisionPass
 from .manager import FixedPoint, PassOptions
@@ -45,7 +46,9 @@ RULE_FAMILIES = {
     "replace_rnn": replace_rnn.RULES,
 }
 REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce", "replace_rnn"})
-OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "layout", "fold_casts")
+OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "aggressive_fusion", "layout", "fold_casts")
+# passes that run only when their option is on (``PassOptions`` field of the same name)
+OPTIONAL_PASSES = frozenset({"aggressive_fusion"})
 
 SIMPLIFY = Group("simplify", (
     "shape_chain_fold",     # first: turns Shape reads of static dims into constants ...
@@ -72,6 +75,8 @@ REPLACE = Group("replace", (
 
 FUSE = Group("fuse", (
     "fusion",               # after simplify / replace: rules match the canonical forms they leave
+    "aggressive_fusion",    # Config.aggressive_fusion only: after the default rules, whose fused
+                            # forms it packs and recomputes (the group repeats: they see its result)
     "dce",                  # drops what fused patterns left dead
 ))
 
@@ -92,7 +97,7 @@ def known_names() -> set[str]:
     names = set(RULE_FAMILIES) | set(OTHER_PASSES)
     for rules in RULE_FAMILIES.values():
         names.update(r.name for r in rules)
-    return names | fusion_rule_names()
+    return names | fusion_rule_names() | {r.name for r in AGGRESSIVE_RULES}
 
 
 def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
@@ -112,6 +117,7 @@ def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
         "dce": lambda: DeadCodeElimination(options),
         "cse": lambda: CommonSubexpressionElimination(options),
         "fusion": lambda: FusionPass(options, rewrite_log),
+        "aggressive_fusion": lambda: FusionPass(options, rewrite_log, AGGRESSIVE_RULES, name="aggressive_fusion"),
         "layout": lambda: LayoutPass(options),
     }
     for name, rules in RULE_FAMILIES.items():
@@ -119,7 +125,8 @@ def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
         factories[name] = lambda name=name, rules=rules, log=log: RuleSetPass(name, rules, options, log)
 
     def make(names):
-        return [factories[n]() for n in names if n not in options.disabled]
+        return [factories[n]() for n in names if n not in options.disabled
+                and (n not in OPTIONAL_PASSES or getattr(options, n))]
 
     steps = []
     for step in PIPELINES[level]:
