@@ -69,10 +69,11 @@ def recurrent_model(op: str, steps: int = 5, batch: int = 3, inputs: int = 4, hi
 
 
 def torch_recurrent_onnx(path: Path, kind: str = "lstm", layers: int = 2, hidden: int = 32, features: int = 12,
-                         steps: int = 9, bidirectional: bool = False, seed: int = 0) -> Path:
+                         steps: int = 9, bidirectional: bool = False, seed: int = 0, dynamic: bool = False) -> Path:
     """``nn.LSTM`` / ``nn.GRU`` (batch-first, zero initial states) and a linear head, exported
     by ``torch.onnx.export`` at opset 17 as the zoo's lstm_2l / gru_bi are: input
-    ``features`` ``[1, steps, features]``, output ``logits``."""
+    ``features`` ``[1, steps, features]`` (``dynamic``: ``[batch, seq, features]``), output
+    ``logits``."""
     import torch
 
     torch.manual_seed(seed)
@@ -90,5 +91,6 @@ def torch_recurrent_onnx(path: Path, kind: str = "lstm", layers: int = 2, hidden
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(net, (torch.randn(1, steps, features),), str(path), opset_version=17, dynamo=False,
-                          input_names=["features"], output_names=["logits"])
+                          input_names=["features"], output_names=["logits"],
+                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in ("features", "logits")} if dynamic else None)
     return path

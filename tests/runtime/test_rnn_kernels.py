@@ -7,7 +7,8 @@ here passes on the portable fallback.
 
 Covered: forward / reverse / bidirectional, with and without initial states (graph inputs or
 constants), batch 1 and 3, bias absent, peepholes, batch-major ``layout`` 1, a constant
-full-length ``sequence_lens``, outputs left off; NaN and infinities as ONNX's equations give
+full-length ``sequence_lens``, outputs left off, a sequence length and batch known at run time
+only (a primitive per shape); NaN and infinities as ONNX's equations give
 them (onnx.reference: onnxruntime's own LSTM / GRU map a NaN input to numbers); the forms
 torch exports (a 2-layer LSTM, a bidirectional GRU with its Transposes) end to end; the nodes
 oneDNN cannot take declining with their reason while their numbers stay right.
@@ -190,3 +191,16 @@ def test_exported_torch_stacks(tmp_path, kind, bidirectional):
     loaded = fg.load(tmp_path / "m.fgm")
     assert loaded.load_info["weight_reorders"] == 0
     assert_outputs_close(loaded.run(feeds), want)
+
+
+def test_symbolic_steps_and_batch(tmp_path):
+    """An export with dynamic (batch, seq) axes: one compile, a primitive per shape it runs at
+    (made at its first run there), every shape's numbers onnxruntime's."""
+    import onnx
+    model = onnx.load(torch_recurrent_onnx(tmp_path / "d.onnx", "lstm", bidirectional=True, dynamic=True))
+    cm = fg.compile(model, CFG)
+    for batch, steps in ((1, 5), (3, 9), (2, 1), (3, 9)):
+        feeds = {"features": np.random.default_rng(steps).standard_normal((batch, steps, 12)).astype(np.float32)}
+        assert_outputs_close(cm.run(feeds), ort_run(model, feeds))
+    kernels = [c.kernel for c in rnn_calls(cm)]
+    assert len(kernels) == 2 and all({(5, 1), (9, 3), (1, 2)} <= set(k._bound) for k in kernels)

@@ -19,14 +19,20 @@ Operands, per node (``D`` directions, ``G`` gates, ``H`` hidden, ``T`` steps, ``
   ``[T, N, D*H]`` when ``N == 1`` or the direction is one, else the kernel writes a
   staging buffer and copies it into ``Y`` (``layout`` 1 needs none). Initial states given as
   constants are bound once; absent ones are zeros.
+- a primitive per (steps, batch): made at bind for a static model; a model whose sequence
+  length or batch is known at run time only makes one at the first run at each shape (the
+  weights packed once per layout those primitives want, ``MAX_SHAPES`` kept).
 Declined with a reason: other activations (and RNN's relu, whose NaN oneDNN maps to 0,
 unless ``Config.fast_math``), ``activation_alpha`` / ``beta``, ``clip``,
 ``input_forget``, a ``sequence_lens`` that is not a constant equal to ``T`` everywhere,
-symbolic shapes, non-float32 data.
+non-float32 data.
 
 NaN and infinities: the primitive's GEMMs and its sigmoid / tanh give what ONNX's equations
 give (a NaN input makes NaN outputs downstream of it, an infinite pre-activation saturates):
-``tests/runtime/test_rnn_kernels.py`` checks them against onnxruntime and the op's own kernel.
+``tests/runtime/test_rnn_kernels.py`` checks them against onnx.reference and the op's own
+kernel (onnxruntime's cells turn a NaN input into numbers). The implementation oneDNN picks
+is in ``report.kernels``: brgemm for LSTM and RNN on AVX-512; oneDNN 3.2 has no brgemm GRU,
+it runs GRU on its GEMM-based cell (named "ref", though its products are oneDNN's GEMMs).
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ import torch
 from ...protocol import Decline
 from . import capi
 from .call import Slot
-from .layouts import contiguous, static_shape, strides_of
+from .layouts import contiguous
 from .memory import TORCH_OF, MemDesc, Memory
 from .primitive import Attr, Primitive, Resources
 
@@ -86,6 +92,10 @@ def _full_length(ctx, steps: int, batch: int) -> Decline | None:
     return None
 
 
+def _dim(d):
+    return int(d) if isinstance(d, int) else None
+
+
 def rnn_kernel(ctx, store, resources: Resources, exact: bool = True):
     node = ctx.node
     op = node.op_type
@@ -104,23 +114,24 @@ def rnn_kernel(ctx, store, resources: Resources, exact: bool = True):
     if op == "LSTM" and int(ctx.attr("input_forget", 0)):
         return _decline("input_forget=1 (oneDNN's LSTM has separate input and forget gates)")
     layout = int(ctx.attr("layout", 0))
-    x_v = node.inputs[0]
-    xs = static_shape(x_v)
-    outs = [static_shape(o) for o in node.outputs]
-    if xs is None or len(xs) != 3 or any(s is None for s in outs):
-        return _decline("needs static shapes")
+    xs = node.inputs[0].shape
+    if xs is None or len(xs) != 3 or not isinstance(xs[2], int) or any(o.shape is None for o in node.outputs):
+        return _decline("needs the input's rank and feature size")
     if any(v is not None and v.dtype is not None and v.dtype.is_float and v.dtype.to_torch() != torch.float32
            for v in list(node.inputs) + list(node.outputs)):
         return _decline("needs float32 data, weights and states")
-    steps, batch = (xs[1], xs[0]) if layout else (xs[0], xs[1])
+    steps, batch = (_dim(xs[1]), _dim(xs[0])) if layout else (_dim(xs[0]), _dim(xs[1]))
     w, r = ctx.const(1), ctx.const(2)
     if w is None or r is None:
         return _decline("W or R is not a constant")
     if ctx.has_input(3) and ctx.const(3) is None or ctx.has_input(7) and ctx.const(7) is None:
         return _decline("B or P is not a constant")
-    why = _full_length(ctx, steps, batch)
-    if why is not None:
-        return why
+    if ctx.has_input(4) and (steps is None or batch is None):
+        return _decline("sequence_lens with a number of steps or a batch known at run time only")
+    if ctx.has_input(4):
+        why = _full_length(ctx, steps, batch)
+        if why is not None:
+            return why
     gates = _GATES[op]
     hidden = r.shape[-1]
     inp = xs[2]
@@ -128,11 +139,16 @@ def rnn_kernel(ctx, store, resources: Resources, exact: bool = True):
         return _decline(f"W {tuple(w.shape)} / R {tuple(r.shape)} do not fit {dirs} direction(s), {gates} gates")
     if steps == 0 or batch == 0:
         return _decline("an empty sequence or batch")
+    const_states = [i for i in (5, 6) if ctx.has_input(i) and ctx.const(i) is not None]
+    if const_states and batch is None:
+        return _decline("constant initial states with a batch known at run time only")
     lbr = op == "GRU" and bool(int(ctx.attr("linear_before_reset", 0)))
     try:
-        return RnnKernel(ctx, store, resources, op, act, lbr, direction, dirs, layout, steps, batch, inp, hidden)
+        kernel = RnnKernel(ctx, store, resources, op, act, lbr, direction, dirs, layout, inp, hidden)
+        kernel.bound(steps or 1, batch or 1)      # made now: a primitive oneDNN lacks declines here
     except capi.DnnlError as exc:
         return _decline(f"oneDNN has no recurrent primitive for this node: {exc}")
+    return kernel
 
 
 def _bias(ctx, op: str, lbr: bool, dirs: int, hidden: int) -> torch.Tensor:
@@ -165,66 +181,116 @@ def _state_strides(layout: int, dirs: int, batch: int, hidden: int) -> tuple[int
     return (dirs * batch * hidden, batch * hidden, hidden, 1)
 
 
+MAX_SHAPES = 16        # primitives kept per node for the (steps, batch) a symbolic model runs at
+
+
 class RnnKernel:
-    """One recurrent primitive bound to a node: ``kernel(x, [h0], [c0], out=(Y, Y_h, Y_c))``
-    (the states it reads at run time only; ``reads`` names them)."""
+    """One recurrent node's kernel: ``kernel(x, [h0], [c0], out=(Y, Y_h, Y_c))`` (the initial
+    states it reads at run time only; ``reads`` names them). A primitive per (steps, batch),
+    made at bind for a static model, at the first run at a shape for a symbolic one (at most
+    ``MAX_SHAPES`` kept); the weights are packed once per layout those primitives want."""
     writes_out = True
 
-    def __init__(self, ctx, store, resources: Resources, op, act, lbr, direction, dirs, layout, steps, batch,
-                 inp, hidden):
+    def __init__(self, ctx, store, resources: Resources, op, act, lbr, direction, dirs, layout, inp, hidden):
         node = ctx.node
+        f32 = torch.float32
+        self.op, self.act, self.lbr, self.layout, self.dirs = op, act, lbr, layout, dirs
+        self.direction, self.inp, self.hidden = _DIRECTIONS[direction], inp, hidden
+        self.store, self._resources = store, resources
+        self.n_out = len(node.outputs)
+        self.weights = [node.inputs[1], node.inputs[2]]
+        self.bias = _bias(ctx, op, lbr, dirs, hidden)
+        self.peep = None
+        if op == "LSTM" and ctx.has_input(7):
+            peep = ctx.const(7).to(f32).reshape(dirs, 3, hidden)[:, list(PEEPHOLE_IFO)]
+            self.peep = peep.reshape(1, dirs, 3, hidden).contiguous()
+        # oneDNN's LSTM takes (and gives) both states or neither: a missing one is zeros
+        self.has_h0 = ctx.has_input(5) or (op == "LSTM" and ctx.has_input(6))
+        self.has_c0 = op == "LSTM" and self.has_h0
+        self.states = {}      # input index -> its float32 constant, "zeros" (absent) or None (read at run time)
+        reads = [0]
+        for i, present in ((5, self.has_h0), (6, self.has_c0)):
+            if not present:
+                continue
+            if not ctx.has_input(i):
+                self.states[i] = "zeros"
+            elif ctx.const(i) is not None:
+                self.states[i] = ctx.const(i).to(f32).contiguous()
+            else:
+                self.states[i] = None
+                reads.append(i)
+        self.reads = tuple(reads)
+        self._bound: dict[tuple[int, int], _Bound] = {}
+        self.converted = 0           # calls that copied an input into the primitive's layout
+
+    @property
+    def impl(self) -> str:
+        return next(iter(self._bound.values())).prim.impl
+
+    @property
+    def prim(self):
+        return next(iter(self._bound.values())).prim
+
+    def bound(self, steps: int, batch: int) -> "_Bound":
+        key = (steps, batch)
+        got = self._bound.get(key)
+        if got is None:
+            if len(self._bound) >= MAX_SHAPES:
+                self._bound.pop(next(iter(self._bound)))
+            got = self._bound[key] = _Bound(self, steps, batch)
+        return got
+
+    def __call__(self, *ts, out=None):
+        x = ts[0]
+        steps, batch = (x.shape[1], x.shape[0]) if self.layout else (x.shape[0], x.shape[1])
+        return self.bound(int(steps), int(batch)).run(self, ts, out)
+
+
+class _Bound:
+    """The primitive of one (steps, batch), its argument array and its run-time slots."""
+
+    def __init__(self, k: RnnKernel, steps: int, batch: int):
         lib = capi.load()
         f32 = torch.float32
+        op, dirs, layout, inp, hidden = k.op, k.dirs, k.layout, k.inp, k.hidden
         gates = _GATES[op]
-        self.op, self.layout, self.dirs = op, layout, dirs
-        self._resources = resources
         d_h = dirs * hidden
-        # X [T, N, I]: layout 1 is [N, T, I]
-        x_strides = (inp, steps * inp, 1) if layout else contiguous((steps, batch, inp))
-        x_md = MemDesc.of((steps, batch, inp), f32, x_strides)
+        self.k = k
+        x_shape = (batch, steps, inp) if layout else (steps, batch, inp)
+        x_md = MemDesc.of((steps, batch, inp), f32, (inp, steps * inp, 1) if layout else None)
         state_dims = (1, dirs, batch, hidden)
         state_shape = (batch, dirs, hidden) if layout else (dirs, batch, hidden)     # ONNX's
         state_strides = _state_strides(layout, dirs, batch, hidden)
         state_md = MemDesc.of(state_dims, f32, state_strides)
-        # Y [T, D, N, H] (layout 1: [N, T, D, H]) as [T, N, D*H]
+        # Y [T, D, N, H] (layout 1: [N, T, D, H]) as oneDNN's [T, N, D*H]: a staging buffer
+        # where those strides cannot say it
         self.staged_y = not layout and dirs == 2 and batch > 1
-        y_strides = (d_h, steps * d_h, 1) if layout else contiguous((steps, batch, d_h))
-        y_md = MemDesc.of((steps, batch, d_h), f32, y_strides)
-        n_out = len(node.outputs)
-        bias = _bias(ctx, op, lbr, dirs, hidden)
-        b_md = MemDesc.of(tuple(bias.shape), f32)
-        peep = None
-        if op == "LSTM" and ctx.has_input(7):
-            peep = ctx.const(7).to(f32).reshape(dirs, 3, hidden)[:, list(PEEPHOLE_IFO)].reshape(1, dirs, 3, hidden)
-            peep = peep.contiguous()
-        p_md = MemDesc.of(tuple(peep.shape), f32) if peep is not None else None
-        # oneDNN's LSTM takes (and gives) both states or neither: a missing one is zeros (a buffer)
-        has_h0 = ctx.has_input(5) or (op == "LSTM" and ctx.has_input(6))
-        has_c0 = op == "LSTM" and has_h0
-        gives_state = n_out > 1
+        y_md = MemDesc.of((steps, batch, d_h), f32, (d_h, steps * d_h, 1) if layout else None)
+        b_md = MemDesc.of(tuple(k.bias.shape), f32)
+        p_md = MemDesc.of(tuple(k.peep.shape), f32) if k.peep is not None else None
+        gives_state = k.n_out > 1
         attr = Attr([])
-        src_iter = state_md.handle if has_h0 else None
+        src_iter = state_md.handle if k.has_h0 else None
         dst_iter = state_md.handle if gives_state else None
-        direction_kind = _DIRECTIONS[direction]
-        fwd = capi.FORWARD_INFERENCE
 
         def make(tag: int) -> Primitive:
             wl = MemDesc.tagged([1, dirs, inp, gates, hidden], capi.F32, tag)
             wi = MemDesc.tagged([1, dirs, hidden, gates, hidden], capi.F32, tag)
             pd = capi.vp()
+            fwd = capi.FORWARD_INFERENCE
             if op == "LSTM":
                 status = lib.lstm_forward_primitive_desc_create(
-                    C.byref(pd), lib.engine, fwd, direction_kind, x_md.handle, src_iter,
-                    state_md.handle if has_c0 else None, wl.handle, wi.handle,
+                    C.byref(pd), lib.engine, fwd, k.direction, x_md.handle, src_iter,
+                    state_md.handle if k.has_c0 else None, wl.handle, wi.handle,
                     p_md.handle if p_md is not None else None, None, b_md.handle, y_md.handle, dst_iter,
                     state_md.handle if gives_state else None, 0, attr.handle)
             elif op == "GRU":
-                create = lib.lbr_gru_forward_primitive_desc_create if lbr else lib.gru_forward_primitive_desc_create
-                status = create(C.byref(pd), lib.engine, fwd, direction_kind, x_md.handle, src_iter, wl.handle,
+                create = lib.lbr_gru_forward_primitive_desc_create if k.lbr else lib.gru_forward_primitive_desc_create
+                status = create(C.byref(pd), lib.engine, fwd, k.direction, x_md.handle, src_iter, wl.handle,
                                 wi.handle, b_md.handle, y_md.handle, dst_iter, 0, attr.handle)
             else:
                 status = lib.vanilla_rnn_forward_primitive_desc_create(
-                    C.byref(pd), lib.engine, fwd, capi.ELTWISE[act], direction_kind, x_md.handle, src_iter,
+                    C.byref(pd), lib.engine, fwd, capi.ELTWISE[k.act], k.direction, x_md.handle, src_iter,
                     wl.handle, wi.handle, b_md.handle, y_md.handle, dst_iter, 0, 0.0, 0.0, attr.handle)
             capi.check(status, f"{op} primitive_desc_create")
             return Primitive(pd, op)
@@ -232,80 +298,70 @@ class RnnKernel:
         if not all(_dense(prim.md(capi.Q_WEIGHTS_MD, i)) for i in (0, 1)):
             prim = make(capi.TAG_ABCDE)      # ldigo: oneDNN's GEMM-based cells pad its rows otherwise
         self.prim = prim
-        resources.need(prim.scratchpad_bytes)
-        # weights: the graph's W / R seen as [1, D, K, G, H] through (0, 2, 1), packed once
-        consts, keep = [], [bias, attr]
-        for index, arg, k in ((0, capi.ARG_WEIGHTS_LAYER, inp), (1, capi.ARG_WEIGHTS_ITER, hidden)):
-            value = node.inputs[1 + index]
+        k._resources.need(prim.scratchpad_bytes)
+        # weights: the graph's W / R seen as [1, D, K, G, H] through (0, 2, 1), packed once per layout
+        consts, keep = [], [attr]
+        for index, arg, rows in ((0, capi.ARG_WEIGHTS_LAYER, inp), (1, capi.ARG_WEIGHTS_ITER, hidden)):
+            value = k.weights[index]
             plain = value.const if value.const.device.type == "meta" else value.const.to(f32).contiguous()
-            operand = MemDesc.of((1, dirs, k, gates, hidden), f32,
-                                 (dirs * gates * hidden * k, gates * hidden * k, 1, hidden * k, k))
+            operand = MemDesc.of((1, dirs, rows, gates, hidden), f32,
+                                 (dirs * gates * hidden * rows, gates * hidden * rows, 1, hidden * rows, rows))
             want = prim.md(capi.Q_WEIGHTS_MD, index)
-            packed = store.form(value.name, plain, (0, 2, 1), operand, want)
+            packed = k.store.form(value.name, plain, (0, 2, 1), operand, want)
             consts.append((arg, Memory(want, packed.data_ptr())))
             keep += [packed, want, operand]
-        consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
-        if peep is not None:
-            consts.append((capi.ARG_WEIGHTS_PEEPHOLE, Memory(p_md, peep.data_ptr())))
-            keep.append(peep)
+        consts.append((capi.ARG_BIAS, Memory(b_md, k.bias.data_ptr())))
+        if k.peep is not None:
+            consts.append((capi.ARG_WEIGHTS_PEEPHOLE, Memory(p_md, k.peep.data_ptr())))
         # run-time inputs: X, and the initial states not given as constants
-        self.slots = [Slot(capi.ARG_SRC_LAYER, tuple(node.inputs[0].shape), strides_of(node.inputs[0]), f32, x_md)]
-        reads = [0]
-        for i, arg, present in ((5, capi.ARG_SRC_ITER, has_h0), (6, capi.ARG_SRC_ITER_C, has_c0)):
-            if not present:
+        self.slots = [Slot(capi.ARG_SRC_LAYER, x_shape, contiguous(x_shape), f32, x_md)]
+        for i, arg in ((5, capi.ARG_SRC_ITER), (6, capi.ARG_SRC_ITER_C)):
+            if i not in k.states:
                 continue
-            shape = state_shape
-            c = ctx.const(i) if ctx.has_input(i) else torch.zeros(shape)
-            if c is not None:
-                t = c.to(f32).contiguous()
-                if tuple(t.shape) != shape:
-                    raise capi.DnnlError(f"initial state {i} has shape {tuple(t.shape)}", 2)
-                consts.append((arg, Memory(MemDesc.of(state_dims, f32, state_strides), t.data_ptr())))
-                keep.append(t)
-            else:
-                self.slots.append(Slot(arg, shape, contiguous(shape), f32, MemDesc.of(state_dims, f32, state_strides)))
-                reads.append(i)
-        self.reads = tuple(reads)
-        # outputs: Y (through a staging buffer of oneDNN's layout when it cannot be described), Y_h, Y_c
-        y_shape = tuple(node.outputs[0].shape)
+            c = k.states[i]
+            if c is None:
+                self.slots.append(Slot(arg, state_shape, contiguous(state_shape), f32,
+                                       MemDesc.of(state_dims, f32, state_strides)))
+                continue
+            t = torch.zeros(state_shape) if isinstance(c, str) else c
+            if tuple(t.shape) != state_shape:
+                raise capi.DnnlError(f"initial state {i} has shape {tuple(t.shape)}, not {state_shape}", 2)
+            consts.append((arg, Memory(MemDesc.of(state_dims, f32, state_strides), t.data_ptr())))
+            keep.append(t)
+        # outputs: Y, Y_h, Y_c (an LSTM's Y_c the node does not give: a buffer of the kernel's)
+        y_shape = (batch, steps, dirs, hidden) if layout else (steps, dirs, batch, hidden)
         self.y_staging = torch.empty(steps, batch, d_h) if self.staged_y else None
         self.out_slots = [Slot(capi.ARG_DST_LAYER, y_shape, contiguous(y_shape), f32, y_md)]
-        self.spare = None            # the LSTM's Y_c when the node does not give it
-        for k, arg in ((1, capi.ARG_DST_ITER), (2, capi.ARG_DST_ITER_C)):
-            if k < n_out:
-                shape = tuple(node.outputs[k].shape)
-                self.out_slots.append(Slot(arg, shape, contiguous(shape), f32, MemDesc.of(state_dims, f32, state_strides)))
-            elif k == 2 and op == "LSTM" and gives_state:
-                self.spare = torch.empty(state_shape)
-                consts.append((arg, Memory(MemDesc.of(state_dims, f32, state_strides), self.spare.data_ptr())))
+        for j, arg in ((1, capi.ARG_DST_ITER), (2, capi.ARG_DST_ITER_C)):
+            if j < k.n_out:
+                self.out_slots.append(Slot(arg, state_shape, contiguous(state_shape), f32,
+                                           MemDesc.of(state_dims, f32, state_strides)))
+            elif j == 2 and op == "LSTM" and gives_state:
+                spare = torch.empty(state_shape)
+                consts.append((arg, Memory(MemDesc.of(state_dims, f32, state_strides), spare.data_ptr())))
+                keep.append(spare)
         if self.staged_y:
             self.out_slots[0].memory.point(self.y_staging.data_ptr())
-        self._keep = keep
-        self._run = self.slots + self.out_slots
-        self._n = len(self._run) + len(consts) + (1 if prim.scratchpad_bytes else 0)
+        self._keep, self._consts = keep, consts
+        run = self.slots + self.out_slots
+        self._n = len(run) + len(consts) + (1 if prim.scratchpad_bytes else 0)
         self._args = (capi.ExecArg * self._n)()
-        for j, s in enumerate(self._run):
-            self._args[j] = capi.ExecArg(s.arg, s.memory.handle)
+        for j, slot in enumerate(run):
+            self._args[j] = capi.ExecArg(slot.arg, slot.memory.handle)
         for j, (arg, mem) in enumerate(consts):
-            self._args[len(self._run) + j] = capi.ExecArg(arg, mem.handle)
-        self._consts = consts
+            self._args[len(run) + j] = capi.ExecArg(arg, mem.handle)
         self._exec = lib.execute
         self._tid = None
         self._stream = None
-        self._scratch = None
-        self.converted = 0           # calls that copied an input into the primitive's layout
-
-    @property
-    def impl(self) -> str:
-        return self.prim.impl
 
     def _thread(self) -> None:
         self._tid = threading.get_ident()
-        self._stream, self._scratch = self._resources.for_thread(self.prim.scratchpad_bytes)
-        if self._scratch is not None:
-            self._args[self._n - 1] = capi.ExecArg(capi.ARG_SCRATCHPAD, self._scratch.handle)
+        self._stream, scratch = self.k._resources.for_thread(self.prim.scratchpad_bytes)
+        if scratch is not None:
+            self._scratch = scratch
+            self._args[self._n - 1] = capi.ExecArg(capi.ARG_SCRATCHPAD, scratch.handle)
 
-    def __call__(self, *ts, out=None):
+    def run(self, k: RnnKernel, ts, out):
         if out is None:
             out = tuple(s.empty() for s in self.out_slots)
         elif isinstance(out, torch.Tensor):
@@ -313,14 +369,14 @@ class RnnKernel:
         for slot, t in zip(self.slots, ts):
             if not slot.fits(t):
                 if tuple(t.shape) != slot.shape or not t.is_floating_point():
-                    raise TypeError(f"oneDNN {self.op}: input is {t.dtype} {tuple(t.shape)}, "
+                    raise TypeError(f"oneDNN {k.op}: input is {t.dtype} {tuple(t.shape)}, "
                                     f"expected {slot.dtype} {slot.shape}")
                 t = slot.stage(t)
-                self.converted += 1
+                k.converted += 1
             slot.memory.point(t.data_ptr())
         copies = []
-        for k, (slot, t) in enumerate(zip(self.out_slots, out)):
-            if k == 0 and self.staged_y:
+        for j, (slot, t) in enumerate(zip(self.out_slots, out)):
+            if j == 0 and self.staged_y:
                 copies.append((t, None))
                 continue
             target = t if slot.fits(t) else slot.staging()
@@ -331,11 +387,11 @@ class RnnKernel:
             self._thread()
         status = self._exec(self.prim.handle, self._stream, self._n, self._args)
         if status:
-            raise capi.DnnlError(f"execute {self.op}", status)
+            raise capi.DnnlError(f"execute {k.op}", status)
         for t, staged in copies:
             if staged is None:          # [T, N, D*H] -> Y [T, D, N, H]
                 steps, batch, _ = self.y_staging.shape
-                t.copy_(self.y_staging.view(steps, batch, self.dirs, -1).transpose(1, 2))
+                t.copy_(self.y_staging.view(steps, batch, k.dirs, -1).transpose(1, 2))
             else:
                 t.copy_(staged)
         return out[0] if len(out) == 1 else out
