@@ -166,3 +166,52 @@ def test_disabling_a_rule_by_name():
     feeds = feeds_for(m)
     for k, v in compiled.run(feeds).items():
         np.testing.assert_allclose(v, off.run(feeds)[k], rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ norm_scale_into_products
+
+
+def norm_model(kind: str, readers: str = "products"):
+    """A layer norm (``kind`` "layer": mean / variance form with gamma and beta) or an RMS norm
+    (``"rms"``: ``x * (1 / sqrt(mean(x^2) + eps)) * gamma``) read by two products with a Relu
+    (``readers`` "mixed": one product and a Tanh)."""
+    nodes, inits = [], [const("eps", 1e-5), const("gamma", rnd(16, seed=5) + 1.0)]
+    if kind == "layer":
+        nodes += [node("ReduceMean", ["x"], "mu", axes=[-1], keepdims=1), node("Sub", ["x", "mu"], "d"),
+                  node("Pow", ["d", "two"], "d2"), node("ReduceMean", ["d2"], "var", axes=[-1], keepdims=1),
+                  node("Add", ["var", "eps"], "ve"), node("Sqrt", ["ve"], "sd"), node("Div", ["d", "sd"], "nx"),
+                  node("Mul", ["nx", "gamma"], "g"), node("Add", ["g", "beta"], "n")]
+        inits += [const("two", 2.0), const("beta", rnd(16, seed=6, scale=0.5))]
+    else:
+        nodes += [node("Pow", ["x", "two"], "x2"), node("ReduceMean", ["x2"], "ms", axes=[-1], keepdims=1),
+                  node("Add", ["ms", "eps"], "me"), node("Sqrt", ["me"], "rms"), node("Reciprocal", ["rms"], "r"),
+                  node("Mul", ["x", "r"], "nx"), node("Mul", ["nx", "gamma"], "n")]
+        inits.append(const("two", 2.0))
+    nodes += [node("MatMul", ["n", "w0"], "m0"), node("Relu", ["m0"], "y0")]
+    inits.append(const("w0", rnd(16, 24, seed=7, scale=0.35)))
+    if readers == "products":
+        nodes += [node("MatMul", ["n", "w1"], "m1"), node("Add", ["m1", "b1"], "a1"), node("Relu", ["a1"], "y1")]
+        inits += [const("w1", rnd(16, 8, seed=8, scale=0.35)), const("b1", rnd(8, seed=9, scale=0.1))]
+    else:
+        nodes.append(node("Tanh", ["n"], "y1"))
+    return model(nodes, [("x", F, [2, 6, 16])], ["y0", "y1"], inits, opset=17)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_the_norms_affine_moves_into_the_products(kind):
+    default, aggressive = both(norm_model(kind))
+    assert records(aggressive, "norm_scale_into_products", True)
+    if kind == "layer":
+        (ln,) = [n for n in aggressive.graph.nodes if n.op_type == "LayerNorm"]
+        assert len([v for v in ln.inputs if v is not None]) == 1, "gamma and beta left the norm"
+    else:
+        def steps(m):     # the steps of the chains over the full rows (the norm's tail)
+            return sum(len(n.attrs["steps"]) for n in m.graph.nodes
+                       if n.op_type == "ElementwiseChain" and n.outputs[0].shape[-1] == 16)
+        assert steps(aggressive) == steps(default) - 1, "the product by gamma left the chain"
+    assert aggressive.report.kernel_count == default.report.kernel_count
+
+
+def test_a_norm_read_by_other_work_keeps_its_affine():
+    _, aggressive = both(norm_model("rms", readers="mixed"))
+    assert any("is not a product" in f.reason for f in records(aggressive, "norm_scale_into_products", False))

@@ -22,6 +22,12 @@ after the default rules, in the same fixed-point group (so those rules see what 
   weights and a ``Split`` of its result along the last axis: two kernels instead of N, one
   GEMM with a wider N. Two siblings are declined: the Split would cost the kernel the
   packing saves.
+- norm_scale_into_products: a normalisation whose result only products by constant 2-D
+  weights read (``LayerNorm`` / ``SkipLayerNorm`` with constant gamma / beta, or an
+  ``ElementwiseChain`` ending in a product by a constant vector along the last axis: an RMS
+  norm's ``x * r * gamma``) loses its affine step: gamma scales the products' weight rows and
+  ``beta W`` joins their bias. The norm still runs (its kernel writes the normalised rows),
+  one pass over them fewer. Equal up to rounding (``(x g) W`` is ``x (g W)``).
 
 Each check returns a ``Decline`` with the reason where a candidate is recognised but not
 taken; nothing here runs unless the knob is on.
@@ -264,6 +270,93 @@ def _siblings_rewrite(m, sibs, ctx):
     return keep_shape(parts[0], root)
 
 
+# ------------------------------------------------------------------ norm_scale_into_products
+
+
+def _affine(node):
+    """(gamma, beta, what the norm becomes) of a normalisation with a constant affine tail:
+    ("ln", first affine input) for LayerNorm / SkipLayerNorm, ("chain", steps, inputs) for a
+    chain whose last step multiplies by a constant vector; None otherwise."""
+    if node.domain != FG:
+        return None
+    if node.op_type in ("LayerNorm", "SkipLayerNorm"):
+        first = 2 if node.op_type == "SkipLayerNorm" else 1
+        gamma, beta = const_of(node.input(first)), const_of(node.input(first + 1))
+        if (node.input(first) is not None and gamma is None) or (node.input(first + 1) is not None and beta is None) \
+                or (gamma is None and beta is None):
+            return None
+        return gamma, beta, ("ln", first)
+    if node.op_type == "ElementwiseChain":
+        steps = [str(x) for x in node.attrs.get("steps", ())]
+        if len(steps) < 2:
+            return None
+        op, *args = steps[-1].split()
+        other = [a for a in args if a != "p"]
+        if op != "Mul" or len(args) != 2 or len(other) != 1:
+            return None
+        k = int(other[0][1:])
+        gamma = const_of(node.inputs[k])
+        uses = sum(a == other[0] for s in steps for a in s.split()[1:])
+        if gamma is None or gamma.dim() != 1 or uses != 1:
+            return None
+        keep = [v for j, v in enumerate(node.inputs) if j != k]
+        renum = {f"i{j}": f"i{j - (j > k)}" for j in range(len(node.inputs)) if j != k}
+        new_steps = [" ".join([s.split()[0]] + [renum.get(a, a) for a in s.split()[1:]]) for s in steps[:-1]]
+        return gamma, None, ("chain", new_steps, keep)
+    return None
+
+
+def _norm_check(m, ctx):
+    node = m.root
+    form = _affine(node)
+    if form is None:
+        return None
+    gamma, beta, _ = form
+    y = node.outputs[0]
+    k = y.shape[-1] if y.shape else None
+    if y.is_graph_output or y.flags or not y.uses or not isinstance(k, int):
+        return Decline("the normalised result is a graph output, flagged or of unknown width")
+    if any(t is not None and (t.dim() != 1 or t.numel() != k or not t.is_floating_point()) for t in (gamma, beta)):
+        return Decline("gamma / beta are not vectors along the normalised axis")
+    for u, idx in y.uses:
+        if idx != 0 or not _packable(u) or u.inputs[1] is y:
+            return Decline(f"{u.name} ({u.op_type}) is not a product by a constant weight: the affine stays")
+    return form
+
+
+def _norm_rewrite(m, form, ctx):
+    node = m.root
+    gamma, beta, how = form
+    y = node.outputs[0]
+    if how[0] == "ln":
+        first = how[1]
+        ins = list(node.inputs[:first])
+        new = ctx.emit(node.op_type, ins, dict(node.attrs), domain=FG, outputs=len(node.outputs))
+    else:
+        new = ctx.emit("ElementwiseChain", how[2], {"steps": how[1]}, domain=FG)
+    outs = new if isinstance(new, list) else [new]
+    for u in list(dict.fromkeys(u for u, _ in y.uses)):
+        trans_b = int(u.attrs.get("trans_b", 0))
+        w = const_of(u.inputs[1])
+        g = gamma.to(torch.float32) if gamma is not None else None
+        wf = w.float()
+        scaled = wf if g is None else (wf * g if trans_b else wf * g[:, None])      # [N, K] or [K, N]
+        ins = [u.inputs[0], ctx.const(scaled.to(w.dtype), "weight_scaled")]
+        bias = const_of(u.input(2))
+        if beta is not None:
+            shift = (wf @ beta.float()) if trans_b else (beta.float() @ wf)
+            bias = shift if bias is None else bias.float() + shift
+        if bias is not None:
+            ins.append(ctx.const(bias.to(w.dtype), "bias_shifted"))
+        here = RuleContext(ctx.graph, ctx.options, ctx.rule, u)
+        made = keep_shape(here.emit(u.op_type, ins, dict(u.attrs), domain=FG), u)
+        ctx.emitted.extend(here.emitted)
+        u.outputs[0].replace_all_uses_with(made)
+        ctx.graph.remove(u)
+    y_new = keep_shape(outs[0], node)
+    return [y_new] + [keep_shape(o, node) if o is not None else None for o in outs[1:]]
+
+
 RULES = [
     Rule("pack_qkv_padded", _pack_check, _pack_rewrite,
          pattern=Pat("fusegraph::ScaledDotProductAttention", Var("q", lambda v: v.producer is not None), Var("k"),
@@ -272,6 +365,9 @@ RULES = [
     Rule("sibling_products", _siblings_check, _siblings_rewrite,
          pattern=Pat(("fusegraph::Linear", "fusegraph::LinearAct")), priority=10,
          doc=f"at least {MIN_SIBLINGS} products of one kind of one input by constant 2-D weights"),
+    Rule("norm_scale_into_products", _norm_check, _norm_rewrite,
+         pattern=Pat(("fusegraph::LayerNorm", "fusegraph::SkipLayerNorm", "fusegraph::ElementwiseChain")),
+         priority=5, doc="every reader of the normalised result is a product by a constant 2-D weight"),
     Rule("recompute_into_consumers", _recompute_check, _recompute_rewrite,
          pattern=Pat(tuple(CHAIN_OPS) + ("fusegraph::ElementwiseChain",)), priority=0,
          doc=f"a cheap elementwise result (<= {MAX_STEPS} steps, <= {MAX_FULL_READS} full-size reads) whose every "
