@@ -50,7 +50,8 @@ class Config:
     aggressive_fusion: also run the fusion rules that trade recomputation or memory for fewer
         kernels (``passes/fusion/rules_aggressive.py``: a cheap elementwise result recomputed in
         each of its elementwise consumers, q / k / v packed where biases or scales differ, three
-        or more products of one input packed into one); off by default (benchmarks/RESULTS.md).
+        or more products of one input packed into one, a norm's affine folded into the products
+        that read it); off by default (benchmarks/RESULTS.md).
     streams: number of execution streams, or ``"auto"``.
     memory: ``off`` (every tensor its own buffer) | ``balanced`` | ``tight``.
     device: ``cpu`` | ``cuda`` | ``auto``.
