@@ -9,9 +9,8 @@ import fusegraph as fg
 from fusegraph.config_file import config_from_mapping, config_from_toml, config_to_toml, load_config
 from fusegraph.errors import ConfigError
 
-# every field but the refused one (aggressive_fusion: not available yet) and accuracy_budget
-# (read by precision "auto" only: set alone it is refused)
-FULL = fg.Config(level="O1", disabled_passes=("cse", "dce"), precision="bf16", streams="auto",
+# every field but accuracy_budget (read by precision "auto" only: set alone it is refused)
+FULL = fg.Config(level="O1", disabled_passes=("cse", "dce"), precision="bf16", streams="auto", aggressive_fusion=True,
                  memory="tight", device="auto", threads=2, fold_size_limit=1024, verify_each=True,
                  tensor_lifetimes=(("x", 0, 3), ("y", 1, 2)),
                  reuse_groups=(("a", "b"), ("c",)), exclusive_tensors=("e",), external_tensors=("o",),
@@ -42,10 +41,12 @@ def test_file_and_public_api(tmp_path):
     assert load_config(str(path)) == cfg
 
 
-@pytest.mark.parametrize("text", ["aggressive_fusion = true"])
-def test_unavailable_knobs_are_refused_not_ignored(text):
-    with pytest.raises(ConfigError, match="not available yet"):
+@pytest.mark.parametrize("text", ['aggressive_fusion = "yes"', "aggressive_fusion = 1"])
+def test_a_flag_takes_true_or_false_only(text):
+    with pytest.raises(ConfigError, match="aggressive_fusion must be bool"):
         config_from_toml(text, where="cfg.toml")
+    with pytest.raises(ConfigError, match="aggressive_fusion must be true or false"):
+        fg.Config(aggressive_fusion="yes")
 
 
 def test_precision_keys():

@@ -71,6 +71,18 @@ def two_conv_model():
     return H.make_model(g, opset_imports=[H.make_opsetid("", 17)])
 
 
+def fanout_model():
+    """``s = x + z`` read by three elementwise consumers (a norm's square, its scale, a Tanh):
+    ``aggressive_fusion`` computes the sum inside each of them instead of on its own."""
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    nodes = [H.make_node("Add", ["x", "z"], ["s"], name="sum"), H.make_node("Pow", ["s", "two"], ["sq"], name="sq"),
+             H.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1, name="mean"),
+             H.make_node("Mul", ["s", "ms"], ["y"], name="scale"), H.make_node("Tanh", ["s"], ["t"], name="tanh")]
+    g = H.make_graph(nodes, "fanout", [H.make_tensor_value_info(n, T.FLOAT, [2, 8, 16]) for n in ("x", "z")],
+                     [H.make_tensor_value_info(n, T.FLOAT, [2, 8, 16]) for n in ("y", "t")], [two])
+    return H.make_model(g, opset_imports=[H.make_opsetid("", 17)])
+
+
 def _ops(m):
     return sorted(n.op_type for n in m.graph.nodes)
 
@@ -148,7 +160,7 @@ PROBES = {
     "verify_each": (True, None),      # special-cased below: counts Graph.verify calls
     "fast_math": (True, lambda d, p: len(p.graph.nodes) < len(d.graph.nodes) and not p._executor.backend.exact
                   and d._executor.backend.exact),
-    "aggressive_fusion": (True, REFUSED),
+    "aggressive_fusion": (True, None),   # special-cased below: fanout_model (knob_model has nothing to recompute)
     # the memory knobs name values: at O1 (no fusion) the model keeps its value names
     "tensor_lifetimes": ((("a0", 0, 8),), lambda d, p: p.plan.arena_bytes > d.plan.arena_bytes, O1),
     "reuse_groups": ((("a0", "b0"),), lambda d, p: _slot(p, "a0")[0] == _slot(p, "b0")[0]
@@ -198,6 +210,15 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
                         for b in (1e-2, 1e-6))
         assert _reduced(loose) == 2 and _reduced(tight) == 0
         assert [k["node"] for k in tight.report.precision["auto"]["kept_fp32"]] == ["conv_a", "conv_b"]
+        return
+    if field == "aggressive_fusion":   # fewer kernels, the same numbers
+        default, probe = (fg.compile(fanout_model(), config=fg.Config(aggressive_fusion=a)) for a in (False, True))
+        assert probe.report.kernel_count < default.report.kernel_count
+        assert "sum" not in _names(probe) and "sum" in _names(default)
+        rng = np.random.default_rng(1)
+        x = {n: rng.standard_normal((2, 8, 16)).astype(np.float32) for n in ("x", "z")}
+        for k, v in default.run(x).items():
+            np.testing.assert_allclose(probe.run(x)[k], v, rtol=1e-4, atol=1e-5)
         return
     if field == "shape_cache":      # N > 0: the symbolic-batch model compiles per exact shape instead
         x = {"x": np.random.default_rng(1).standard_normal((3, 8, 16, 16)).astype(np.float32)}

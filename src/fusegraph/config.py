@@ -48,7 +48,11 @@ class Config:
     accuracy_budget: for ``precision="auto"``: the largest relative L2 error of any output
         against the fp32 model (default 1e-2); a ConfigError with any other precision unless
         left at its default.
-    aggressive_fusion: refused when true (no fusion rule reads it yet).
+    aggressive_fusion: also run the fusion rules that trade recomputation or memory for fewer
+        kernels (``passes/fusion/rules_aggressive.py``: a cheap elementwise result recomputed in
+        each of its elementwise consumers, q / k / v packed where biases or scales differ, three
+        or more products of one input packed into one, a norm's affine folded into the products
+        that read it); off by default (benchmarks/RESULTS.md).
     streams: number of execution streams, or ``"auto"``.
     memory: ``off`` (every tensor its own buffer) | ``balanced`` | ``tight``.
     device: ``cpu`` | ``cuda`` | ``auto``.
@@ -150,14 +154,13 @@ class Config:
             raise ConfigError(f"Config.threads must be an integer 1..{machine_cores()} (this machine's cores) "
                               f"or None, got {self.threads!r}")
         _check_precision(self)
-        _refuse_unavailable(self)
         if self.cpu_kernels not in CPU_KERNELS:
             raise ConfigError(f"Config.cpu_kernels must be one of {CPU_KERNELS}, got {self.cpu_kernels!r}")
         if (not isinstance(self.shape_cache, int) or isinstance(self.shape_cache, bool)
                 or not 0 <= self.shape_cache <= 256):
             raise ConfigError(f"Config.shape_cache must be an integer 0..256, got {self.shape_cache!r}")
         _check_shapes(self)
-        for name in ("cuda_graph", "keep_freed_memory", "dynamic_batch"):
+        for name in ("cuda_graph", "keep_freed_memory", "dynamic_batch", "aggressive_fusion"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Config.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("fold_size_limit", "fold_broadcast_limit"):
@@ -239,13 +242,6 @@ def _check_precision(config: Config) -> None:
     if config.precision != "auto" and budget != 1e-2:
         raise ConfigError(f"Config.accuracy_budget is read by precision='auto' only (precision is "
                           f"{config.precision!r}); leave it at its default")
-
-
-def _refuse_unavailable(config: Config) -> None:
-    """Knobs whose feature does not exist yet are refused, never silently ignored."""
-    if config.aggressive_fusion is not False:
-        raise ConfigError("Config.aggressive_fusion is not available yet: no fusion rule reads it; "
-                          "leave it False")
 
 
 def _plain(value):

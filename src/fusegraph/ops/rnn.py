@@ -6,6 +6,12 @@ forward / reverse / bidirectional, the ``activations`` list with ``activation_al
 ``input_forget``, ``sequence_lens`` (padded steps give zero outputs and keep the state),
 initial states, ``layout`` 0/1, and every optional output. The input projection of all steps
 is one matmul; the time loop does only the recurrent matmul and the gate math.
+
+``fusegraph::LSTM`` is ONNX's LSTM with the gate blocks of W, R and B in the order
+``ifco`` (input, forget, cell, output: torch's and oneDNN's order) instead of ``iofc``; the
+peepholes P keep ONNX's ``iof``. ``passes/replace_rnn.py`` rewrites an LSTM with constant
+weights into it (the weights reordered once), so a backend's recurrent kernel reads its
+weights as they are stored (``runtime/backends/cpu/dnnl/rnn.py``).
 """
 from __future__ import annotations
 
@@ -34,6 +40,9 @@ _ACTS = {
 _DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.BFLOAT16, DType.UNDEFINED)
+# an LSTM's gate blocks in W / R / B: the block index of (i, o, f, c)
+ONNX_LSTM_GATES = (0, 1, 2, 3)       # ONNX: i, o, f, c
+IFCO_LSTM_GATES = (0, 3, 1, 2)       # fusegraph::LSTM (torch, oneDNN): i, f, c, o
 
 
 def _activations(ctx: NodeContext, op: str, dirs: int) -> list[list]:
@@ -88,10 +97,10 @@ def _take_time(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 0, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
-def _make(op: str):
+def _make(op: str, domain: str = "", since: int = 7, gates: tuple = ONNX_LSTM_GATES):
     n_gates = _GATES[op]
 
-    @register(op, since=7, infer=_rnn_infer(op), fusion=FusionKind.OPAQUE)
+    @register(op, since=since, domain=domain, infer=_rnn_infer(op), fusion=FusionKind.OPAQUE)
     def build(ctx: NodeContext):
         direction = ctx.attr("direction", "forward")
         if direction not in ("forward", "reverse", "bidirectional"):
@@ -137,7 +146,7 @@ def _make(op: str):
                 if op == "LSTM":
                     c = c0[d] if c0 is not None else X.new_zeros((batch, H))
                     p = P[d] if P is not None else None
-                y, h, c = _run(op, x, w, r, wb, rb, h, c, p, acts[d], cl, lbr, input_forget, lens)
+                y, h, c = _run(op, x, w, r, wb, rb, h, c, p, acts[d], cl, lbr, input_forget, lens, gates)
                 if reverse:
                     y = torch.flip(y, (0,)) if rev_idx is None else _take_time(y, rev_idx)
                 ys.append(y)
@@ -158,8 +167,9 @@ def _make(op: str):
     return build
 
 
-def _run(op, x, w, r, wb, rb, h, c, p, acts, cl, lbr, input_forget, lens):
-    """One direction over time; returns Y (T, B, H), the last state h and (LSTM) c."""
+def _run(op, x, w, r, wb, rb, h, c, p, acts, cl, lbr, input_forget, lens, gates=ONNX_LSTM_GATES):
+    """One direction over time; returns Y (T, B, H), the last state h and (LSTM) c; ``gates``:
+    the block index of an LSTM's (i, o, f, c) gates."""
     T = x.shape[0]
     H = r.shape[-1]
     xw = torch.matmul(x, w.t())                       # (T, B, G*H)
@@ -198,7 +208,7 @@ def _run(op, x, w, r, wb, rb, h, c, p, acts, cl, lbr, input_forget, lens):
             c_new = None
         else:
             g = g + torch.matmul(h, rt)
-            gi, go, gf, gc = g[:, :H], g[:, H:2 * H], g[:, 2 * H:3 * H], g[:, 3 * H:]
+            gi, go, gf, gc = (g[:, k * H:(k + 1) * H] for k in gates)
             if p is not None:
                 gi = gi + pi * c
                 gf = gf + pf * c
@@ -224,3 +234,4 @@ def _run(op, x, w, r, wb, rb, h, c, p, acts, cl, lbr, input_forget, lens):
 
 for _op in ("RNN", "GRU", "LSTM"):
     _make(_op)
+_make("LSTM", domain="fusegraph", since=1, gates=IFCO_LSTM_GATES)

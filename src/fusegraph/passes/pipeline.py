@@ -11,12 +11,13 @@ from typing import Callable
 
 from ..errors import ConfigError
 from . import algebra, batchnorm, collapse, conv_affine, noop, replace_linear, replace_matmul
-from . import replace_reduce, shape_chain
+from . import replace_reduce, replace_rnn, shape_chain
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
 from .fold_casts import FoldCasts
 from .fusion.engine import FusionPass, rule_names as fusion_rule_names
+from .fusion.rules_aggressive import RULES as AGGRESSIVE_RULES
 from .layout import LayoutPass
 from .precision import PrecisionPass
 from .manager import FixedPoint, PassOptions
@@ -42,9 +43,12 @@ RULE_FAMILIES = {
     "replace_linear": replace_linear.RULES,
     "replace_matmul": replace_matmul.RULES,
     "replace_reduce": replace_reduce.RULES,
+    "replace_rnn": replace_rnn.RULES,
 }
-REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce"})
-OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "layout", "fold_casts")
+REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce", "replace_rnn"})
+OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "aggressive_fusion", "layout", "fold_casts")
+# passes that run only when their option is on (``PassOptions`` field of the same name)
+OPTIONAL_PASSES = frozenset({"aggressive_fusion"})
 
 SIMPLIFY = Group("simplify", (
     "shape_chain_fold",     # first: turns Shape reads of static dims into constants ...
@@ -63,6 +67,7 @@ REPLACE = Group("replace", (
     "replace_reduce",       # Expand+Reduce, one-input Sum -> Identity ...
     "replace_linear",       # before replace_matmul: Reshape(Linear(Reshape)) needs the Linear
     "replace_matmul",
+    "replace_rnn",          # LSTM weights in the gate order the recurrent kernels read
     "noop_elimination",     # ... removes the Identity replace_reduce made
     "constant_fold",
     "dce",
@@ -70,6 +75,8 @@ REPLACE = Group("replace", (
 
 FUSE = Group("fuse", (
     "fusion",               # after simplify / replace: rules match the canonical forms they leave
+    "aggressive_fusion",    # Config.aggressive_fusion only: after the default rules, whose fused
+                            # forms it packs and recomputes (the group repeats: they see its result)
     "dce",                  # drops what fused patterns left dead
 ))
 
@@ -90,7 +97,7 @@ def known_names() -> set[str]:
     names = set(RULE_FAMILIES) | set(OTHER_PASSES)
     for rules in RULE_FAMILIES.values():
         names.update(r.name for r in rules)
-    return names | fusion_rule_names()
+    return names | fusion_rule_names() | {r.name for r in AGGRESSIVE_RULES}
 
 
 def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
@@ -110,6 +117,7 @@ def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
         "dce": lambda: DeadCodeElimination(options),
         "cse": lambda: CommonSubexpressionElimination(options),
         "fusion": lambda: FusionPass(options, rewrite_log),
+        "aggressive_fusion": lambda: FusionPass(options, rewrite_log, AGGRESSIVE_RULES, name="aggressive_fusion"),
         "layout": lambda: LayoutPass(options),
     }
     for name, rules in RULE_FAMILIES.items():
@@ -117,7 +125,8 @@ def build_pipeline(level: str, options: PassOptions, fold_log: FoldLog,
         factories[name] = lambda name=name, rules=rules, log=log: RuleSetPass(name, rules, options, log)
 
     def make(names):
-        return [factories[n]() for n in names if n not in options.disabled]
+        return [factories[n]() for n in names if n not in options.disabled
+                and (n not in OPTIONAL_PASSES or getattr(options, n))]
 
     steps = []
     for step in PIPELINES[level]:

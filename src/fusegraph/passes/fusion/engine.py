@@ -70,13 +70,14 @@ class FusionPass:
     name = "fusion"
 
     def __init__(self, options: PassOptions, log: list | None = None,
-                 rules: list[Rule] | None = None, max_rounds: int = 8):
+                 rules: list[Rule] | None = None, max_rounds: int = 8, name: str = "fusion"):
+        self.name = name          # another rule set ("aggressive_fusion", pipeline.py) runs under its own name
         rules = collect_rules() if rules is None else by_priority(rules)
         self.options, self.log, self.max_rounds = options, log, max_rounds
         self.rules = [r for r in rules if r.name not in options.disabled]
         for r in self.rules:
             if r.pattern is None:
-                raise PassError(f"pass 'fusion': rule {r.name!r} has no pattern; rules rooted at op "
+                raise PassError(f"pass {name!r}: rule {r.name!r} has no pattern; rules rooted at op "
                                 f"types run in a RuleSetPass (passes/rewrite.py)")
 
     def run(self, graph: Graph) -> PassResult:

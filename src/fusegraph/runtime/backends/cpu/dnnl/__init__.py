@@ -7,7 +7,8 @@ a few microseconds a call.
 ``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``rmsnorm.py``:
 RMSNorm, SkipRMSNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
-``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax), a
+``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax; ``rnn.py``: RNN, GRU and
+fusegraph::LSTM, one recurrent primitive per node), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
 not).
@@ -26,6 +27,7 @@ from .layernorm import layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
 from .rmsnorm import rms_norm_kernel
+from .rnn import rnn_kernel
 from .shuffle import shuffle_kernel
 from .softmax import softmax_kernel
 from .primitive import Resources
@@ -42,6 +44,7 @@ def unavailable_reason() -> str:
 
 
 POOLS = {("", "MaxPool"), ("", "AveragePool"), ("", "GlobalAveragePool"), ("", "GlobalMaxPool")}
+RECURRENT = {("", "RNN"), ("", "GRU"), ("", "LSTM"), ("fusegraph", "LSTM")}
 
 
 class DnnlKernels:
@@ -75,4 +78,6 @@ class DnnlKernels:
             return concat_kernel(ctx, self.resources)
         if key == ("", "Softmax"):
             return softmax_kernel(ctx, opdef, self.resources, exact)
+        if key in RECURRENT:
+            return rnn_kernel(ctx, self.store, self.resources, exact)
         return None

@@ -43,6 +43,8 @@ LRN_ACROSS_CHANNELS = 2815
 BINARY = {"add": 131056, "mul": 131057, "max": 131058, "min": 131059, "div": 131060, "sub": 131061}
 SOFTMAX_ACCURATE = 196608
 REDUCTION = {"max": 196594, "min": 196595, "sum": 196596, "mul": 196597, "mean": 196598}
+# dnnl_rnn_direction_t
+RNN_LEFT2RIGHT, RNN_RIGHT2LEFT, RNN_BIDIRECTIONAL_CONCAT = 1, 2, 3
 # dnnl_query_t
 Q_IMPL_INFO_STR, Q_STRIDES = 8, 14
 Q_SRC_MD, Q_WEIGHTS_MD, Q_DST_MD, Q_WORKSPACE_MD, Q_SCRATCHPAD_MD = 129, 131, 133, 135, 136
@@ -54,6 +56,10 @@ FPMATH_STRICT, FPMATH_BF16 = 0, 1
 USE_GLOBAL_STATS, USE_SCALE, USE_SHIFT = 1, 2, 4
 # execution argument indices (DNNL_ARG_*)
 ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 2, 17, 33, 41
+# recurrent primitives: layer / iteration inputs and outputs (DNNL_ARG_SRC_0..2, DST_0..2, WEIGHTS_0..2)
+ARG_SRC_LAYER, ARG_SRC_ITER, ARG_SRC_ITER_C = 1, 2, 3
+ARG_DST_LAYER, ARG_DST_ITER, ARG_DST_ITER_C = 17, 18, 19
+ARG_WEIGHTS_LAYER, ARG_WEIGHTS_ITER, ARG_WEIGHTS_PEEPHOLE = 33, 34, 35
 ARG_MEAN, ARG_VARIANCE, ARG_SCALE, ARG_SHIFT, ARG_WORKSPACE, ARG_SCRATCHPAD = 49, 50, 51, 52, 64, 80
 ARG_MULTIPLE_SRC, ARG_POST_OP_BASE = 1024, 32768
 
@@ -132,6 +138,12 @@ _SIGNATURES = {   # name -> (restype, argtypes)
     "dnnl_get_effective_cpu_isa": (C.c_int, []),
     "dnnl_sgemm": (C.c_int, [C.c_char, C.c_char, C.c_int64, C.c_int64, C.c_int64, C.c_float, vp, C.c_int64, vp,
                              C.c_int64, C.c_float, vp, C.c_int64]),
+    "dnnl_vanilla_rnn_forward_primitive_desc_create": (
+        C.c_int, [_P(vp), vp, C.c_int, C.c_int, C.c_int] + [vp] * 7 + [C.c_uint, C.c_float, C.c_float, vp]),
+    "dnnl_lstm_forward_primitive_desc_create": (C.c_int, [_P(vp), vp, C.c_int, C.c_int] + [vp] * 11 + [C.c_uint, vp]),
+    "dnnl_gru_forward_primitive_desc_create": (C.c_int, [_P(vp), vp, C.c_int, C.c_int] + [vp] * 7 + [C.c_uint, vp]),
+    "dnnl_lbr_gru_forward_primitive_desc_create": (
+        C.c_int, [_P(vp), vp, C.c_int, C.c_int] + [vp] * 7 + [C.c_uint, vp]),
 }
 
 
