@@ -37,7 +37,7 @@ NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
 AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"), ("", "LRN"),
                       ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"),
                       ("fusegraph", "ChannelShuffle")})
-ANY_INPUT = frozenset({("", "GlobalMaxPool")})  # reads either layout at full speed, exactly
+ANY_INPUT = frozenset({("", "GlobalMaxPool"), ("", "GlobalAveragePool")})  # read either layout at full speed, exactly
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ def _is_act4(v: Value | None) -> bool:
 def _trivial(v: Value) -> bool:
     """1x1 spatial (or a single channel): both layouts are the same bytes."""
     return v.shape[2] * v.shape[3] == 1 or v.shape[1] == 1
+
+
+def _single_pixel_out(node: Node) -> bool:
+    return all(_is_act4(o) and o.shape[2] * o.shape[3] == 1 for o in node.outputs)
 
 
 def _bytes(v: Value) -> int:
@@ -113,6 +117,8 @@ def reorder_bytes(graph: Graph, lay: dict[int, str]) -> tuple[int, int]:
                 continue
             if fused and i in (0, 3):
                 want = NHWC
+            elif (node.domain, node.op_type) in AGNOSTIC and _single_pixel_out(node):
+                continue          # a pool over the whole image reads either layout
             elif _agnostic(node) and lay.get(id(node.outputs[0]), NCHW) == NHWC:
                 want = NHWC
             else:

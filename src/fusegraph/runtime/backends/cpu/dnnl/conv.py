@@ -45,6 +45,10 @@ from .primitive import Attr, create, exact_post_ops
 TYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _single_pixel(shape) -> bool:
+    return all(d == 1 for d in shape[2:])
+
+
 def conv_kernel(ctx, store, resources, exact: bool = True):
     """The oneDNN kernel of one FusedConv node, or a ``Decline`` saying why not."""
     node = ctx.node
@@ -78,17 +82,21 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     g = geo.group
     co, cig, kh, kw = (int(v) for v in w.shape)
     act_ops, after = activation_post_ops(activation, params, exact)
-    y_strides = strides_of(y_v)          # the input is read in the output's layout (else staged)
-    x_strides = channels_last(xs) if y_v.layout == "nhwc" else contiguous(xs)
+    # the input is read in the output's layout (else staged); a 1x1 image is the same bytes in
+    # both, and oneDNN's fast kernels want it described channels-last (squeeze-excite convs)
+    nhwc = y_v.layout == "nhwc" or (_single_pixel(ys) and (x_v.layout == "nhwc" or _single_pixel(xs)))
+    y_strides = channels_last(ys) if nhwc else strides_of(y_v)
+    x_strides = channels_last(xs) if nhwc else contiguous(xs)
+    z_strides = None if z_v is None else (y_strides if nhwc and _single_pixel(ys) else strides_of(z_v))
     inplace = (z_v is not None and ctx.inplace_input == 3 and z_v.dtype == y_v.dtype
-               and strides_of(z_v) == y_strides)
+               and z_strides == y_strides)
     x_md, y_md = MemDesc.of(xs, compute, x_strides), MemDesc.of(ys, out, y_strides)
     z_md, res_ops = None, []
     if z_v is not None:
         if inplace:
             res_ops = [("sum", 1.0)]
         else:
-            z_md = MemDesc.of(ys, compute, strides_of(z_v))
+            z_md = MemDesc.of(ys, compute, z_strides)
             res_ops = [("binary", "add", z_md)]
     wdims = [co, cig, kh, kw] if g == 1 else [g, co // g, cig, kh, kw]
     w_any = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ANY)
@@ -125,6 +133,6 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     y_slot = Slot(capi.ARG_DST, ys, y_strides, out, y_md)
     if z_v is None:
         return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
-    z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, strides_of(z_v), compute, z_md)
+    z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, z_strides, compute, z_md)
     return DnnlKernel(prim, [x_slot, z_slot], y_slot, consts, resources, (0, 3),
                       prefill=1 if inplace else None, after=after, keep=tuple(keep))
