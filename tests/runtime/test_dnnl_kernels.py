@@ -323,8 +323,6 @@ DECLINES = {   # name -> (graph, the op, the reason given)
         count_include_pad=1)], [], stems=2), "AveragePool", "a pool geometry oneDNN does not express exactly"),
     "max_dilated": (lambda: stem_then([node("MaxPool", ["s"], "y", kernel_shape=[2, 2], dilations=[2, 2])],
                                       [], stems=2), "MaxPool", "oneDNN offers only its reference pooling"),
-    "global_avg_nchw": (lambda: stem_then([node("GlobalAveragePool", ["s"], "y")], [], stems=1),
-                        "GlobalAveragePool", "needs one channels-last image"),
     "lrn_nchw": (lambda: stem_then([node("LRN", ["s"], "y", size=3)], [], stems=1), "LRN",
                  "oneDNN offers only its reference LRN"),
 }
