@@ -14,14 +14,14 @@ only where the transposing copies ("reorders") happen. What the choice drives:
 - the planner never lets an output overwrite an input of another layout in place.
 
 Assignment (one forward sweep): a FusedConv's 3-D / 4-D output is ``nhwc``; a layout-agnostic op
-(elementwise / broadcast ops, pooling, Concat, LRN, GELU, fused elementwise chains, a Resize of
-the spatial axes only) whose activation
+(elementwise / broadcast ops, pooling, Concat, LRN, GELU, fused elementwise chains, channel
+layer and group norms, a Resize of the spatial axes only) whose activation
 inputs are all ``nhwc`` keeps ``nhwc``, so reorders move past them to where a
 layout-sensitive op (Reshape, Flatten, Gemm, LRN, Transpose, ...) reads the value — usually a
 smaller, pooled tensor. A Transpose moving the channels of an ``nhwc`` value last (ConvNeXt's
 and HuBERT's ``[N, C, H, W] -> [N, H, W, C]`` around a layer norm, a ViT's patches) is a
 straight copy, and one moving the last axis of plain data to the channels writes ``nhwc`` (a
-straight copy too). View ops of an ``nhwc`` value are ``nhwc`` when the shape is unchanged
+straight copy too) where a FusedConv reads the result (through views and agnostic ops). View ops of an ``nhwc`` value are ``nhwc`` when the shape is unchanged
 or only its spatial axes are split or merged, else ``strided`` (neither; never written over in place; a 3-D view of another
 shape is not laid out). Everything else stays ``nchw``. Tensors of one pixel are the same bytes
 in both layouts and cost nothing, and a pool over the whole image reads either.
@@ -45,7 +45,7 @@ NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
 AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"), ("", "LRN"),
                       ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"),
                       ("fusegraph", "ChannelShuffle"), ("fusegraph", "Gelu"),
-                      ("fusegraph", "ChannelLayerNorm")})
+                      ("fusegraph", "ChannelLayerNorm"), ("fusegraph", "GroupNorm")})
 SPATIAL_RESIZE = frozenset({("", "Resize"), ("", "Upsample")})
 ANY_INPUT = frozenset({("", "GlobalMaxPool"), ("", "GlobalAveragePool")})  # read either layout at full speed, exactly
 
@@ -113,6 +113,17 @@ def _agnostic(node: Node) -> bool:
     return d is not None and d.fusion in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST) and len(node.outputs) == 1
 
 
+def _feeds_conv(v: Value, depth: int = 4) -> bool:
+    """A FusedConv reads ``v``, directly or through views and layout-agnostic ops."""
+    for user, i in v.uses:
+        if user.domain == "fusegraph" and user.op_type == "FusedConv" and i == 0:
+            return True
+        if depth and (_agnostic(user) or view_input(user) == i) and user.outputs and _is_act(user.outputs[0]) \
+                and _feeds_conv(user.outputs[0], depth - 1):
+            return True
+    return False
+
+
 def assign(graph: Graph) -> dict[int, str]:
     """id(value) -> layout for every 3-D / 4-D activation a node produces."""
     lay: dict[int, str] = {}
@@ -134,7 +145,7 @@ def assign(graph: Graph) -> dict[int, str]:
             else:
                 layout = in_lay[0] if same else STRIDED
         elif "from_last" in _perm(node, len(outs[0].shape)) and node.inputs[0] is not None \
-                and lay.get(id(node.inputs[0]), NCHW) == NCHW:
+                and lay.get(id(node.inputs[0]), NCHW) == NCHW and _feeds_conv(outs[0]):
             layout = NHWC         # [N, .., C] -> [N, C, ..] written channels-last: a straight copy
         elif _agnostic(node) and in_lay and all(x == NHWC for x in in_lay):
             layout = NHWC

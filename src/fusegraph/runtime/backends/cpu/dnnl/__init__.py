@@ -4,7 +4,8 @@ a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
-``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``binary.py``:
+``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm;
+GroupNorm declines (``GROUP_NORM_DECLINE``); ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
 ``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
@@ -13,6 +14,7 @@ not).
 """
 from __future__ import annotations
 
+from ...protocol import Decline
 from . import capi
 from .attention import attention_kernel
 from .binary import chain_kernel
@@ -39,6 +41,11 @@ def unavailable_reason() -> str:
     return capi.UNAVAILABLE or "oneDNN is available"
 
 
+# oneDNN 3.2 (the wheel's) has no group normalisation primitive (3.3 added one); its batch
+# normalisation computing the statistics of one channels-last sample is the same arithmetic
+# for groups of one channel, but measured slower than the op's own kernel (benchmarks/RESULTS.md)
+GROUP_NORM_DECLINE = ("oneDNN 3.2 has no group normalisation; its batch normalisation over one sample "
+                      "is slower than the op's own kernel (one reduction, one multiply-add)")
 POOLS = {("", "MaxPool"), ("", "AveragePool"), ("", "GlobalAveragePool"), ("", "GlobalMaxPool")}
 
 
@@ -60,8 +67,10 @@ class DnnlKernels:
             return lrn_kernel(ctx, self.resources)
         if key == ("fusegraph", "ChannelShuffle"):
             return shuffle_kernel(ctx, self.resources)
-        if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")):
+        if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm"), ("fusegraph", "ChannelLayerNorm")):
             return layer_norm_kernel(ctx, opdef, self.resources, exact)
+        if key == ("fusegraph", "GroupNorm"):
+            return Decline(GROUP_NORM_DECLINE, "dnnl")
         if key == ("fusegraph", "ElementwiseChain"):
             return chain_kernel(ctx, self.resources, exact)
         if key == ("fusegraph", "ScaledDotProductAttention"):
