@@ -24,8 +24,6 @@ channels into equal groups, shapes not known.
 """
 from __future__ import annotations
 
-import torch
-
 from ..facts import const_of, shapes_equal
 from ..rule import Decline, Rule
 from .pattern import Pat, Var
