@@ -21,7 +21,8 @@ layout-sensitive op (Reshape, Flatten, Gemm, LRN, Transpose, ...) reads the valu
 smaller, pooled tensor. A Transpose moving the channels of an ``nhwc`` value last (ConvNeXt's
 and HuBERT's ``[N, C, H, W] -> [N, H, W, C]`` around a layer norm, a ViT's patches) is a
 straight copy, and one moving the last axis of plain data to the channels writes ``nhwc`` (a
-straight copy too) where a FusedConv reads the result (through views and agnostic ops). View ops of an ``nhwc`` value are ``nhwc`` when the shape is unchanged
+straight copy too) where a FusedConv reads the result (through views and agnostic ops) or an
+agnostic op joins it with a channels-last value. View ops of an ``nhwc`` value are ``nhwc`` when the shape is unchanged
 or only its spatial axes are split or merged, else ``strided`` (neither; never written over in place; a 3-D view of another
 shape is not laid out). Everything else stays ``nchw``. Tensors of one pixel are the same bytes
 in both layouts and cost nothing, and a pool over the whole image reads either.
@@ -124,6 +125,13 @@ def _feeds_conv(v: Value, depth: int = 4) -> bool:
     return False
 
 
+def _joins_channels_last(v: Value, lay: dict[int, str]) -> bool:
+    """A FusedConv reads ``v`` (through views and agnostic ops), or an agnostic op joins it with
+    a channels-last value (ConvNeXt's residual Add after its block's transpose back)."""
+    return _feeds_conv(v) or any(_agnostic(u) and any(w is not v and lay.get(id(w)) == NHWC for w in u.inputs)
+                                 for u, _ in v.uses)
+
+
 def assign(graph: Graph) -> dict[int, str]:
     """id(value) -> layout for every 3-D / 4-D activation a node produces."""
     lay: dict[int, str] = {}
@@ -145,7 +153,7 @@ def assign(graph: Graph) -> dict[int, str]:
             else:
                 layout = in_lay[0] if same else STRIDED
         elif "from_last" in _perm(node, len(outs[0].shape)) and node.inputs[0] is not None \
-                and lay.get(id(node.inputs[0]), NCHW) == NCHW and _feeds_conv(outs[0]):
+                and lay.get(id(node.inputs[0]), NCHW) == NCHW and _joins_channels_last(outs[0], lay):
             layout = NHWC         # [N, .., C] -> [N, C, ..] written channels-last: a straight copy
         elif _agnostic(node) and in_lay and all(x == NHWC for x in in_lay):
             layout = NHWC

@@ -49,6 +49,17 @@ GROUP_NORM_DECLINE = ("oneDNN 3.2 has no group normalisation; its batch normalis
 POOLS = {("", "MaxPool"), ("", "AveragePool"), ("", "GlobalAveragePool"), ("", "GlobalMaxPool")}
 
 
+def _unfused_conv(ctx) -> str:
+    """Why a plain Conv reached the backend (``conv_prepack`` makes FusedConvs of the rest)."""
+    x = ctx.node.inputs[0]
+    rank = len(x.shape) if x.shape is not None else None
+    if rank not in (3, 4):
+        return f"a convolution of input rank {rank}: this backend has oneDNN kernels for 1-D and 2-D ones"
+    if ctx.const(1) is None:
+        return "weights computed at run time: oneDNN kernels here prepack constant weights"
+    return "not made a FusedConv by the fusion pass (see report.fusions, rule conv_prepack)"
+
+
 class DnnlKernels:
     def __init__(self, store: WeightStore):
         self.store = store
@@ -69,6 +80,8 @@ class DnnlKernels:
             return shuffle_kernel(ctx, self.resources)
         if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm"), ("fusegraph", "ChannelLayerNorm")):
             return layer_norm_kernel(ctx, opdef, self.resources, exact)
+        if key == ("", "Conv"):                 # one the fusion pass did not make a FusedConv
+            return Decline(_unfused_conv(ctx), "dnnl")
         if key == ("fusegraph", "GroupNorm"):
             return Decline(GROUP_NORM_DECLINE, "dnnl")
         if key == ("fusegraph", "ElementwiseChain"):

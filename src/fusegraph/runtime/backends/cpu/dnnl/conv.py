@@ -21,7 +21,9 @@ Post-ops, in order:
   0); activations without one (clip, GELU, hard sigmoid) run after the primitive in place
   with torch (``AFTER``), unless ``exact`` is off (``Config.fast_math``): then every
   activation is a post-op (``activation_post_ops.FAST``).
-Convolutions under ``PARALLEL_MACS`` multiply-adds are made for one thread (oneDNN fixes the
+A convolution oneDNN runs on its im2col + GEMM fallback (``x64:gemm:jit``) carries the reason
+in ``slow`` (NCHW data, or a geometry without jit / brgemm kernels), which the backend reports
+beside the declines. Convolutions under ``PARALLEL_MACS`` multiply-adds are made for one thread (oneDNN fixes the
 thread count of its partition when the primitive is made). Anything else declines with a
 reason: the CPU backend's other kernels take the node.
 """
@@ -134,6 +136,12 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
         return Decline(f"oneDNN has no convolution for this node: {exc}", "dnnl")
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference convolution ({prim.impl})", "dnnl")
+    slow = None
+    if "gemm" in prim.impl:               # runs, but on the im2col + GEMM fallback: say why
+        slow = (f"NCHW data (the layout pass kept this graph NCHW): oneDNN's jit / brgemm convolutions "
+                f"read channels-last or blocked data, so {prim.impl}") if not nhwc else \
+            (f"oneDNN has no jit / brgemm convolution for groups {g}, kernel {kh}x{kw}, strides {list(s)}, "
+             f"dilations {list(d)} ({prim.impl})")
     w_md = prim.md(capi.Q_WEIGHTS_MD)
     plain = w if w.device.type == "meta" else w.to(compute).contiguous()
     plain_md = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ABCD if g == 1 else capi.TAG_ABCDE)
@@ -146,7 +154,10 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     x_slot = Slot(capi.ARG_SRC, xs, x_strides, compute, x_md)
     y_slot = Slot(capi.ARG_DST, ys, y_strides, out, y_md)
     if z_v is None:
-        return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
-    z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, z_strides, compute, z_md)
-    return DnnlKernel(prim, [x_slot, z_slot], y_slot, consts, resources, (0, 3),
-                      prefill=1 if inplace else None, after=after, keep=tuple(keep))
+        kernel = DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
+    else:
+        z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, z_strides, compute, z_md)
+        kernel = DnnlKernel(prim, [x_slot, z_slot], y_slot, consts, resources, (0, 3),
+                            prefill=1 if inplace else None, after=after, keep=tuple(keep))
+    kernel.slow = slow
+    return kernel
