@@ -97,18 +97,23 @@ def _exact_max(portable):
 
 
 def _whole_image(ctx, xs, ys) -> bool:
-    """One undilated window from the origin, no explicit pads, at least as large as the image,
-    one output pixel: the mean of the image (what the window overhangs counts in no divisor,
-    ``count_include_pad`` or not: ONNX counts explicit pads only)."""
+    """One undilated window covering the whole image, one output pixel: the mean of the image
+    when no padded position counts in the divisor (``count_include_pad`` 0, or no explicit
+    pads: ONNX counts explicit pads, never what a window overhangs)."""
     if ctx.node.op_type == "GlobalAveragePool":
         return True
     if any(d != 1 for d in ys[2:]) or (ctx.attr("auto_pad", "NOTSET") or "NOTSET") not in ("NOTSET", "VALID"):
         return False
+    n = len(xs) - 2
     kernel = [int(k) for k in ctx.attr("kernel_shape", None) or []]
-    pads = [int(p) for p in ctx.attr("pads", None) or []]
-    dil = [int(d) for d in ctx.attr("dilations", None) or []]
-    return (len(kernel) == len(xs) - 2 and all(k >= x for k, x in zip(kernel, xs[2:]))
-            and not any(pads) and all(d == 1 for d in dil))
+    pads = [int(p) for p in ctx.attr("pads", None) or [0] * (2 * n)]
+    dil = [int(d) for d in ctx.attr("dilations", None) or [1] * n]
+    if ctx.attr("auto_pad", "NOTSET") == "VALID":
+        pads = [0] * (2 * n)
+    if len(kernel) != n or len(pads) != 2 * n or any(d != 1 for d in dil):
+        return False
+    covers = all(k - pads[i] >= x for i, (k, x) in enumerate(zip(kernel, xs[2:])))
+    return covers and (not int(ctx.attr("count_include_pad", 0)) or not any(pads))
 
 
 def _global_mean(x_v, y_v, xs, ys, dtype, resources):
