@@ -72,6 +72,8 @@ POLICY: dict[tuple[str, str], tuple[str, str]] = {
     ("", "BatchNormalization"): (KEEP, "normalisation statistics: float32"),
     ("", "InstanceNormalization"): (KEEP, "normalisation statistics: float32"),
     ("", "GroupNormalization"): (KEEP, "normalisation statistics: float32"),
+    ("fusegraph", "GroupNorm"): (KEEP, "normalisation statistics: float32"),
+    ("fusegraph", "ChannelLayerNorm"): (KEEP, "normalisation statistics (mean, variance): float32"),
     ("", "LRN"): (KEEP, "a windowed sum of squares and a power: float32"),
     ("", "GlobalAveragePool"): (KEEP, "a reduction over the whole plane: float32"),
     **{("", op): (KEEP, "a reduction: float32") for op in (
@@ -97,7 +99,8 @@ def has_residual(node) -> bool:
 # ops the logits search looks through (graph output backwards to the last heavy ops); a
 # normalisation stops it: what follows one is a hidden state, not logits
 NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "LayerNormalization", "BatchNormalization",
-                            "InstanceNormalization", "GroupNormalization", "LRN"})
+                            "InstanceNormalization", "GroupNormalization", "LRN", "ChannelLayerNorm",
+                            "GroupNorm"})
 # FOLLOW ops that compute in float32 inside: their constant inputs stay float32 (not rounded)
 FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain")})
 # REDUCE products -> the input index of their constant bias, kept float32: it is added to the

@@ -11,7 +11,7 @@ Bounds are conservative: a convolution or product multiplies its input bound by 
 weight magnitude times the terms each output sums (every partial sum is then below it too;
 computable from the packed bytes alone, so a loaded model derives the same limits from its
 own weights and trusts nothing the file says about them), an addition adds bounds,
-LayerNorm and softmax reset them, clip / sigmoid / tanh cap them, a Cast keeps them (a value
+LayerNorm (over the last axis, the channels or groups) and softmax reset them, clip / sigmoid / tanh cap them, a Cast keeps them (a value
 stored in bfloat16 or float16 may round up by 2^-8 of itself, float16 overflows above 65504:
 ``_cap``). Ops the table does not
 know give "unknown": no guarded node downstream admits any ``M`` through them. Integer and
@@ -198,6 +198,19 @@ def _transfer(node: Node, ins: list[Fact], weights: Weights) -> list[Fact]:
         g = 1.0 if gamma is None else _abs_max(gamma)
         y = Fact(math.sqrt(d) * g + _abs_max(beta), any(f.nan or f.inf for f in data))
         return [y, sum_fact(*data)][:len(node.outputs)]
+    if op in ("ChannelLayerNorm", "GroupNorm"):     # |normalised| <= sqrt(elements normalised together)
+        shape = node.outputs[0].shape
+        if shape is None or len(shape) < 2 or not all(isinstance(d, int) for d in shape[1:]):
+            return [UNKNOWN]
+        n = shape[1]
+        if op == "GroupNorm":
+            n = n // max(int(attrs.get("groups", 1)), 1) * math.prod(shape[2:])
+        params = [node.inputs[i].const if len(node.inputs) > i and node.inputs[i] is not None else None
+                  for i in (1, 2)]
+        if any(len(node.inputs) > i and node.inputs[i] is not None and t is None for i, t in zip((1, 2), params)):
+            return [UNKNOWN]
+        g = 1.0 if params[0] is None else _abs_max(params[0])
+        return [Fact(math.sqrt(n) * g + _abs_max(params[1]), ins[0].nan or ins[0].inf)]
     if op == "ScaledDotProductAttention":
         v = ins[0] if attrs.get("qkv_split") else ins[2]
         nan = any(f.nan or f.inf for f in ins if f is not None) and not attrs.get("nan_to_zero", 0)
