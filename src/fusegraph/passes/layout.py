@@ -1,4 +1,6 @@
-"""Pass "layout": choose channels-last (``nhwc``) memory for the 4-D activations of conv nets.
+"""Pass "layout": choose channels-last (``nhwc``) memory for the activations of conv nets: 4-D
+images ``[N, C, H, W]`` and the 3-D sequences ``[N, C, L]`` of 1-D convolutions (speech
+encoders), both stored with the channels innermost.
 
 Layout here is physical only: every value keeps its logical NCHW shape, and torch kernels
 compute the same result whatever the strides, so a layout choice can never change values,
@@ -11,17 +13,23 @@ only where the transposing copies ("reorders") happen. What the choice drives:
   (``runtime/arena.py``), so ``out=`` kernels write channels-last directly;
 - the planner never lets an output overwrite an input of another layout in place.
 
-Assignment (one forward sweep): a FusedConv's 4-D output is ``nhwc``; a layout-agnostic op
-(elementwise / broadcast ops, pooling, Concat, LRN, fused elementwise chains) whose 4-D activation
+Assignment (one forward sweep): a FusedConv's 3-D / 4-D output is ``nhwc``; a layout-agnostic op
+(elementwise / broadcast ops, pooling, Concat, LRN, GELU, fused elementwise chains, channel
+layer and group norms, a Resize of the spatial axes only) whose activation
 inputs are all ``nhwc`` keeps ``nhwc``, so reorders move past them to where a
 layout-sensitive op (Reshape, Flatten, Gemm, LRN, Transpose, ...) reads the value — usually a
-smaller, pooled tensor. View ops of an ``nhwc`` value are ``nhwc`` when the shape is
-unchanged, else ``strided`` (neither; never written over in place). Everything else stays
-``nchw``. Tensors with 1x1 spatial size are the same bytes in both layouts and cost nothing.
+smaller, pooled tensor. A Transpose moving the channels of an ``nhwc`` value last (ConvNeXt's
+and HuBERT's ``[N, C, H, W] -> [N, H, W, C]`` around a layer norm, a ViT's patches) is a
+straight copy, and one moving the last axis of plain data to the channels writes ``nhwc`` (a
+straight copy too) where a FusedConv reads the result (through views and agnostic ops) or an
+agnostic op joins it with a channels-last value. View ops of an ``nhwc`` value are ``nhwc`` when the shape is unchanged
+or only its spatial axes are split or merged, else ``strided`` (neither; never written over in place; a 3-D view of another
+shape is not laid out). Everything else stays ``nchw``. Tensors of one pixel are the same bytes
+in both layouts and cost nothing, and a pool over the whole image reads either.
 
 The pass then compares the reorder traffic this plan needs with the bytes the convolutions
 process; when reorders would cost more than ``min_gain`` of that (or the graph has fewer
-than ``min_convs`` 2-D FusedConvs) it leaves the whole graph ``nchw``. Graph outputs and
+than ``min_convs`` 1-D / 2-D FusedConvs) it leaves the whole graph ``nchw``. Graph outputs and
 inputs are never changed: outputs may come back channels-last-strided (values are equal).
 """
 from __future__ import annotations
@@ -30,14 +38,17 @@ from dataclasses import dataclass
 
 from ..ir import Graph, Node, Value
 from ..ops import lookup
+from ..ops.registry import view_input
 from ..ops.registry import FusionKind
 from .manager import PassOptions, PassResult
 
 NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
 AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"), ("", "LRN"),
                       ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"),
-                      ("fusegraph", "ChannelShuffle")})
-ANY_INPUT = frozenset({("", "GlobalMaxPool")})  # reads either layout at full speed, exactly
+                      ("fusegraph", "ChannelShuffle"), ("fusegraph", "Gelu"),
+                      ("fusegraph", "ChannelLayerNorm"), ("fusegraph", "GroupNorm")})
+SPATIAL_RESIZE = frozenset({("", "Resize"), ("", "Upsample")})
+ANY_INPUT = frozenset({("", "GlobalMaxPool"), ("", "GlobalAveragePool")})  # read either layout at full speed, exactly
 
 
 @dataclass(frozen=True)
@@ -50,14 +61,26 @@ def _opdef(node: Node):
     return lookup(node.domain, node.op_type, node.version if node.domain != "fusegraph" else 1)
 
 
-def _is_act4(v: Value | None) -> bool:
-    return (v is not None and not v.is_const and v.shape is not None and len(v.shape) == 4
+def _is_act(v: Value | None) -> bool:
+    """A 3-D ``[N, C, L]`` or 4-D ``[N, C, H, W]`` activation of static shape."""
+    return (v is not None and not v.is_const and v.shape is not None and len(v.shape) in (3, 4)
             and all(isinstance(d, int) for d in v.shape))
 
 
+def _pixels(v: Value) -> int:
+    n = 1
+    for d in v.shape[2:]:
+        n *= d
+    return n
+
+
 def _trivial(v: Value) -> bool:
-    """1x1 spatial (or a single channel): both layouts are the same bytes."""
-    return v.shape[2] * v.shape[3] == 1 or v.shape[1] == 1
+    """One pixel (or a single channel): both layouts are the same bytes."""
+    return _pixels(v) == 1 or v.shape[1] == 1
+
+
+def _single_pixel_out(node: Node) -> bool:
+    return all(_is_act(o) and _pixels(o) == 1 for o in node.outputs)
 
 
 def _bytes(v: Value) -> int:
@@ -67,27 +90,71 @@ def _bytes(v: Value) -> int:
     return n * v.dtype.itemsize
 
 
+def _perm(node: Node, rank: int) -> set[str]:
+    """{"to_last"} for a Transpose moving the channel axis last (``[0, 2, .., r-1, 1]``),
+    {"from_last"} for its inverse (``[0, r-1, 1, .., r-2]``); for 3-D ``[0, 2, 1]`` is both."""
+    if node.domain or node.op_type != "Transpose" or rank not in (3, 4):
+        return set()
+    perm = [int(p) for p in node.attrs.get("perm") or []]
+    got = set()
+    if perm == [0, *range(2, rank), 1]:
+        got.add("to_last")
+    if perm == [0, rank - 1, *range(1, rank - 1)]:
+        got.add("from_last")
+    return got
+
+
 def _agnostic(node: Node) -> bool:
     if (node.domain, node.op_type) in AGNOSTIC:
         return len(node.outputs) == 1
+    if (node.domain, node.op_type) in SPATIAL_RESIZE:    # batch and channels kept: torch keeps the layout
+        x, y = node.inputs[0], node.outputs[0]
+        return _is_act(x) and _is_act(y) and tuple(x.shape[:2]) == tuple(y.shape[:2])
     d = _opdef(node)
     return d is not None and d.fusion in (FusionKind.ELEMENTWISE, FusionKind.BROADCAST) and len(node.outputs) == 1
 
 
+def _feeds_conv(v: Value, depth: int = 4) -> bool:
+    """A FusedConv reads ``v``, directly or through views and layout-agnostic ops."""
+    for user, i in v.uses:
+        if user.domain == "fusegraph" and user.op_type == "FusedConv" and i == 0:
+            return True
+        if depth and (_agnostic(user) or view_input(user) == i) and user.outputs and _is_act(user.outputs[0]) \
+                and _feeds_conv(user.outputs[0], depth - 1):
+            return True
+    return False
+
+
+def _joins_channels_last(v: Value, lay: dict[int, str]) -> bool:
+    """A FusedConv reads ``v`` (through views and agnostic ops), or an agnostic op joins it with
+    a channels-last value (ConvNeXt's residual Add after its block's transpose back)."""
+    return _feeds_conv(v) or any(_agnostic(u) and any(w is not v and lay.get(id(w)) == NHWC for w in u.inputs)
+                                 for u, _ in v.uses)
+
+
 def assign(graph: Graph) -> dict[int, str]:
-    """id(value) -> layout for every 4-D activation a node produces."""
+    """id(value) -> layout for every 3-D / 4-D activation a node produces."""
     lay: dict[int, str] = {}
     for node in graph.nodes:
-        outs = [o for o in node.outputs if _is_act4(o)]
+        outs = [o for o in node.outputs if _is_act(o)]
         if not outs:
             continue
         d = _opdef(node)
-        ins = [v for v in node.inputs if _is_act4(v) and not _trivial(v)]
+        ins = [v for v in node.inputs if _is_act(v) and not _trivial(v)]
         in_lay = [lay.get(id(v), NCHW) for v in ins]
         if node.domain == "fusegraph" and node.op_type == "FusedConv":
             layout = NHWC
         elif d is not None and d.alias and ins and in_lay[0] != NCHW:
-            layout = in_lay[0] if ins[0].shape == outs[0].shape else STRIDED
+            same = ins[0].shape == outs[0].shape
+            if in_lay[0] == NHWC and tuple(ins[0].shape[:2]) == tuple(outs[0].shape[:2]):
+                layout = NHWC     # spatial axes split or merged: channels-last stays channels-last
+            elif not same and len(outs[0].shape) != 4:
+                continue          # a 3-D view of another shape: not laid out (NCHW), as ever
+            else:
+                layout = in_lay[0] if same else STRIDED
+        elif "from_last" in _perm(node, len(outs[0].shape)) and node.inputs[0] is not None \
+                and lay.get(id(node.inputs[0]), NCHW) == NCHW and _joins_channels_last(outs[0], lay):
+            layout = NHWC         # [N, .., C] -> [N, C, ..] written channels-last: a straight copy
         elif _agnostic(node) and in_lay and all(x == NHWC for x in in_lay):
             layout = NHWC
         else:
@@ -98,21 +165,27 @@ def assign(graph: Graph) -> dict[int, str]:
 
 
 def reorder_bytes(graph: Graph, lay: dict[int, str]) -> tuple[int, int]:
-    """(bytes converted between layouts, bytes read by 2-D FusedConvs) under ``lay``."""
+    """(bytes converted between layouts, bytes read by 1-D / 2-D FusedConvs) under ``lay``."""
     moved, conv = 0, 0
     for node in graph.nodes:
         fused = node.domain == "fusegraph" and node.op_type == "FusedConv"
         x = node.inputs[0] if node.inputs else None
-        if fused and _is_act4(x):
+        if fused and _is_act(x):
             conv += _bytes(x) + _bytes(node.outputs[0])
         for i, v in enumerate(node.inputs):
-            if not _is_act4(v) or _trivial(v):
+            if not _is_act(v) or _trivial(v):
                 continue
             have = lay.get(id(v), NCHW)
             if (node.domain, node.op_type) in ANY_INPUT:
                 continue
             if fused and i in (0, 3):
                 want = NHWC
+            elif i == 0 and "to_last" in _perm(node, len(v.shape)):
+                want = have       # channels-last read as [N, .., C]: a straight copy, or a transpose
+            elif i == 0 and view_input(node) == 0 and lay.get(id(node.outputs[0]), NCHW) == have:
+                want = have       # a view that keeps the layout (spatial axes split or merged)
+            elif (node.domain, node.op_type) in AGNOSTIC and _single_pixel_out(node):
+                continue          # a pool over the whole image reads either layout
             elif _agnostic(node) and lay.get(id(node.outputs[0]), NCHW) == NHWC:
                 want = NHWC
             else:
@@ -130,7 +203,7 @@ class LayoutPass:
 
     def run(self, graph: Graph) -> PassResult:
         n_conv = sum(1 for n in graph.nodes if n.domain == "fusegraph" and n.op_type == "FusedConv"
-                     and n.inputs and _is_act4(n.inputs[0]))
+                     and n.inputs and _is_act(n.inputs[0]))
         lay = assign(graph) if n_conv >= self.layout.min_convs else {}
         moved, conv = reorder_bytes(graph, lay) if lay else (0, 0)
         chosen = bool(lay) and moved <= self.layout.max_reorder_ratio * conv
@@ -138,7 +211,7 @@ class LayoutPass:
         for node in graph.nodes:
             for o in node.outputs:
                 want = lay.get(id(o), NCHW) if chosen else NCHW
-                if o.layout != want and (o.shape is not None and len(o.shape) == 4 or o.layout != NCHW):
+                if o.layout != want and (o.shape is not None and len(o.shape) in (3, 4) or o.layout != NCHW):
                     o.layout = want
                     changed += 1
         stats = {"channels_last": chosen, "fused_convs": n_conv, "reorder_bytes": moved, "conv_bytes": conv,

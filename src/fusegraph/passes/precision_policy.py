@@ -77,7 +77,8 @@ def has_residual(node) -> bool:
 # ops the logits search looks through (graph output backwards to the last heavy ops); a
 # normalisation stops it: what follows one is a hidden state, not logits
 NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "RMSNorm", "SkipRMSNorm", "LayerNormalization",
-                            "BatchNormalization", "InstanceNormalization", "GroupNormalization", "LRN"})
+                            "BatchNormalization", "InstanceNormalization", "GroupNormalization", "LRN",
+                            "ChannelLayerNorm", "GroupNorm"})
 # FOLLOW ops that compute in float32 inside: their constant inputs stay float32 (not rounded)
 FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain"), ("fusegraph", "RotaryEmbedding")})
 # REDUCE products -> the input index of their constant bias, kept float32: it is added to the

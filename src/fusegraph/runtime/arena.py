@@ -2,7 +2,7 @@
 typed views of it, one per planned value, made once at compile time.
 
 A view is ``arena[off:off+size].view(dtype).view(shape)``: contiguous (channels-last strides
-for a 4-D value whose ``layout`` is ``nhwc``), at the planner's offset (a multiple of 64
+for a 3-D or 4-D value whose ``layout`` is ``nhwc``), at the planner's offset (a multiple of 64
 bytes). The generated run function holds these views as globals,
 so a kernel with ``out=`` writes straight into its slot and a run allocates nothing for it.
 ``contains`` tells whether a tensor's memory lies in the arena (output copies, alias guards
@@ -36,9 +36,9 @@ class Arena:
         flat = self.tensor[offset:offset + size].view(dtype)
         if strides is not None:
             return flat.as_strided(shape, strides)
-        if value.layout == "nhwc" and len(shape) == 4:   # channels-last strides (passes/layout.py)
-            n, c, h, w = shape
-            return flat.view(n, h, w, c).permute(0, 3, 1, 2)
+        if value.layout == "nhwc" and len(shape) in (3, 4):   # channels-last strides (passes/layout.py)
+            n, c, *spatial = shape
+            return flat.view(n, *spatial, c).movedim(-1, 1)
         return flat.view(shape)
 
     def contains(self, t: torch.Tensor) -> bool:

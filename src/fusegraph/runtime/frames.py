@@ -106,9 +106,9 @@ class GrowingArena:
             n *= d
         itemsize = torch.empty((), dtype=dtype).element_size() if dtype not in _ITEMSIZE else _ITEMSIZE[dtype]
         flat = self.tensor[offset:offset + max(n, 1) * itemsize].view(dtype)[:n]
-        if nhwc and len(shape) == 4:
-            b, c, h, w = shape
-            return flat.view(b, h, w, c).permute(0, 3, 1, 2)
+        if nhwc and len(shape) in (3, 4):
+            b, c, *spatial = shape
+            return flat.view(b, *spatial, c).movedim(-1, 1)
         return flat.view(shape)
 
 

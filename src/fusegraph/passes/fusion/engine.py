@@ -31,7 +31,8 @@ from ..rewrite import counts_result, record_sources, rewire, sweep_dead
 from ..rule import Decline, Rule, RuleContext, by_priority, verdict
 from .pattern import Match, explain, matches
 
-RULE_MODULES = ("rules_cnn", "rules_transformer", "rules_decoder", "rules_movement")
+RULE_MODULES = ("rules_cnn", "rules_conv_pad", "rules_norm_cnn", "rules_layer_scale", "rules_channels_last",
+                "rules_transformer", "rules_decoder", "rules_movement")
 
 
 class FusionContext(RuleContext):

@@ -15,7 +15,7 @@ Every rule fuses into ``fusegraph::FusedConv`` (``ops/fused_cnn.py``), whose val
   (``x * Sigmoid(x)`` and ``Swish``), LeakyRelu, GELU (ONNX ``Gelu`` and ``fusegraph::Gelu``).
 - ``channel_shuffle`` (100): ``Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4) -> Reshape
   [N, C, H, W]`` -> ``fusegraph::ChannelShuffle`` (one copy, in the input's layout).
-- ``conv_prepack`` (-100, after everything else): any remaining 2-D Conv with constant
+- ``conv_prepack`` (-100, after everything else): any remaining 1-D or 2-D Conv with constant
   weights -> an activation-free ``FusedConv`` (oneDNN with prepacked weights, channels-last).
 
 Common conditions (the check declines with ``Decline(reason)`` naming the one that failed):
@@ -213,8 +213,8 @@ ACT_PATTERNS = {
 
 # ------------------------------------------------------------------------ prepack the rest
 
-def _is_4d(v) -> bool:
-    return v.shape is not None and len(v.shape) == 4
+def _is_1d_or_2d(v) -> bool:
+    return v.shape is not None and len(v.shape) in (3, 4)
 
 
 def _prepack_check(m, ctx):
@@ -226,7 +226,7 @@ def _prepack_rewrite(m, _, ctx):
     return _emit(ctx, m.root)
 
 
-_PREPACK = Pat("Conv", Var("x", _is_4d), Var("w", lambda v: v.is_const), Var("b", optional=True),
+_PREPACK = Pat("Conv", Var("x", _is_1d_or_2d), Var("w", lambda v: v.is_const), Var("b", optional=True),
                name="conv")
 
 
@@ -266,5 +266,5 @@ RULES: list[Rule] = [
     Rule("channel_shuffle", _shuffle_check, _shuffle_rewrite, pattern=_SHUFFLE, priority=100,
          doc="channel split, swap, merge: one copy"),
     Rule("conv_prepack", _prepack_check, _prepack_rewrite, pattern=_PREPACK, priority=-100,
-         doc="2-D conv with constant weights: oneDNN, weights prepacked at bind time"),
+         doc="1-D / 2-D conv with constant weights: oneDNN, weights prepacked at bind time"),
 ]

@@ -146,12 +146,14 @@ class CpuBackend(Backend):
             fast = self.dnnl.kernel(ctx, opdef, key, False)
             if fast is not None and not isinstance(fast, Decline):
                 self._thread_bound.add(ctx.node.name)
+                self._note_slow(ctx, fast)
                 return Guarded(fast, lambda: self._exact(ctx, opdef, key), limit, self.run_state,
                                len(ctx.node.inputs), measures)
         if self.dnnl is not None:
             got = self.dnnl.kernel(ctx, opdef, key, self.exact)
             if got is not None and not isinstance(got, Decline):
                 self._thread_bound.add(ctx.node.name)
+                self._note_slow(ctx, got)
                 return got
             if got is not None:
                 self._tried[ctx.node.name] = [got]
@@ -165,6 +167,11 @@ class CpuBackend(Backend):
             if v is not None and v.is_const and is_placeholder(v.const):
                 v.const = self.portable_weight(v)
         return opdef.build(ctx)
+
+    def _note_slow(self, ctx, kernel) -> None:
+        """A oneDNN kernel on a fallback implementation: its reason goes with the declines."""
+        if getattr(kernel, "slow", None):
+            self._tried[ctx.node.name] = [Decline(kernel.slow, "dnnl")]
 
     def _exact(self, ctx, opdef, key):
         """A guarded node's exact kernel: oneDNN's exact form, else the op's own."""

@@ -4,8 +4,8 @@ a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
-``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm; ``rmsnorm.py``:
-RMSNorm, SkipRMSNorm; ``binary.py``:
+``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm;
+GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
 ``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax; ``rnn.py``: RNN, GRU and
 fusegraph::LSTM, one recurrent primitive per node), a
@@ -15,6 +15,7 @@ not).
 """
 from __future__ import annotations
 
+from ...protocol import Decline
 from . import capi
 from .attention import attention_kernel
 from .binary import chain_kernel
@@ -43,8 +44,24 @@ def unavailable_reason() -> str:
     return capi.UNAVAILABLE or "oneDNN is available"
 
 
+# oneDNN 3.2 (the wheel's) has no group normalisation primitive (3.3 added one); its batch
+# normalisation computing the statistics of one channels-last sample is the same arithmetic
+# for groups of one channel, but measured slower than the op's own kernel (benchmarks/RESULTS.md)
+GROUP_NORM_DECLINE = ("oneDNN 3.2 has no group normalisation; its batch normalisation over one sample "
+                      "is slower than the op's own kernel (one reduction, one multiply-add)")
 POOLS = {("", "MaxPool"), ("", "AveragePool"), ("", "GlobalAveragePool"), ("", "GlobalMaxPool")}
 RECURRENT = {("", "RNN"), ("", "GRU"), ("", "LSTM"), ("fusegraph", "LSTM")}
+
+
+def _unfused_conv(ctx) -> str:
+    """Why a plain Conv reached the backend (``conv_prepack`` makes FusedConvs of the rest)."""
+    x = ctx.node.inputs[0]
+    rank = len(x.shape) if x.shape is not None else None
+    if rank not in (3, 4):
+        return f"a convolution of input rank {rank}: this backend has oneDNN kernels for 1-D and 2-D ones"
+    if ctx.const(1) is None:
+        return "weights computed at run time: oneDNN kernels here prepack constant weights"
+    return "not made a FusedConv by the fusion pass (see report.fusions, rule conv_prepack)"
 
 
 class DnnlKernels:
@@ -66,10 +83,14 @@ class DnnlKernels:
             return lrn_kernel(ctx, self.resources)
         if key == ("fusegraph", "ChannelShuffle"):
             return shuffle_kernel(ctx, self.resources)
-        if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")):
+        if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm"), ("fusegraph", "ChannelLayerNorm")):
             return layer_norm_kernel(ctx, opdef, self.resources, exact)
         if key in (("fusegraph", "RMSNorm"), ("fusegraph", "SkipRMSNorm")):
             return rms_norm_kernel(ctx, self.resources)
+        if key == ("", "Conv"):                 # one the fusion pass did not make a FusedConv
+            return Decline(_unfused_conv(ctx), "dnnl")
+        if key == ("fusegraph", "GroupNorm"):
+            return Decline(GROUP_NORM_DECLINE, "dnnl")
         if key == ("fusegraph", "ElementwiseChain"):
             return chain_kernel(ctx, self.resources, exact)
         if key == ("fusegraph", "ScaledDotProductAttention"):

@@ -181,6 +181,7 @@ class DnnlKernel:
         self.converted = 0                        # calls that copied a tensor into the primitive's layout
         self._prefill_copy = False                # the summand is not already in the output's bytes
         self._home: tuple | None = None           # (tensors, out) of the direct call, once made
+        self.slow: str | None = None              # why a slow implementation runs (reported), if one does
 
     @property
     def impl(self) -> str:

@@ -21,7 +21,9 @@ Post-ops, in order:
   0); activations without one (clip, GELU, hard sigmoid) run after the primitive in place
   with torch (``AFTER``), unless ``exact`` is off (``Config.fast_math``): then every
   activation is a post-op (``activation_post_ops.FAST``).
-Convolutions under ``PARALLEL_MACS`` multiply-adds are made for one thread (oneDNN fixes the
+A convolution oneDNN runs on its im2col + GEMM fallback (``x64:gemm:jit``) carries the reason
+in ``slow`` (NCHW data, or a geometry without jit / brgemm kernels), which the backend reports
+beside the declines. Convolutions under ``PARALLEL_MACS`` multiply-adds are made for one thread (oneDNN fixes the
 thread count of its partition when the primitive is made). Anything else declines with a
 reason: the CPU backend's other kernels take the node.
 """
@@ -45,6 +47,20 @@ from .primitive import Attr, create, exact_post_ops
 TYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _single_pixel(shape) -> bool:
+    return all(d == 1 for d in shape[2:])
+
+
+def _image_md(shape, strides, dtype) -> MemDesc:
+    """The 4-D oneDNN description of an activation: a 3-D ``[N, C, L]`` tensor as ``[N, C, 1, L]``
+    (the height's stride follows the layout: channels-last stays channels-last)."""
+    if len(shape) == 3:
+        n, c, length = shape
+        sn, sc, sl = strides
+        shape, strides = (n, c, 1, length), (sn, sc, sl * length, sl)
+    return MemDesc.of(shape, dtype, strides)
+
+
 def conv_kernel(ctx, store, resources, exact: bool = True):
     """The oneDNN kernel of one FusedConv node, or a ``Decline`` saying why not."""
     node = ctx.node
@@ -58,8 +74,9 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     xs, ys = static_shape(x_v), static_shape(y_v)
     if w is None or w.device.type not in ("cpu", "meta") or (ctx.has_input(2) and b is None):
         return Decline("weights or bias are not constant CPU tensors", "dnnl")
-    if xs is None or ys is None or len(xs) != 4 or w.dim() != 4:
-        return Decline("needs a 2-D convolution with static shapes", "dnnl")
+    if xs is None or ys is None or len(xs) not in (3, 4) or w.dim() != len(xs):
+        return Decline("needs a 1-D or 2-D convolution with static shapes (3-D: oneDNN has no "
+                       "channels-last kernels this backend describes)", "dnnl")
     dtype = dtype_of(x_v)
     y_dtype = y_v.dtype.to_torch()
     widened = (dtype, y_dtype) == (torch.bfloat16, torch.float32)    # ``out_dtype``: a Cast folded in
@@ -75,20 +92,27 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     s, d, begin, end = geo.resolve(tuple(xs[2:]), tuple(w.shape[2:]))
     if min(begin + end) < 0:
         return Decline("negative pads", "dnnl")
+    if len(xs) == 3:                     # 1-D: a 2-D convolution over an image of height 1
+        s, d, begin, end = [1, *s], [1, *d], [0, *begin], [0, *end]
     g = geo.group
-    co, cig, kh, kw = (int(v) for v in w.shape)
+    co, cig, *k = (int(v) for v in w.shape)
+    kh, kw = ([1] + k)[-2:]
     act_ops, after = activation_post_ops(activation, params, exact)
-    y_strides = strides_of(y_v)          # the input is read in the output's layout (else staged)
-    x_strides = channels_last(xs) if y_v.layout == "nhwc" else contiguous(xs)
+    # the input is read in the output's layout (else staged); a 1x1 image is the same bytes in
+    # both, and oneDNN's fast kernels want it described channels-last (squeeze-excite convs)
+    nhwc = y_v.layout == "nhwc" or (_single_pixel(ys) and (x_v.layout == "nhwc" or _single_pixel(xs)))
+    y_strides = channels_last(ys) if nhwc else strides_of(y_v)
+    x_strides = channels_last(xs) if nhwc else contiguous(xs)
+    z_strides = None if z_v is None else (y_strides if nhwc and _single_pixel(ys) else strides_of(z_v))
     inplace = (z_v is not None and ctx.inplace_input == 3 and z_v.dtype == y_v.dtype
-               and strides_of(z_v) == y_strides)
-    x_md, y_md = MemDesc.of(xs, compute, x_strides), MemDesc.of(ys, out, y_strides)
+               and z_strides == y_strides)
+    x_md, y_md = _image_md(xs, x_strides, compute), _image_md(ys, y_strides, out)
     z_md, res_ops = None, []
     if z_v is not None:
         if inplace:
             res_ops = [("sum", 1.0)]
         else:
-            z_md = MemDesc.of(ys, compute, strides_of(z_v))
+            z_md = _image_md(ys, z_strides, compute)
             res_ops = [("binary", "add", z_md)]
     wdims = [co, cig, kh, kw] if g == 1 else [g, co // g, cig, kh, kw]
     w_any = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ANY)
@@ -112,10 +136,16 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
         return Decline(f"oneDNN has no convolution for this node: {exc}", "dnnl")
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference convolution ({prim.impl})", "dnnl")
+    slow = None
+    if "gemm" in prim.impl:               # runs, but on the im2col + GEMM fallback: say why
+        slow = (f"NCHW data (the layout pass kept this graph NCHW): oneDNN's jit / brgemm convolutions "
+                f"read channels-last or blocked data, so {prim.impl}") if not nhwc else \
+            (f"oneDNN has no jit / brgemm convolution for groups {g}, kernel {kh}x{kw}, strides {list(s)}, "
+             f"dilations {list(d)} ({prim.impl})")
     w_md = prim.md(capi.Q_WEIGHTS_MD)
     plain = w if w.device.type == "meta" else w.to(compute).contiguous()
     plain_md = MemDesc.tagged(wdims, DTYPES[compute], capi.TAG_ABCD if g == 1 else capi.TAG_ABCDE)
-    packed = store.form(node.inputs[1].name, plain, range(4), plain_md, w_md)
+    packed = store.form(node.inputs[1].name, plain, range(w.dim()), plain_md, w_md)
     consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
     keep = [packed, w_md]
     if bias is not None:
@@ -124,7 +154,10 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     x_slot = Slot(capi.ARG_SRC, xs, x_strides, compute, x_md)
     y_slot = Slot(capi.ARG_DST, ys, y_strides, out, y_md)
     if z_v is None:
-        return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
-    z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, strides_of(z_v), compute, z_md)
-    return DnnlKernel(prim, [x_slot, z_slot], y_slot, consts, resources, (0, 3),
-                      prefill=1 if inplace else None, after=after, keep=tuple(keep))
+        kernel = DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
+    else:
+        z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, z_strides, compute, z_md)
+        kernel = DnnlKernel(prim, [x_slot, z_slot], y_slot, consts, resources, (0, 3),
+                            prefill=1 if inplace else None, after=after, keep=tuple(keep))
+    kernel.slow = slow
+    return kernel

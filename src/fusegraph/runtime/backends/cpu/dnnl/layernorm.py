@@ -1,5 +1,6 @@
 """``fusegraph::LayerNorm`` / ``fusegraph::SkipLayerNorm`` as oneDNN layer normalisation over
-the last axis, into the planned output.
+the last axis, and ``fusegraph::ChannelLayerNorm`` over the channel axis of channels-last data
+(each pixel's channels one contiguous row), into the planned output.
 
 SkipLayerNorm's sum ``s = a + b`` is written first (into its own output when the node gives
 the residual stream as a second output, else into the normalised output's bytes, which the
@@ -22,7 +23,7 @@ import torch
 from ...protocol import Decline
 from . import capi
 from .call import DnnlKernel, Slot
-from .layouts import contiguous, static_shape, strides_of
+from .layouts import channels_last, contiguous, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import Attr, create
 
@@ -30,20 +31,25 @@ from .primitive import Attr, create
 def layer_norm_kernel(ctx, opdef, resources, exact: bool = True):
     node = ctx.node
     skip = node.op_type == "SkipLayerNorm"
+    over_channels = node.op_type == "ChannelLayerNorm"
     first = 2 if skip else 1                       # gamma, beta follow the data inputs
     x_v, y_v = node.inputs[0], node.outputs[0]
     shape = static_shape(y_v)
     if shape is None or x_v.dtype is None or x_v.dtype.to_torch() != torch.float32:
         return Decline("needs float32 data of static shape", "dnnl")
     data = [node.inputs[i] for i in range(first)]
-    if any(static_shape(v) != shape or strides_of(v) != contiguous(shape) for v in data) \
-            or strides_of(y_v) != contiguous(shape):
+    rows_of = channels_last if over_channels else contiguous   # the normalised axis innermost
+    strides = rows_of(shape)
+    if over_channels and (len(shape) < 3 or strides_of(x_v) != strides or strides_of(y_v) != strides):
+        return Decline("needs channels-last data (NCHW channels are not one row; the layout pass "
+                       "left this graph NCHW)", "dnnl")
+    if any(static_shape(v) != shape or strides_of(v) != strides for v in data) or strides_of(y_v) != strides:
         return Decline("needs row-major inputs of the output's shape (no broadcasting)", "dnnl")
     y_dtype = y_v.dtype.to_torch() if y_v.dtype is not None else None
     both = skip and len(node.outputs) == 2
     if y_dtype not in (torch.float32, torch.bfloat16) or (y_dtype != torch.float32 and skip and not both):
         return Decline("writes float32, or bfloat16 from its own buffer (not over the sum)", "dnnl")
-    d = shape[-1]
+    d = shape[1] if over_channels else shape[-1]
     consts = []
     for i in (first, first + 1):
         t = ctx.const(i) if ctx.has_input(i) else None
@@ -51,7 +57,7 @@ def layer_norm_kernel(ctx, opdef, resources, exact: bool = True):
             return Decline("gamma and beta must be float32 constants of the last axis' size", "dnnl")
         consts.append(None if t is None else t.reshape(d).contiguous())
     gamma, beta = consts
-    rows = (math.prod(shape[:-1]), d)
+    rows = (math.prod(shape) // d, d)
     md, y_md = MemDesc.of(rows, torch.float32), MemDesc.of(rows, y_dtype)
     stat = MemDesc.of((d,), torch.float32)
     flags = (capi.USE_SCALE if gamma is not None else 0) | (capi.USE_SHIFT if beta is not None else 0)
@@ -68,8 +74,8 @@ def layer_norm_kernel(ctx, opdef, resources, exact: bool = True):
     params = [(capi.ARG_SCALE, Memory(stat, gamma.data_ptr())) if gamma is not None else None,
               (capi.ARG_SHIFT, Memory(stat, beta.data_ptr())) if beta is not None else None]
     portable = opdef.build(ctx) if exact else None
-    src_slot = Slot(capi.ARG_SRC, shape, contiguous(shape), torch.float32, md)
-    out_slot = Slot(capi.ARG_DST, shape, contiguous(shape), y_dtype, y_md)
+    src_slot = Slot(capi.ARG_SRC, shape, strides, torch.float32, md)
+    out_slot = Slot(capi.ARG_DST, shape, strides, y_dtype, y_md)
     keep = tuple(t for t in (gamma, beta) if t is not None)
     inner = DnnlKernel(prim, [src_slot], out_slot, [p for p in params if p is not None], resources, (0,),
                        keep=keep)

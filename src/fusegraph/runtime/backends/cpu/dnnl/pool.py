@@ -59,18 +59,12 @@ def pool_kernel(ctx, opdef, resources, exact: bool = True):
     dtype = dtype_of(x_v)
     if xs is None or ys is None or len(xs) != 4 or dtype not in TYPES:
         return Decline("needs a 2-D float32 / bfloat16 pool with static shapes", "dnnl")
+    if kind == "avg" and _whole_image(ctx, xs, ys):   # GlobalAveragePool, or an AveragePool over the image
+        return _global_mean(x_v, y_v, xs, ys, dtype, resources)
     geo = _geometry(ctx, kind, xs, ys)
     if geo is None:
         return Decline("a pool geometry oneDNN does not express exactly", "dnnl")
     kernel, strides, dil, begin, end = geo
-    # one undilated window from the origin over the whole image: its mean, where the end pads the
-    # window also covers count in no divisor (``count_include_pad`` 0, or a window no larger
-    # than the image)
-    include_pad = int(ctx.attr("count_include_pad", 0)) if node.op_type == "AveragePool" else 0
-    whole = list(ys[2:]) == [1, 1] and not any(begin) and not any(dil) and \
-        all(k >= x for k, x in zip(kernel, xs[2:])) and (not include_pad or list(kernel) == list(xs[2:]))
-    if kind == "avg" and whole:           # GlobalAveragePool, or an AveragePool whose window is the image
-        return _global_mean(x_v, y_v, xs, ys, dtype, resources)
     if kind == "max":
         alg = capi.POOLING_MAX
     else:
@@ -102,29 +96,59 @@ def _exact_max(portable):
     return check
 
 
+def _whole_image(ctx, xs, ys) -> bool:
+    """One undilated window covering the whole image, one output pixel: the mean of the image
+    when no padded position counts in the divisor (``count_include_pad`` 0, or no explicit
+    pads: ONNX counts explicit pads, never what a window overhangs)."""
+    if ctx.node.op_type == "GlobalAveragePool":
+        return True
+    if any(d != 1 for d in ys[2:]) or (ctx.attr("auto_pad", "NOTSET") or "NOTSET") not in ("NOTSET", "VALID"):
+        return False
+    n = len(xs) - 2
+    kernel = [int(k) for k in ctx.attr("kernel_shape", None) or []]
+    pads = [int(p) for p in ctx.attr("pads", None) or [0] * (2 * n)]
+    dil = [int(d) for d in ctx.attr("dilations", None) or [1] * n]
+    if ctx.attr("auto_pad", "NOTSET") == "VALID":
+        pads = [0] * (2 * n)
+    if len(kernel) != n or len(pads) != 2 * n or any(d != 1 for d in dil):
+        return False
+    covers = all(k - pads[i] >= x for i, (k, x) in enumerate(zip(kernel, xs[2:])))
+    return covers and (not int(ctx.attr("count_include_pad", 0)) or not any(pads))
+
+
 def _global_mean(x_v, y_v, xs, ys, dtype, resources):
-    """The mean over the image of channels-last data as one oneDNN matmul per image: a row of
-    ones times the image's ``[HW, C]`` pixels, summed in float32 and scaled by ``1 / HW`` (an
-    ``eltwise linear`` post-op, in float32: a bfloat16 ``1 / HW`` would be off by up to 0.4 %)
-    before the one rounding (oneDNN's pooling with a window as large as the input, and its
-    spatial reduction, have no fast implementation here)."""
+    """The mean over the image as one oneDNN matmul, summed in float32 and scaled by ``1 / HW``
+    (an ``eltwise linear`` post-op, in float32: a bfloat16 ``1 / HW`` would be off by up to
+    0.4 %) before the one rounding (oneDNN's pooling with a window as large as the input, and
+    its spatial reduction, have no fast implementation here): channels-last images are a row
+    of ones times each image's ``[HW, C]`` pixels, NCHW ones each image's ``[C, HW]`` rows times
+    a column of ones (the ones broadcast over the batch)."""
     n, c, h, w = xs
     hw = h * w
-    if strides_of(x_v) != channels_last(xs) or strides_of(y_v) not in (contiguous(ys), channels_last(ys)) or n != 1:
-        return Decline("needs one channels-last image", "dnnl")
-    ones = torch.ones((1, hw), dtype=dtype)
-    a_md = MemDesc.of((1, hw), dtype)
-    x_md = MemDesc.of((hw, c), dtype)
-    y_md = MemDesc.of((1, c), dtype)
+    x_st, y_st = strides_of(x_v), strides_of(y_v)
+    last = x_st == channels_last(xs)
+    if not (last or x_st == contiguous(xs)) or y_st not in (contiguous(ys), channels_last(ys)):
+        return Decline("needs a dense NCHW or channels-last image and output", "dnnl")
+    ones = torch.ones(hw, dtype=dtype)
+    if last:                      # [1, 1, HW] x [N, HW, C] -> [N, 1, C]
+        ones_md, x_md, y_md = (MemDesc.of((1, 1, hw), dtype), MemDesc.of((n, hw, c), dtype),
+                               MemDesc.of((n, 1, c), dtype))
+        a_md, b_md, x_arg, ones_arg = ones_md, x_md, capi.ARG_WEIGHTS, capi.ARG_SRC
+    else:                         # [N, C, HW] x [1, HW, 1] -> [N, C, 1]
+        ones_md, x_md, y_md = (MemDesc.of((1, hw, 1), dtype), MemDesc.of((n, c, hw), dtype),
+                               MemDesc.of((n, c, 1), dtype))
+        a_md, b_md, x_arg, ones_arg = x_md, ones_md, capi.ARG_SRC, capi.ARG_WEIGHTS
     lib = capi.load()
     attr = Attr([("eltwise", "linear", 1.0 / hw, 0.0)])
     with threads_for(True):
         try:
             prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
-                pd, lib.engine, a_md.handle, x_md.handle, None, y_md.handle, attr.handle))
+                pd, lib.engine, a_md.handle, b_md.handle, None, y_md.handle, attr.handle))
         except capi.DnnlError as exc:
             return Decline(f"oneDNN has no matmul for this mean: {exc}", "dnnl")
-    consts = [(capi.ARG_SRC, Memory(a_md, ones.data_ptr()))]
-    return DnnlKernel(prim, [Slot(capi.ARG_WEIGHTS, xs, strides_of(x_v), dtype, x_md)],
-                      Slot(capi.ARG_DST, ys, strides_of(y_v), dtype, y_md), consts, resources, (0,),
+    if prim.is_reference:
+        return Decline(f"oneDNN offers only its reference matmul for this mean ({prim.impl})", "dnnl")
+    consts = [(ones_arg, Memory(ones_md, ones.data_ptr()))]
+    return DnnlKernel(prim, [Slot(x_arg, xs, x_st, dtype, x_md)],
+                      Slot(capi.ARG_DST, ys, y_st, dtype, y_md), consts, resources, (0,),
                       keep=(ones,))
