@@ -139,6 +139,67 @@ def test_lenient_import_is_refused(case, words):
         fg.compile(case())
 
 
+# ----- run-time shape bombs (issue 39 #5) ------------------------------------------------------
+def _i64(name, n):
+    return H.make_tensor_value_info(name, T.INT64, [n])
+
+
+def _f32(name, shape):
+    return H.make_tensor_value_info(name, T.FLOAT, shape)
+
+
+_ONE = NH.from_array(np.ones(1, np.float32), "v")
+# op -> (model, feeds asking for 4 MiB of output, feeds asking for 10^15 elements, small feeds)
+BOMBS = {
+    "ConstantOfShape": (lambda: _model([H.make_node("ConstantOfShape", ["s"], ["y"], value=_ONE)], [_i64("s", 2)], [Y]),
+                        {"s": np.array([1024, 1024])}, {"s": np.array([10 ** 8, 10 ** 7])}, {"s": np.array([2, 3])}),
+    "Expand": (lambda: _model([H.make_node("Expand", ["x", "s"], ["y"])], [_f32("x", [1]), _i64("s", 2)], [Y]),
+               {"x": np.ones(1, np.float32), "s": np.array([1024, 1024])},
+               {"x": np.ones(1, np.float32), "s": np.array([10 ** 8, 10 ** 7])},
+               {"x": np.ones(1, np.float32), "s": np.array([2, 3])}),
+    "Tile": (lambda: _model([H.make_node("Tile", ["x", "r"], ["y"])], [_f32("x", [2, 2]), _i64("r", 2)], [Y]),
+             {"x": np.ones((2, 2), np.float32), "r": np.array([512, 512])},
+             {"x": np.ones((2, 2), np.float32), "r": np.array([10 ** 8, 10 ** 7])},
+             {"x": np.arange(4, dtype=np.float32).reshape(2, 2), "r": np.array([2, 3])}),
+    "Range": (lambda: _model([H.make_node("Range", ["a", "b", "d"], ["y"])],
+                             [_f32("a", []), _f32("b", []), _f32("d", [])], [Y]),
+              {"a": np.array(0, np.float32), "b": np.array(1 << 20, np.float32), "d": np.array(1, np.float32)},
+              {"a": np.array(0, np.float32), "b": np.array(1e15, np.float32), "d": np.array(1, np.float32)},
+              {"a": np.array(1, np.float32), "b": np.array(7, np.float32), "d": np.array(1.5, np.float32)}),
+    "Pad": (lambda: _model([H.make_node("Pad", ["x", "p"], ["y"])], [_f32("x", [2, 2]), _i64("p", 4)], [Y]),
+            {"x": np.ones((2, 2), np.float32), "p": np.array([0, 0, 1022, 1022])},
+            {"x": np.ones((2, 2), np.float32), "p": np.array([0, 0, 10 ** 8, 10 ** 7])},
+            {"x": np.arange(4, dtype=np.float32).reshape(2, 2), "p": np.array([1, 0, 0, 2])}),
+    "Resize": (lambda: _model([H.make_node("Resize", ["x", "", "", "z"], ["y"], mode="nearest")],
+                              [_f32("x", [1, 1, 2, 2]), _i64("z", 4)], [Y]),
+               {"x": np.ones((1, 1, 2, 2), np.float32), "z": np.array([1, 1, 1024, 1024])},
+               {"x": np.ones((1, 1, 2, 2), np.float32), "z": np.array([1, 1, 10 ** 8, 10 ** 7])},
+               {"x": np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2), "z": np.array([1, 1, 3, 5])}),
+    "OneHot": (lambda: _model([H.make_node("OneHot", ["i", "d", "vals"], ["y"])], [_i64("i", 4), _i64("d", 1)], [Y],
+                              [NH.from_array(np.array([0, 1], np.float32), "vals")]),
+               {"i": np.arange(4), "d": np.array([1 << 18])}, {"i": np.arange(4), "d": np.array([10 ** 15])},
+               {"i": np.array([0, 2, 1, 4]), "d": np.array([5])}),
+}
+
+
+@pytest.mark.parametrize("op", sorted(BOMBS))
+def test_run_time_shape_bomb_is_refused_before_allocating(op):
+    """issue 39 #5: a tensor whose size comes from the feeds is refused above Config.max_run_bytes
+    (here the default: max_arena_bytes, 1 MiB) with RunLimitExceeded naming the node and the
+    size; 10^15 elements are refused the same way (nothing allocated); small sizes run and
+    match onnxruntime."""
+    from fusegraph.errors import RunLimitExceeded
+    from oracle import ort_run
+    make, four_mib, absurd, small = BOMBS[op]
+    model = fg.compile(make(), fg.Config(max_arena_bytes=1 << 20))
+    for feeds in (four_mib, absurd):
+        with pytest.raises(RunLimitExceeded, match=rf"node 'y' \({op}\) would make a tensor of shape "
+                                                   rf"\[.*\] \(\d+ bytes\).*max_run_bytes \(1048576 bytes\)"):
+            model.run(feeds)
+    np.testing.assert_array_equal(model.run(small)["y"], ort_run(make(), small)["y"])
+    assert fg.compile(make(), fg.Config(max_arena_bytes=1 << 20, max_run_bytes=8 << 20)).run(four_mib)["y"].nbytes > 1 << 20
+
+
 # ----- the generated suites --------------------------------------------------------------------
 FAILING = ("untyped", "mismatch", "side_effect", "crash", "lenient")
 _RESTARTS = 40

@@ -7,7 +7,9 @@
 from .config import Config
 from .compiler import CompiledModel, TensorSpec, compile, load
 from .config_file import load_config
+from .runtime.run_control import CancelToken
 from . import errors
 
 __version__ = "0.1.0"
-__all__ = ["Config", "CompiledModel", "TensorSpec", "compile", "errors", "load", "load_config", "__version__"]
+__all__ = ["CancelToken", "Config", "CompiledModel", "TensorSpec", "compile", "errors", "load", "load_config",
+           "__version__"]

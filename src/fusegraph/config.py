@@ -80,6 +80,14 @@ class Config:
     dynamic_batch: let a model compiled with a static batch dim accept other batch sizes, each
         compiled at its size (within ``shape_cache``); a model whose graph fixes its batch in a
         constant is refused at that size with an InputError naming the output.
+    max_run_bytes: the largest tensor, in bytes, a kernel may make at run time outside the
+        planned arena when its size comes from run-time data (ConstantOfShape, Expand, Tile,
+        Range, Pad, Resize, OneHot of fed sizes; a Loop's scan outputs); over it the run raises
+        RunLimitExceeded naming the node and the size, before allocating. Default None: the
+        value of ``max_arena_bytes`` (so both None is no cap).
+    max_loop_iterations: the most iterations one Loop node may run per run; past it the run
+        raises RunLimitExceeded naming the node. Default None: no cap (ONNX loops such as
+        ``Loop(M=INT64_MAX, cond)`` rely on their condition; stop those with a run's timeout).
     """
 
     level: str = "O2"
@@ -106,6 +114,8 @@ class Config:
     cpu_kernels: str = "auto"
     shape_cache: int = 8
     dynamic_batch: bool = False
+    max_run_bytes: int | None = None
+    max_loop_iterations: int | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -143,11 +153,20 @@ class Config:
                                                  isinstance(self.max_arena_bytes, bool) or self.max_arena_bytes < 0):
             raise ConfigError(f"Config.max_arena_bytes must be a non-negative integer or None, "
                               f"got {self.max_arena_bytes!r}")
+        for name in ("max_run_bytes", "max_loop_iterations"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"Config.{name} must be a positive integer or None, got {value!r}")
         for name in ("disabled_passes", "exclusive_tensors", "external_tensors"):
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"Config.{name} must be a tuple of names, got {value!r}")
             object.__setattr__(self, name, tuple(value))
+
+    @property
+    def run_bytes_cap(self) -> int | None:
+        """``max_run_bytes``, or ``max_arena_bytes`` where that is None."""
+        return self.max_run_bytes if self.max_run_bytes is not None else self.max_arena_bytes
 
     def replace(self, **changes) -> "Config":
         """A copy with some fields changed (the dataclass is frozen)."""

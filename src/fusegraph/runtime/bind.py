@@ -28,6 +28,8 @@ from ..errors import PlanError
 from ..ir import Graph, Node, Value, is_broadcast
 from ..ops import opdef_for
 from ..ops.registry import NodeContext, kernel_writes_out
+from ..ops.run_limits import NO_LIMITS, RunLimits
+from .run_control import RunControl
 from .arena import Arena
 from .backends import Backend, Decline
 from .layout_probe import probe_strides
@@ -77,10 +79,12 @@ def execution_order(graph: Graph, names: list[str] | None) -> list[Node]:
 
 
 def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
-         strides: dict[str, tuple[int, ...]] | None = None, backend: Backend | None = None) -> Binding:
+         strides: dict[str, tuple[int, ...]] | None = None, backend: Backend | None = None,
+         control: RunControl | None = None, limits: RunLimits = NO_LIMITS) -> Binding:
     """Kernels (from ``backend``, default the portable one) and output placement for ``plan``
     (an ``ExecutionPlan`` or None: no arena); ``strides`` (value name -> strides of its arena
-    view) replaces the probe run when given."""
+    view) replaces the probe run when given. Kernels are built with the run-time caps
+    ``limits``; control-flow bodies stop when ``control`` says so."""
     backend = backend or Backend()
     backend.bind_start(graph)
     kept = bool(backend.freed_memory_kept)
@@ -96,7 +100,7 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     writing: list[NodeCall] = []
     for i, node in enumerate(order):
         opdef = opdef_for(node)
-        ctx = NodeContext(node, device, kept, subgraph_factory(device))
+        ctx = NodeContext(node, device, kept, subgraph_factory(device, control, limits), limits)
         ctx.inplace_input = _inplace_input(node, slots, kinds)
         kernel = backend.kernel(ctx, opdef)
         if isinstance(kernel, Decline):

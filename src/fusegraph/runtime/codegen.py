@@ -16,7 +16,9 @@ precede the ``after`` lines, so a record always publishes the value first. With 
 every call is bracketed by ``_hook(index, 0, None)`` and ``_hook(index, 1, outputs)`` (debug
 runs: allocation checks, timestamps). A call whose kernel offers a prepared form for its
 fixed arena views is made by the line itself (``direct.py``), with the locals that
-``D0()`` returns at the top of the function. The source is readable (``fusegraph inspect --code``).
+``D0()`` returns at the top of the function. With a run control, each call is preceded by
+``if _RC.stop: _RC.stopped()`` (one attribute read: a cancelled run or one past its deadline
+stops there, ``run_control.py``). The source is readable (``fusegraph inspect --code``).
 The single-stream ``run`` leaves the nodes that depend only on the input shapes to a second
 function, ``_memo_fill``, called when those shapes are new (``shape_memo.py``); a call may
 read other values than its node's inputs (``NodeCall.args``: a Shape derived from them).
@@ -35,6 +37,7 @@ from .shape_memo import fill_epilogue, memo_globals, memo_prologue, shape_only_c
 
 
 DIRECT_CALLS = True      # the default; benchmarks/direct_calls.py measures it off
+STOP_FLAG, STOP_CALL = "_RC.stop", "_RC.stopped()"   # read before each call (run_control.py)
 
 
 @dataclass
@@ -100,6 +103,7 @@ class FunctionSpec:
     returns: list[Value] | None = None
     hook: bool = False
     direct: bool = False          # kernels that offer it are called directly (``direct.py``)
+    checks: bool = False          # read the run's stop flag (``_RC``) before each call
 
 
 def _label(node: Node) -> str:
@@ -132,6 +136,9 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
                 slot = spec.imports[id(v)]
                 clear = f"; E[{slot}] = None" if id(v) in spec.consume else ""
                 lines.append(f"    {names(v)} = E[{slot}]{clear}")
+        if spec.checks:
+            line_to_node[len(lines) + 1] = node
+            lines.append(f"    if {STOP_FLAG}: {STOP_CALL}")
         if spec.hook:
             lines.append(f"    _hook({call.index}, 0, None)")
         kname = names.add_global("k", call.kernel)
@@ -229,10 +236,17 @@ def arena_globals(binding: Binding) -> dict:
     return {"_AL": binding.arena.lo, "_AH": binding.arena.hi}
 
 
+def control_globals(control) -> dict:
+    """``_RC``: the run control whose ``stop`` the generated code reads before each call."""
+    return {"_RC": control}
+
+
 def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None,
-                          direct: bool | None = None) -> GeneratedCode:
+                          direct: bool | None = None, control=None) -> GeneratedCode:
     """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order; with
-    ``direct`` (default ``DIRECT_CALLS``), kernels that offer it are called directly (``direct.py``)."""
+    ``direct`` (default ``DIRECT_CALLS``), kernels that offer it are called directly (``direct.py``);
+    with ``control`` (``run_control.RunControl``), every call is preceded by a read of its
+    stop flag (the shape-only calls of ``_memo_fill`` are not)."""
     direct = DIRECT_CALLS if direct is None else direct
     memo = shape_only_calls(graph, binding.calls) if hook is None else None
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
@@ -240,8 +254,11 @@ def generate_run_function(graph, binding: Binding, filename: str, hook: Callable
     names = arena_names(binding, calls)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
-                        returns=list(graph.outputs), hook=hook is not None, direct=direct)
+                        returns=list(graph.outputs), hook=hook is not None, direct=direct,
+                        checks=control is not None)
     extra = arena_globals(binding)
+    if control is not None:
+        extra.update(control_globals(control))
     specs = [spec]
     if memo:    # shape-only nodes run once per input shapes (shape_memo.py)
         result_names = [names(v) for v in memo.results]

@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..errors import ConfigError, FusegraphError, KernelError, ModelClosedError
+from ..errors import ConfigError, FusegraphError, KernelError, ModelClosedError, RunCancelled
+from ..ops.run_limits import NO_LIMITS, RunLimits
 from ..ir import Graph
 from .backends import backend_for
 from .bind import Binding, bind
@@ -36,20 +37,22 @@ from .threads import intra_op_threads
 from .codegen import GeneratedCode, generate_run_function
 from .convert import to_host, to_numpy
 from .feeds import convert_feeds
+from .run_control import CancelToken, RunControl
 
 
 class _SingleRunner:
     """One stream on one device: the generated function itself."""
 
-    def __init__(self, graph: Graph, binding: Binding, filename: str):
-        self.graph, self.binding, self.filename = graph, binding, filename
-        self.code = generate_run_function(graph, binding, filename)
+    def __init__(self, graph: Graph, binding: Binding, filename: str, control: RunControl | None = None):
+        self.graph, self.binding, self.filename, self.control = graph, binding, filename, control
+        self.code = generate_run_function(graph, binding, filename, control=control)
         self.codes = [self.code]
 
     def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
         if hook is None:
             return self.code.function(*tensors)
-        code = generate_run_function(self.graph, self.binding, self.filename + ":hook", hook=hook)
+        code = generate_run_function(self.graph, self.binding, self.filename + ":hook", hook=hook,
+                                     control=self.control)
         self.codes = [self.code, code]
         return code.function(*tensors)
 
@@ -61,7 +64,8 @@ class Executor:
     def __init__(self, graph: Graph, model_name: str, plan=None, device: str = "cpu",
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
                  keep_freed_memory: bool = False, backend_state: dict | None = None,
-                 exact: bool = True, cpu_kernels: str = "auto", shared_forms=None):
+                 exact: bool = True, cpu_kernels: str = "auto", shared_forms=None,
+                 limits: RunLimits = NO_LIMITS):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -84,7 +88,9 @@ class Executor:
                     v.const = self.backend.portable_weight(v).to(self.device)
         self.threads = threads
         self._closed = False
-        self.binding = bind(graph, plan, self.device, strides, self.backend)  # strides: a loaded artifact's
+        self.control = RunControl(model_name)       # the stop flag every run's code reads
+        self.binding = bind(graph, plan, self.device, strides, self.backend,  # strides: a loaded artifact's
+                            self.control, limits)
         self.released_bytes = self.backend.release_weights(graph, self.binding.calls)
         for c in self.binding.calls:          # a packed-only weight some kernel still reads plain
             for v in c.inputs:
@@ -94,12 +100,14 @@ class Executor:
         streams = getattr(plan, "streams", None)
         if self.device.type == "cuda":
             from .streams_cuda import CudaRunner
-            self._runner = CudaRunner(graph, self.binding, streams, filename, cuda_graph=cuda_graph)
+            self._runner = CudaRunner(graph, self.binding, streams, filename, cuda_graph=cuda_graph,
+                                      control=self.control)
         elif streams is not None and streams.num_streams > 1:
             from .streams_cpu import CpuStreamRunner
-            self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads)
+            self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads,
+                                           control=self.control)
         else:
-            self._runner = _SingleRunner(graph, self.binding, filename)
+            self._runner = _SingleRunner(graph, self.binding, filename, self.control)
         self._lock = threading.Lock()
         self.backend.settle()                       # what binding's probe runs freed
         self._memo_storages = self.code.env.get("_MEMO_STORAGES", frozenset())  # kept current by the code
@@ -118,22 +126,53 @@ class Executor:
     def arena(self):
         return self.binding.arena
 
-    def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
+    def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None,
+                    tokens: tuple[CancelToken, ...] = ()) -> tuple:
+        """One run on converted feeds (the caller serialises runs: ``run`` holds the lock);
+        it stops at the next kernel boundary once one of ``tokens`` is cancelled."""
         if self._closed:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
+        control = self.control
+        control.start(tokens)
         try:
+            if control.stop:
+                control.stopped("before its first kernel")
             with torch.inference_mode(), intra_op_threads(self.threads):
                 self.backend.before_run(tensors)
                 return self._runner(tensors, hook)
+        except RunCancelled as exc:
+            raise self._located(exc) from None
         except FusegraphError:
             raise
         except Exception as exc:
             raise self._kernel_error(exc) from exc
+        finally:
+            control.finish()
 
-    def run(self, feeds: Mapping[str, Any], hook: Callable | None = None) -> dict[str, Any]:
+    def _acquire(self, tokens: tuple[CancelToken, ...]) -> None:
+        """Take the run lock; with tokens, give up (their error) once one is cancelled or past
+        its deadline while another run of this model holds the lock."""
+        if not tokens:
+            self._lock.acquire()
+            return
+        if self._lock.acquire(blocking=False):
+            return
+        while True:
+            for t in tokens:
+                if t.deadline is not None and t.remaining() <= 0:
+                    t.cancel_at_deadline()
+                if t.cancelled:
+                    raise t.error(self.model_name, "while it waited for another run of the model")
+            left = min((t.remaining() for t in tokens if t.deadline is not None), default=0.05)
+            if self._lock.acquire(timeout=max(0.001, min(0.05, left))):
+                return
+
+    def run(self, feeds: Mapping[str, Any], hook: Callable | None = None,
+            tokens: tuple[CancelToken, ...] = ()) -> dict[str, Any]:
         tensors = convert_feeds(self.model_name, self.inputs, feeds)
-        with self._lock:
-            outs = self.run_tensors(tensors, hook)
+        self._acquire(tokens)
+        try:
+            outs = self.run_tensors(tensors, hook, tokens)
             shared = self._const_storages | {_storage(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel()} | self._memo_storages
             arena = self.binding.arena
             result = {}
@@ -150,22 +189,43 @@ class Executor:
                                       f"{t.numel() * t.element_size()} bytes) could not be returned: "
                                       f"{type(exc).__name__}: {str(exc)[:200]}") from exc
             return result
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
-        """Stop worker threads (if any); the executor cannot run afterwards (``ModelClosedError``)."""
-        self._closed = True
-        self._runner.close()
+        """Stop worker threads (if any) once the run in progress (if any) has finished; the
+        executor cannot run afterwards (``ModelClosedError``). Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._runner.close()
 
-    def _kernel_error(self, exc: Exception) -> KernelError:
+    def _located(self, exc: RunCancelled) -> RunCancelled:
+        """``exc`` with the node the run stopped at (found through the generated code's line
+        map, as for a kernel failure)."""
+        node = self._node_at(exc)
+        if node is None or exc.node is not None:
+            return exc
+        if f"node {node.name!r}" in str(exc):     # a body runner named it already
+            exc.node = node.name
+            return exc
+        return type(exc)(f"{exc} (before node {node.name!r}, {node.op_type})", reason=exc.reason, node=node.name)
+
+    def _node_at(self, exc: Exception):
         codes = {c.filename: c for c in getattr(self._runner, "codes", [self.code])}
         for frame in reversed(traceback.extract_tb(exc.__traceback__)):
             code = codes.get(frame.filename)
             if code is not None:
                 node = code.line_to_node.get(frame.lineno)
                 if node is not None:
-                    ins = ", ".join("_" if v is None else f"{v.name}: {v.type_str()}" for v in node.inputs)
-                    return KernelError(f"{self.model_name}: node {node.name!r} ({node.op_type}) failed "
-                                       f"with inputs ({ins}): {type(exc).__name__}: {exc}")
+                    return node
+        return None
+
+    def _kernel_error(self, exc: Exception) -> KernelError:
+        node = self._node_at(exc)
+        if node is not None:
+            ins = ", ".join("_" if v is None else f"{v.name}: {v.type_str()}" for v in node.inputs)
+            return KernelError(f"{self.model_name}: node {node.name!r} ({node.op_type}) failed "
+                               f"with inputs ({ins}): {type(exc).__name__}: {exc}")
         return KernelError(f"{self.model_name}: run failed: {type(exc).__name__}: {exc}")
 
 

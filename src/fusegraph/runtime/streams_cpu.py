@@ -37,7 +37,8 @@ from ..errors import PlanError
 from ..ir import Graph
 from . import codegen
 from .bind import Binding
-from .codegen import FunctionSpec, GeneratedCode, arena_globals, arena_names, generate_module
+from .codegen import (FunctionSpec, GeneratedCode, arena_globals, arena_names, control_globals,
+                      generate_module)
 
 
 class _Aborted(Exception):
@@ -189,8 +190,10 @@ def _thread_switches(spec: FunctionSpec, wide: frozenset) -> None:
 
 
 class CpuStreamRunner:
-    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None):
+    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None,
+                 control=None):
         self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
+        self.control = control          # the run's stop flag, read before each call on every stream
         self.n = plan.num_streams
         self.threads = threads
         self.events = {e.id: threading.Lock() for e in plan.events}
@@ -219,12 +222,16 @@ class CpuStreamRunner:
         specs, self.template, self.out_slots = build_stream_specs(
             self.graph, self.binding, self.plan, names, hook=hook is not None,
             wait_lines=wait_lines, record_lines=record_lines)
+        for spec in specs:
+            spec.checks = self.control is not None
         if self.wide:
             for spec in specs:
                 _thread_switches(spec, self.wide)
         extra = arena_globals(self.binding)
         extra.update({"_ab": self._abort_flag, "_Aborted": _Aborted, "_snt": torch.set_num_threads,
                       "_tb": self._budgets})
+        if self.control is not None:
+            extra.update(control_globals(self.control))
         if hook is not None:
             extra["_hook"] = hook
         filename = self.filename + (":hook" if hook is not None else "")
