@@ -139,6 +139,44 @@ def test_lenient_import_is_refused(case, words):
         fg.compile(case())
 
 
+# ----- untyped exceptions (issue 39 #13) -------------------------------------------------------
+def _relu_bytes() -> bytes:
+    return _model([H.make_node("Relu", ["x"], ["y"], name="n")], [X], [Y]).SerializeToString()
+
+
+@pytest.mark.parametrize("field,old,new", [("op_type", b"\x04Relu", b"\x04R\xfflu"),
+                                           ("graph.name", b"\x12\x01m", b"\x12\x01\xff"),
+                                           ("name", b"\x1a\x01n", b"\x1a\x01\xfe")])
+def test_invalid_utf8_text_is_refused_at_import(tmp_path, field, old, new):
+    """issue 39 #13: a string field that is not UTF-8 (protobuf keeps it as bytes) is a
+    ModelLoadError naming the field, from bytes, a file or a parsed ModelProto, not a TypeError
+    or UnicodeDecodeError."""
+    data = _relu_bytes()
+    assert data.count(old) == 1
+    bad = data.replace(old, new)
+    (tmp_path / "m.onnx").write_bytes(bad)
+    proto = onnx.ModelProto()
+    proto.ParseFromString(bad)
+    for source in (bad, tmp_path / "m.onnx", proto):
+        with pytest.raises(ModelLoadError, match=rf"{field.replace('.', '[.]')} is not valid UTF-8 text"):
+            fg.compile(source)
+
+
+def test_dynamic_bert_at_sequence_length_0_is_an_input_error(transformer_models):
+    """issue 39 #13: BERT exported with a dynamic sequence axis, run at sequence length 0: an
+    InputError naming the input and the dim (its shape arithmetic cannot take an empty
+    sequence), not a bare IndexError; the model still runs at length 16."""
+    from fusegraph.errors import InputError
+    from model_builders import transformer_feeds
+    model = fg.compile(str(transformer_models["bert"]), fg.Config(threads=1))
+    empty = {"input_ids": np.zeros((1, 0), np.int64), "attention_mask": np.ones((1, 0), np.int64)}
+    for _ in range(2):    # the refusal is remembered, and said the same way again
+        with pytest.raises(InputError, match=r"input shapes input_ids: \[1, 0\].*input 'input_ids' dim 1 \('seq'\) "
+                                             r"is 0"):
+            model.run(empty)
+    assert model.run(transformer_feeds())["last_hidden_state"].shape == (1, 16, 768)
+
+
 # ----- run-time shape bombs (issue 39 #5) ------------------------------------------------------
 def _i64(name, n):
     return H.make_tensor_value_info(name, T.INT64, [n])
