@@ -18,7 +18,11 @@ copy of every weight it holds in its own form (``release_weights``: weights held
 weight stored only packed is read back plain for a backend that cannot take the packed form
 (``packed_only``).
 Kernel failures surface as ``KernelError`` naming the node and op, found through the line
-map of the generated source, so the hot path carries no per-node bookkeeping.
+map of the generated source, so the hot path carries no per-node bookkeeping. A run given
+cancel tokens (``run_control.py``: a caller's ``CancelToken``, a timeout) arms the executor's
+``RunControl``, whose flag the generated code reads before each kernel; a stopped run raises
+``RunCancelled`` naming the node it stopped before. Its wait for the run lock is bounded by
+the same tokens, and ``close()`` takes that lock: it waits for the run in progress.
 """
 from __future__ import annotations
 

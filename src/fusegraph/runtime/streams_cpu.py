@@ -21,7 +21,8 @@ process-wide, while the workers live (other models in the process included: see
 benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for milliseconds
 after each wide node on a core the other stream needs (inception_v2: 1.35x slower).
 A failing stream sets the abort flag and opens every event, so the other streams stop at
-their next wait instead of blocking; the first real error is re-raised. Every stream runs
+their next wait instead of blocking; the first real error is re-raised (a cancelled run's
+``RunCancelled`` included: every stream reads the run's stop flag before each call). Every stream runs
 the kernels one stream runs (the binding's).
 This file plans nothing: streams, waits and records come from the plan.
 """
