@@ -19,8 +19,14 @@ log = logging.getLogger("fusegraph.serve")
 
 
 def timed_protocol(header_s: float, body_s: float):
-    """The protocol class for ``uvicorn.Config(http=...)`` with header / body read timeouts."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    """The protocol class for ``uvicorn.Config(http=...)`` with header / body read timeouts
+    (it needs httptools, which ``uvicorn[standard]``, the ``serve`` extra, installs)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError as exc:
+        from ..errors import ConfigError
+        raise ConfigError(f"the server's read timeouts need httptools ({exc}): "
+                          f"pip install 'fusegraph[serve]'") from None
 
     class TimedHttpToolsProtocol(HttpToolsProtocol):
         _read_timer = None
