@@ -618,9 +618,102 @@ def test_slot_shifted_by_64_bytes_is_refused(saved, tmp_path):
             try:
                 loaded = fg.load(reseal(path, tmp_path / "s.fgm", parts_fn=edit))
             except ArtifactError as exc:
-                assert "overlapping" in str(exc) or "does not hold" in str(exc)
+                assert "overlapping" in str(exc) or "does not hold" in str(exc) or "in place" in str(exc)
                 moved += 1
                 continue
             feeds = FEEDS["diamond"]()
             _same(model.run(feeds), loaded.run(feeds))
     assert moved
+
+
+# ----- what a re-sealed file says of its values is derived, not trusted (issue 39 #2) ---------
+def _conv_chain():
+    """x -> Conv+Relu -> Conv+Relu -> Conv -> y (three fused convolutions, 8 x 16 x 16 each; the
+    middle one reads only the first one's output)."""
+    rng = np.random.default_rng(0)
+    ws = [(rng.standard_normal(s) * np.sqrt(2 / np.prod(s[1:]))).astype(np.float32)
+          for s in ((8, 4, 3, 3), (8, 8, 3, 3), (8, 8, 3, 3))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Conv", ["b", "w1"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["d"]),
+             helper.make_node("Conv", ["d", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+                  [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
+
+
+@pytest.fixture(scope="module")
+def conv_chain(tmp_path_factory):
+    model = fg.compile(_conv_chain())
+    path = tmp_path_factory.mktemp("conv") / "c.fgm"
+    model.save(path)
+    convs = [n for n in model.graph.nodes if "Conv" in n.op_type]
+    assert len(convs) == 3 and convs[1].inputs[0] is convs[0].outputs[0]
+    return model, path, convs
+
+
+def test_convolution_over_its_own_input_is_refused(conv_chain, tmp_path):
+    """issue 39 #2: the middle convolution's output re-sealed into its input's slot, marked
+    ``inplace``: a convolution may not write over the input it reads (the op registry allows
+    in place only its residual), so the file is refused; before, it loaded and ran 25-40 % off."""
+    model, path, convs = conv_chain
+    src, out = convs[0].outputs[0].name, convs[1].outputs[0].name
+
+    def edit(r):
+        r["plan"]["slots"][out] = list(r["plan"]["slots"][src])
+        r["plan"]["kinds"][out] = "inplace"
+    refused(reseal(path, tmp_path / "i.fgm", parts_fn=_plan_edit(edit)), repr(out), "in place", "tampered plan")
+
+
+def test_a_view_the_op_does_not_make_is_refused(conv_chain, tmp_path):
+    """issue 39 #2: a value marked ``view`` (the runtime then skips its copy guard) must be the
+    output of a view op."""
+    model, path, convs = conv_chain
+    out = convs[1].outputs[0].name
+    refused(reseal(path, tmp_path / "v.fgm", parts_fn=_plan_edit(lambda r: r["plan"]["kinds"].update({out: "view"}))),
+            repr(out), "a view", "tampered plan")
+
+
+def test_legitimate_inplace_residual_still_loads(tmp_path):
+    """The planner's own in-place takeover (a convolution accumulating onto its residual) is
+    derived from the registry too, so it loads and matches the compiled model."""
+    model = fg.compile(_residual())
+    assert "inplace" in model.plan.kinds.values()
+    model.save(tmp_path / "r.fgm")
+    x = {"x": np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    _same(model.run(x), fg.load(tmp_path / "r.fgm").run(x))
+
+
+def _residual():
+    """x -> Conv+Relu (b) -> Conv+Relu (d) -> Conv(d) + b: the last convolution accumulates onto
+    its residual b in b's bytes."""
+    rng = np.random.default_rng(2)
+    ws = [(rng.standard_normal((8, 8, 3, 3)) * np.sqrt(2 / 72)).astype(np.float32) for _ in range(3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Conv", ["b", "w1"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["d"]),
+             helper.make_node("Conv", ["d", "w2"], ["e"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["e", "b"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+                  [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
+
+
+def _node_edit(index, fn):
+    def edit(g):
+        fn(g["nodes"][index], g)
+    return json_part_edit("graph", edit)
+
+
+@pytest.mark.parametrize("what, fn", [
+    ("pads", lambda n, g: n["attrs"].update(pads=[0, 0, 0, 0])),
+    ("strides", lambda n, g: n["attrs"].update(strides=[2, 2])),
+    ("weight input", lambda n, g: n["inputs"].__setitem__(1, "w0")),
+    ("rewired input", lambda n, g: n["inputs"].__setitem__(0, "x")),
+])
+def test_resealed_graph_edits_are_refused_at_load(conv_chain, tmp_path, what, fn):
+    """issue 39 #2: a re-sealed graph whose middle convolution's pads / strides / weight / input
+    were changed no longer yields the output types stored for it; the load re-infers every
+    node's output types from the op registry and refuses the file (before, it loaded and failed
+    at run time, or computed something else)."""
+    model, path, convs = conv_chain
+    index = [n.name for n in model.graph.nodes].index(convs[1].name)
+    text = refused(reseal(path, tmp_path / "g.fgm", parts_fn=_node_edit(index, fn)))
+    assert convs[1].name in text or f"%{convs[1].outputs[0].name} " in text, text

@@ -14,7 +14,8 @@ FULL = fg.Config(level="O1", disabled_passes=("cse", "dce"), precision="bf16", s
                  memory="tight", device="auto", threads=2, fold_size_limit=1024, verify_each=True,
                  tensor_lifetimes=(("x", 0, 3), ("y", 1, 2)),
                  reuse_groups=(("a", "b"), ("c",)), exclusive_tensors=("e",), external_tensors=("o",),
-                 op_precision=(("Conv_0", "fp16"), ("/head/MatMul", "fp32")))
+                 op_precision=(("Conv_0", "fp16"), ("/head/MatMul", "fp32")), max_run_bytes=1 << 30,
+                 max_loop_iterations=1000)
 
 
 def test_every_field_has_a_key_and_round_trips():

@@ -139,6 +139,105 @@ def test_lenient_import_is_refused(case, words):
         fg.compile(case())
 
 
+# ----- untyped exceptions (issue 39 #13) -------------------------------------------------------
+def _relu_bytes() -> bytes:
+    return _model([H.make_node("Relu", ["x"], ["y"], name="n")], [X], [Y]).SerializeToString()
+
+
+@pytest.mark.parametrize("field,old,new", [("op_type", b"\x04Relu", b"\x04R\xfflu"),
+                                           ("graph.name", b"\x12\x01m", b"\x12\x01\xff"),
+                                           ("name", b"\x1a\x01n", b"\x1a\x01\xfe")])
+def test_invalid_utf8_text_is_refused_at_import(tmp_path, field, old, new):
+    """issue 39 #13: a string field that is not UTF-8 (protobuf keeps it as bytes) is a
+    ModelLoadError naming the field, from bytes, a file or a parsed ModelProto, not a TypeError
+    or UnicodeDecodeError."""
+    data = _relu_bytes()
+    assert data.count(old) == 1
+    bad = data.replace(old, new)
+    (tmp_path / "m.onnx").write_bytes(bad)
+    proto = onnx.ModelProto()
+    proto.ParseFromString(bad)
+    for source in (bad, tmp_path / "m.onnx", proto):
+        with pytest.raises(ModelLoadError, match=rf"{field.replace('.', '[.]')} is not valid UTF-8 text"):
+            fg.compile(source)
+
+
+def test_dynamic_bert_at_sequence_length_0_is_an_input_error(transformer_models):
+    """issue 39 #13: BERT exported with a dynamic sequence axis, run at sequence length 0: an
+    InputError naming the input and the dim (its shape arithmetic cannot take an empty
+    sequence), not a bare IndexError; the model still runs at length 16."""
+    from fusegraph.errors import InputError
+    from model_builders import transformer_feeds
+    model = fg.compile(str(transformer_models["bert"]), fg.Config(threads=1))
+    empty = {"input_ids": np.zeros((1, 0), np.int64), "attention_mask": np.ones((1, 0), np.int64)}
+    for _ in range(2):    # the refusal is remembered, and said the same way again
+        with pytest.raises(InputError, match=r"input shapes input_ids: \[1, 0\].*input 'input_ids' dim 1 \('seq'\) "
+                                             r"is 0"):
+            model.run(empty)
+    assert model.run(transformer_feeds())["last_hidden_state"].shape == (1, 16, 768)
+
+
+# ----- run-time shape bombs (issue 39 #5) ------------------------------------------------------
+def _i64(name, n):
+    return H.make_tensor_value_info(name, T.INT64, [n])
+
+
+def _f32(name, shape):
+    return H.make_tensor_value_info(name, T.FLOAT, shape)
+
+
+_ONE = NH.from_array(np.ones(1, np.float32), "v")
+# op -> (model, feeds asking for 4 MiB of output, feeds asking for 10^15 elements, small feeds)
+BOMBS = {
+    "ConstantOfShape": (lambda: _model([H.make_node("ConstantOfShape", ["s"], ["y"], value=_ONE)], [_i64("s", 2)], [Y]),
+                        {"s": np.array([1024, 1024])}, {"s": np.array([10 ** 8, 10 ** 7])}, {"s": np.array([2, 3])}),
+    "Expand": (lambda: _model([H.make_node("Expand", ["x", "s"], ["y"])], [_f32("x", [1]), _i64("s", 2)], [Y]),
+               {"x": np.ones(1, np.float32), "s": np.array([1024, 1024])},
+               {"x": np.ones(1, np.float32), "s": np.array([10 ** 8, 10 ** 7])},
+               {"x": np.ones(1, np.float32), "s": np.array([2, 3])}),
+    "Tile": (lambda: _model([H.make_node("Tile", ["x", "r"], ["y"])], [_f32("x", [2, 2]), _i64("r", 2)], [Y]),
+             {"x": np.ones((2, 2), np.float32), "r": np.array([512, 512])},
+             {"x": np.ones((2, 2), np.float32), "r": np.array([10 ** 8, 10 ** 7])},
+             {"x": np.arange(4, dtype=np.float32).reshape(2, 2), "r": np.array([2, 3])}),
+    "Range": (lambda: _model([H.make_node("Range", ["a", "b", "d"], ["y"])],
+                             [_f32("a", []), _f32("b", []), _f32("d", [])], [Y]),
+              {"a": np.array(0, np.float32), "b": np.array(1 << 20, np.float32), "d": np.array(1, np.float32)},
+              {"a": np.array(0, np.float32), "b": np.array(1e15, np.float32), "d": np.array(1, np.float32)},
+              {"a": np.array(1, np.float32), "b": np.array(7, np.float32), "d": np.array(1.5, np.float32)}),
+    "Pad": (lambda: _model([H.make_node("Pad", ["x", "p"], ["y"])], [_f32("x", [2, 2]), _i64("p", 4)], [Y]),
+            {"x": np.ones((2, 2), np.float32), "p": np.array([0, 0, 1022, 1022])},
+            {"x": np.ones((2, 2), np.float32), "p": np.array([0, 0, 10 ** 8, 10 ** 7])},
+            {"x": np.arange(4, dtype=np.float32).reshape(2, 2), "p": np.array([1, 0, 0, 2])}),
+    "Resize": (lambda: _model([H.make_node("Resize", ["x", "", "", "z"], ["y"], mode="nearest")],
+                              [_f32("x", [1, 1, 2, 2]), _i64("z", 4)], [Y]),
+               {"x": np.ones((1, 1, 2, 2), np.float32), "z": np.array([1, 1, 1024, 1024])},
+               {"x": np.ones((1, 1, 2, 2), np.float32), "z": np.array([1, 1, 10 ** 8, 10 ** 7])},
+               {"x": np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2), "z": np.array([1, 1, 3, 5])}),
+    "OneHot": (lambda: _model([H.make_node("OneHot", ["i", "d", "vals"], ["y"])], [_i64("i", 4), _i64("d", 1)], [Y],
+                              [NH.from_array(np.array([0, 1], np.float32), "vals")]),
+               {"i": np.arange(4), "d": np.array([1 << 18])}, {"i": np.arange(4), "d": np.array([10 ** 15])},
+               {"i": np.array([0, 2, 1, 4]), "d": np.array([5])}),
+}
+
+
+@pytest.mark.parametrize("op", sorted(BOMBS))
+def test_run_time_shape_bomb_is_refused_before_allocating(op):
+    """issue 39 #5: a tensor whose size comes from the feeds is refused above Config.max_run_bytes
+    (here the default: max_arena_bytes, 1 MiB) with RunLimitExceeded naming the node and the
+    size; 10^15 elements are refused the same way (nothing allocated); small sizes run and
+    match onnxruntime."""
+    from fusegraph.errors import RunLimitExceeded
+    from oracle import ort_run
+    make, four_mib, absurd, small = BOMBS[op]
+    model = fg.compile(make(), fg.Config(max_arena_bytes=1 << 20))
+    for feeds in (four_mib, absurd):
+        with pytest.raises(RunLimitExceeded, match=rf"node 'y' \({op}\) would make a tensor of shape "
+                                                   rf"\[.*\] \(\d+ bytes\).*max_run_bytes \(1048576 bytes\)"):
+            model.run(feeds)
+    np.testing.assert_array_equal(model.run(small)["y"], ort_run(make(), small)["y"])
+    assert fg.compile(make(), fg.Config(max_arena_bytes=1 << 20, max_run_bytes=8 << 20)).run(four_mib)["y"].nbytes > 1 << 20
+
+
 # ----- the generated suites --------------------------------------------------------------------
 FAILING = ("untyped", "mismatch", "side_effect", "crash", "lenient")
 _RESTARTS = 40

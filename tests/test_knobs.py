@@ -178,7 +178,34 @@ PROBES = {
     "thread_policy": ("fixed", None),    # special-cased below: another process keeps a core busy
     "cpu_kernels": ("portable", lambda d, p: set(p.report.kernels["implementations"]) == {"portable"}
                     and set(d.report.kernels["implementations"]) != {"portable"}),
+    "max_run_bytes": (1024, None),       # special-cased below: a run-time cap (a ConstantOfShape of a fed shape)
+    "max_loop_iterations": (3, None),    # special-cased below: a run-time cap (a Loop of fed trip count)
 }
+
+
+def _run_cap_probe(field, value):
+    """A run the cap refuses (RunLimitExceeded) and the default runs."""
+    from fusegraph.errors import RunLimitExceeded
+    if field == "max_run_bytes":
+        model = H.make_model(H.make_graph(
+            [H.make_node("ConstantOfShape", ["s"], ["y"], value=numpy_helper.from_array(np.ones(1, np.float32)))],
+            "cos", [H.make_tensor_value_info("s", T.INT64, [2])], [H.make_tensor_value_info("y", T.FLOAT, None)]),
+            opset_imports=[H.make_opsetid("", 17)])
+        feeds = {"s": np.array([64, 64], np.int64)}       # 16 KiB
+    else:
+        body = H.make_graph([H.make_node("Identity", ["c"], ["c_out"]), H.make_node("Identity", ["v"], ["v_out"])],
+                            "body", [H.make_tensor_value_info("i", T.INT64, []), H.make_tensor_value_info("c", T.BOOL, []),
+                                     H.make_tensor_value_info("v", T.FLOAT, [2])],
+                            [H.make_tensor_value_info("c_out", T.BOOL, []),
+                             H.make_tensor_value_info("v_out", T.FLOAT, [2])])
+        model = H.make_model(H.make_graph(
+            [H.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "loop",
+            [H.make_tensor_value_info("n", T.INT64, []), H.make_tensor_value_info("x", T.FLOAT, [2])],
+            [H.make_tensor_value_info("y", T.FLOAT, [2])]), opset_imports=[H.make_opsetid("", 17)])
+        feeds = {"n": np.array(10, np.int64), "x": np.ones(2, np.float32)}
+    assert fg.compile(model).run(feeds)["y"].size
+    with pytest.raises(RunLimitExceeded, match=f"Config.{field}"):
+        fg.compile(model, config=fg.Config(**{field: value})).run(feeds)
 
 
 def test_every_field_has_a_probe():
@@ -242,6 +269,9 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
                        for p in ("free_cores", "fixed"))
         np.testing.assert_allclose(free.run(x)["y"], fixed.run(x)["y"], rtol=1e-5, atol=1e-6)
         assert free.threads_used == {1: 1} and fixed.threads_used == {2: 1}
+        return
+    if field in ("max_run_bytes", "max_loop_iterations"):
+        _run_cap_probe(field, value)
         return
     if changed is None:
         pytest.skip(f"{field}: needs a CUDA device")

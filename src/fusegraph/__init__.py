@@ -9,5 +9,7 @@ from .compiler import CompiledModel, TensorSpec, compile, load
 from .config import Config
 from .config_file import load_config
 from .report.version import FUSEGRAPH_VERSION as __version__
+from .runtime.run_control import CancelToken
 
-__all__ = ["Config", "CompiledModel", "TensorSpec", "compile", "errors", "load", "load_config", "__version__"]
+__all__ = ["CancelToken", "Config", "CompiledModel", "TensorSpec", "compile", "errors", "load", "load_config",
+           "__version__"]

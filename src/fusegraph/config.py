@@ -107,6 +107,14 @@ class Config:
         naming the output.
     shapes: declared ranges of symbolic input dims, ``{"seq": (1, 512)}``: a run whose dim is
         outside its range gets an InputError naming the input, the dim and the range.
+    max_run_bytes: the largest tensor, in bytes, a kernel may make at run time outside the
+        planned arena when its size comes from run-time data (ConstantOfShape, Expand, Tile,
+        Range, Pad, Resize, OneHot of fed sizes; a Loop's scan outputs); over it the run raises
+        RunLimitExceeded naming the node and the size, before allocating. Default None: the
+        value of ``max_arena_bytes`` (so both None is no cap).
+    max_loop_iterations: the most iterations one Loop node may run per run; past it the run
+        raises RunLimitExceeded naming the node. Default None: no cap (ONNX loops such as
+        ``Loop(M=INT64_MAX, cond)`` rely on their condition; stop those with a run's timeout).
     """
 
     level: str = "O2"
@@ -135,6 +143,8 @@ class Config:
     shape_cache: int = 0
     dynamic_batch: bool = False
     shapes: tuple[tuple[str, int, int], ...] = ()
+    max_run_bytes: int | None = None
+    max_loop_iterations: int | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -171,6 +181,10 @@ class Config:
                                                  isinstance(self.max_arena_bytes, bool) or self.max_arena_bytes < 0):
             raise ConfigError(f"Config.max_arena_bytes must be a non-negative integer or None, "
                               f"got {self.max_arena_bytes!r}")
+        for name in ("max_run_bytes", "max_loop_iterations"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"Config.{name} must be a positive integer or None, got {value!r}")
         for name in ("disabled_passes", "exclusive_tensors", "external_tensors"):
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
@@ -180,6 +194,10 @@ class Config:
     def declared_shapes(self) -> dict[str, tuple[int, int]]:
         """``shapes`` as ``{symbolic dim: (min, max)}``."""
         return {name: (lo, hi) for name, lo, hi in self.shapes}
+    @property
+    def run_bytes_cap(self) -> int | None:
+        """``max_run_bytes``, or ``max_arena_bytes`` where that is None."""
+        return self.max_run_bytes if self.max_run_bytes is not None else self.max_arena_bytes
 
     def replace(self, **changes) -> "Config":
         """A copy with some fields changed (the dataclass is frozen)."""

@@ -62,3 +62,31 @@ class ModelClosedError(FusegraphError):
 class UsageError(FusegraphError):
     """A call (or command line) whose arguments contradict each other or the model given:
     a compile option for an already compiled artifact, an output path that cannot be written."""
+
+
+class RunCancelled(FusegraphError):
+    """A run was stopped before it finished: its ``CancelToken`` was cancelled (or the model
+    was told to stop, e.g. a server shutting down). The model is ready for its next run."""
+
+    def __init__(self, message: str, *, reason: str = "cancelled", node: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.node = node
+
+
+class RunDeadlineExceeded(RunCancelled, TimeoutError):
+    """A run passed its deadline (``model.run(feeds, timeout=...)`` or a token made with a
+    timeout) and was stopped between two kernels; also a ``TimeoutError``."""
+
+
+class RunLimitExceeded(FusegraphError):
+    """A run asked for more than its ``Config`` caps allow (``max_run_bytes``: a tensor whose
+    size comes from run-time data; ``max_loop_iterations``: a Loop's iterations); the message
+    names the node and the size. Nothing was allocated for it."""
+
+    def __init__(self, message: str, *, node: str | None = None, requested: int | None = None,
+                 limit: int | None = None):
+        super().__init__(message)
+        self.node = node
+        self.requested = requested
+        self.limit = limit

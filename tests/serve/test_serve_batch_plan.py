@@ -67,7 +67,8 @@ def test_chunked_and_padded_runs_return_each_row(served, costs, monkeypatch):
     inst = served.instances[0]
     chunks = []
     run_chunk = inst._run_chunk
-    monkeypatch.setattr(inst, "_run_chunk", lambda f, rows, size: (chunks.append((rows, size)), run_chunk(f, rows, size))[1])
+    monkeypatch.setattr(inst, "_run_chunk", lambda f, rows, size, *rest: (chunks.append((rows, size)),
+                                                                         run_chunk(f, rows, size, *rest))[1])
     x = np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32)
     want = np.concatenate([inst.base.run({"x": x[i:i + 1]})["y"] for i in range(8)])
     for rows in range(1, 9):

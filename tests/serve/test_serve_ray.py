@@ -73,3 +73,29 @@ def test_ray_data_map_batches_1000_rows(local_ray, mlp):
     want = np.concatenate([ref.run({"x": x[i:i + 100]})["y"] for i in range(0, 1000, 100)])
     np.testing.assert_array_equal(got, want)   # the same batches, the same kernels
     np.testing.assert_allclose(got, ref.run({"x": x})["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_batch_predictor_feeds_whole_static_batches(tmp_path):
+    """issue 39 #7: a model compiled with a static batch of 4 ([4, 8]) gets whole batches of 4
+    from ``BatchPredictor`` (a Ray Data batch of 10 rows: 4 + 4 + 2 padded to 4), not rows of
+    [1, 8] (an InputError per batch before); the rows' outputs equal a NumPy reference."""
+    from small_models import mlp, mlp_reference
+    path = tmp_path / "mlp4.fgm"
+    fg.compile(mlp(batch=4), config=fg.Config(threads=1)).save(path)
+    predictor = fgray.BatchPredictor(str(path), keep_inputs=True)   # (threads would set this process's)
+    x = np.random.default_rng(3).standard_normal((10, 8)).astype(np.float32)
+    out = predictor({"x": x})
+    assert out["y"].shape == (10, 4) and out["x"] is x
+    np.testing.assert_allclose(out["y"], mlp_reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_ray_data_map_batches_static_batch(local_ray, tmp_path):
+    """issue 39 #7 through Ray Data: 30 rows in batches of 10 on the static batch-4 model."""
+    from small_models import mlp, mlp_reference
+    path = tmp_path / "mlp4.fgm"
+    fg.compile(mlp(batch=4), config=fg.Config(threads=1)).save(path)
+    x = np.random.default_rng(4).standard_normal((30, 8)).astype(np.float32)
+    ds = fgray.map_batches(ray.data.from_numpy(x).rename_columns({"data": "x"}), path, batch_size=10,
+                           concurrency=1, num_cpus=1, threads=1)
+    got = np.stack([r["y"] for r in ds.take_all()])
+    np.testing.assert_allclose(got, mlp_reference(x), rtol=1e-5, atol=1e-5)

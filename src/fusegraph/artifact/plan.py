@@ -12,7 +12,10 @@ the arena or smaller than its value, an arena larger than all its slots laid end
 strides that are not a dense layout of the value's shape, two values in overlapping arena
 bytes that are live at the same time (``_check_overlap``), and a stream plan whose streams do
 not follow the order, or whose waits name an event that is recorded later (a deadlock) or a
-cross-stream input they do not order (a race). It plans nothing: it only checks.
+cross-stream input they do not order (a race). What the runtime reads of the planner's value
+kinds (a view; an in-place takeover of an input's bytes) is derived from the graph and the
+op registry and the stored kinds checked against it (``_check_kinds``), never trusted: a
+convolution may not be made to write over the input it reads. It plans nothing: it only checks.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from .container import align, is_int, want
 from ..errors import ArtifactError
 from ..ir import Graph
 from ..ir.shape import is_static
-from ..plan.aliasing import view_source
+from ..plan.aliasing import inplace_candidates, view_source
 from ..plan.exec_plan import ExecutionPlan
 from ..plan.stream_memory import HappensBefore
 
@@ -166,11 +169,60 @@ def _touches(graph: Graph, named: dict[str, Any]) -> dict[str, tuple[set[str], b
     return out
 
 
-def _check_overlap(plan: ExecutionPlan, graph: Graph, pos: dict[str, int], where: str) -> None:
+def _arena_root(v, slots: dict) -> str | None:
+    """The slotted value whose bytes ``v`` is (itself, or the source of the views it is)."""
+    seen = 0
+    while v is not None and v.name not in slots and seen < 10_000:
+        p = v.producer
+        src = None if p is None else view_source(p)
+        if src is None or p.outputs[0] is not v:
+            return None
+        v, seen = p.inputs[src], seen + 1
+    return None if v is None or v.name not in slots else v.name
+
+
+def _check_kinds(plan: ExecutionPlan, graph: Graph, where: str) -> dict[str, str]:
+    """The value kinds the runtime reads, derived from the graph and the op registry rather than
+    taken from the file: a ``view`` must be output 0 of a view op (``OpDef.alias``); an
+    ``inplace`` value must be output 0 of a node that may write over that input
+    (``aliasing.inplace_candidates``: elementwise, or a declared in-place pair such as a
+    convolution's residual), in the very slot of that input's bytes, which the node reads through
+    no other input. Returns ``{in-place value: the value whose bytes it takes over}``."""
+    made = {o.name: (n, k) for n in graph.nodes for k, o in enumerate(n.outputs)}
+    takes: dict[str, str] = {}
+    for name, kind in plan.kinds.items():
+        if kind not in ("view", "inplace"):
+            continue
+        node, k = made.get(name, (None, None))
+        if kind == "view":
+            want(node is not None and k == 0 and view_source(node) is not None,
+                 f"{where}: the stored plan calls {str(name)[:80]!r} a view, which its op "
+                 f"({node.op_type if node is not None else 'none'}) does not make (tampered plan)")
+            continue
+        source = None
+        if node is not None and k == 0 and name in plan.slots:
+            roots = [_arena_root(v, plan.slots) if v is not None else None for v in node.inputs]
+            for i in inplace_candidates(node):
+                r = roots[i]
+                if r is not None and plan.slots[r][0] == plan.slots[name][0] and \
+                        sum(1 for x in roots if x == r) == 1:
+                    source = r
+                    break
+        want(source is not None, f"{where}: the stored plan has {str(name)[:80]!r} take over an input's "
+                                 f"bytes in place, which its op "
+                                 f"({node.op_type if node is not None else 'none'}) may not do there "
+                                 f"(tampered plan)")
+        takes[name] = source
+    return takes
+
+
+def _check_overlap(plan: ExecutionPlan, graph: Graph, pos: dict[str, int], where: str,
+                   takes: dict[str, str]) -> None:
     """No two values whose arena bytes overlap are live at once: every node touching one is
     ordered (by the order, or with streams by stream order and events) before the producer of
-    the other. The one exception is the planner's in-place takeover: an ``inplace`` value may
-    take the bytes of an input of its producer that nothing reads after that producer."""
+    the other. The one exception is the planner's in-place takeover, as ``_check_kinds``
+    derived it (``takes``): a value may take the bytes of the input of its producer it was
+    derived to take over, when nothing reads them after that producer."""
     named = {o.name: o for n in graph.nodes for o in n.outputs if o.name in plan.slots}
     touch = _touches(graph, named)
     by_name = {n.name: n for n in graph.nodes}
@@ -190,7 +242,7 @@ def _check_overlap(plan: ExecutionPlan, graph: Graph, pos: dict[str, int], where
         if pinned or not before(named[a].producer.name, writer):
             return False
         late = [r for r in readers if not before(r, writer)]
-        return not late or (late == [writer] and plan.kinds.get(b) == "inplace")
+        return not late or (late == [writer] and takes.get(b) == a)
 
     spans = sorted((off, off + size, name) for name, (off, size) in plan.slots.items() if size > 0)
     for i, (lo, hi, a) in enumerate(spans):
@@ -219,5 +271,5 @@ def restore_plan(record: Any, graph: Graph, where: str) -> tuple[ExecutionPlan |
     strides = _check_arena(plan, graph, record.get("strides", {}), where)
     if plan.streams is not None:
         _check_streams(plan.streams, graph, pos, where)
-    _check_overlap(plan, graph, pos, where)
+    _check_overlap(plan, graph, pos, where, _check_kinds(plan, graph, where))
     return plan, strides

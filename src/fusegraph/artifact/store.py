@@ -2,7 +2,9 @@
 
 ``save`` writes the header (versions, machine, config), the graph and report JSON and the
 weights; ``read`` checks everything a file says (``container``, ``machine``, ``weights``,
-``plan``; the graph is rebuilt and verified) and returns a ``StoredModel``: pure data, which
+``plan``; the graph is rebuilt and verified, each node's stored output dtypes and shapes
+against what the op registry infers from its inputs and attributes, so a re-sealed edit of a
+convolution's pads or a node's inputs is refused at load) and returns a ``StoredModel``: pure data, which
 the compiler binds (``fusegraph.load``). Every fault is an ``ArtifactError``; ``refusal``
 turns a fault found while binding into one. Nothing here imports the compiler.
 """
@@ -21,6 +23,7 @@ from ..config_file import config_from_mapping
 from ..errors import ArtifactError, FusegraphError, VerifyError
 from ..ir import Graph
 from ..ir.serialize import graph_from_dict, graph_to_dict
+from ..ops import infer_node
 from ..plan.exec_plan import ExecutionPlan
 from ..report.compile_report import CompileReport
 from ..report.version import FUSEGRAPH_VERSION
@@ -153,8 +156,8 @@ def read(path: str | Path, *, threads: int | None = None) -> StoredModel:
             _want(length <= _MAX_JSON_PART, f"{where}: part {name!r} declares absurd length {length}")
             blobs[name] = json_value(art.mm[start:start + length], where, f"part {name!r}")
         graph = graph_from_dict(blobs["graph"], tensors)
-        try:
-            graph.verify()
+        try:     # every node's stored output types are what the op makes of its inputs and attributes
+            graph.verify(infer=infer_node)
         except VerifyError as exc:
             raise ArtifactError(f"{where}: the stored graph fails verify() (corrupt or tampered "
                                 f"file): {exc}") from None

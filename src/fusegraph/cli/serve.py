@@ -19,6 +19,16 @@ def _port(text: str) -> int:
     return n
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600], got {text!r}")
+    return value
+
+
 def serve_command(args) -> int:
     try:
         from ..serve.server import serve
@@ -27,7 +37,8 @@ def serve_command(args) -> int:
         from ..errors import ConfigError
         raise ConfigError(f"fusegraph serve needs the 'serve' extra ({exc.name} is missing): "
                           f"pip install 'fusegraph[serve]'") from None
-    limits = ServerLimits(max_request_bytes=args.max_request_mb << 20, timeout_s=args.timeout, drain_s=args.drain)
+    limits = ServerLimits(max_request_bytes=args.max_request_mb << 20, timeout_s=args.timeout, drain_s=args.drain,
+                          header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
     try:
         return serve(args.model, host=args.host, port=args.port, grpc_port=args.grpc_port, config=args.config,
                      limits=limits, log_level=args.log_level)
@@ -46,5 +57,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--max-request-mb", type=int, default=64, help="largest request body in MiB (default 64)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may take (default 30)")
     p.add_argument("--drain", type=float, default=10.0, help="seconds to finish requests on SIGTERM (default 10)")
+    p.add_argument("--header-timeout", type=_seconds, default=10.0,
+                   help="seconds a client has to send a request's headers (default 10; then 408)")
+    p.add_argument("--body-timeout", type=_seconds, default=60.0,
+                   help="seconds a client has to send a request's body (default 60; then 408)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=serve_command)

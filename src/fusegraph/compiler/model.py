@@ -22,7 +22,9 @@ from ..ir.shape import Shape
 from ..plan.exec_plan import ExecutionPlan
 from ..report import CompileReport
 from ..runtime.bind import kernel_summary
+from ..ops.run_limits import RunLimits
 from ..runtime.executor import Executor
+from ..runtime.run_control import CancelToken, tokens_for
 from ..runtime.threads import intra_op_threads
 
 
@@ -62,7 +64,8 @@ class CompiledModel:
                                       backend_state=backend_state, exact=not config.fast_math,
                                       cpu_kernels=config.cpu_kernels, shared_forms=shared_forms,
                                       planner=planner, declared_shapes=config.declared_shapes(),
-                                      thread_policy=config.thread_policy)
+                                      thread_policy=config.thread_policy,
+                                      limits=RunLimits(config.run_bytes_cap, config.max_loop_iterations))
         binding = self._executor.binding
         if report.memory is not None:
             report.memory.not_writable_into_arena = list(binding.not_writable)
@@ -103,12 +106,19 @@ class CompiledModel:
         """The generated run function, as Python source."""
         return self._executor.code.source
 
-    def run(self, feeds: Mapping[str, Any], *, hook=None) -> dict[str, Any]:
+    def run(self, feeds: Mapping[str, Any], *, hook=None, timeout: float | None = None,
+            cancel: CancelToken | None = None) -> dict[str, Any]:
         """Run once: ``{input name: array}`` -> ``{output name: numpy array}``.
 
         Thread-safe: the model's own lock makes concurrent calls run one at a time. Runs at
         ``config.threads`` intra-op threads when set (the caller's setting is restored), fewer
         where other processes keep cores busy (``Config.thread_policy``, ``threads_used``).
+
+        ``timeout`` (seconds, counted from this call, the wait for another run of the model
+        included) and ``cancel`` (a ``fusegraph.CancelToken``; ``token.cancel()`` from any
+        thread) stop the run between two kernels or two Loop / Scan iterations: it raises
+        ``RunDeadlineExceeded`` (a ``TimeoutError``) or ``RunCancelled``, and the model is
+        ready for its next run. A kernel already running finishes first.
 
         ``hook(index, phase, outputs)`` (debugging) runs a variant of the generated code that
         calls it before (phase 0) and after (phase 1, with the node's output tensors) the
@@ -118,10 +128,9 @@ class CompiledModel:
         ``runtime/frames.py``); with ``Config.shape_cache`` > 0 it runs instead its compile at
         the feeds' exact shapes (``specialize.py``), made on the first run at those shapes, and
         ``hook``'s index is into that compile's ``plan.order`` (``model.specialize(shapes)``)."""
+        tokens = tokens_for(timeout, cancel)
         model = self.runs_as(feeds)
-        if model is not self:
-            return model.run(feeds, hook=hook)
-        return self._executor.run(feeds, hook=hook)
+        return model._executor.run(feeds, hook=hook, tokens=tokens)
 
     def runs_as(self, feeds: Mapping[str, Any]) -> "CompiledModel":
         """The compile a run with ``feeds`` executes: this model, or for a model with symbolic

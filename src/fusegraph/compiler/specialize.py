@@ -179,9 +179,12 @@ class ShapeSpecializations:
                     model = self._build(graph, self._pass_config)
                 if self.kind == "batch":
                     self._check_batch(model, key, described)
-            except FusegraphError as exc:
+            except MemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a compile at shapes the model's arithmetic cannot take
+                why = str(exc) if isinstance(exc, FusegraphError) else f"{type(exc).__name__}: {exc}"
                 message = str(exc) if isinstance(exc, InputError) else \
-                    f"{self.name}: the model cannot run at input shapes {described}: {exc}"
+                    f"{self.name}: the model cannot run at input shapes {described}{self._empty_dims(key)}: {why}"
                 self._refused[key] = message
                 if len(self._refused) > REFUSALS_KEPT:
                     del self._refused[next(iter(self._refused))]
@@ -198,6 +201,13 @@ class ShapeSpecializations:
                                   "unplannable": len(memory.unplannable) if memory else 0,
                                   "kernel_count": model.report.kernel_count})
             return model
+
+    def _empty_dims(self, key: tuple) -> str:
+        """The inputs' symbolic dims that are 0 at ``key`` (exports rarely allow an empty
+        sequence or batch), named for the refusal."""
+        zero = [f"input {v.name!r} dim {i} ({d!r}) is 0" for v, shape in zip(self.source.inputs, key)
+                for i, d in enumerate(v.shape or ()) if not isinstance(d, int) and i < len(shape) and shape[i] == 0]
+        return f" ({'; '.join(zero)})" if zero else ""
 
     def _whole_story(self, report) -> None:
         """A compile from the optimised source reports the passes from the import on: the

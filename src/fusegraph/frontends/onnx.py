@@ -16,7 +16,8 @@ from onnx import helper
 
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..ir import DType, Graph
-from .onnx_checks import check_model, check_node, check_opsets, check_types, check_value_dims, small_vectors
+from .onnx_checks import (check_model, check_node, check_opsets, check_text, check_types, check_value_dims,
+                          small_vectors)
 from .onnx_data import check_tensor_bytes, tensor_to_torch
 from .onnx_nodes import Scope, convert_nodes, set_type, value_type
 from .onnx_weights import parse_without_weights
@@ -28,7 +29,10 @@ _MAX_MODEL_BYTES = 1 << 34
 def load_model_proto(model: Any) -> tuple[onnx.ModelProto, Path | None, str]:
     """Accept a path, bytes or ModelProto; return the proto, its folder and a display name."""
     if isinstance(model, onnx.ModelProto):
-        return model, None, model.graph.name or "model"
+        try:
+            return model, None, model.graph.name or "model"
+        except UnicodeDecodeError:
+            return model, None, "model"
     if isinstance(model, (bytes, bytearray)):
         return _parse(bytes(model), "<bytes>"), None, "<bytes>"
     if isinstance(model, (str, Path)):
@@ -60,6 +64,7 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
 def import_onnx(model: Any) -> Graph:
     """Build an IR graph from an ONNX model (path, bytes or ModelProto)."""
     proto, base_dir, where = load_model_proto(model)
+    check_text(proto, where)
     opset: dict[str, int] = {}
     for imp in proto.opset_import:
         opset["" if imp.domain in ("", "ai.onnx") else imp.domain] = imp.version

@@ -13,6 +13,7 @@ attribute types only. This file builds nothing and optimises nothing.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import onnx
@@ -35,6 +36,50 @@ _FLAGS = {"keepdims", "transA", "transB", "noop_with_empty_axes", "ceil_mode", "
           "select_last_index", "exclusive", "reverse", "largest", "sorted", "allowzero", "upper",
           "detect_negative", "detect_positive", "training_mode", "fmod", "new_axis", "interleaved",
           "layout", "storage_order", "center_point_box"}
+
+
+def check_text(message, where: str, path: str = "model", depth: int = 0) -> None:
+    """Every ``string`` field of ``message`` (and of the messages it holds) is valid UTF-8.
+
+    protobuf keeps a parsed string that is not UTF-8 as bytes (upb hands them out as ``bytes``
+    or raises ``UnicodeDecodeError`` when one is read); a node op type, a graph or value name
+    like that is refused here, naming the field, instead of failing as a TypeError later."""
+    if depth > 64:
+        raise ModelLoadError(f"{where}: {path}: messages nested deeper than 64 levels")
+    try:
+        fields = message.ListFields()
+    except UnicodeDecodeError:
+        raise ModelLoadError(f"{where}: {path} holds text that is not valid UTF-8") from None
+    kinds = _field_kinds(message.DESCRIPTOR)
+    for field, value in fields:
+        text, nested, repeated = kinds[field.name]
+        if text:
+            try:
+                bad = next((v for v in value if not isinstance(v, str)), None) if repeated else \
+                    (None if isinstance(value, str) else value)
+            except UnicodeDecodeError:
+                bad = b"?"
+            if bad is not None:
+                raise ModelLoadError(f"{where}: {path}.{field.name} is not valid UTF-8 text "
+                                     f"({bytes(bad)[:40]!r})")
+        elif nested:
+            if not repeated:
+                check_text(value, where, f"{path}.{field.name}", depth + 1)
+                continue
+            for i, item in enumerate(value):
+                check_text(item, where, f"{path}.{field.name}[{i}]", depth + 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_kinds(descriptor) -> dict[str, tuple[bool, bool, bool]]:
+    """Per field of a message type: (a string, a message to walk, repeated)."""
+    kinds = {}
+    for f in descriptor.fields:
+        flag = getattr(f, "is_repeated", None)        # protobuf >= 5.28 (``label`` is deprecated there)
+        repeated = flag if isinstance(flag, bool) else f.label == f.LABEL_REPEATED
+        nested = f.type == f.TYPE_MESSAGE and not f.message_type.GetOptions().map_entry
+        kinds[f.name] = (f.type == f.TYPE_STRING, nested, repeated)
+    return kinds
 
 
 def check_opsets(opset: dict[str, int], where: str) -> None:

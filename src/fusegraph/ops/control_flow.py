@@ -12,6 +12,10 @@ the node's outputs off the body outputs: If merges its branches, Loop / Scan add
 iteration axis to scan outputs. Sequence / optional values keep ``meta["container"]``. A Loop
 with no trip count runs until its body's condition is false (as ONNX says); a Loop's or
 Scan's zero-iteration scan output needs the body output's static shape, else it fails.
+A Loop honours the run-time caps (``NodeContext.limits``, ``run_limits.py``): at most
+``max_loop_iterations`` iterations per call, scan outputs no larger than ``max_tensor_bytes``;
+stopping a run between iterations is the body runner's part (it checks the run's stop flag
+before each body call).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 from ..ir import DType, Graph, Value
 from ..ir.subgraphs import implicit_count
 from .registry import NodeContext, register
+from .run_limits import check_iterations, check_tensor
 
 _CONTAINER_KEYS = ("container", "elem_dtype")
 
@@ -168,6 +173,8 @@ def _loop(ctx: NodeContext):
                               f"for {n_carried} loop-carried values")
     scan_outs = body.outputs[1 + n_carried:]
     device = torch.device(ctx.device)
+    limits, node = ctx.limits, ctx.node
+    capped = limits.max_tensor_bytes is not None
 
     def kernel(trip, cond, *rest):
         carried, captures = list(rest[:n_carried]), rest[n_carried:]
@@ -176,12 +183,16 @@ def _loop(ctx: NodeContext):
         scans: list[list] = [[] for _ in range(n_scan)]
         i = 0
         while keep and (limit is None or i < limit):
+            check_iterations(limits, node, i)
             outs = run([torch.tensor(i, dtype=torch.int64, device=device),
                         torch.tensor(keep, dtype=torch.bool, device=device)] + carried, captures)
             keep = _flag(outs[0])
             carried = list(outs[1:1 + n_carried])
             for j in range(n_scan):
-                scans[j].append(outs[1 + n_carried + j])
+                item = outs[1 + n_carried + j]
+                if capped:          # the stacked scan output, before it grows past the cap
+                    check_tensor(limits, node, (i + 1,) + tuple(item.shape), item.dtype, f"scan output {j}")
+                scans[j].append(item)
             i += 1
         stacked = [_stack(s, v, 0, device) for s, v in zip(scans, scan_outs)]
         return _single(carried + stacked, n_carried + n_scan)

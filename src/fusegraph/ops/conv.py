@@ -127,6 +127,12 @@ def conv_infer(ctx: NodeContext):
     if xs is None or ws is None:
         return [(dtype, None)]
     n = len(xs) - 2
+    if len(ws) != len(xs):
+        raise ValueError(f"weight of rank {len(ws)} for an input of rank {len(xs)}")
+    group = ctx.attr("group", 1)
+    if isinstance(xs[1], int) and isinstance(ws[1], int) and isinstance(group, int) and xs[1] != ws[1] * group:
+        raise ValueError(f"input has {xs[1]} channels, the weight {tuple(ws)} with group {group} takes "
+                         f"{ws[1] * group}")
     k = ints_attr(ctx, "kernel_shape") or list(ws[2:])
     s = ints_attr(ctx, "strides") or [1] * n
     d = ints_attr(ctx, "dilations") or [1] * n

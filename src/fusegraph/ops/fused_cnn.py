@@ -49,7 +49,12 @@ ACTIVATIONS = {
 def _fused_conv_infer(ctx: NodeContext):
     """``conv_infer``, with the output type of an ``out_dtype`` attribute (a float32 output
     folded in from a Cast, ``passes/fold_casts.py``)."""
-    return [(product_out_dtype(ctx), conv_infer(ctx)[0][1])]
+    shape = conv_infer(ctx)[0][1]
+    zs = ctx.shape(3) if ctx.n_inputs > 3 and ctx.node.inputs[3] is not None else None
+    if zs is not None and shape is not None and len(zs) == len(shape) and any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(zs, shape)):
+        raise ValueError(f"residual of shape {tuple(zs)} for an output of shape {tuple(shape)}")
+    return [(product_out_dtype(ctx), shape)]
 
 
 def conv_terms(node) -> int | None:

@@ -16,6 +16,7 @@ from ._tensor_util import dtype_or_none, onnx_dtype_attr, runtime_ints, unsigned
 from .common import const_ints, normalize_axis, same_as_input
 from .precision_reasons import REDUCTION
 from .registry import FusionKind, NodeContext, register
+from .run_limits import check_tensor
 
 
 # ---------------------------------------------------------------- ConstantOfShape
@@ -50,7 +51,13 @@ def _constant_of_shape(ctx: NodeContext):
     if shape is not None:
         shape = tuple(shape)
         return lambda s: torch.full(shape, fill, dtype=dtype, device=s.device)
-    return lambda s: torch.full(tuple(runtime_ints(s)), fill, dtype=dtype, device=s.device)
+    limits, node = ctx.limits, ctx.node
+
+    def kernel(s):
+        dims = tuple(runtime_ints(s))
+        check_tensor(limits, node, dims, dtype)
+        return torch.full(dims, fill, dtype=dtype, device=s.device)
+    return kernel
 
 
 # ---------------------------------------------------------------- Range
@@ -86,9 +93,12 @@ def _range(ctx: NodeContext):
     consts = [ctx.const(i) for i in range(3)]
     vals = [None if c is None else _scalar(c) for c in consts]
     dtype = ctx.dtype(0).to_torch()
+    limits, node = ctx.limits, ctx.node
 
     def kernel(s, l, d):
         st, li, de = (v if v is not None else _scalar(t) for v, t in zip(vals, (s, l, d)))
+        if not all(v is not None for v in vals):
+            check_tensor(limits, node, (_range_len(st, li, de),), dtype)
         return _make_range(st, li, de, dtype, s.device)
     return kernel
 

@@ -12,6 +12,7 @@ from ..ir import DType
 from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, static_dims, unsigned_safe
 from .common import const_ints, normalize_axis
 from .registry import FusionKind, Movement, NodeContext, register
+from .run_limits import check_tensor
 
 INJ = FusionKind.INJECTIVE
 
@@ -275,9 +276,12 @@ def _onehot(ctx: NodeContext):
     c = ctx.const(1)
     depth_c = None if c is None else int(c.reshape(-1)[0].item())
     wrap_negative = ctx.version >= 11
+    limits, node = ctx.limits, ctx.node
 
     def kernel(indices, depth, values):
         d = depth_c if depth_c is not None else int(depth.reshape(-1)[0].item())
+        if depth_c is None:
+            check_tensor(limits, node, list(indices.shape) + [max(d, 0)], values.dtype)
         idx = indices
         if idx.is_floating_point():
             idx = idx.trunc()

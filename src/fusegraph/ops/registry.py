@@ -34,6 +34,7 @@ from typing import Any, Callable
 from ..errors import UnsupportedOpError
 from ..ir import DType, Node
 from ..ir.shape import Shape
+from .run_limits import NO_LIMITS, RunLimits
 
 
 class Movement(str, enum.Enum):
@@ -74,11 +75,15 @@ _MISSING = object()
 class NodeContext:
     """What a kernel builder or an inference function may see of a node."""
 
-    __slots__ = ("node", "version", "device", "freed_memory_kept", "run_subgraph_factory", "inplace_input")
+    __slots__ = ("node", "version", "device", "freed_memory_kept", "run_subgraph_factory", "inplace_input",
+                 "limits")
 
     def __init__(self, node: Node, device: str = "cpu", freed_memory_kept: bool = False,
-                 run_subgraph_factory: Callable | None = None):
+                 run_subgraph_factory: Callable | None = None, limits: RunLimits | None = None):
         self.node = node
+        # run-time caps the kernel honours before it allocates (run_limits.py; the runtime's
+        # from fg.Config, none where no runtime binds the node)
+        self.limits = limits or NO_LIMITS
         # the runtime's body runner maker (runtime/subgraph.py): factory(body, owner name) -> runner;
         # None where no runtime binds the node (folding, inference): control flow then refuses
         self.run_subgraph_factory = run_subgraph_factory

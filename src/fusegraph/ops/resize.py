@@ -24,6 +24,7 @@ from ._resize_tables import Opts, axis_table, full_roi, output_geometry
 from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, unsigned_safe
 from .common import normalize_axis
 from .registry import NodeContext, register
+from .run_limits import check_tensor
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_crop_and_resize")
@@ -185,6 +186,7 @@ def _make_kernel(ctx: NodeContext, o: Opts, scales_in: int | None, sizes_in: int
     extrap = float(o.extrap or 0.0)
     all_known = s_known and z_known and r_known
     cache: dict = {}
+    limits, node = ctx.limits, ctx.node
 
     def plan_for(shape, args):
         sc = scales if s_known else _floats(args[scales_in])
@@ -195,6 +197,8 @@ def _make_kernel(ctx: NodeContext, o: Opts, scales_in: int | None, sizes_in: int
                                                      () if ro is None else tuple(ro.tolist())))
         plan = cache.get(key)
         if plan is None:
+            if not all_known:          # sizes from run-time data: checked before any table is made
+                check_tensor(limits, node, output_geometry(o, tuple(shape), sc, sz)[1], args[0].dtype)
             if len(cache) >= _PLAN_CACHE_SIZE:
                 cache.clear()
             plan = cache[key] = Plan(o, shape, sc, sz, ro)

@@ -16,6 +16,7 @@ from ._tensor_util import (SeededGenerators, dtype_or_none, ints_input_or_attr, 
 from .common import const_ints, same_as_input
 from .registry import FusionKind, Movement, NodeContext, Precision, register
 from .value_range import UNKNOWN, Fact
+from .run_limits import check_tensor
 
 INJ = FusionKind.INJECTIVE
 
@@ -348,7 +349,13 @@ def _expand_splat(ctx: NodeContext, xs):
 def _expand(ctx: NodeContext):
     shape = const_ints(ctx, 1)
     if shape is None:
-        return lambda x, s: x.expand(broadcast_shapes(x.shape, tuple(runtime_ints(s))))
+        limits, node = ctx.limits, ctx.node
+
+        def kernel(x, s):
+            out = broadcast_shapes(x.shape, tuple(runtime_ints(s)))
+            check_tensor(limits, node, out, x.dtype)    # a view, but its readers make it whole
+            return x.expand(out)
+        return kernel
     return lambda x, *_: x.expand(broadcast_shapes(x.shape, tuple(shape)))
 
 
@@ -367,7 +374,15 @@ def _tile_infer(ctx: NodeContext):
 def _tile(ctx: NodeContext):
     reps = const_ints(ctx, 1)
     if reps is None:
-        return lambda x, r: x.repeat(runtime_ints(r))
+        limits, node = ctx.limits, ctx.node
+
+        def kernel(x, r):
+            rr = runtime_ints(r)
+            if len(rr) >= x.dim():     # (fewer repeats than dims: torch refuses)
+                dims = [1] * (len(rr) - x.dim()) + list(x.shape)
+                check_tensor(limits, node, [d * k for d, k in zip(dims, rr)], x.dtype)
+            return x.repeat(rr)
+        return kernel
     return lambda x, *_: x.repeat(reps)
 
 

@@ -10,6 +10,7 @@ from ._tensor_util import dtype_or_none, runtime_ints, unsigned_safe
 from .common import const_ints, normalize_axis
 from .registry import FusionKind, Movement, NodeContext, register
 from .value_range import Fact, number_fact, union
+from .run_limits import check_tensor
 
 _MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -122,10 +123,14 @@ def _pad(ctx: NodeContext):
         value_known = c is not None
         value = c.reshape(-1)[0].item() if value_known and c.numel() else 0
 
+    limits, node = ctx.limits, ctx.node
+
     def kernel(x, p=None, v=None, a=None):
         pp, aa = (pads, axes) if known else (runtime_ints(p), runtime_ints(a))
         val = value if value_known else (v.reshape(-1)[0].item() if v.numel() else 0)
         begins, ends = _full_pads(pp, aa, x.dim())
+        if not known:
+            check_tensor(limits, node, [max(0, d + b + e) for d, b, e in zip(x.shape, begins, ends)], x.dtype)
         return apply_pad(x, begins, ends, mode, val)
     return unsigned_safe(ctx, kernel) if mode != "constant" else kernel
 

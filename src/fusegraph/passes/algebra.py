@@ -18,7 +18,8 @@
   finite and normal in ``x``'s type. Within 1 ulp (exact when ``c`` is a power of two).
 - affine_chain: a chain of Mul / Add / Sub / Div / Neg by constants, each link used once,
   becomes at most one Mul and one Add (``x*s + t``, constants computed in 64-bit). Integers:
-  exact (ring arithmetic, no Div). Floats: re-associated, equal up to rounding.
+  exact (ring arithmetic, no Div). Floats: re-associated, equal up to rounding. The chain is
+  collapsed once, at its last link, so the pass's work grows linearly with its length.
 """
 from __future__ import annotations
 
@@ -143,9 +144,21 @@ def _affine_step(node):
     return None
 
 
+def _continues_chain(node) -> bool:
+    """Whether ``node``'s only user is an affine link on it: the chain then collapses at its
+    last link, in one rewrite (collapsing at every link would redo the growing chain's merge,
+    and its provenance, at each one: quadratic in the chain's length)."""
+    out = node.outputs[0]
+    if not only_use(out) or out.is_graph_output:
+        return False
+    user = out.users[0]
+    step = _affine_step(user)
+    return step is not None and step[0] is out and user.outputs[0].dtype == out.dtype
+
+
 def _affine_check(node, ctx):
     dt = node.outputs[0].dtype
-    if not (dt.is_float or dt.is_integer) or _affine_step(node) is None:
+    if not (dt.is_float or dt.is_integer) or _affine_step(node) is None or _continues_chain(node):
         return None
     steps, v = [], node.outputs[0]
     cur = node

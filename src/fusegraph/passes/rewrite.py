@@ -160,13 +160,21 @@ def record_sources(news, matched: list[Node], absorbed: list[tuple[Node, tuple]]
     for n, inputs in absorbed:
         reads = {id(v) for v in inputs if v is not None and not v.is_const}
         groups.append((n, [e for e in computing if reads & {id(v) for v in e.inputs if v is not None}] or stand))
+    merged: dict[int, tuple[Node, dict, dict]] = {}   # target -> its names and types, in order
     for n, targets in groups:
         names = ([n.name] if "rule" not in n.meta else []) + list(n.meta.get("fused_from", ()))
         types = ([n.op_type] if "rule" not in n.meta else []) + list(n.meta.get("fused_types", ()))
         for p in targets:
             if p is not n and all(p is not m for m in matched):
-                p.meta["fused_from"] = list(dict.fromkeys([*p.meta.get("fused_from", ()), *names]))
-                p.meta["fused_types"] = list(dict.fromkeys([*p.meta.get("fused_types", ()), *types]))
+                entry = merged.get(id(p))
+                if entry is None:
+                    entry = merged[id(p)] = (p, dict.fromkeys(p.meta.get("fused_from", ())),
+                                             dict.fromkeys(p.meta.get("fused_types", ())))
+                entry[1].update(dict.fromkeys(names))
+                entry[2].update(dict.fromkeys(types))
+    for p, names, types in merged.values():    # written once per target: linear in the names
+        p.meta["fused_from"] = list(names)
+        p.meta["fused_types"] = list(types)
 
 
 def _check_compatible(rule: Rule, old: Value, new: Value) -> None:
@@ -184,13 +192,14 @@ def sweep_dead(graph: Graph, values: list[Value]) -> list[tuple[Node, tuple]]:
     returns the removed nodes with the inputs they had (a rewrite absorbed them:
     ``record_sources``)."""
     from ..ops import opdef_for
-    removed, work = [], list(values)
+    removed, work, dead = [], list(values), set()
     while work:
         v = work.pop()
         node = v.producer
-        if node is None or node.graph is not graph:
+        if node is None or node.graph is not graph or id(node) in dead:
             continue
-        if any(o.uses or o.is_graph_output or is_locked(o) for o in node.outputs):
+        if any(o.is_graph_output or is_locked(o) or any(id(u) not in dead for u, _ in o.uses)
+               for o in node.outputs):
             continue
         try:
             if not opdef_for(node).pure:
@@ -199,6 +208,8 @@ def sweep_dead(graph: Graph, values: list[Value]) -> list[tuple[Node, tuple]]:
             continue
         inputs = tuple(node.inputs)
         work.extend(x for x in inputs if x is not None)
-        graph.remove(node)
+        dead.add(id(node))
         removed.append((node, inputs))
+    if removed:        # at once: one pass over the node list however long the dead chain is
+        graph.remove_nodes(n for n, _ in removed)
     return removed

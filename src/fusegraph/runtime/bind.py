@@ -32,6 +32,8 @@ from ..errors import PlanError
 from ..ir import Graph, Node, Value, is_broadcast
 from ..ops import opdef_for
 from ..ops.registry import NodeContext, kernel_writes_out, view_input
+from ..ops.run_limits import NO_LIMITS, RunLimits
+from .run_control import RunControl
 from .arena import Arena
 from .backends import Backend, Decline
 from .layout_probe import probe_strides
@@ -65,6 +67,8 @@ class Binding:
     strides: dict[str, tuple[int, ...]] = field(default_factory=dict)  # probed (or given) arena view strides
     backend: Backend = field(default_factory=Backend)
     declined: list[dict] = field(default_factory=list)   # {node, op, family, reason}
+    control: RunControl | None = None      # the stop flag control-flow bodies read
+    limits: RunLimits = NO_LIMITS          # the run-time caps the kernels were built with
 
     @property
     def order(self) -> list[Node]:
@@ -85,10 +89,12 @@ def execution_order(graph: Graph, names: list[str] | None) -> list[Node]:
 
 
 def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
-         strides: dict[str, tuple[int, ...]] | None = None, backend: Backend | None = None) -> Binding:
+         strides: dict[str, tuple[int, ...]] | None = None, backend: Backend | None = None,
+         control: RunControl | None = None, limits: RunLimits = NO_LIMITS) -> Binding:
     """Kernels (from ``backend``, default the portable one) and output placement for ``plan``
     (an ``ExecutionPlan`` or None: no arena); ``strides`` (value name -> strides of its arena
-    view) replaces the probe run when given."""
+    view) replaces the probe run when given. Kernels are built with the run-time caps
+    ``limits``; control-flow bodies stop when ``control`` says so."""
     backend = backend or Backend()
     backend.bind_start(graph)
     kept = bool(backend.freed_memory_kept)
@@ -104,7 +110,8 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
     writing: list[NodeCall] = []
     for i, node in enumerate(order):
         opdef = opdef_for(node)
-        call = _call(i, node, opdef, backend, device, kept, _inplace_input(node, slots, kinds), declined)
+        call = _call(i, node, opdef, backend, device, kept, _inplace_input(node, slots, kinds), declined,
+                     control, limits)
         kernel = call.kernel
         outs = node.outputs
         if arena is not None and outs and kernel_writes_out(opdef, kernel) and all(o.name in slots for o in outs):
@@ -139,14 +146,16 @@ def bind(graph: Graph, plan=None, device: str | torch.device = "cpu",
                 written[id(o)] = view
                 views.append(view)
             call.out = tuple(views)
-    return Binding(calls, arena, not_writable, dense_constants(graph), dict(strides or {}), backend, declined)
+    return Binding(calls, arena, not_writable, dense_constants(graph), dict(strides or {}), backend, declined,
+                   control, limits)
 
 
 def _call(i: int, node: Node, opdef, backend: Backend, device, kept: bool, inplace_input: int | None,
-          declined: list[dict]) -> NodeCall:
+          declined: list[dict], control: RunControl | None, limits: RunLimits) -> NodeCall:
     """The node's call: its kernel from ``backend`` (the portable one where the backend
-    declines: the reason goes to ``declined``) and the inputs it reads at run time."""
-    ctx = NodeContext(node, device, kept, subgraph_factory(device))
+    declines: the reason goes to ``declined``), built with the run-time caps ``limits``
+    (control-flow bodies stop when ``control`` says so), and the inputs it reads at run time."""
+    ctx = NodeContext(node, device, kept, subgraph_factory(device, control, limits), limits)
     ctx.inplace_input = inplace_input
     kernel = backend.kernel(ctx, opdef)
     if isinstance(kernel, Decline):
@@ -161,7 +170,8 @@ def _call(i: int, node: Node, opdef, backend: Backend, device, kept: bool, inpla
     return call
 
 
-def bind_kernels(graph: Graph, plan, device: str | torch.device, backend: Backend) -> Binding:
+def bind_kernels(graph: Graph, plan, device: str | torch.device, backend: Backend,
+                 control: RunControl | None = None, limits: RunLimits = NO_LIMITS) -> Binding:
     """Every node's kernel, for a model with symbolic input dims (bound once, for every shape)
     and no arena yet: its plans are made per bucket at run time (``frames.py``), and which
     calls write into them is ``frame_outputs``'s to say."""
@@ -169,8 +179,9 @@ def bind_kernels(graph: Graph, plan, device: str | torch.device, backend: Backen
     kept = bool(backend.freed_memory_kept)
     declined: list[dict] = []
     order = execution_order(graph, plan.order if plan is not None else None)
-    calls = [_call(i, node, opdef_for(node), backend, device, kept, None, declined) for i, node in enumerate(order)]
-    return Binding(calls, None, [], dense_constants(graph), {}, backend, declined)
+    calls = [_call(i, node, opdef_for(node), backend, device, kept, None, declined, control, limits)
+             for i, node in enumerate(order)]
+    return Binding(calls, None, [], dense_constants(graph), {}, backend, declined, control, limits)
 
 
 def kernels_again(binding: Binding, device, nodes: set[str]) -> dict[int, Callable]:
@@ -187,7 +198,8 @@ def kernels_again(binding: Binding, device, nodes: set[str]) -> dict[int, Callab
         if node.name not in nodes:
             continue
         forms = backend.weight_forms()
-        new = _call(call.index, node, opdef_for(node), backend, device, kept, call.inplace_input, [])
+        new = _call(call.index, node, opdef_for(node), backend, device, kept, call.inplace_input, [],
+                    binding.control, binding.limits)
         if backend.weight_forms() != forms:
             backend.drop_weight_forms(forms)
             continue

@@ -16,7 +16,9 @@ precede the ``after`` lines, so a record always publishes the value first. With 
 every call is bracketed by ``_hook(index, 0, None)`` and ``_hook(index, 1, outputs)`` (debug
 runs: allocation checks, timestamps). A call whose kernel offers a prepared form for its
 fixed arena views is made by the line itself (``direct.py``), with the locals that
-``D0()`` returns at the top of the function. The source is readable (``fusegraph inspect --code``).
+``D0()`` returns at the top of the function. With a run control, each call is preceded by
+``if _RC.stop: _RC.stopped()`` (one attribute read: a cancelled run or one past its deadline
+stops there, ``run_control.py``). The source is readable (``fusegraph inspect --code``).
 The single-stream ``run`` leaves the nodes that depend only on the input shapes to a second
 function, ``_memo_fill``, called when those shapes are new (``shape_memo.py``); a call may
 read other values than its node's inputs (``NodeCall.args``: a Shape derived from them).
@@ -32,6 +34,9 @@ from ..ir import Node, Value
 from .bind import Binding, NodeCall
 from .direct import LOCALS, ThreadEntry, direct_form, direct_lines
 from .shape_memo import fill_epilogue, memo_globals, memo_prologue, shape_only_calls
+
+
+STOP_FLAG, STOP_CALL = "_RC.stop", "_RC.stopped()"   # read before each call (run_control.py)
 
 
 @dataclass
@@ -97,6 +102,7 @@ class FunctionSpec:
     returns: list[Value] | None = None
     hook: bool = False
     direct: bool = False          # kernels that offer it are called directly (``direct.py``)
+    checks: bool = False          # read the run's stop flag (``_RC``) before each call
 
 
 def _label(node: Node) -> str:
@@ -129,6 +135,9 @@ def _emit(spec: FunctionSpec, names: Names, lines: list[str], line_to_node: dict
                 slot = spec.imports[id(v)]
                 clear = f"; E[{slot}] = None" if id(v) in spec.consume else ""
                 lines.append(f"    {names(v)} = E[{slot}]{clear}")
+        if spec.checks:
+            line_to_node[len(lines) + 1] = node
+            lines.append(f"    if {STOP_FLAG}: {STOP_CALL}")
         if spec.hook:
             lines.append(f"    _hook({call.index}, 0, None)")
         kname = names.add_global("k", call.kernel)
@@ -226,20 +235,30 @@ def arena_globals(binding: Binding) -> dict:
     return {"_AL": binding.arena.lo, "_AH": binding.arena.hi}
 
 
+def control_globals(control) -> dict:
+    """``_RC``: the run control whose ``stop`` the generated code reads before each call."""
+    return {"_RC": control}
+
+
 def generate_run_function(graph, binding: Binding, filename: str, hook: Callable | None = None,
-                          direct: bool = True) -> GeneratedCode:
+                          direct: bool = True, control=None) -> GeneratedCode:
     """The single-stream ``run(*inputs) -> outputs`` function for ``binding``'s order; with
     ``direct``, kernels that offer it are called directly (``direct.py``), else every call goes
     through the kernel's Python path (``Executor(direct_calls=False)``: what
-    ``benchmarks/direct_calls.py`` compares against)."""
+    ``benchmarks/direct_calls.py`` compares against); with ``control``
+    (``run_control.RunControl``), every call is preceded by a read of its stop flag (the
+    shape-only calls of ``_memo_fill`` are not)."""
     memo = shape_only_calls(graph, binding.calls) if hook is None else None
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
     calls = [c for c in binding.calls if id(c.node) not in memo_ids]
     names = arena_names(binding, calls)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
-                        returns=list(graph.outputs), hook=hook is not None, direct=direct)
+                        returns=list(graph.outputs), hook=hook is not None, direct=direct,
+                        checks=control is not None)
     extra = arena_globals(binding)
+    if control is not None:
+        extra.update(control_globals(control))
     specs = [spec]
     if memo:    # shape-only nodes run once per input shapes (shape_memo.py)
         result_names = [names(v) for v in memo.results]
@@ -256,21 +275,21 @@ def generate_run_function(graph, binding: Binding, filename: str, hook: Callable
 
 
 def generate_frame_run_function(graph, binding: Binding, memo, frame_values: list[Value], filename: str,
-                                frames, hook: Callable | None = None) -> GeneratedCode:
+                                frames, hook: Callable | None = None, control=None) -> GeneratedCode:
     """The ``run(*inputs) -> outputs`` function of a model with symbolic input dims: its first
     lines take the frame of the inputs' shapes (``frames.FrameBuilder``: made on a miss) and
     unpack it into the shape-only values (``memo.results``) and the arena views of
     ``frame_values`` (the outputs of the calls bound with ``FRAME_OUTPUTS``); every call then
     writes its view. The shape-only nodes are a second function, ``_memo_fill(*inputs)``,
-    which the frame builder calls. ``hook`` as for ``generate_run_function`` (the shape-only
-    nodes then also run in line, so that it sees every node)."""
+    which the frame builder calls. ``hook`` and ``control`` as for ``generate_run_function``
+    (with a hook the shape-only nodes also run in line, so that it sees every node)."""
     memo_ids = {id(c.node) for c in memo.calls} if memo else set()
     # a debug run (``hook``) runs the shape-only nodes again in line, so it sees every node
     calls = [c for c in binding.calls if hook is not None or id(c.node) not in memo_ids]
     names = Names(binding.dense)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
-                        returns=list(graph.outputs), hook=hook is not None)
+                        returns=list(graph.outputs), hook=hook is not None, checks=control is not None)
     unpacked = [names(v) for v in (memo.results if memo else [])] + [names(v) for v in frame_values]
     key = "(" + "".join(f"{p}.shape, " for p in params) + ")"
     spec.prologue = [f"_f = _FRAMES.get({key})",
@@ -283,6 +302,8 @@ def generate_frame_run_function(graph, binding: Binding, memo, frame_values: lis
         specs.append(FunctionSpec("_memo_fill", memo.calls, params=list(params), param_values=list(graph.inputs),
                                   returns=memo.results))
     extra = {"_FRAMES": frames.frames, "_FRAME": frames, "_AL": 0, "_AH": 0}
+    if control is not None:
+        extra.update(control_globals(control))
     if hook is not None:
         extra["_hook"] = hook
     code = generate_module(specs, names, filename, extra)

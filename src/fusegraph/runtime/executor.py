@@ -26,7 +26,11 @@ thread-bound kernels made again at that count, the same arena, frames and packed
 made at the first such run and kept (``threads_used`` counts the runs per count). Runs with
 a hook, and CPU stream plans, run at the bound count.
 Kernel failures surface as ``KernelError`` naming the node and op, found through the line
-map of the generated source, so the hot path carries no per-node bookkeeping.
+map of the generated source, so the hot path carries no per-node bookkeeping. A run given
+cancel tokens (``run_control.py``: a caller's ``CancelToken``, a timeout) arms the executor's
+``RunControl``, whose flag the generated code reads before each kernel; a stopped run raises
+``RunCancelled`` naming the node it stopped before. Its wait for the run lock is bounded by
+the same tokens, and ``close()`` takes that lock: it waits for the run in progress.
 """
 from __future__ import annotations
 
@@ -36,7 +40,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..errors import ConfigError, FusegraphError, KernelError, ModelClosedError
+from ..errors import ConfigError, FusegraphError, KernelError, ModelClosedError, RunCancelled
+from ..ops.run_limits import NO_LIMITS, RunLimits
 from ..ir import Graph
 from .backends import backend_for
 from . import free_cores
@@ -45,22 +50,24 @@ from .threads import intra_op_threads
 from .codegen import GeneratedCode, generate_run_function
 from .convert import to_host, to_numpy
 from .feeds import convert_feeds
+from .run_control import CancelToken, RunControl
 
 
 class _SingleRunner:
     """One stream on one device: the generated function itself."""
 
-    def __init__(self, graph: Graph, binding: Binding, filename: str, direct_calls: bool = True):
+    def __init__(self, graph: Graph, binding: Binding, filename: str, direct_calls: bool = True,
+                 control: RunControl | None = None):
         self.graph, self.binding, self.filename = graph, binding, filename
-        self.direct_calls = direct_calls
-        self.code = generate_run_function(graph, binding, filename, direct=direct_calls)
+        self.direct_calls, self.control = direct_calls, control
+        self.code = generate_run_function(graph, binding, filename, direct=direct_calls, control=control)
         self.codes = [self.code]
 
     def __call__(self, tensors: list[torch.Tensor], hook: Callable | None = None) -> tuple:
         if hook is None:
             return self.code.function(*tensors)
         code = generate_run_function(self.graph, self.binding, self.filename + ":hook", hook=hook,
-                                     direct=self.direct_calls)
+                                     direct=self.direct_calls, control=self.control)
         self.codes = [self.code, code]
         return code.function(*tensors)
 
@@ -73,7 +80,8 @@ class Executor:
                  threads: int | None = None, cuda_graph: bool = False, strides: dict | None = None,
                  keep_freed_memory: bool = False, backend_state: dict | None = None,
                  exact: bool = True, cpu_kernels: str = "auto", shared_forms=None, direct_calls: bool = True,
-                 planner=None, declared_shapes: dict | None = None, thread_policy: str = "fixed"):
+                 planner=None, declared_shapes: dict | None = None, thread_policy: str = "fixed",
+                 limits: RunLimits = NO_LIMITS):
         self.graph = graph
         self.model_name = model_name
         self.plan = plan
@@ -102,11 +110,12 @@ class Executor:
         self._narrow: dict[tuple[int, int], object] = {}   # (id(runner), threads) -> that runner at threads
         self._narrow_kernels: dict[int, dict[int, Callable]] = {}
         self._closed = False
+        self.control = RunControl(model_name)       # the stop flag every run's code reads
         symbolic = plan is not None and plan.symbolic and planner is not None and self.device.type == "cpu"
         if symbolic:            # one binding for every input shape; plans per bucket at run time
-            self.binding = bind_kernels(graph, plan, self.device, self.backend)
-        else:
-            self.binding = bind(graph, plan, self.device, strides, self.backend)  # strides: a loaded artifact's
+            self.binding = bind_kernels(graph, plan, self.device, self.backend, self.control, limits)
+        else:                   # strides: a loaded artifact's
+            self.binding = bind(graph, plan, self.device, strides, self.backend, self.control, limits)
         self.released_bytes = self.backend.release_weights(graph, self.binding.calls)
         for c in self.binding.calls:          # a packed-only weight some kernel still reads plain
             for v in c.inputs:
@@ -121,13 +130,14 @@ class Executor:
                                        declared_shapes, streams=multi, threads=threads)
         elif self.device.type == "cuda":
             from .streams_cuda import CudaRunner
-            self._runner = CudaRunner(graph, self.binding, streams, filename, cuda_graph=cuda_graph)
+            self._runner = CudaRunner(graph, self.binding, streams, filename, cuda_graph=cuda_graph,
+                                      control=self.control)
         elif streams is not None and streams.num_streams > 1:
             from .streams_cpu import CpuStreamRunner
             self._runner = CpuStreamRunner(graph, self.binding, streams, filename, threads=threads,
-                                           direct_calls=direct_calls)
+                                           direct_calls=direct_calls, control=self.control)
         else:
-            self._runner = _SingleRunner(graph, self.binding, filename, direct_calls)
+            self._runner = _SingleRunner(graph, self.binding, filename, direct_calls, self.control)
         self._direct_calls = direct_calls
         self._lock = threading.Lock()
         self.backend.settle()                       # what binding's probe runs freed
@@ -164,7 +174,11 @@ class Executor:
                               f"fixed): it runs no per-shape frames")
         return self._runner
 
-    def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None, runner=None) -> tuple:
+    def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None, runner=None,
+                    tokens: tuple[CancelToken, ...] = ()) -> tuple:
+        """One run on converted feeds (the caller serialises runs: ``run`` holds the lock), by
+        ``runner`` (default the model's); it stops at the next kernel boundary once one of
+        ``tokens`` is cancelled."""
         if self._closed:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
         runner = runner or self._runner
@@ -176,14 +190,22 @@ class Executor:
                 runner = self._at_threads(runner, threads, tensors)
         used = threads or torch.get_num_threads()
         self.threads_used[used] = self.threads_used.get(used, 0) + 1
+        control = self.control
+        control.start(tokens)
         try:
+            if control.stop:
+                control.stopped("before its first kernel")
             with torch.inference_mode(), intra_op_threads(threads):
                 self.backend.before_run(tensors)
                 return runner(tensors, hook)
+        except RunCancelled as exc:
+            raise self._located(exc, runner) from None
         except FusegraphError:
             raise
         except Exception as exc:
             raise self._kernel_error(exc, runner) from exc
+        finally:
+            control.finish()
 
     def _at_threads(self, runner, threads: int, tensors: list):
         """``runner`` with its thread-bound kernels made for ``threads`` (made once, kept)."""
@@ -210,11 +232,33 @@ class Executor:
         converted = iter(convert_feeds(self.model_name, kept, feeds))
         return [None if v.name in skipped else next(converted) for v in self.inputs]
 
-    def run(self, feeds: Mapping[str, Any], hook: Callable | None = None) -> dict[str, Any]:
+    def _acquire(self, tokens: tuple[CancelToken, ...]) -> None:
+        """Take the run lock; with tokens, give up (their error) once one is cancelled or past
+        its deadline while another run of this model holds the lock."""
+        if not tokens:
+            self._lock.acquire()
+            return
+        if self._lock.acquire(blocking=False):
+            return
+        while True:
+            for t in tokens:
+                if t.deadline is not None and t.remaining() <= 0:
+                    t.cancel_at_deadline()
+                if t.cancelled:
+                    raise t.error(self.model_name, "while it waited for another run of the model")
+            left = min((t.remaining() for t in tokens if t.deadline is not None), default=0.05)
+            if self._lock.acquire(timeout=max(0.001, min(0.05, left))):
+                return
+
+    def run(self, feeds: Mapping[str, Any], hook: Callable | None = None,
+            tokens: tuple[CancelToken, ...] = ()) -> dict[str, Any]:
         tensors = convert_feeds(self.model_name, self.inputs, feeds)
-        with self._lock:
-            outs = self.run_tensors(tensors, hook)
+        self._acquire(tokens)
+        try:
+            outs = self.run_tensors(tensors, hook, tokens=tokens)
             return self.outputs_to_numpy(tensors, outs)
+        finally:
+            self._lock.release()
 
     def outputs_to_numpy(self, tensors: list, outs: tuple, keep: list[bool] | None = None,
                          runner=None) -> dict[str, Any]:
@@ -244,11 +288,24 @@ class Executor:
         return result
 
     def close(self) -> None:
-        """Stop worker threads (if any); the executor cannot run afterwards (``ModelClosedError``)."""
-        self._closed = True
-        self._runner.close()
+        """Stop worker threads (if any) once the run in progress (if any) has finished; the
+        executor cannot run afterwards (``ModelClosedError``). Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._runner.close()
 
-    def _kernel_error(self, exc: Exception, runner=None) -> KernelError:
+    def _located(self, exc: RunCancelled, runner=None) -> RunCancelled:
+        """``exc`` with the node the run stopped at (found through the generated code's line
+        map, as for a kernel failure)."""
+        node = self._node_at(exc, runner)
+        if node is None or exc.node is not None:
+            return exc
+        if f"node {node.name!r}" in str(exc):     # a body runner named it already
+            exc.node = node.name
+            return exc
+        return type(exc)(f"{exc} (before node {node.name!r}, {node.op_type})", reason=exc.reason, node=node.name)
+
+    def _node_at(self, exc: Exception, runner=None):
         runner = runner or self._runner
         codes = {c.filename: c for c in getattr(runner, "codes", [runner.code])}
         for frame in reversed(traceback.extract_tb(exc.__traceback__)):
@@ -256,9 +313,15 @@ class Executor:
             if code is not None:
                 node = code.line_to_node.get(frame.lineno)
                 if node is not None:
-                    ins = ", ".join("_" if v is None else f"{v.name}: {v.type_str()}" for v in node.inputs)
-                    return KernelError(f"{self.model_name}: node {node.name!r} ({node.op_type}) failed "
-                                       f"with inputs ({ins}): {type(exc).__name__}: {exc}")
+                    return node
+        return None
+
+    def _kernel_error(self, exc: Exception, runner=None) -> KernelError:
+        node = self._node_at(exc, runner)
+        if node is not None:
+            ins = ", ".join("_" if v is None else f"{v.name}: {v.type_str()}" for v in node.inputs)
+            return KernelError(f"{self.model_name}: node {node.name!r} ({node.op_type}) failed "
+                               f"with inputs ({ins}): {type(exc).__name__}: {exc}")
         return KernelError(f"{self.model_name}: run failed: {type(exc).__name__}: {exc}")
 
 

@@ -82,7 +82,7 @@ class FrameRunner:
         other.binding = with_kernels(self.binding, {k: v for k, v in kernels.items() if k not in self._replaced})
         other.filename = f"{self.filename}:{suffix}"
         other.code = generate_frame_run_function(self.graph, other.binding, self.memo, self.frames.planned,
-                                                 other.filename, self.frames)
+                                                 other.filename, self.frames, control=other.binding.control)
         other.codes = [other.code]
         self.frames.envs.append(other.code.env)
         self.frames.arena_moved()
@@ -100,12 +100,12 @@ class FrameRunner:
             from .streams_cpu import CpuStreamRunner
             self._stream_runner = CpuStreamRunner(self.graph, self.binding, self.streams, self.filename,
                                                   threads=self.threads, frames=self.frames, memo=self.memo,
-                                                  frame_values=values)
+                                                  frame_values=values, control=self.binding.control)
             self.code = self._stream_runner.code
             self.codes = [self.code]
             return
         self.code = generate_frame_run_function(self.graph, self.binding, self.memo, values, self.filename,
-                                                self.frames)
+                                                self.frames, control=self.binding.control)
         self.codes = [self.code]
         self.frames.memo_fill = self.code.functions.get("_memo_fill")
         self.frames.envs = [self.code.env]      # their alias guard reads the arena's current range
@@ -136,7 +136,8 @@ class FrameRunner:
         if hook is None:
             return self.code.function(*tensors)
         code = generate_frame_run_function(self.graph, self.binding, self.memo, self.frames.planned,
-                                           self.filename + ":hook", self.frames, hook=hook)
+                                           self.filename + ":hook", self.frames, hook=hook,
+                                           control=self.binding.control)
         self.frames.envs.append(code.env)
         self.frames.arena_moved()
         self.codes = [self.code, code]

@@ -22,7 +22,8 @@ benchmarks/RESULTS_runtime.md); without it the calling thread's team spins for m
 after each wide node on a core the other stream needs (inception_v2 measured slower:
 benchmarks/RESULTS_runtime.md, "CPU streams").
 A failing stream sets the abort flag and opens every event, so the other streams stop at
-their next wait instead of blocking; the first real error is re-raised. Every stream runs
+their next wait instead of blocking; the first real error is re-raised (a cancelled run's
+``RunCancelled`` included: every stream reads the run's stop flag before each call). Every stream runs
 the kernels one stream runs (the binding's).
 This file plans nothing: streams, waits and records come from the plan.
 """
@@ -37,7 +38,8 @@ import torch
 from ..errors import PlanError
 from ..ir import Graph
 from .bind import Binding
-from .codegen import FunctionSpec, GeneratedCode, Names, arena_globals, arena_names, generate_module
+from .codegen import (FunctionSpec, GeneratedCode, Names, arena_globals, arena_names, control_globals,
+                      generate_module)
 from .threads import intra_op_threads
 
 
@@ -194,16 +196,19 @@ def _thread_switches(spec: FunctionSpec, wide: frozenset) -> None:
 
 class CpuStreamRunner:
     def __init__(self, graph: Graph, binding: Binding, plan, filename: str, threads: int | None = None,
-                 direct_calls: bool = True, frames=None, memo=None, frame_values: list | None = None):
+                 direct_calls: bool = True, frames=None, memo=None, frame_values: list | None = None,
+                 control=None):
         """``frames`` (a ``frames.FrameBuilder``), ``memo`` and ``frame_values``: a model with
         symbolic input dims: the frame of a run's input shapes is taken before the streams
         start, its shape-only values (``memo.results``, made by ``_memo_fill``, a function of
         this module) and arena views (``frame_values``) become the module's globals for the
-        run, and the shape-only nodes run in no stream."""
+        run, and the shape-only nodes run in no stream. ``control``: the run's stop flag, read
+        before each call on every stream."""
         self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
         self.direct_calls = direct_calls and frames is None     # a frame's views change per shape
         self.frames, self.memo, self.frame_values = frames, memo, list(frame_values or ())
         self._frame = None
+        self.control = control
         self.n = plan.num_streams
         self.threads = threads
         self.events = {e.id: threading.Lock() for e in plan.events}
@@ -239,12 +244,16 @@ class CpuStreamRunner:
         specs, self.template, self.out_slots = build_stream_specs(
             self.graph, self.binding, self.plan, names, hook=hook is not None,
             wait_lines=wait_lines, record_lines=record_lines, skip=skip, direct=self.direct_calls)
+        for spec in specs:
+            spec.checks = self.control is not None
         if self.wide:
             for spec in specs:
                 _thread_switches(spec, self.wide)
         extra = arena_globals(self.binding)
         extra.update({"_ab": self._abort_flag, "_Aborted": _Aborted, "_snt": torch.set_num_threads,
                       "_tb": self._budgets})
+        if self.control is not None:
+            extra.update(control_globals(self.control))
         if hook is not None:
             extra["_hook"] = hook
         if self.frames is not None and self.memo:

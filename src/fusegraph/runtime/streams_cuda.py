@@ -32,7 +32,8 @@ import torch
 
 from ..ir import Graph
 from .bind import Binding
-from .codegen import FunctionSpec, GeneratedCode, arena_globals, arena_names, generate_module
+from .codegen import (FunctionSpec, GeneratedCode, arena_globals, arena_names, control_globals,
+                      generate_module)
 
 
 def _trivial_plan(binding: Binding):
@@ -42,8 +43,10 @@ def _trivial_plan(binding: Binding):
 
 
 class CudaRunner:
-    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, cuda_graph: bool = False):
+    def __init__(self, graph: Graph, binding: Binding, plan, filename: str, cuda_graph: bool = False,
+                 control=None):
         self.graph, self.binding, self.filename = graph, binding, filename
+        self.control = control          # the run's stop flag, read before each issue (not in a capture)
         self.plan = plan if plan is not None else _trivial_plan(binding)
         self.device = binding.arena.tensor.device if binding.arena is not None else torch.device("cuda")
         n = self.plan.num_streams
@@ -87,8 +90,9 @@ class CudaRunner:
                 if v is not None:
                     read_on.setdefault(id(v), set()).add(plan.stream_of[c.node.name])
         params = [names(v) for v in self.graph.inputs]
+        checks = self.control is not None and input_waits
         spec = FunctionSpec("run", calls, params=params, param_values=list(self.graph.inputs),
-                            returns=list(self.graph.outputs), hook=hook is not None)
+                            returns=list(self.graph.outputs), hook=hook is not None, checks=checks)
         spec.prologue = ["_orig = _current()", "_FORK.record(_orig)"] + \
                         [f"S{k}.wait_event(_FORK)" for k in range(plan.num_streams)]
         current = None
@@ -118,6 +122,8 @@ class CudaRunner:
         extra = arena_globals(self.binding)
         extra.update({"_current": torch.cuda.current_stream, "_set_stream": torch.cuda.set_stream,
                       "_FORK": self.fork_event})
+        if checks:
+            extra.update(control_globals(self.control))
         if hook is not None:
             extra["_hook"] = hook
         suffix = ":hook" if hook else ("" if input_waits else ":graph")

@@ -9,7 +9,8 @@ the kernels in order over a flat slot list: ``runner(inputs, captures) -> output
 This is the first step of issue 18: a bound straight-line interpreter, not yet generated code
 and with no memory plan of its own (every body value is a fresh allocation, so nothing a body
 makes aliases the enclosing arena). A kernel failure names the body node and the owner node
-(``KernelError``).
+(``KernelError``). Each call first reads the run's stop flag (``run_control.py``), so a
+cancelled run or one past its deadline stops between two Loop / Scan iterations.
 """
 from __future__ import annotations
 
@@ -21,11 +22,15 @@ from ..errors import FusegraphError, KernelError
 from ..ir import Graph, is_broadcast
 from ..ops import opdef_for
 from ..ops.registry import NodeContext
+from ..ops.run_limits import NO_LIMITS, RunLimits
+from .run_control import RunControl
 
 
 class BodyRunner:
-    def __init__(self, body: Graph, owner: str, device: torch.device, factory: Callable):
+    def __init__(self, body: Graph, owner: str, device: torch.device, factory: Callable,
+                 control: RunControl | None = None, limits: RunLimits = NO_LIMITS):
         self.body, self.owner = body, owner
+        self._control = control
         slot: dict[int, int] = {}
         for v in body.values():
             slot[id(v)] = len(slot)
@@ -38,7 +43,7 @@ class BodyRunner:
         self._outputs = [slot[id(v)] for v in body.outputs]
         self._steps = []
         for node in body.nodes:
-            kernel = opdef_for(node).build(NodeContext(node, str(device), False, factory))
+            kernel = opdef_for(node).build(NodeContext(node, str(device), False, factory, limits))
             ins = tuple(-1 if v is None else slot[id(v)] for v in node.inputs)
             outs = tuple(slot[id(o)] for o in node.outputs)
             self._steps.append((kernel, ins, outs, node))
@@ -48,6 +53,9 @@ class BodyRunner:
             raise KernelError(f"node {self.owner!r}: body {self.body.name!r} takes {len(self._inputs)} "
                               f"inputs and {len(self._captures)} outer values, got {len(inputs)} and "
                               f"{len(captures)}")
+        control = self._control
+        if control is not None and control.stop:     # a Loop / Scan iteration is a kernel boundary
+            control.stopped(f"in body {self.body.name!r} of node {self.owner!r}")
         env = list(self._template)
         for k, x in zip(self._captures, captures):
             env[k] = x
@@ -69,10 +77,11 @@ class BodyRunner:
         return [env[k] for k in self._outputs]
 
 
-def subgraph_factory(device) -> Callable:
-    """The ``run_subgraph_factory`` for kernels bound on ``device``."""
+def subgraph_factory(device, control: RunControl | None = None, limits: RunLimits = NO_LIMITS) -> Callable:
+    """The ``run_subgraph_factory`` for kernels bound on ``device``: its runners stop when
+    ``control`` says so and build their kernels with ``limits``."""
     dev = torch.device(device)
 
     def factory(body: Graph, owner: str) -> BodyRunner:
-        return BodyRunner(body, owner, dev, factory)
+        return BodyRunner(body, owner, dev, factory, control, limits)
     return factory

@@ -6,7 +6,8 @@
 Files: ``settings`` (per-model TOML keys), ``repository`` (which models), ``model`` (instances
 and batch-size variants), ``batcher`` (dynamic batching), ``tensors`` (protocol tensors and
 request checks), ``core`` (one infer path), ``http_server`` / ``grpc_server`` (front ends),
-``metrics``, ``logs``, ``server`` (running and draining), ``ray`` (Ray Serve / Ray Data).
+``json_body`` (request JSON decoded in short slices), ``http_timeouts`` (header / body read
+timeouts), ``metrics``, ``logs``, ``server`` (running and draining), ``ray`` (Ray Serve / Ray Data).
 The server needs the ``serve`` extra (fastapi, uvicorn, grpcio, tritonclient, prometheus-client);
 importing this package alone needs none of them.
 """

@@ -7,8 +7,13 @@ have the same non-batch shapes and dtypes until the batch holds ``max_batch_size
 runs its instance, and splits the outputs back by each request's rows. Models without
 batching take one request at a time. Requests past their deadline are dropped from the queue
 with a 504, and requests whose client gave up (a cancelled future) are dropped too; neither
-runs, and a batch left empty by them is given up instead of waiting out its window. ``stop()`` refuses new requests, lets the workers finish everything
-already queued, and joins them (the drain). The queue length is bounded (503 when full).
+runs, and a batch left empty by them is given up instead of waiting out its window. A batch
+runs with a ``CancelToken`` whose deadline is its last request's: a run past it stops at its
+next kernel (or Loop iteration) and the model is free for the next batch at once (504).
+``stop()`` refuses new requests, lets the workers finish everything already queued, and
+joins them (the drain); ``abort()`` answers the queue 503 and stops the running batches.
+The queue length is bounded (503 when full). A failed run is answered 400 when it raised a
+typed error (the request asked for what the model cannot do), 500 only for a server fault.
 """
 from __future__ import annotations
 
@@ -21,11 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import FusegraphError
+from ..errors import FusegraphError, RunCancelled, RunDeadlineExceeded
+from ..runtime.run_control import CancelToken
 from .model import Instance, ServedModel
 from .tensors import RequestError
 
 log = logging.getLogger("fusegraph.serve")
+ABORT_JOIN_S = 5.0     # how long stop() waits for workers whose runs it stopped
 
 
 @dataclass
@@ -55,6 +62,7 @@ class Batcher:
         self._queue: deque[Pending] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._running: dict[int, CancelToken] = {}    # instance index -> its batch's token
         self._threads = [threading.Thread(target=self._work, args=(inst,), daemon=True,
                                           name=f"fg-{model.name}-{inst.index}") for inst in model.instances]
 
@@ -80,12 +88,31 @@ class Batcher:
         return item.future
 
     def stop(self, timeout: float | None = None) -> None:
+        """Refuse new requests, let the workers finish what is queued (up to ``timeout``), then
+        stop whatever still runs (``abort``) and join the workers."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        end = None if timeout is None else time.monotonic() + timeout
         for t in self._threads:
             if t.is_alive():
-                t.join(timeout)
+                t.join(None if end is None else max(0.0, end - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            self.abort()
+            for t in self._threads:
+                t.join(ABORT_JOIN_S)
+
+    def abort(self, reason: str = "the server is shutting down; retry on another server") -> None:
+        """Answer every queued request 503 with ``reason``, and stop the running batches at their
+        next kernel boundary (their requests are answered the same way)."""
+        with self._cond:
+            queued, self._queue = list(self._queue), deque()
+            running = list(self._running.values())
+        for item in queued:
+            if not item.future.done() and not item.future.cancelled():
+                item.future.set_exception(RequestError(f"model {self.model.name!r}: {reason}", 503))
+        for token in running:
+            token.cancel(reason)
 
     # -- workers ---------------------------------------------------------------------------
     def _pending(self, item: Pending, now: float) -> bool:
@@ -138,6 +165,20 @@ class Batcher:
                         return batch
                     self._cond.wait(min(window_end - now, 0.05))  # wake to see cancellations too
 
+    def _refusal(self, exc: Exception, seconds: float) -> RequestError:
+        """What the requests of a failed batch are answered: 504 when its run was stopped at
+        the deadline, 503 when the server stopped it, 400 for a typed error (the request's data
+        asked for what the model cannot do), 500 (logged) for anything else."""
+        name = self.model.name
+        if isinstance(exc, RunDeadlineExceeded):
+            return RequestError(f"model {name!r}: request timed out; its run was stopped after {seconds:.3f} s", 504)
+        if isinstance(exc, RunCancelled):
+            return RequestError(f"model {name!r}: {exc.reason}", 503)
+        if isinstance(exc, FusegraphError):
+            return RequestError(f"model {name!r}: inference failed: {exc}", 400)
+        log.exception("model run failed", extra={"model": name})
+        return RequestError(f"model {name!r}: inference failed: {type(exc).__name__}", 500)
+
     def _work(self, instance: Instance) -> None:
         import torch
         torch.set_num_threads(self.model.threads)
@@ -155,19 +196,25 @@ class Batcher:
         for item in batch:
             self.metrics.queued(self.model.name, start - item.enqueued)
         rows = sum(item.rows for item in batch)
+        # the batch runs until its last request's deadline: past it nobody waits for the outputs
+        token = CancelToken(max(0.0, max(it.deadline for it in batch) - start))
+        with self._cond:
+            self._running[instance.index] = token
         try:
             if len(batch) == 1:
                 feeds = batch[0].inputs
             else:
                 feeds = {k: np.concatenate([it.inputs[k] for it in batch], axis=self.axis) for k in batch[0].inputs}
-            outputs = instance.run(feeds, rows)
+            outputs = instance.run(feeds, rows, cancel=token)
         except Exception as exc:  # noqa: BLE001 - a failed run fails its batch, never the server
-            if not isinstance(exc, FusegraphError):
-                log.exception("model run failed", extra={"model": self.model.name})
-            error = RequestError(f"model {self.model.name!r}: inference failed: {exc}", 500)
+            error = self._refusal(exc, time.monotonic() - start)
             for item in batch:
-                item.future.set_exception(error)
+                if not item.future.done():
+                    item.future.set_exception(error)
             return
+        finally:
+            with self._cond:
+                self._running.pop(instance.index, None)
         self.metrics.computed(self.model.name, time.monotonic() - start, rows)
         if len(batch) == 1:
             batch[0].future.set_result(outputs)

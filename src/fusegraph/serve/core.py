@@ -3,8 +3,11 @@
 The HTTP and gRPC front ends decode a request into numpy arrays, then call
 ``Core.infer(model, arrays, outputs, protocol)`` which looks the model up (404), checks the
 inputs (400), queues them on the model's batcher (503 when full or draining), waits up to the
-request timeout (504) and returns the requested outputs (400 for an unknown one). It counts
-every answer in the metrics and keeps the in-flight gauge. No socket code lives here.
+request timeout (504: a run past it is stopped, ``batcher.py``) and returns the requested
+outputs (400 for an unknown one). It counts every answer in the metrics and keeps the
+in-flight gauge. Shutdown: once it begins new requests get 503; at the end of the drain window
+``abort`` answers what is still queued or running with 503 (runs stopped at their next kernel).
+No socket code lives here.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from .settings import ServerLimits
 from .tensors import RequestError, check_inputs
 
 log = logging.getLogger("fusegraph.serve")
+SHUTTING_DOWN = "the server is shutting down; retry on another server"
 
 
 class Core:
@@ -33,6 +37,7 @@ class Core:
         self.batchers: dict[str, Batcher] = {}
         self.draining = False
         self.shutting_down = False  # set on SIGTERM: readiness goes false before the drain
+        self._on_close: list = []
         for entry in entries:
             t0 = time.perf_counter()
             model = ServedModel(entry.name, entry.path, entry.settings)
@@ -61,11 +66,30 @@ class Core:
                                (", ".join(repr(n) for n in self.models) or "no models"), 404)
         return model
 
+    def check_open(self, name: str) -> None:
+        """A request arriving once shutdown began is refused (503): the drain only finishes what
+        was accepted before."""
+        if self.shutting_down or self.draining:
+            raise RequestError(f"model {name!r}: {SHUTTING_DOWN}", 503)
+
+    def on_close(self, fn) -> None:
+        """Call ``fn()`` when the core closes (a front end's worker pool, say)."""
+        self._on_close.append(fn)
+
+    def abort(self, reason: str = SHUTTING_DOWN) -> None:
+        """End of the drain window: every queued request is answered 503 with ``reason`` and every
+        running batch is stopped at its next kernel (its requests answered the same way), so no
+        request is left for the HTTP server to cut off without an answer."""
+        log.info("drain window over: stopping what still runs", extra={"reason": reason})
+        for batcher in self.batchers.values():
+            batcher.abort(reason)
+
     def check_version(self, model: ServedModel, version: str) -> None:
         if version not in ("", "1"):
             raise RequestError(f"model {model.name!r} has version 1 only, got version {version!r}", 404)
 
     def submit(self, name: str, arrays: dict[str, np.ndarray], timeout: float | None = None) -> Future:
+        self.check_open(name)
         model = self.model(name)
         rows = check_inputs(name, model.inputs, arrays, model.batch_axis, model.settings.max_batch_size)
         return self.batchers[name].submit(arrays, rows, self.timeout(timeout))
@@ -110,3 +134,5 @@ class Core:
         self.drain()
         for model in self.models.values():
             model.close()
+        for fn in self._on_close:
+            fn()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FusegraphError, ModelLoadError
+from ..errors import ConfigError, FusegraphError, ModelLoadError
 from .settings import ModelSettings, bound_threads
 from .tensors import TensorSpec, datatype_of
 
@@ -229,11 +229,12 @@ class Instance:
         if self.base.specializations is not None and all(isinstance(d, int) for s in shapes.values() for d in s):
             self.base.specialize(shapes)
 
-    def run(self, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        """Run ``rows`` stacked rows: directly, or as chunks of the compiled batch sizes."""
+    def run(self, feeds: dict[str, np.ndarray], rows: int, cancel=None) -> dict[str, np.ndarray]:
+        """Run ``rows`` stacked rows: directly, or as chunks of the compiled batch sizes; every
+        run stops once ``cancel`` (a ``CancelToken``) is cancelled or past its deadline."""
         served = self.served
         if not served.resizes:
-            return self.base.run(feeds)
+            return self.base.run(feeds, cancel=cancel)
         axis = served.settings.batch_axis
         lead = (slice(None),) * axis
         parts, start = [], 0
@@ -243,20 +244,21 @@ class Instance:
                 break
             chunk = feeds if take == rows else {
                 k: np.ascontiguousarray(v[lead + (slice(start, start + take),)]) for k, v in feeds.items()}
-            parts.append(self._run_chunk(chunk, take, size))
+            parts.append(self._run_chunk(chunk, take, size, cancel))
             start += take
         if len(parts) == 1:
             return parts[0]
         return {k: np.concatenate([p[k] for p in parts], axis=axis) for k in parts[0]}
 
-    def _run_chunk(self, feeds: dict[str, np.ndarray], rows: int, size: int) -> dict[str, np.ndarray]:
+    def _run_chunk(self, feeds: dict[str, np.ndarray], rows: int, size: int, cancel=None) -> dict[str, np.ndarray]:
         """``rows`` rows on the batch-``size`` variant (padded up when ``size > rows``: the last
         row repeated, its outputs dropped), or row by row on the base model when there is none."""
         served = self.served
         axis = served.settings.batch_axis
         model = self._model_for(size)
         if model is None:
-            parts = [self.base.run({k: np.take(v, [i], axis=axis) for k, v in feeds.items()}) for i in range(rows)]
+            parts = [self.base.run({k: np.take(v, [i], axis=axis) for k, v in feeds.items()}, cancel=cancel)
+                     for i in range(rows)]
             return {k: np.concatenate([p[k] for p in parts], axis=axis) for k in parts[0]}
         if size > rows:
             feeds = {k: np.concatenate([v] + [np.take(v, [rows - 1], axis=axis)] * (size - rows), axis=axis)
@@ -264,7 +266,7 @@ class Instance:
         specs = getattr(model, "specializations", None)
         compiles = len(specs.compiled) if specs is not None else 0
         t0 = time.perf_counter()
-        outputs = model.run(feeds)
+        outputs = model.run(feeds, cancel=cancel)
         compiled = specs is not None and len(specs.compiled) > compiles   # this run compiled its shapes first
         served.timed(size, time.perf_counter() - t0, first=compiled)
         if size > rows:
@@ -317,10 +319,30 @@ class ServedModel:
         self.batch_axis = axis
         self.inputs = _specs(base.inputs, axis)
         self.outputs = _specs(base.outputs, axis)
+        if settings.warmup and self.resizes:
+            self._check_batch_bytes(name, base)
         self.instances = [Instance(self, 0, base)]
         for i in range(1, self.instance_count):
             self.instances.append(Instance(self, i, self.source.base()))
         self.ready = threading.Event()
+
+    def _check_batch_bytes(self, name: str, base) -> None:
+        """``warmup`` compiles every batch size at start: refused (ConfigError) when the inputs
+        and outputs of a batch of ``max_batch_size`` alone would pass ``Config.max_arena_bytes``."""
+        cap = self.settings.compile.max_arena_bytes
+        axis, size = self.batch_axis, self.settings.max_batch_size
+        total = 0
+        for v in list(base.inputs) + list(base.outputs):
+            if v.shape is None or not all(isinstance(d, int) or i == axis for i, d in enumerate(v.shape)):
+                continue
+            n = v.dtype.itemsize * size
+            for i, d in enumerate(v.shape):
+                n *= 1 if i == axis else d
+            total += n
+        if cap is not None and total > cap:
+            raise ConfigError(f"model {name!r}: warmup would compile batch {size} (max_batch_size), whose inputs "
+                              f"and outputs alone take {total} bytes, over Config.max_arena_bytes ({cap}); "
+                              f"lower max_batch_size or turn warmup off")
 
     def timed(self, size: int, seconds: float, first: bool = False) -> None:
         """Record a run of the batch-``size`` variant: a moving average of its time per run,

@@ -12,7 +12,8 @@ compiled) with ``threads`` intra-op threads. The options ``num_replicas``, ``aut
 ``ray_actor_options``, ``max_ongoing_requests`` go to ``serve.deployment`` unchanged. Over HTTP
 the deployment takes ``{"inputs": {name: nested list}}`` and answers ``{"outputs": {...}}``; the
 KServe protocol itself is the job of ``fusegraph serve``. A model whose batch axis is static
-(``1x3x224x224``) runs a Ray Data batch row by row. Nothing here starts or configures Ray.
+(``4x64``) runs a Ray Data batch as whole batches of that size (the last padded with its last
+row, whose outputs are dropped). Nothing here starts or configures Ray.
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def load_model(path: str | Path, threads: int | None = None):
     return fg.load(path) if path.suffix == ".fgm" else fg.compile(str(path), config=fg.Config(threads=threads))
 
 
-def _static_batch(model) -> bool:
-    return any(spec.shape and isinstance(spec.shape[0], int) for spec in model.inputs)
+def _static_batch(model) -> int | None:
+    """The batch (dim 0) the model's inputs fix, or None when it is symbolic."""
+    sizes = {spec.shape[0] for spec in model.inputs if spec.shape and isinstance(spec.shape[0], int)}
+    return sizes.pop() if len(sizes) == 1 else (min(sizes) if sizes else None)
 
 
 class FusegraphModel:
@@ -84,17 +87,24 @@ class BatchPredictor:
 
     def __init__(self, path: str, threads: int | None = None, keep_inputs: bool = False):
         self.model = load_model(path, threads)
-        self.row_by_row = _static_batch(self.model)
+        self.static_batch = _static_batch(self.model)
         self.keep_inputs = keep_inputs
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = {s.name: np.asarray(batch[s.name]) for s in self.model.inputs}
-        if self.row_by_row:
-            rows = len(next(iter(feeds.values())))
-            parts = [self.model.run({k: v[i:i + 1] for k, v in feeds.items()}) for i in range(rows)]
-            outputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
-        else:
+        size = self.static_batch
+        if size is None:
             outputs = self.model.run(feeds)
+        else:       # whole static batches; the last one padded with its last row, the padding dropped
+            rows = len(next(iter(feeds.values())))
+            parts = []
+            for start in range(0, rows, size):
+                take = min(size, rows - start)
+                chunk = {k: v[start:start + take] for k, v in feeds.items()}
+                if take < size:
+                    chunk = {k: np.concatenate([v] + [v[-1:]] * (size - take)) for k, v in chunk.items()}
+                parts.append({k: v[:take] for k, v in self.model.run(chunk).items()})
+            outputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
         return {**(batch if self.keep_inputs else {}), **outputs}
 
 

@@ -4,7 +4,8 @@ A model's ``config.toml`` is one table: the serving keys below are taken out, an
 key maps onto ``fg.Config`` through ``fusegraph.config_file`` (so a compile config file works
 here unchanged)::
 
-    max_batch_size = 8         # 0: no dynamic batching (the default)
+    max_batch_size = 8         # 0: no dynamic batching (the default); at most 65536, and with
+                               # warmup at most what fits Config.max_arena_bytes
     max_queue_delay_ms = 2.0   # how long the first request of a batch waits for company
     instances = 2              # model instances, each on its own worker thread
     batch_axis = 0             # the axis requests are stacked on (default 0)
@@ -54,13 +55,18 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """Server-wide protection: body size, time a request may take, drain time on SIGTERM."""
+    """Server-wide protection: body size, time a request may take (its run is stopped past it),
+    drain time on SIGTERM, and how long a client may take to send a request's headers and its
+    body (the connection is answered 408 and closed past them)."""
     max_request_bytes: int = 64 << 20
     timeout_s: float = 30.0
     drain_s: float = 10.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
 
 
 _INT_KEYS = {"max_batch_size": 0, "instances": 1, "batch_axis": 0, "batch_variants": 1, "max_queue_size": 1}
+MAX_BATCH_SIZE = 1 << 16   # a batch is also bounded by what it allocates (model.ServedModel)
 
 
 def settings_from_mapping(data: Mapping[str, Any], where: str = "<config>") -> ModelSettings:
@@ -93,6 +99,8 @@ def settings_from_mapping(data: Mapping[str, Any], where: str = "<config>") -> M
             raise ConfigError(f"{where}: warmup must be true or false, got {value!r}")
         values["warmup"] = value
     values["compile"] = config_from_mapping(data, where)
+    if values.get("max_batch_size", 0) > MAX_BATCH_SIZE:
+        raise ConfigError(f"{where}: max_batch_size must be at most {MAX_BATCH_SIZE}, got {values['max_batch_size']}")
     settings = ModelSettings(**values)
     if settings.batch_sizes and max(settings.batch_sizes) > settings.max_batch_size:
         raise ConfigError(f"{where}: batch_sizes {list(settings.batch_sizes)} go above max_batch_size "

@@ -3,16 +3,20 @@
 Both front ends (HTTP JSON / binary, gRPC typed / raw contents) decode into numpy arrays and
 call ``check_inputs`` here, so a wrong name, datatype, shape or element count is refused with
 the same ``RequestError`` (HTTP 400, gRPC INVALID_ARGUMENT) naming the input and what was
-expected, before the request can join a batch. Nothing here touches a socket or a model run.
+expected, before the request can join a batch. Element counts are Python integers, so no
+shape (``[2^40, 2^40]``) can overflow into a small one. Floating values that JSON cannot
+write (NaN, infinities) travel as the strings protobuf's JSON mapping uses (``json_values``).
+Nothing here touches a socket or a model run.
 """
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FusegraphError, InputError
+from ..errors import FusegraphError, InputError, RunCancelled, RunDeadlineExceeded
 
 # KServe v2 datatype name <-> numpy dtype. BYTES (strings) and BF16 have no fusegraph input here.
 _TO_NUMPY = {
@@ -33,10 +37,16 @@ class RequestError(InputError):
 
 
 def status_of(exc: Exception) -> tuple[int, str]:
-    """(HTTP status, message) for an exception a request raised: its own status, 400 for any
-    other typed fusegraph error, 500 (logged) for anything else."""
+    """(HTTP status, message) for an exception a request raised: its own status; 504 for a run
+    stopped at its deadline, 503 for one stopped because the server is shutting down; 400 for
+    any other typed fusegraph error; 500 (logged) for anything else, which is a fault of the
+    server, never of the request."""
     if isinstance(exc, RequestError):
         return exc.status, str(exc)
+    if isinstance(exc, RunDeadlineExceeded):
+        return 504, str(exc)
+    if isinstance(exc, RunCancelled):
+        return 503, str(exc)
     if isinstance(exc, FusegraphError):
         return 400, str(exc)
     logging.getLogger("fusegraph.serve").exception("internal error")
@@ -77,35 +87,60 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
+MAX_DIM = (1 << 63) - 1        # the protocol's dims are int64
+MAX_RANK = 16
+
+
 def check_shape(shape, where: str) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or not all(
             isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise RequestError(f"{where}: 'shape' must be a list of integers, got {shape!r}")
+        raise RequestError(f"{where}: 'shape' must be a list of integers, got {str(shape)[:200]}")
+    if len(shape) > MAX_RANK:
+        raise RequestError(f"{where}: 'shape' has {len(shape)} dims, at most {MAX_RANK} are accepted")
     if any(d < 0 for d in shape):
         raise RequestError(f"{where}: 'shape' dims must be >= 0, got {list(shape)}")
-    if len(shape) > 16:
-        raise RequestError(f"{where}: 'shape' has {len(shape)} dims, at most 16 are accepted")
-    return tuple(shape)
+    if any(d > MAX_DIM for d in shape):
+        raise RequestError(f"{where}: 'shape' dims must be below 2^63, got {list(shape)}")
+    return tuple(int(d) for d in shape)
+
+
+def element_count(shape: tuple[int, ...]) -> int:
+    """Elements of ``shape``, in Python integers (a product past 2^63 stays exact, never wraps)."""
+    return math.prod(shape)
+
+
+def _shaped(array: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
+    try:
+        return array.reshape(shape)
+    except (ValueError, OverflowError) as exc:   # dims numpy cannot hold (a 0 beside 2^62 ...)
+        raise RequestError(f"{where}: shape {list(shape)} cannot be made: {exc}") from None
 
 
 def from_bytes(raw: bytes | memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
     """An array from the little-endian bytes of a binary tensor, its size checked first."""
     dtype = numpy_dtype(datatype, where)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = element_count(shape)
     if len(raw) != count * dtype.itemsize:
         raise RequestError(f"{where}: shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, "
                            f"got {len(raw)}")
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)  # a writable copy
+    return _shaped(np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype), shape, where)  # a copy
+
+
+NONFINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 
 def from_values(values, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
-    """An array from a JSON (or gRPC typed) list of numbers, in row-major order."""
+    """An array from a JSON (or gRPC typed) list of numbers, in row-major order. Floating
+    datatypes also take the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (what
+    ``json_values`` writes for those values)."""
     dtype = numpy_dtype(datatype, where)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = element_count(shape)
     try:
         array = np.asarray(values)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         raise RequestError(f"{where}: 'data' must be a flat or nested list of numbers") from None
+    if array.dtype.kind in "U" and dtype.kind == "f":
+        array = _with_nonfinite(values, where, datatype)
     if array.dtype == object or array.dtype.kind in "USV":
         raise RequestError(f"{where}: 'data' must hold only numbers of datatype {datatype}")
     if array.size != count:
@@ -116,7 +151,36 @@ def from_values(values, datatype: str, shape: tuple[int, ...], where: str) -> np
         info = np.iinfo(dtype)
         if array.dtype.kind == "b" or array.min() < info.min or array.max() > info.max:
             raise RequestError(f"{where}: 'data' values do not fit {datatype}")
-    return array.astype(dtype).reshape(shape)
+    return _shaped(array.astype(dtype), shape, where)
+
+
+def _with_nonfinite(values, where: str, datatype: str) -> np.ndarray:
+    """``values`` (numbers and the strings of ``NONFINITE``) as float64; any other string is refused."""
+    items = np.asarray(values, dtype=object).ravel()
+    out = np.empty(items.size, np.float64)
+    for i, v in enumerate(items.tolist()):
+        if isinstance(v, str):
+            if v not in NONFINITE:
+                raise RequestError(f"{where}: 'data' must hold only numbers of datatype {datatype} (or "
+                                   f"\"NaN\", \"Infinity\", \"-Infinity\"), got {v[:40]!r}")
+            v = NONFINITE[v]
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RequestError(f"{where}: 'data' must hold only numbers of datatype {datatype}")
+        out[i] = v
+    return out
+
+
+def json_values(array: np.ndarray) -> list:
+    """An array's values as a flat list for a JSON response: NaN and infinities become the
+    strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, as protobuf's JSON mapping writes them
+    (JSON itself has no token for them; ``float()`` and numpy read those strings back)."""
+    flat = array.ravel()
+    values = flat.tolist()
+    if flat.dtype.kind == "f" and flat.size and not bool(np.isfinite(flat).all()):
+        for i in np.flatnonzero(~np.isfinite(flat)).tolist():
+            v = values[i]
+            values[i] = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    return values
 
 
 def check_inputs(model: str, specs: list[TensorSpec], arrays: dict[str, np.ndarray],
