@@ -23,7 +23,8 @@ after the default rules, in the same fixed-point group (so those rules see what 
   GEMM with a wider N. Two siblings are declined: the Split would cost the kernel the
   packing saves.
 - norm_scale_into_products: a normalisation whose result only products by constant 2-D
-  weights read (``LayerNorm`` / ``SkipLayerNorm`` with constant gamma / beta, or an
+  weights read (``LayerNorm`` / ``SkipLayerNorm`` with constant gamma / beta, ``RMSNorm`` /
+  ``SkipRMSNorm`` with a constant gamma, or an
   ``ElementwiseChain`` ending in a product by a constant vector along the last axis: an RMS
   norm's ``x * r * gamma``) loses its affine step: gamma scales the products' weight rows and
   ``beta W`` joins their bias. The norm still runs (its kernel writes the normalised rows),
@@ -275,13 +276,15 @@ def _siblings_rewrite(m, sibs, ctx):
 
 def _affine(node):
     """(gamma, beta, what the norm becomes) of a normalisation with a constant affine tail:
-    ("ln", first affine input) for LayerNorm / SkipLayerNorm, ("chain", steps, inputs) for a
+    ("ln", first affine input) for LayerNorm / SkipLayerNorm / RMSNorm / SkipRMSNorm (an RMS
+    norm has no beta), ("chain", steps, inputs) for a
     chain whose last step multiplies by a constant vector; None otherwise."""
     if node.domain != FG:
         return None
-    if node.op_type in ("LayerNorm", "SkipLayerNorm"):
-        first = 2 if node.op_type == "SkipLayerNorm" else 1
-        gamma, beta = const_of(node.input(first)), const_of(node.input(first + 1))
+    if node.op_type in ("LayerNorm", "SkipLayerNorm", "RMSNorm", "SkipRMSNorm"):
+        first = 2 if node.op_type.startswith("Skip") else 1
+        gamma = const_of(node.input(first))
+        beta = const_of(node.input(first + 1)) if "Layer" in node.op_type else None
         if (node.input(first) is not None and gamma is None) or (node.input(first + 1) is not None and beta is None) \
                 or (gamma is None and beta is None):
             return None
@@ -366,7 +369,8 @@ RULES = [
          pattern=Pat(("fusegraph::Linear", "fusegraph::LinearAct")), priority=10,
          doc=f"at least {MIN_SIBLINGS} products of one kind of one input by constant 2-D weights"),
     Rule("norm_scale_into_products", _norm_check, _norm_rewrite,
-         pattern=Pat(("fusegraph::LayerNorm", "fusegraph::SkipLayerNorm", "fusegraph::ElementwiseChain")),
+         pattern=Pat(("fusegraph::LayerNorm", "fusegraph::SkipLayerNorm", "fusegraph::RMSNorm",
+                      "fusegraph::SkipRMSNorm", "fusegraph::ElementwiseChain")),
          priority=5, doc="every reader of the normalised result is a product by a constant 2-D weight"),
     Rule("recompute_into_consumers", _recompute_check, _recompute_rewrite,
          pattern=Pat(tuple(CHAIN_OPS) + ("fusegraph::ElementwiseChain",)), priority=0,
