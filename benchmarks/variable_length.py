@@ -181,15 +181,15 @@ def engine_child(spec: dict) -> dict:
             for name, value in out.items():
                 np.save(save_dir / f"{engine}.{tag}.{name}.npy", value)
 
-    times, peak_anon = [], base["RssAnon"]
+    times, anon = [], []
     for i, feeds in enumerate(work):
         t = time.perf_counter()
         out = run(feeds)
         times.append((time.perf_counter() - t) * 1e3)
         if i in spec["sample_requests"]:
             keep(f"req{i}", out)
-        peak_anon = max(peak_anon, memory_status()["RssAnon"])
         del out
+        anon.append(memory_status()["RssAnon"])
     after = memory_status()
 
     stalls = []
@@ -209,7 +209,8 @@ def engine_child(spec: dict) -> dict:
     end = memory_status()
 
     result = {"engine": engine, "build_s": build_s, "request_ms": times, "stalls": stalls,
-              "memory": memory_delta(base, after, peak_anon),
+              "memory": memory_delta(base, after, max(anon)),
+              "rss_anon_after_each_request_mib": [round(a - base["RssAnon"], 1) for a in anon],
               "rss_anon_after_stalls_mib": end["RssAnon"] - base["RssAnon"],
               "vm_hwm_growth_after_stalls_mib": end["VmHWM"] - base["VmRSS"]}
     specs = getattr(model, "specializations", None)
