@@ -109,7 +109,7 @@ def decode_step(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("which", nargs="*", default=["new-shape", "decode-step"], choices=["new-shape", "decode-step"])
+    ap.add_argument("which", nargs="*", help="new-shape, decode-step (default: both)")
     ap.add_argument("--layers", type=int, default=2, help="encoder layers (new-shape)")
     ap.add_argument("--lengths", type=int, default=5, help="never-seen lengths profiled (new-shape)")
     ap.add_argument("--decoder-layers", type=int, default=4)
@@ -119,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--cache", default="/work/cache/shapes")
     args = ap.parse_args(argv)
+    which = args.which or ["new-shape", "decode-step"]
+    if set(which) - {"new-shape", "decode-step"}:
+        ap.error(f"unknown profile(s) {sorted(set(which) - {'new-shape', 'decode-step'})}; choose new-shape, decode-step")
     import torch
     torch.set_num_threads(2)
     print(f"{machine_line()}\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {load_average()}\n")
-    for which in dict.fromkeys(args.which):
-        (new_shape if which == "new-shape" else decode_step)(args)
+    for name in dict.fromkeys(which):
+        (new_shape if name == "new-shape" else decode_step)(args)
         print()
     print(f"load average at end {load_average()}")
     return 0
