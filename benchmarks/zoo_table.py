@@ -116,8 +116,9 @@ def build_engine(engine: str, path: str, feeds: dict, tmp: Path, name: str, ref_
 
 
 def error_text(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first[:400]}"
+    """The exception's type and message on one line (OpenVINO's first line only says where)."""
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text[:600]}"
 
 
 # ----- kernel census ---------------------------------------------------------------------------
@@ -129,8 +130,8 @@ def impl_class(impl: str) -> str:
         return "portable"
     if "gemm" in name and "brg" not in name:
         return "gemm"          # x64:gemm:jit and friends: im2col + a GEMM, the fallback path
-    if "brg" in name:
-        return "brgemm"
+    if "brg" in name or "brdgmm" in name:
+        return "brgemm"        # brgconv, brg matmul, brdgmm_dw (batch-reduce depthwise)
     if "jit" in name:
         return "jit"
     return "other"             # reference (ref:any), simple reorders, anything new
@@ -161,7 +162,7 @@ def measure(name: str, args, tmp: Path, log) -> dict:
     row: dict = {"name": name, "errors": {}}
     try:
         path = str(zoo.build(name, args.cache))
-    except Exception as exc:    # a zoo entry that cannot be built is a finding
+    except Exception as exc:  # noqa: BLE001 - a zoo entry that cannot be built is a finding
         row["errors"]["build"] = error_text(exc)
         return row
     meta = zoo.manifest(name, args.cache)
@@ -175,7 +176,7 @@ def measure(name: str, args, tmp: Path, log) -> dict:
         try:
             runner, outs, model, times = build_engine(engine, path, all_feeds[0], tmp, name, ref_names)
             outs()                                   # the first run, untimed
-        except Exception as exc:   # any engine's failure is recorded, the rest go on
+        except Exception as exc:  # noqa: BLE001 - any engine's failure is recorded, the rest go on
             row["errors"][engine] = error_text(exc)
             log(f"  {engine}: {row['errors'][engine]}")
             continue
@@ -191,7 +192,7 @@ def measure(name: str, args, tmp: Path, log) -> dict:
         for engine, outs in list(outputs.items()):
             try:
                 got[engine] = outs(f)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - an engine that fails on one input is dropped
                 row["errors"][engine] = error_text(exc)
                 runners.pop(engine, None)
                 outputs.pop(engine)
@@ -218,7 +219,7 @@ def measure(name: str, args, tmp: Path, log) -> dict:
         for e, m in models.items():
             try:
                 row["top_ops"][e] = top_ops(m, all_feeds[0])
-            except Exception as exc:   # the profile is extra; its failure is noted
+            except Exception as exc:  # noqa: BLE001 - the profile is extra; its failure is noted
                 row["errors"][f"{e} profile"] = error_text(exc)
     del runners, outputs, models
     if args.memory:
@@ -379,6 +380,24 @@ def markdown(rows: list[dict], header: dict, args) -> str:
     return "\n".join(out)
 
 
+def render(json_path: str, markdown_path: str | None) -> int:
+    saved = json.loads(Path(json_path).read_text())
+    header, rows = saved["header"], saved["rows"]
+    for r in rows:
+        r["census"] = {e: census({"backend": c.get("backend"), "implementations": c["implementations"],
+                                  "declined": c["declined"]}) for e, c in r.get("census", {}).items()}
+    opts = header.get("options", {})
+    args = argparse.Namespace(runs=opts.get("runs", "?"), inputs=opts.get("inputs", "?"),
+                              memory=any("memory" in r for r in rows), engines=list(opts.get("engines", ENGINES)))
+    header.setdefault("finished", "(unfinished)")
+    header.setdefault("load_end", "(unfinished)")
+    text = markdown(rows, header, args)
+    print(text)
+    if markdown_path:
+        Path(markdown_path).write_text(text)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(zoo.zoo_names()), help="comma-separated zoo entries")
@@ -393,7 +412,11 @@ def main(argv=None) -> int:
                     help="fusegraph's top ops by time per model")
     ap.add_argument("--json", help="write everything here")
     ap.add_argument("--markdown", help="write the tables here too")
+    ap.add_argument("--render", metavar="JSON", help="measure nothing: print the tables of an earlier --json "
+                                                     "(the census classes recomputed from its implementations)")
     args = ap.parse_args(argv)
+    if args.render:
+        return render(args.render, args.markdown)
     args.engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(args.engines) - set(ENGINES))
     if unknown or "ort" not in args.engines:
@@ -410,7 +433,8 @@ def main(argv=None) -> int:
         ov_version = "not installed"
     header = {"command": " ".join(["python", "benchmarks/zoo_table.py", *(argv if argv is not None else sys.argv[1:])]),
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_start": loadavg(),
-              "machine": machine(), "versions": {"onnxruntime": onnxruntime.__version__, "openvino": ov_version}}
+              "machine": machine(), "versions": {"onnxruntime": onnxruntime.__version__, "openvino": ov_version},
+              "options": {"runs": args.runs, "inputs": args.inputs, "engines": args.engines}}
     print(f"# {header['started']}, load average {header['load_start']}", file=sys.stderr, flush=True)
     rows = []
 

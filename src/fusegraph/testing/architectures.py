@@ -657,9 +657,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     names = args.models.split(",") if args.models else None
     if args.list:
+        print("| model | source | parameters | inputs | outputs | ONNX nodes | check: max err / scale |")
+        print("|---|---|---:|---|---|---:|---:|")
         for e in ENTRIES:
             if names is None or e.name in names:
-                print(f"{e.name}: {e.source}; inputs " + ", ".join(f"{s.name}{list(s.shape)}" for s in e.inputs))
+                meta = cached_paths(e.name, args.cache)[1]
+                m = json.loads(meta.read_text()) if meta.exists() else None
+                inputs = ", ".join(f"{s.name} {'x'.join(map(str, s.shape))} {s.kind}" for s in e.inputs)
+                cells = [e.name, e.source, f"{m['parameters'] / 1e6:.1f} M" if m else "not built", inputs,
+                         ", ".join(e.outputs), str(m["nodes"]) if m else "",
+                         f"{max(m['check']['max_abs_err_over_scale'].values()):.1e}" if m else ""]
+                print("| " + " | ".join(cells) + " |")
         return 0
     if not args.build_all and not names:
         ap.error("nothing to do: give --build-all, --models or --list")
