@@ -324,7 +324,7 @@ ENTRIES: tuple[Entry, ...] = (
               hidden_sizes=[64, 128, 256, 512], embedding_size=64, downsample_in_first_stage=False),
     _hf_entry("mobilenet_v1", "transformers MobileNetV1Config (1.0, TF 'same' padding)",
               "MobileNetV1ForImageClassification", "MobileNetV1Config", _image(), tf_padding=True),
-    _hf_entry("mobilenet_v2", "transformers MobileNetV2Config (1.0, 224)", "MobileNetV2ForImageClassification",
+    _hf_entry("mobilenet_v2", "transformers MobileNetV2Config (1.0, 224, TF 'same' padding: the config's default)", "MobileNetV2ForImageClassification",
               "MobileNetV2Config", _image()),
     Entry("mobilenet_v3", "plain torch, torchvision's MobileNetV3-Large (hardswish, squeeze-excite)",
           build_mobilenet_v3, {"num_classes": 1000}, _image()),
