@@ -386,9 +386,12 @@ def render(json_path: str, markdown_path: str | None) -> int:
     for r in rows:
         r["census"] = {e: census({"backend": c.get("backend"), "implementations": c["implementations"],
                                   "declined": c["declined"]}) for e, c in r.get("census", {}).items()}
-    opts = header.get("options", {})
-    args = argparse.Namespace(runs=opts.get("runs", "?"), inputs=opts.get("inputs", "?"),
-                              memory=any("memory" in r for r in rows), engines=list(opts.get("engines", ENGINES)))
+    opts = header.get("options")
+    if opts is None:                        # a JSON from before the options were saved: its command line
+        ran = parser().parse_args(header["command"].split()[2:])
+        opts = {"runs": ran.runs, "inputs": ran.inputs, "engines": ran.engines.split(",")}
+    args = argparse.Namespace(runs=opts["runs"], inputs=opts["inputs"], memory=any("memory" in r for r in rows),
+                              engines=list(opts["engines"]))
     header.setdefault("finished", "(unfinished)")
     header.setdefault("load_end", "(unfinished)")
     text = markdown(rows, header, args)
@@ -398,7 +401,7 @@ def render(json_path: str, markdown_path: str | None) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(zoo.zoo_names()), help="comma-separated zoo entries")
     ap.add_argument("--cache", default=None, help="zoo export cache (default $FUSEGRAPH_ZOO_CACHE or "
@@ -414,6 +417,11 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", help="write the tables here too")
     ap.add_argument("--render", metavar="JSON", help="measure nothing: print the tables of an earlier --json "
                                                      "(the census classes recomputed from its implementations)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.render:
         return render(args.render, args.markdown)

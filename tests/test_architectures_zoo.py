@@ -109,3 +109,19 @@ def test_zoo_table_help_runs():
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     assert "--models" in out.stdout and "--json" in out.stdout
+
+
+def test_zoo_table_classes_onednn_implementations():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import zoo_table
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    expected = {"x64:gemm:jit": "gemm", "brgconv_1x1:avx512_core": "brgemm", "brdgmm_dw:avx512_core": "brgemm",
+                "brg:avx512_core_bf16": "brgemm", "jit:uni": "jit", "jit_dw:avx512_core_bf16": "jit",
+                "portable": "portable", "simple:any": "other", "ref:any": "other"}
+    assert {k: zoo_table.impl_class(k) for k in expected} == expected
+    c = zoo_table.census({"backend": "cpu", "implementations": {"x64:gemm:jit": 3, "portable": 2, "jit:uni": 1},
+                          "declined": [{"node": "n", "op": "Conv", "family": "conv", "reason": "r"}]})
+    assert c["total"] == 6 and c["classes"] == {"jit": 1, "brgemm": 0, "gemm": 3, "portable": 2, "other": 0}
+
