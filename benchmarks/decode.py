@@ -19,9 +19,10 @@ Each engine runs in a fresh process (``engine_process.py``):
 
 - ``fusegraph``: ``fg.compile(path, config=fg.Config(threads=2))``, the ``present`` outputs of
   a run fed back as the next run's ``past`` inputs; ``fusegraph-fgm``: the same model saved by
-  the parent and ``fg.load``-ed in the child; ``fusegraph-sc0``: ``Config(shape_cache=0)``.
-- ``fusegraph-kv``: the cache kept inside fusegraph between steps (``fusegraph_kv_cache_loop``);
-  skipped with a message while ``fg.CompiledModel`` has no such API.
+  the parent and ``fg.load``-ed in the child; ``fusegraph-sc8``: ``Config(shape_cache=8)`` (a compile per
+  input shape, up to 8 kept: the behaviour before one compile served every shape).
+- ``fusegraph-kv``: the cache kept inside fusegraph between steps (``model.kv_cache``,
+  ``fusegraph_kv_cache_loop``): only the new token and the mask go in, only the logits come out.
 - ``onnxruntime``: ORT_ENABLE_ALL, 2 intra-op threads, the same loop with numpy arrays.
 - ``onnxruntime-iobinding``: IOBinding, outputs left for onnxruntime to allocate and the
   ``present`` OrtValues bound as the next step's ``past`` inputs (no copy to numpy; the logits
@@ -83,7 +84,7 @@ from engine_process import (
     write_result,
 )
 
-ENGINES = ("fusegraph", "fusegraph-fgm", "fusegraph-sc0", "fusegraph-kv", "onnxruntime", "onnxruntime-iobinding",
+ENGINES = ("fusegraph", "fusegraph-fgm", "fusegraph-sc8", "fusegraph-kv", "onnxruntime", "onnxruntime-iobinding",
            "onnxruntime-iobinding-prealloc", "torch")
 CHILD_TIMEOUT_S = 3600
 SAMPLED_STEPS = (0, 1, 2)        # plus the middle and the last step: their logits are checked
@@ -312,40 +313,21 @@ def torch_loop(lm, spec: dict, model_shape: dict):
 
 # ----- the cache kept inside fusegraph (issue 36, item 8): measured here once the API exists ----------
 
-KV_API = "io_binding"      # the CompiledModel method this loop is written against
-
-
-def fusegraph_kv_cache_available() -> bool:
-    import fusegraph as fg
-    return hasattr(fg.CompiledModel, KV_API)
-
-
 def fusegraph_kv_cache_loop(model, spec: dict, model_shape: dict):
-    """THE PLACE WHERE A FUSEGRAPH-OWNED KV CACHE IS MEASURED (skipped until the API exists).
-
-    Written against the API shape that makes a decode loop simplest (an assumption until
-    issue 36 lands; adapt the calls here, not the measurement around them)::
-
-        binding = model.io_binding(feedback={present: past, ...}, capacity={"total": N})
-        out = binding.run({"input_ids": ids, "attention_mask": mask})   # past comes from the binding
-
-    ``feedback`` pairs each output with the input it becomes on the next run; the model owns one
-    buffer per pair with room for ``capacity`` positions along the growing dim, so a run reads
-    its past as a view of the buffer's front and writes only the new positions after it (the
-    export's Concat(past, new) becomes a write at an offset): no cache copy, no allocation per
-    step. The first run starts from an empty past. ``run`` returns the other outputs (here the
-    logits) as arrays valid until the next run; ``binding.outputs(name)`` reads a fed-back one
-    (the cache, for the checks)."""
-    past_names, present_names = cache_names(model_shape["layers"])
+    """The cache kept inside fusegraph (``CompiledModel.kv_cache``): the session grows one
+    buffer per ``present`` output (room for prompt + tokens positions) and feeds it back as the
+    next step's ``past`` itself; a step gives only ``input_ids`` and ``attention_mask`` and gets
+    the logits back. ``session.cache(name)`` reads a kept cache (for the checks)."""
+    _, present_names = cache_names(model_shape["layers"])
     capacity = spec["prompt"] + spec["tokens"]
-    binding = getattr(model, KV_API)(feedback=dict(zip(present_names, past_names)), capacity={"total": capacity})
+    session = model.kv_cache(capacity)
     mask = np.ones((1, capacity), np.int64)
     ids = prompt_ids(spec["prompt"], spec["vocab"], spec["seed"])
     total, tokens, times, logits = 0, [], [], {}
     for step in range(spec["tokens"]):
         t = time.perf_counter()
         total += ids.shape[1]
-        out = binding.run({"input_ids": ids, "attention_mask": mask[:, :total]})
+        out = session.run({"input_ids": ids, "attention_mask": mask[:, :total]})
         last = out["logits"][0, -1]
         token = int(last.argmax())
         ids = np.array([[token]], np.int64)
@@ -353,7 +335,7 @@ def fusegraph_kv_cache_loop(model, spec: dict, model_shape: dict):
         tokens.append(token)
         if step in spec["sample_steps"]:
             logits[step] = np.array(last, copy=True)
-    return tokens, times, logits, [np.array(binding.outputs(n)) for n in present_names]
+    return tokens, times, logits, [session.cache(n) for n in present_names]
 
 
 # ----- one engine, in its own process -------------------------------------------------------------
@@ -392,7 +374,7 @@ def engine_child(spec: dict) -> dict:
             model = fg.load(spec["fgm"])
         else:
             model = fg.compile(spec["onnx"], config=fg.Config(threads=threads,
-                                                              **({"shape_cache": 0} if engine == "fusegraph-sc0" else {})))
+                                                              **({"shape_cache": 8} if engine == "fusegraph-sc8" else {})))
         build_s = time.perf_counter() - t0
         result = fusegraph_kv_cache_loop(model, spec, shape) if engine == "fusegraph-kv" else \
             numpy_loop(model.run, spec, shape)
@@ -513,11 +495,6 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     skipped = {}
-    if "fusegraph-kv" in engines and not fusegraph_kv_cache_available():
-        skipped["fusegraph-kv"] = (f"fusegraph-kv skipped: fusegraph.CompiledModel has no {KV_API!r} API yet (a KV "
-                                   f"cache kept inside fusegraph between steps, issue 36); see fusegraph_kv_cache_loop")
-        engines.remove("fusegraph-kv")
-        log(skipped["fusegraph-kv"])
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out = {"started": started, "machine": machine_line(), "load_start": load_average(), "args": vars(args),
            "skipped": skipped}

@@ -9,7 +9,7 @@ if missing), 2 threads:
   ``--top`` functions by cumulative time and by own time, and the wall time of each run.
 - ``decode-step``: the GPT-2 step (``--decoder-layers``, default 4, full vocabulary) compiled
   with ``shape_cache=0`` (the shape-generic kernels that serve every past length), at one
-  token with a past of ``--past`` positions: ``fusegraph.report.profile`` (each kernel timed
+  token with a past of ``--past`` positions: ``fusegraph.tools.profile`` (each kernel timed
   in the generated run, the hooked run beside the plain one) and cProfile over ``--steps``
   plain runs at growing past lengths (what the Python around the kernels costs).
 
@@ -77,7 +77,7 @@ def new_shape(args) -> None:
 
 def decode_step(args) -> None:
     import fusegraph as fg
-    from fusegraph.report.profile import profile
+    from fusegraph.tools.profile import profile
     path = export_decoder(Path(args.cache), args.decoder_layers)
     model = fg.compile(str(path), config=fg.Config(threads=2, shape_cache=0))
     past_names, _ = cache_names(args.decoder_layers)

@@ -13,7 +13,7 @@ dependency of the package), ``fg_fp32`` (``fg.Config(threads=2)``) and ``fg_bf16
 
 Per model:
 - latency: the median of ``--runs`` runs per engine after a warm-up, engines in alternating
-  blocks with a pause before each (``fusegraph.bench.alternate``, so onnxruntime's spinning
+  blocks with a pause before each (``fusegraph.tools.bench.alternate``, so onnxruntime's spinning
   pool does not tax the next engine); the ratio of each to onnxruntime fp32 and their
   geometric means per column;
 - build: onnxruntime session creation, OpenVINO ``compile_model``, ``fg.compile``, and the
@@ -28,7 +28,7 @@ Per model:
   implementation name, grouped into classes (jit, brgemm, gemm fallback, portable, other),
   and every declined node with its op and reason;
 - where fusegraph fp32 / bf16 spend their time (unless ``--no-profile``): the top ops of
-  ``fusegraph.report.profile`` (per-node medians over 10 runs).
+  ``fusegraph.tools.profile`` (per-node medians over 10 runs).
 
 An engine that fails to build or run on a model is recorded with its error message (in the
 table and the JSON) and the rest go on. The header gives the date, ``lscpu``'s model and ISA
@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 import fusegraph as fg
-from fusegraph.bench import alternate
+from fusegraph.tools.bench import alternate
 from fusegraph.testing import architectures as zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -149,7 +149,7 @@ def census(kernels: dict) -> dict:
 
 def top_ops(model, feeds: dict, n: int = 5) -> list[dict]:
     """The ops fusegraph spends most of its run in (per-node medians of 10 profiled runs)."""
-    from fusegraph.report.profile import profile
+    from fusegraph.tools.profile import profile
     prof = profile(model, feeds, runs=10)
     rows = prof.by_op()
     total = sum(us for _, _, us in rows) or 1.0

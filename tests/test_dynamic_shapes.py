@@ -221,9 +221,11 @@ def test_kv_cache_session_decodes_as_the_plain_runs_and_onnxruntime(decoder, loa
             out = run({"input_ids": ids, "attention_mask": np.ones((1, total), np.int64), **state})
             state.update({n: out[f"present_{i}"] for i, n in enumerate(names)})
             return out["logits"]
+        step.state = state
         return step
-    want, want_logits = _greedy(plain(lambda f: dict(zip(["logits"] + [f"present_{i}" for i in range(4)],
-                                                         ort_run(decoder, f).values()))), prompt, 32)
+    reference = plain(lambda f: dict(zip(["logits"] + [f"present_{i}" for i in range(4)],
+                                         ort_run(decoder, f).values())))
+    want, want_logits = _greedy(reference, prompt, 32)
     got, logits = _greedy(plain(model.run), prompt, 32)
     assert got == want
     _close(logits, want_logits)
@@ -237,6 +239,10 @@ def test_kv_cache_session_decodes_as_the_plain_runs_and_onnxruntime(decoder, loa
     assert got == want
     _close(logits, want_logits)
     assert session.length == 6 + 32 - 1 and session.nbytes >= 4 * 4 * 64 * 16 * 4
+    for i, n in enumerate(names):      # the kept cache: the presents onnxruntime's loop fed back last
+        np.testing.assert_allclose(session.cache(f"present_{i}"), reference.state[n], rtol=1e-4, atol=1e-5)
+    with pytest.raises(InputError, match="not a cache"):
+        session.cache("logits")
     session.reset()
     assert _greedy(cached, prompt, 4)[0] == want[:4]
     with pytest.raises(InputError, match="feeds 'past_0'"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError, InputError
@@ -142,6 +143,17 @@ class KVSession:
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers)
+
+    def cache(self, output: str) -> np.ndarray:
+        """A copy of the cache kept for ``output`` (a ``present`` output): what the model's last
+        run would have returned as it."""
+        b = next((b for b in self.buffers if b.pair.output == output), None)
+        if b is None:
+            raise InputError(f"{self.executor.model_name}: {output!r} is not a cache this session keeps "
+                             f"(it keeps {sorted(self.present_names)})")
+        if b.tensor is None:
+            raise InputError(f"{self.executor.model_name}: the cache {output!r} is empty: no step ran yet")
+        return b.tensor.narrow(b.pair.axis, 0, b.length).numpy().copy()
 
     def reset(self) -> None:
         """Start a new sequence (the buffers are kept and reused)."""
