@@ -97,8 +97,20 @@ def test_every_op_the_old_policy_named_keeps_its_class_and_reason(key):
     assert got.code == (pp.Reason.MOVEMENT if OLD_POLICY[key][1] == _MOVE else pp.Reason.POLICY)
 
 
+# ops registered since (issue 40's fused decoder, conv-net norm and movement ops), with their classes
+NEW_POLICY = {
+    (FG, "RMSNorm"): ("keep", "normalisation statistics (mean square): float32"),
+    (FG, "SkipRMSNorm"): ("keep", "a residual sum and normalisation statistics: float32"),
+    (FG, "RotaryEmbedding"): ("follow", "a rotation by float32 cos / sin tables: float32 inside, rounded once"),
+    (FG, "GatedActivation"): ("follow", "an activation times the up projection: float32 inside, rounded once"),
+    (FG, "ChannelLayerNorm"): ("keep", "normalisation statistics: float32"),
+    (FG, "GroupNorm"): ("keep", "normalisation statistics: float32"),
+    (FG, "Roll"): ("follow", _MOVE),
+}
+
+
 def test_no_other_registered_op_gained_a_class():
-    assert pp.policy() == {k: (Precision(c), w) for k, (c, w) in OLD_POLICY.items()}
+    assert pp.policy() == {k: (Precision(c), w) for k, (c, w) in {**OLD_POLICY, **NEW_POLICY}.items()}
 
 
 def test_every_opset_of_an_op_has_the_same_classes():
@@ -123,13 +135,15 @@ def test_each_consumer_derives_its_movement_list_from_the_registry():
     """The derived sets against the old lists: the precision policy's and the guard plan's are
     the same; the rewrite engine now also looks through the copies it did not list (Tile, Pad
     and the channel rearrangements: a rewrite that emits one no longer takes it for its
-    computing node), the zoo through the channel rearrangements (they keep every value)."""
+    computing node), the zoo through the channel rearrangements (they keep every value); Roll
+    (issue 40's windowed attention) is a permutation of its input."""
     onnx_ops = {op for d, op in movement_ops()}
-    assert {k for k, (c, w) in OLD_POLICY.items() if w == _MOVE} == movement_ops(*pp.FOLLOWING_MOVES)
+    assert {k for k, (c, w) in {**OLD_POLICY, **NEW_POLICY}.items() if w == _MOVE} == \
+        movement_ops(*pp.FOLLOWING_MOVES)
     assert shallow() == OLD_GUARD_SHALLOW and deep() == OLD_GUARD_DEEP
-    assert onnx_ops == OLD_REWRITE_MOVES | {"Tile", "Pad", "DepthToSpace", "SpaceToDepth", "ChannelShuffle"}
+    assert onnx_ops == OLD_REWRITE_MOVES | {"Tile", "Pad", "DepthToSpace", "SpaceToDepth", "ChannelShuffle", "Roll"}
     assert {op for d, op in movement_ops(*zoo.LOOK_THROUGH)} == \
-        OLD_ZOO_PASS_THROUGH | {"DepthToSpace", "SpaceToDepth", "ChannelShuffle"}
+        OLD_ZOO_PASS_THROUGH | {"DepthToSpace", "SpaceToDepth", "ChannelShuffle", "Roll"}
 
 
 @pytest.mark.parametrize("op", sorted(OLD_FINITE_PASS_THROUGH | {"Cast"}))
