@@ -4,9 +4,9 @@ Layout here is physical only: every value keeps its logical NCHW shape, and torc
 compute the same result whatever the strides, so a layout choice can never change values,
 only where the transposing copies ("reorders") happen. What the choice drives:
 
-- ``fusegraph::FusedConv`` with an ``nhwc`` output runs oneDNN with prepacked weights on
-  channels-last data (``ops/fused_cnn.py``); its input is converted inside the kernel
-  when it is not channels-last (one reorder);
+- ``fusegraph::FusedConv`` (and the int8 ``QConv``) with an ``nhwc`` output runs oneDNN with
+  prepacked weights on channels-last data (``ops/fused_cnn.py``); its input is converted
+  inside the kernel when it is not channels-last (one reorder);
 - a planned output buffer of an ``nhwc`` value is a channels-last view of the arena
   (``runtime/arena.py``), so ``out=`` kernels write channels-last directly;
 - the planner never lets an output overwrite an input of another layout in place.
@@ -35,8 +35,11 @@ from .manager import PassOptions, PassResult
 
 NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
 AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"), ("", "LRN"),
-                      ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"),
+                      ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"), ("fusegraph", "QConv"),
                       ("fusegraph", "ChannelShuffle")})
+# the convolutions that run channels-last, and the inputs they read in their output's layout
+# (the data, and the residual); QConv is the int8 one (``ops/quantized.py``)
+CONVS = {("fusegraph", "FusedConv"): (0, 3), ("fusegraph", "QConv"): (0, 4)}
 ANY_INPUT = frozenset({("", "GlobalMaxPool")})  # reads either layout at full speed, exactly
 
 
@@ -84,7 +87,7 @@ def assign(graph: Graph) -> dict[int, str]:
         d = _opdef(node)
         ins = [v for v in node.inputs if _is_act4(v) and not _trivial(v)]
         in_lay = [lay.get(id(v), NCHW) for v in ins]
-        if node.domain == "fusegraph" and node.op_type == "FusedConv":
+        if (node.domain, node.op_type) in CONVS:
             layout = NHWC
         elif d is not None and d.alias and ins and in_lay[0] != NCHW:
             layout = in_lay[0] if ins[0].shape == outs[0].shape else STRIDED
@@ -101,7 +104,7 @@ def reorder_bytes(graph: Graph, lay: dict[int, str]) -> tuple[int, int]:
     """(bytes converted between layouts, bytes read by 2-D FusedConvs) under ``lay``."""
     moved, conv = 0, 0
     for node in graph.nodes:
-        fused = node.domain == "fusegraph" and node.op_type == "FusedConv"
+        fused = (node.domain, node.op_type) in CONVS
         x = node.inputs[0] if node.inputs else None
         if fused and _is_act4(x):
             conv += _bytes(x) + _bytes(node.outputs[0])
@@ -111,7 +114,7 @@ def reorder_bytes(graph: Graph, lay: dict[int, str]) -> tuple[int, int]:
             have = lay.get(id(v), NCHW)
             if (node.domain, node.op_type) in ANY_INPUT:
                 continue
-            if fused and i in (0, 3):
+            if fused and i in CONVS[(node.domain, node.op_type)]:
                 want = NHWC
             elif _agnostic(node) and lay.get(id(node.outputs[0]), NCHW) == NHWC:
                 want = NHWC
@@ -129,8 +132,7 @@ class LayoutPass:
         self.options, self.layout = options, layout or LayoutOptions()
 
     def run(self, graph: Graph) -> PassResult:
-        n_conv = sum(1 for n in graph.nodes if n.domain == "fusegraph" and n.op_type == "FusedConv"
-                     and n.inputs and _is_act4(n.inputs[0]))
+        n_conv = sum(1 for n in graph.nodes if (n.domain, n.op_type) in CONVS and n.inputs and _is_act4(n.inputs[0]))
         lay = assign(graph) if n_conv >= self.layout.min_convs else {}
         moved, conv = reorder_bytes(graph, lay) if lay else (0, 0)
         chosen = bool(lay) and moved <= self.layout.max_reorder_ratio * conv
