@@ -24,7 +24,10 @@ conv_int8.py``, ``linear_int8.py``) sums the integer products exactly and scales
 within one quantisation step of this form (a rounding tie may fall the other way). A group
 whose intermediate was quantised twice in the model (a product's output requantised for a
 residual add or a concat) rounds once here: ``passes/quantize_qdq.py`` states the bound.
-No pass logic here.
+Registry facts: data-movement class none (they compute), no precision class (the policy's
+default keeps float32: their integer types are the model's, and the precision pass only
+casts float values), a value-range transfer (``QuantisedRange``: an integer output holds its
+type's range). No pass logic here.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from .conv import ConvGeometry, check_rank, conv_call, conv_infer, int_conv
 from .fused_cnn import conv_terms
 from .fused_basic import linear_terms
 from .linalg import int_matmul
-from .registry import FusionKind, NodeContext, Precision, register
+from .registry import FusionKind, NodeContext, register
 from .value_range import Fact
 
 DOMAIN = "fusegraph"
@@ -45,7 +48,6 @@ QUANTISED = (DType.UINT8, DType.INT8)
 OUT_TYPES = (DType.UINT8, DType.INT8, DType.FLOAT, DType.INT32)
 ACTIVATIONS = ("", "relu")
 RANGE = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
-PRECISION = (Precision.KEEP, "quantised: int8 values with float32 scales, their types fixed by the model")
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -155,7 +157,7 @@ def _qconv_infer(ctx: NodeContext):
 
 
 @register("QConv", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=_qconv_infer,
-          writes_out=True, inplace=((4, 0),), precision=PRECISION, value_range=QuantisedRange(conv_terms))
+          writes_out=True, inplace=((4, 0),), value_range=QuantisedRange(conv_terms))
 def _qconv(ctx: NodeContext):
     check_rank(ctx)
     yt = _check_common(ctx)
@@ -195,7 +197,7 @@ def _qlinear_shape(ctx: NodeContext):
 
 
 @register("QLinear", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_infer_as(_qlinear_shape),
-          writes_out=True, precision=PRECISION, value_range=QuantisedRange(linear_terms))
+          writes_out=True, value_range=QuantisedRange(linear_terms))
 def _qlinear(ctx: NodeContext):
     yt = _check_common(ctx)
     trans_b = bool(ctx.attr("trans_b", 0))
@@ -222,7 +224,7 @@ def _qlinear(ctx: NodeContext):
 # ---------------------------------------------------------------- Requantize, QAdd
 
 @register("Requantize", domain=DOMAIN, since=1, fusion=FusionKind.ELEMENTWISE,
-          infer=_infer_as(lambda ctx: ctx.shape(0)), writes_out=True, precision=PRECISION,
+          infer=_infer_as(lambda ctx: ctx.shape(0)), writes_out=True,
           value_range=QuantisedRange())
 def _requantize(ctx: NodeContext):
     yt = _check_common(ctx)
@@ -242,7 +244,7 @@ def _qadd_shape(ctx: NodeContext):
 
 
 @register("QAdd", domain=DOMAIN, since=1, fusion=FusionKind.BROADCAST, infer=_infer_as(_qadd_shape),
-          writes_out=True, precision=PRECISION, value_range=QuantisedRange(inputs=("a", "b")))
+          writes_out=True, value_range=QuantisedRange(inputs=("a", "b")))
 def _qadd(ctx: NodeContext):
     yt = _check_common(ctx, ("a", "b"))
     a_s, a_zp = float(ctx.attr("a_scale")), int(ctx.attr("a_zero_point", 0))

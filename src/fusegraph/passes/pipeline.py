@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from . import algebra, batchnorm, collapse, conv_affine, noop, replace_linear, replace_matmul
-from . import qdq_propagate, quantize_qdq, replace_reduce, shape_chain
+from . import qdq_propagate, qlinear_ops, quantize_qdq, replace_reduce, shape_chain
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
@@ -43,14 +43,16 @@ RULE_FAMILIES = {
     "replace_matmul": replace_matmul.RULES,
     "replace_reduce": replace_reduce.RULES,
     "quantize_qdq": quantize_qdq.RULES,
+    "qlinear_ops": qlinear_ops.RULES,
     "qdq_propagate": qdq_propagate.RULES,
 }
 REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce", "quantize_qdq",
-                                "qdq_propagate"})
+                                "qlinear_ops", "qdq_propagate"})
 OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "layout", "fold_casts")
 
 QUANTISED = Group("quantised", (
     "quantize_qdq",         # QDQ products -> int8 ops, before folding turns DQ(weight) into float weights
+    "qlinear_ops",          # QLinearConv / QLinearMatMul / ConvInteger / MatMulInteger -> the same int8 ops
     "qdq_propagate",        # int8 values straight from one int8 op to the next (sinks, cancels, residuals)
     "dce",
 ))

@@ -78,32 +78,52 @@ def weight_params(dq: Node, channel_axis: int, channels: int) -> tuple[torch.Ten
     """(int8 weight, float32 scales [channels] or [1]) of DQ ``dq`` over a constant weight,
     scaled per tensor or along ``channel_axis`` with zero point 0 (after shifting a uint8
     weight into int8 where every value minus its zero point fits)."""
-    w, s, zp = const_of(dq.input(0)), const_of(dq.input(1)), dq.input(2)
-    if w is None or w.device.type != "cpu":
-        return Decline(f"{dq.name}: the weight is not a constant")
-    if s is None or s.dtype != torch.float32 or _block(dq):
-        return Decline(f"{dq.name}: the weight's scale is not a float32 constant per tensor or per channel")
-    if w.dtype not in (torch.int8, torch.uint8):
-        return Decline(f"{dq.name}: a {w.dtype} weight (int8 / uint8 only)")
-    z = const_of(zp) if zp is not None else torch.zeros((), dtype=w.dtype)
-    if z is None:
-        return Decline(f"{dq.name}: the weight's zero point is not a constant")
+    if _block(dq):
+        return Decline(f"{dq.name}: blocked weight scales")
     axis = int(dq.attrs.get("axis", 1))
+    return quantised_weight(dq.input(0), dq.input(1), dq.input(2), axis, channel_axis, channels, dq.name)
+
+
+def quantised_weight(w_v: Value, s_v: "Value | torch.Tensor", zp_v: Value | None, axis: int, channel_axis: int, channels: int,
+                     where: str) -> tuple[torch.Tensor, torch.Tensor] | Decline:
+    """``weight_params`` from the weight, scale and zero-point values themselves (a DQ's
+    inputs, or a QLinearConv's; a tensor for a scale the model does not hold); ``axis``: the
+    one the scales run along when they are many."""
+    w, s = const_of(w_v), s_v if isinstance(s_v, torch.Tensor) else const_of(s_v)
+    if w is None or w.device.type != "cpu":
+        return Decline(f"{where}: the weight is not a constant")
+    if s is None or s.dtype != torch.float32:
+        return Decline(f"{where}: the weight's scale is not a float32 constant per tensor or per channel")
+    if w.dtype not in (torch.int8, torch.uint8):
+        return Decline(f"{where}: a {w.dtype} weight (int8 / uint8 only)")
+    z = const_of(zp_v) if zp_v is not None else torch.zeros((), dtype=w.dtype)
+    if z is None:
+        return Decline(f"{where}: the weight's zero point is not a constant")
     axis = axis + w.dim() if axis < 0 else axis
     if s.numel() > 1 and (axis != channel_axis or s.numel() != channels or s.dim() != 1):
-        return Decline(f"{dq.name}: weight scales along axis {axis}, not one per output channel")
-    if z.numel() not in (1, s.numel()):
-        return Decline(f"{dq.name}: zero points do not match the scales")
+        return Decline(f"{where}: weight scales along axis {axis}, not one per output channel")
+    if z.numel() not in (1, channels):
+        return Decline(f"{where}: zero points do not match the scales")
     if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
-        return Decline(f"{dq.name}: a weight scale is not a positive finite number")
+        return Decline(f"{where}: a weight scale is not a positive finite number")
     shape = [1] * w.dim()
     if z.numel() > 1:
-        shape[axis] = -1
+        shape[channel_axis] = -1
     shifted = w.to(torch.int32) - z.to(torch.int32).reshape(shape)
     if int(shifted.min()) < S8[0] or int(shifted.max()) > S8[1]:
-        return Decline(f"{dq.name}: the weight minus its zero point does not fit int8")
-    scales = s.reshape(-1).contiguous()
-    return shifted.to(torch.int8).contiguous(), scales
+        return Decline(f"{where}: the weight minus its zero point does not fit int8")
+    return shifted.to(torch.int8).contiguous(), s.reshape(-1).contiguous()
+
+
+def scalar(v: Value | None, default=None):
+    """The one value of constant ``v`` as a Python number (``default`` when ``v`` is absent;
+    None when it is not one constant)."""
+    if v is None:
+        return default
+    t = const_of(v)
+    if t is None or t.numel() != 1:
+        return None
+    return float(t.reshape(())) if t.is_floating_point() else int(t.reshape(()))
 
 
 def constant_bias(v: Value | None, n) -> torch.Tensor | Decline | None:
