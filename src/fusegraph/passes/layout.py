@@ -21,7 +21,9 @@ unchanged, else ``strided`` (neither; never written over in place). Everything e
 
 The pass then compares the reorder traffic this plan needs with the bytes the convolutions
 process; when reorders would cost more than ``min_gain`` of that (or the graph has fewer
-than ``min_convs`` 2-D FusedConvs) it leaves the whole graph ``nchw``. Graph outputs and
+than ``min_convs`` 2-D FusedConvs) it leaves the whole graph ``nchw``, except a graph with an
+int8 ``QConv``: oneDNN's int8 convolutions have no fast ``nchw`` form, so that one always goes
+``nhwc``. Graph outputs and
 inputs are never changed: outputs may come back channels-last-strided (values are equal).
 """
 from __future__ import annotations
@@ -36,10 +38,12 @@ from .manager import PassOptions, PassResult
 NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
 AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"), ("", "LRN"),
                       ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"), ("fusegraph", "QConv"),
-                      ("fusegraph", "ChannelShuffle")})
+                      ("fusegraph", "ChannelShuffle"),
+                      ("", "QuantizeLinear"), ("", "DequantizeLinear")})   # elementwise, per tensor or per channel
 # the convolutions that run channels-last, and the inputs they read in their output's layout
 # (the data, and the residual); QConv is the int8 one (``ops/quantized.py``)
 CONVS = {("fusegraph", "FusedConv"): (0, 3), ("fusegraph", "QConv"): (0, 4)}
+INT8_CONV = ("fusegraph", "QConv")
 ANY_INPUT = frozenset({("", "GlobalMaxPool")})  # reads either layout at full speed, exactly
 
 
@@ -133,9 +137,12 @@ class LayoutPass:
 
     def run(self, graph: Graph) -> PassResult:
         n_conv = sum(1 for n in graph.nodes if (n.domain, n.op_type) in CONVS and n.inputs and _is_act4(n.inputs[0]))
-        lay = assign(graph) if n_conv >= self.layout.min_convs else {}
+        # oneDNN's int8 convolutions run channels-last only (over nchw it offers its reference
+        # one, and the QConv runs its float32 reference form): a graph with one goes nhwc
+        n_int8 = sum(1 for n in graph.nodes if (n.domain, n.op_type) == INT8_CONV and n.inputs and _is_act4(n.inputs[0]))
+        lay = assign(graph) if n_conv >= self.layout.min_convs or n_int8 else {}
         moved, conv = reorder_bytes(graph, lay) if lay else (0, 0)
-        chosen = bool(lay) and moved <= self.layout.max_reorder_ratio * conv
+        chosen = bool(lay) and (moved <= self.layout.max_reorder_ratio * conv or n_int8 > 0)
         changed = 0
         for node in graph.nodes:
             for o in node.outputs:
