@@ -22,7 +22,8 @@ f32 for what it does not run in int8 (as in the fresh process); a
 benchmark peer only, never imported by the package), ``fg_int8`` (``fg.compile`` of the QDQ file).
 
 Columns: *ms* (median) and its ratio to onnxruntime fp32 (geomean under the table); *rel-L2*
-of the int8 engines' first output (the logits / last hidden state) against onnxruntime
+of the int8 engines' ``logits`` output (the light models'; BERT: its first, the last hidden
+state) against onnxruntime
 ORT_DISABLE_ALL on the fp32 file, on seed 0's input; *anon MiB*: RssAnon after 20 runs minus
 after import, one fresh process per engine and model (``precision_table.fresh_process``);
 *build s*: session creation / ``compile_model`` / ``fg.compile`` in that process.
@@ -109,22 +110,22 @@ def quantised_model(name: str, fp32: Path, feeds_of, cache: Path, calibration: i
 
 # ----- engines ----------------------------------------------------------------------------------------
 
-def build(engine: str, fp32: Path, qdq: Path, feeds: dict):
-    """(timed runner, function giving the first output as an array)."""
+def build(engine: str, fp32: Path, qdq: Path, feeds: dict, output: str, index: int):
+    """(timed runner, function giving output ``output`` (the ``index``-th) as an array)."""
     path = str(qdq if engine.endswith("int8") else fp32)
     if engine.startswith("ort"):
         run = ort_runner(path, THREADS, feeds)
-        return run, lambda: np.asarray(run()[0])
+        return run, lambda: np.asarray(run()[index])
     if engine.startswith("ov"):
         import openvino as ov
         compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": THREADS, "NUM_STREAMS": 1,
                                                          "PERFORMANCE_HINT": "LATENCY"})
         request = compiled.create_infer_request()
         run = lambda: request.infer(feeds, share_inputs=True)          # noqa: E731
-        return run, lambda: np.array(request.infer(feeds)[compiled.outputs[0]], copy=True)
+        return run, lambda: np.array(request.infer(feeds)[compiled.outputs[index]], copy=True)
     import fusegraph as fg
     model = fg.compile(path, config=fg.Config(threads=THREADS))
-    return (lambda: model.run(feeds)), (lambda: np.asarray(next(iter(model.run(feeds).values()))))
+    return (lambda: model.run(feeds)), (lambda: np.asarray(model.run(feeds)[output]))
 
 
 def int8_kernels(qdq: Path) -> dict:
@@ -216,11 +217,13 @@ def main(argv=None) -> None:
         qdq = quantised_model(name, fp32, feeds_of, cache, args.calibration)
         feeds = feeds_of(0)
         (ref,) = pt.ort_references(str(fp32), [feeds])
-        ref0 = next(iter(ref.values()))
+        names = list(ref)
+        output = "logits" if "logits" in ref else names[0]     # zoo.expose_logits's output
+        ref0 = ref[output]
         runners, outputs = {}, {}
         for engine in ENGINES:
             try:
-                runners[engine], outputs[engine] = build(engine, fp32, qdq, feeds)
+                runners[engine], outputs[engine] = build(engine, fp32, qdq, feeds, output, names.index(output))
             except Exception as exc:   # noqa: BLE001 - a peer that fails is reported, not fatal
                 failures[(name, engine)] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rel = {e: pt.rel_l2(outputs[e](), ref0) for e in outputs}
