@@ -11,7 +11,10 @@ opset 13 (per-channel QDQ needs DequantizeLinear's axis), feeds ``zoo.random_fee
 (feeds ``transformer_feeds``). Each is quantised once into ``--cache`` (default
 ``~/.cache/fusegraph/int8``; reused when present) by onnxruntime's ``quantize_static``: QDQ,
 per-channel int8 weights, uint8 activations, MinMax over ``--calibration`` inputs (seeds
-1000..), so every int8 engine runs the same file; in BERT only the MatMul / Gemm ops
+1000..), after onnxruntime's ``quant_pre_process`` (its recommended first step: shape
+inference and its basic graph optimisations, Conv + BatchNormalization fused; without it every
+BatchNormalization stays a float op between a dequantise and a quantise), so every int8 engine
+runs the same file; in BERT only the MatMul / Gemm ops
 (``TRANSFORMER_OPS``: the default quantises the attention mask's Add too, and loses it).
 
 Engines (all in one process, alternating blocks, ``fusegraph.tools.bench.alternate``; median of
@@ -91,7 +94,7 @@ def fp32_model(name: str, cache: Path) -> tuple[Path, callable]:
 def quantised_model(name: str, fp32: Path, feeds_of, cache: Path, calibration: int) -> Path:
     """The QDQ file of ``fp32`` (made once: onnxruntime quantize_static, per channel)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    path = cache / f"{name}_qdq_c{calibration}.onnx"
+    path = cache / f"{name}_qdq_c{calibration}_pre.onnx"
     if path.exists():
         return path
 
@@ -102,7 +105,12 @@ def quantised_model(name: str, fp32: Path, feeds_of, cache: Path, calibration: i
         def get_next(self):
             return next(self.it, None)
 
-    quantize_static(str(fp32), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+    source = fp32
+    if name not in TRANSFORMERS:      # onnxruntime's recommended first step: Conv + BatchNormalization fused
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+        source = cache / f"{name}_preprocessed.onnx"
+        quant_pre_process(str(fp32), str(source))
+    quantize_static(str(source), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     op_types_to_quantize=list(TRANSFORMER_OPS) if name in TRANSFORMERS else None)
     return path
