@@ -29,7 +29,7 @@ particular, and quantised again with scale ``s2``; here ``v`` goes straight on.
 ``|s1 * q1 - v| <= s1 / 2``, and the combination (adding a bias or a residual, a Relu) moves
 a difference by no more than itself, so before the last rounding the two differ by at most
 ``s1 / (2 s2)`` steps of ``s2``, after it by at most ``floor(s1 / (2 s2)) + 1`` steps
-(``rounding_bound``); ``tests/passes/test_quantize_qdq.py`` checks it. The product's own
+(``rounding_bound``); ``tests/passes/test_int8_qdq.py`` checks it at a model output. The product's own
 output, read by nothing else, is never materialised.
 """
 from __future__ import annotations
