@@ -21,6 +21,7 @@ from .onnx_checks import (check_model, check_node, check_opsets, check_text, che
 from .onnx_data import check_tensor_bytes, tensor_to_torch
 from .onnx_nodes import Scope, convert_nodes, set_type, value_type
 from .onnx_weights import parse_without_weights
+from .qoperator import check_qoperator, standard_form
 
 DEFAULT_OPSET = 7
 _MAX_MODEL_BYTES = 1 << 34
@@ -75,7 +76,9 @@ def import_onnx(model: Any) -> Graph:
     check_opsets(opset, where)
     check_model(proto, where)
     check_value_dims(proto.graph, where)
-    for idx, node in enumerate(proto.graph.node):
+    check_qoperator(proto.graph.node, where)
+    nodes = [standard_form(n, opset[""]) for n in proto.graph.node]
+    for idx, node in enumerate(nodes):
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         check_node(node, node.name or (node.output[0] if node.output else f"node{idx}"), domain,
                    opset.get(domain, 1), where)
@@ -96,7 +99,7 @@ def import_onnx(model: Any) -> Graph:
         set_type(v, inp.type, where)
         by_name[inp.name] = v
 
-    convert_nodes(scope, g.node, opset, base_dir, where, hints)
+    convert_nodes(scope, nodes, opset, base_dir, where, hints)
 
     for out in g.output:
         if out.name not in by_name:

@@ -186,6 +186,9 @@ def pool_infer(ctx: NodeContext):
     return outs
 
 
+_SMALL_INTS = (torch.uint8, torch.int8, torch.int16)
+
+
 # a pooled value is one of its window's (a maximum) or within their range (a mean, padding counted as 0)
 @register("MaxPool", since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=pool_infer,
           precision=(Precision.FOLLOW, "a window maximum: exact in any type"), value_range=SAME_AS_INPUT)
@@ -196,6 +199,10 @@ def _max_pool(ctx: NodeContext):
     k, s, d = geo.kernel, geo.strides, geo.dil
 
     def max_pool(x):
+        if x.dtype in _SMALL_INTS and not want_idx:
+            # torch's 8-bit channels-last max pool fails its own size check; float32 holds
+            # every 8 / 16-bit integer exactly, and a maximum is one of them
+            return max_pool(x.to(torch.float32)).to(x.dtype)
         if not want_idx and x.dim() == 4 and x.device.type == "cpu" and x.is_contiguous() \
                 and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1:
             # torch's NCHW CPU kernel is 5-25x slower than pooling channels-last data; the

@@ -74,7 +74,8 @@ def _axis(a: int, rank: int) -> int:
       "Softplus", "Softsign", "Gelu", "Clip", "IsNaN", "IsInf", "Sign", "Floor", "Ceil", "Round", "Mish",
       "LayerNormalization", "Dropout", "Celu", "ThresholdedRelu", "Shrink", "Swish", "InstanceNormalization",
       "BatchNormalization", "LRN")
-@rule("Gelu", "LayerNorm", "MaskedSoftmax", "RMSNorm", "RotaryEmbedding", "Roll", domain="fusegraph")
+@rule("QuantizeLinear", "DequantizeLinear")
+@rule("Gelu", "LayerNorm", "MaskedSoftmax", "RMSNorm", "RotaryEmbedding", "Roll", "Requantize", domain="fusegraph")
 def _same(node, shapes, values):
     if len(node.outputs) != 1 and node.op_type != "Dropout":    # statistics outputs: the kernel knows
         return None
@@ -83,7 +84,7 @@ def _same(node, shapes, values):
 
 @rule("Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
       "And", "Or", "Xor", "Max", "Min", "Mod", "PRelu", "BitShift", "Sum", "Mean")
-@rule("SkipLayerNorm", "ElementwiseChain", "SkipRMSNorm", domain="fusegraph")
+@rule("SkipLayerNorm", "ElementwiseChain", "SkipRMSNorm", "QAdd", domain="fusegraph")
 def _broadcast(node, shapes, values):
     return [broadcast(*(s for s in shapes if s is not None))] * len(node.outputs)
 
@@ -94,7 +95,7 @@ def _weight_columns(node, shapes) -> int:
     return int(w[0] if int(node.attrs.get("trans_b", 0)) else w[1])
 
 
-@rule("Linear", "LinearAct", domain="fusegraph")
+@rule("Linear", "LinearAct", "QLinear", domain="fusegraph")
 def _linear(node, shapes, values):
     return [tuple(shapes[0][:-1]) + (_weight_columns(node, shapes),)]
 
@@ -103,6 +104,28 @@ def _linear(node, shapes, values):
 def _gated(node, shapes, values):
     x = shapes[0]
     return [tuple(x[:-1]) + (x[-1] // 2,)]
+
+
+@rule("QConv", domain="fusegraph")
+def _conv(node, shapes, values):
+    """``[N, M, spatial...]`` by the ONNX size formula (``auto_pad`` SAME_*: ceil(in / stride))."""
+    x, w = shapes[0], shapes[1]
+    a = node.attrs
+    n = len(x) - 2
+    k = [int(v) for v in a.get("kernel_shape") or w[2:]]
+    st = [int(v) for v in a.get("strides") or [1] * n]
+    d = [int(v) for v in a.get("dilations") or [1] * n]
+    auto = a.get("auto_pad", "NOTSET") or "NOTSET"
+    pads = [int(v) for v in a.get("pads") or [0] * (2 * n)] if auto in ("NOTSET", "") else [0] * (2 * n)
+    out = []
+    for i in range(n):
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(-(-x[2 + i] // st[i]))
+        else:
+            out.append((x[2 + i] + pads[i] + pads[n + i] - ((k[i] - 1) * d[i] + 1)) // st[i] + 1)
+    if min(out, default=1) < 1:
+        raise ValueError(f"QConv output size {out} from input {list(x)}")
+    return [(x[0], w[0]) + tuple(out)]
 
 
 @rule("MatMul", "BatchMatMul")

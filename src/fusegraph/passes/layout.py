@@ -6,9 +6,9 @@ Layout here is physical only: every value keeps its logical NCHW shape, and torc
 compute the same result whatever the strides, so a layout choice can never change values,
 only where the transposing copies ("reorders") happen. What the choice drives:
 
-- ``fusegraph::FusedConv`` with an ``nhwc`` output runs oneDNN with prepacked weights on
-  channels-last data (``ops/fused_cnn.py``); its input is converted inside the kernel
-  when it is not channels-last (one reorder);
+- ``fusegraph::FusedConv`` (and the int8 ``QConv``) with an ``nhwc`` output runs oneDNN with
+  prepacked weights on channels-last data (``ops/fused_cnn.py``); its input is converted
+  inside the kernel when it is not channels-last (one reorder);
 - a planned output buffer of an ``nhwc`` value is a channels-last view of the arena
   (``runtime/arena.py``), so ``out=`` kernels write channels-last directly;
 - the planner never lets an output overwrite an input of another layout in place.
@@ -29,7 +29,9 @@ in both layouts and cost nothing, and a pool over the whole image reads either.
 
 The pass then compares the reorder traffic this plan needs with the bytes the convolutions
 process; when reorders would cost more than ``min_gain`` of that (or the graph has fewer
-than ``min_convs`` 1-D / 2-D FusedConvs) it leaves the whole graph ``nchw``. Graph outputs and
+than ``min_convs`` 1-D / 2-D FusedConvs) it leaves the whole graph ``nchw``, except a graph with an
+int8 ``QConv``: oneDNN's int8 convolutions have no fast ``nchw`` form, so that one always goes
+``nhwc``. Graph outputs and
 inputs are never changed: outputs may come back channels-last-strided (values are equal).
 """
 from __future__ import annotations
@@ -44,9 +46,14 @@ from .manager import PassOptions, PassResult
 
 NHWC, NCHW, STRIDED = "nhwc", "nchw", "strided"
 AGNOSTIC = frozenset({("", "MaxPool"), ("", "AveragePool"), ("", "Concat"), ("", "Identity"), ("", "LRN"),
-                      ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"),
+                      ("fusegraph", "ElementwiseChain"), ("fusegraph", "FusedConv"), ("fusegraph", "QConv"),
                       ("fusegraph", "ChannelShuffle"), ("fusegraph", "Gelu"),
-                      ("fusegraph", "ChannelLayerNorm"), ("fusegraph", "GroupNorm")})
+                      ("fusegraph", "ChannelLayerNorm"), ("fusegraph", "GroupNorm"),
+                      ("", "QuantizeLinear"), ("", "DequantizeLinear")})   # Q / DQ: elementwise, per tensor or per channel
+# the convolutions that run channels-last, and the inputs they read in their output's layout
+# (the data, and the residual); QConv is the int8 one (``ops/quantized.py``)
+CONVS = {("fusegraph", "FusedConv"): (0, 3), ("fusegraph", "QConv"): (0, 4)}
+INT8_CONV = ("fusegraph", "QConv")
 SPATIAL_RESIZE = frozenset({("", "Resize"), ("", "Upsample")})
 ANY_INPUT = frozenset({("", "GlobalMaxPool"), ("", "GlobalAveragePool")})  # read either layout at full speed, exactly
 
@@ -142,7 +149,7 @@ def assign(graph: Graph) -> dict[int, str]:
         d = _opdef(node)
         ins = [v for v in node.inputs if _is_act(v) and not _trivial(v)]
         in_lay = [lay.get(id(v), NCHW) for v in ins]
-        if node.domain == "fusegraph" and node.op_type == "FusedConv":
+        if (node.domain, node.op_type) in CONVS:
             layout = NHWC
         elif d is not None and d.alias and ins and in_lay[0] != NCHW:
             same = ins[0].shape == outs[0].shape
@@ -168,7 +175,7 @@ def reorder_bytes(graph: Graph, lay: dict[int, str]) -> tuple[int, int]:
     """(bytes converted between layouts, bytes read by 1-D / 2-D FusedConvs) under ``lay``."""
     moved, conv = 0, 0
     for node in graph.nodes:
-        fused = node.domain == "fusegraph" and node.op_type == "FusedConv"
+        fused = (node.domain, node.op_type) in CONVS
         x = node.inputs[0] if node.inputs else None
         if fused and _is_act(x):
             conv += _bytes(x) + _bytes(node.outputs[0])
@@ -178,7 +185,7 @@ def reorder_bytes(graph: Graph, lay: dict[int, str]) -> tuple[int, int]:
             have = lay.get(id(v), NCHW)
             if (node.domain, node.op_type) in ANY_INPUT:
                 continue
-            if fused and i in (0, 3):
+            if fused and i in CONVS[(node.domain, node.op_type)]:
                 want = NHWC
             elif i == 0 and "to_last" in _perm(node, len(v.shape)):
                 want = have       # channels-last read as [N, .., C]: a straight copy, or a transpose
@@ -202,11 +209,13 @@ class LayoutPass:
         self.options, self.layout = options, layout or LayoutOptions()
 
     def run(self, graph: Graph) -> PassResult:
-        n_conv = sum(1 for n in graph.nodes if n.domain == "fusegraph" and n.op_type == "FusedConv"
-                     and n.inputs and _is_act(n.inputs[0]))
-        lay = assign(graph) if n_conv >= self.layout.min_convs else {}
+        n_conv = sum(1 for n in graph.nodes if (n.domain, n.op_type) in CONVS and n.inputs and _is_act(n.inputs[0]))
+        # oneDNN's int8 convolutions run channels-last only (over nchw it offers its reference
+        # one, and the QConv runs its float32 reference form): a graph with one goes nhwc
+        n_int8 = sum(1 for n in graph.nodes if (n.domain, n.op_type) == INT8_CONV and n.inputs and _is_act(n.inputs[0]))
+        lay = assign(graph) if n_conv >= self.layout.min_convs or n_int8 else {}
         moved, conv = reorder_bytes(graph, lay) if lay else (0, 0)
-        chosen = bool(lay) and moved <= self.layout.max_reorder_ratio * conv
+        chosen = bool(lay) and (moved <= self.layout.max_reorder_ratio * conv or n_int8 > 0)
         changed = 0
         for node in graph.nodes:
             for o in node.outputs:

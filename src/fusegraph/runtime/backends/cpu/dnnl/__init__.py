@@ -3,6 +3,7 @@ into the planned arena, hold their weights once in the blocked layout they run o
 a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
+``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear;
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
 ``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm;
 GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNorm; ``binary.py``:
@@ -21,8 +22,10 @@ from .attention import attention_kernel
 from .binary import chain_kernel
 from .concat import concat_kernel
 from .conv import conv_kernel
+from .conv_int8 import conv_int8_kernel
 from .layouts import static_shape
 from .linear import linear_kernel
+from .linear_int8 import linear_int8_kernel
 from .linear_runtime import runtime_linear_kernel
 from .layernorm import layer_norm_kernel
 from .lrn import lrn_kernel
@@ -77,6 +80,10 @@ class DnnlKernels:
             if static_shape(ctx.node.inputs[0]) is None:       # rows known at run time only
                 return runtime_linear_kernel(ctx, self.store, self.resources, exact, self.one_row_steps)
             return linear_kernel(ctx, self.store, self.resources, exact)
+        if key == ("fusegraph", "QConv"):
+            return conv_int8_kernel(ctx, self.store, self.resources)
+        if key == ("fusegraph", "QLinear"):
+            return linear_int8_kernel(ctx, self.store, self.resources)
         if key in POOLS:
             return pool_kernel(ctx, opdef, self.resources, exact)
         if key == ("", "LRN"):

@@ -6,7 +6,8 @@ its blocks) and the inner blocks (``blocks``) with the dims they split (``idxs``
 first; the inner blocks form one dense tile at the innermost position. ``unpack`` views the
 bytes as ``[outer dims..., block dims...]`` with exactly those strides, puts each dim's
 outer index before its blocks (mixed radix, outermost block first), reshapes to the padded
-dims and drops the padding: no oneDNN call, so a saved model's weights can be read on a
+dims and drops the padding (and the compensation sums oneDNN appends to an int8 weight,
+which the primitives make again from the weight): no oneDNN call, so a saved model's weights can be read on a
 machine without the library, or in another layout than the one stored. ``check`` refuses a
 description that does not fit its bytes (an artifact is untrusted: every offset the view
 can reach must lie inside them).
@@ -25,6 +26,16 @@ _KEYS = ("dims", "dt", "padded", "kind", "size", "strides", "blocks", "idxs")
 def _ints(x, n=None) -> bool:
     return isinstance(x, list) and (n is None or len(x) == n) and all(
         isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 40 for v in x)
+
+
+def _extra_limit(desc: dict, padded: list[int]) -> int:
+    """The most bytes oneDNN appends to an int8 weight's elements: its compensations (int32
+    sums per output channel, each group's: one for int8 activations, one for an activation
+    zero point), padded to 64-byte alignment, at most the product of the two outer dims."""
+    if TORCH_OF[desc["dt"]].itemsize != 1:
+        return 0
+    channels = padded[0] * (padded[1] if len(padded) > 1 else 1)
+    return 2 * (4 * channels + 64)
 
 
 def check(desc, nbytes: int) -> str | None:
@@ -47,7 +58,8 @@ def check(desc, nbytes: int) -> str | None:
     if any(p < d or p % k for p, d, k in zip(padded, dims, per_dim)):
         return "padded dims do not hold their dims and blocks"
     item = TORCH_OF[desc["dt"]].itemsize
-    if desc["size"] != nbytes or nbytes != math.prod(padded) * item:   # oneDNN's weights are dense
+    dense = math.prod(padded) * item     # oneDNN's weights are dense, then its int8 compensation
+    if desc["size"] != nbytes or not dense <= nbytes <= dense + _extra_limit(desc, padded):
         return f"{nbytes} bytes do not hold the {math.prod(padded)} padded elements described"
     inner = math.prod(blocks)
     reach = inner + sum((p // k - 1) * s for p, k, s in zip(padded, per_dim, strides))

@@ -62,6 +62,7 @@ ARG_DST_LAYER, ARG_DST_ITER, ARG_DST_ITER_C = 17, 18, 19
 ARG_WEIGHTS_LAYER, ARG_WEIGHTS_ITER, ARG_WEIGHTS_PEEPHOLE = 33, 34, 35
 ARG_MEAN, ARG_VARIANCE, ARG_SCALE, ARG_SHIFT, ARG_WORKSPACE, ARG_SCRATCHPAD = 49, 50, 51, 52, 64, 80
 ARG_MULTIPLE_SRC, ARG_POST_OP_BASE = 1024, 32768
+ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS = 4096, 8192     # | ARG_SRC / ARG_WEIGHTS / ARG_DST: int8 quantisation
 
 
 def arg_post_op_src1(index: int) -> int:
@@ -107,6 +108,8 @@ _SIGNATURES = {   # name -> (restype, argtypes)
     "dnnl_primitive_attr_set_scratchpad_mode": (C.c_int, [vp, C.c_int]),
     "dnnl_primitive_attr_set_fpmath_mode": (C.c_int, [vp, C.c_int]),
     "dnnl_primitive_attr_set_post_ops": (C.c_int, [vp, vp]),
+    "dnnl_primitive_attr_set_scales_mask": (C.c_int, [vp, C.c_int, C.c_int]),
+    "dnnl_primitive_attr_set_zero_points_mask": (C.c_int, [vp, C.c_int, C.c_int]),
     "dnnl_post_ops_create": (C.c_int, [_P(vp)]),
     "dnnl_post_ops_destroy": (C.c_int, [vp]),
     "dnnl_post_ops_append_sum": (C.c_int, [vp, C.c_float, C.c_int32, C.c_int]),

@@ -1,10 +1,14 @@
 """oneDNN primitives: attributes (post-ops, user scratchpad), primitive descriptors and
 primitives, and the per-thread resources a primitive runs with.
 
-- ``attr(post_ops, fpmath_bf16=False)``: a ``dnnl_primitive_attr_t`` whose scratchpad is the
-  caller's (never allocated by oneDNN during a run) and whose post-ops are, in order,
-  ``("eltwise", name, alpha, beta)``, ``("sum", scale)`` (accumulate into the destination's
-  current contents) or ``("binary", name, MemDesc)`` (a second tensor, given at run time).
+- ``attr(post_ops, fpmath_bf16=False, scales={}, zero_points={})``: a ``dnnl_primitive_attr_t``
+  whose scratchpad is the caller's (never allocated by oneDNN during a run) and whose post-ops
+  are, in order, ``("eltwise", name, alpha, beta)``, ``("sum", scale)`` (accumulate into the
+  destination's current contents; ``("sum", scale, zero point, data type)`` reads them as
+  quantised values: ``scale * (dst - zero point)``) or ``("binary", name, MemDesc)`` (a
+  second tensor, given at run time); ``scales`` / ``zero_points`` map an argument
+  (``capi.ARG_SRC`` ...) to the mask of its int8 quantisation parameters, whose values are
+  execution arguments.
 - ``Primitive(pd, what)``: owns a primitive descriptor and the primitive made from it (the
   JIT-generated code); ``impl`` names the implementation oneDNN chose (``"ref"`` ones are
   slow: callers decline them), ``md(query)`` its descriptors, ``scratchpad_bytes``.
@@ -47,20 +51,25 @@ def thread_stream() -> vp:
 class Attr:
     __slots__ = ("handle", "_po", "_lib")
 
-    def __init__(self, post_ops=(), fpmath_bf16: bool = False):
+    def __init__(self, post_ops=(), fpmath_bf16: bool = False, scales=(), zero_points=()):
         lib = self._lib = _lib()
         self.handle, self._po = vp(), vp()
         check(lib.primitive_attr_create(C.byref(self.handle)), "primitive_attr_create")
         check(lib.primitive_attr_set_scratchpad_mode(self.handle, capi.SCRATCHPAD_USER), "set_scratchpad_mode")
         if fpmath_bf16:
             check(lib.primitive_attr_set_fpmath_mode(self.handle, capi.FPMATH_BF16), "set_fpmath_mode")
+        for arg, mask in dict(scales).items():           # the values come at run time (ARG_ATTR_SCALES | arg)
+            check(lib.primitive_attr_set_scales_mask(self.handle, arg, mask), "set_scales_mask")
+        for arg, mask in dict(zero_points).items():      # (ARG_ATTR_ZERO_POINTS | arg), int32
+            check(lib.primitive_attr_set_zero_points_mask(self.handle, arg, mask), "set_zero_points_mask")
         if post_ops:
             check(lib.post_ops_create(C.byref(self._po)), "post_ops_create")
             for op in post_ops:
                 if op[0] == "eltwise":
                     check(lib.post_ops_append_eltwise(self._po, capi.ELTWISE[op[1]], op[2], op[3]), "append_eltwise")
-                elif op[0] == "sum":
-                    check(lib.post_ops_append_sum(self._po, op[1], 0, 0), "append_sum")
+                elif op[0] == "sum":      # ("sum", scale[, zero point, data type]): scale * (dst - zp)
+                    zp, dt = (int(op[2]), int(op[3])) if len(op) > 3 else (0, 0)
+                    check(lib.post_ops_append_sum(self._po, op[1], zp, dt), "append_sum")
                 elif op[0] == "binary":
                     check(lib.post_ops_append_binary(self._po, capi.BINARY[op[1]], op[2].handle), "append_binary")
                 else:

@@ -1,0 +1,262 @@
+"""Quantised ops in domain ``fusegraph`` (version 1): what a QDQ model's int8 groups become
+(``passes/quantize_qdq.py``), each one node with its quantisation parameters as attributes.
+
+- ``QConv(x, w, w_scale, b?, z?)``: ``Q(act(conv(DQ(x), DQ(w)) + b + DQ(z)))``. ``x`` uint8 /
+  int8 activations (``x_scale``, ``x_zero_point``), ``w`` an int8 weight of symmetric
+  quantisation (zero point 0) with ``w_scale`` one float per output channel or one for all,
+  ``b`` a float32 bias, ``z`` an optional quantised residual of the output's shape
+  (``z_scale``, ``z_zero_point``) added before the activation (``activation``: "" or
+  "relu"). The ONNX Conv attributes. The output type ``y_type`` (a ``DType`` code): uint8 /
+  int8 quantised with ``y_scale`` / ``y_zero_point``; float32 (the dequantised result, for a
+  float consumer); int32 (ConvInteger: the exact accumulator ``(x - x_zero_point) * w``, no
+  scale, no bias, no residual).
+- ``QLinear(x, w, w_scale, b?)``: the same over a product ``x @ w`` (``w`` [K, N], or [N, K]
+  with ``trans_b``; ``w_scale`` one per column N or one), ``x`` of any rank >= 1.
+- ``Requantize(x)``: ``Q(DQ(x))`` from (``x_scale``, ``x_zero_point``) to (``y_scale``,
+  ``y_zero_point``, ``y_type``).
+- ``QAdd(a, b)``: ``Q(act(DQ(a) + DQ(b)))`` (numpy broadcasting), ``a_*`` / ``b_*`` / ``y_*``.
+
+Each op's own kernel is its reference form, portable ATen: dequantise in float32 as
+``DequantizeLinear`` does (``(x - zero point) * scale``), compute in float32, quantise as
+``QuantizeLinear`` does (``x / scale`` rounded half to even, plus the zero point, saturated);
+int32 outputs are exact integer sums. An int8 backend kernel (``runtime/backends/cpu/dnnl/
+conv_int8.py``, ``linear_int8.py``) sums the integer products exactly and scales in float32:
+within one quantisation step of this form (a rounding tie may fall the other way). A group
+whose intermediate was quantised twice in the model (a product's output requantised for a
+residual add or a concat) rounds once here: ``passes/quantize_qdq.py`` states the bound.
+Registry facts: data-movement class none (they compute), no precision class (the policy's
+default keeps float32: their integer types are the model's, and the precision pass only
+casts float values), a value-range transfer (``QuantisedRange``: an integer output holds its
+type's range). No pass logic here.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir import DType
+from .conv import ConvGeometry, check_rank, conv_call, conv_infer, int_conv
+from .fused_cnn import conv_terms
+from .fused_basic import linear_terms
+from .linalg import int_matmul
+from .registry import FusionKind, NodeContext, register
+from .value_range import Fact
+
+DOMAIN = "fusegraph"
+QUANTISED = (DType.UINT8, DType.INT8)
+OUT_TYPES = (DType.UINT8, DType.INT8, DType.FLOAT, DType.INT32)
+ACTIVATIONS = ("", "relu")
+RANGE = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
+
+
+# ---------------------------------------------------------------- shared pieces
+
+def y_type(ctx_or_attrs) -> DType:
+    attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
+    return DType(int(attrs.get("y_type", int(DType.UINT8))))
+
+
+def dequantize(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """``DequantizeLinear`` with a per-tensor scale: ``(x - zp) * scale`` in float32."""
+    xf = x.to(torch.float32)
+    if zero_point:
+        xf = xf - float(zero_point)
+    return xf * torch.tensor(scale, dtype=torch.float32)
+
+
+def quantize(y: torch.Tensor, scale: float, zero_point: int, dt: DType) -> torch.Tensor:
+    """``QuantizeLinear`` of float32 ``y`` with a per-tensor scale: ``y / scale`` rounded half
+    to even, plus the zero point, saturated to ``dt``."""
+    lo, hi = RANGE[dt]
+    q = torch.round(y / torch.tensor(scale, dtype=torch.float32))
+    if zero_point:
+        q = q + float(zero_point)
+    return q.clamp_(lo, hi).to(dt.to_torch())
+
+
+def _write(result: torch.Tensor, out):
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def _check_common(ctx: NodeContext, inputs=("x",)) -> DType:
+    """The output type, after checking the attributes every quantised op reads."""
+    yt = y_type(ctx)
+    if yt not in OUT_TYPES:
+        raise ctx.unsupported(f"y_type {yt.name} (uint8, int8, float32 or int32)")
+    for name in inputs:
+        s = float(ctx.attr(f"{name}_scale"))
+        if not (math.isfinite(s) and s > 0):
+            raise ctx.unsupported(f"{name}_scale {s} is not a positive finite number")
+    if yt in QUANTISED:
+        s = float(ctx.attr("y_scale"))
+        if not (math.isfinite(s) and s > 0):
+            raise ctx.unsupported(f"y_scale {s} is not a positive finite number")
+        lo, hi = RANGE[yt]
+        if not lo <= int(ctx.attr("y_zero_point", 0)) <= hi:
+            raise ctx.unsupported(f"y_zero_point outside {yt.name}")
+    if str(ctx.attr("activation", "")) not in ACTIVATIONS:
+        raise ctx.unsupported(f"activation {ctx.attr('activation')!r} (known: {ACTIVATIONS})")
+    return yt
+
+
+def _infer_as(shape_of):
+    def infer(ctx: NodeContext):
+        return [(y_type(ctx), shape_of(ctx))]
+    return infer
+
+
+class QuantisedRange:
+    """The value-range transfer of a quantised op: an integer output holds its type's range;
+    a float32 output is bounded by the dequantised input bound times the weight's gain
+    (``terms`` products of at most 128 times the largest weight scale), plus the bias and the
+    residual (``inputs``: the attribute prefixes of the dequantised inputs)."""
+
+    def __init__(self, terms=None, inputs=("x",)):
+        self.terms, self.inputs = terms, inputs
+
+    def __call__(self, node, ins):
+        yt = y_type(node.attrs)
+        if yt in RANGE:
+            lo, hi = RANGE[yt]
+            return [Fact(float(max(abs(lo), abs(hi))))]
+        if yt == DType.INT32:
+            return [Fact(2.0 ** 31)]
+        xb = [255.0 * float(node.attrs.get(f"{p}_scale", math.inf)) for p in self.inputs]
+        if self.terms is None:
+            return [Fact(sum(xb))]
+        n = self.terms(node)
+        w = ins[2] if len(ins) > 2 else Fact(math.inf)
+        bound = xb[0] * 128.0 * w.bound * (math.inf if n is None else n)
+        b = ins[3] if len(ins) > 3 else Fact(0.0)
+        z = 255.0 * float(node.attrs.get("z_scale", 0.0)) if len(ins) > 4 else 0.0
+        return [Fact(bound + b.bound + z, w.nan or b.nan, w.inf or b.inf)]
+
+
+def _weight_cache():
+    """The float32 weight ``w * w_scale`` of the last call, kept while both are unchanged
+    (a reference kernel dequantises its constant weight once, not on every run)."""
+    held: dict = {}
+
+    def dequantized(w: torch.Tensor, w_scale: torch.Tensor, shape) -> torch.Tensor:
+        key = (w.data_ptr(), w._version, tuple(w.shape), w_scale.data_ptr(), w_scale._version)
+        if held.get("key") != key:
+            held["key"] = key
+            held["w"] = w.to(torch.float32) * w_scale.to(torch.float32).reshape(shape)
+        return held["w"]
+    return dequantized
+
+
+# ---------------------------------------------------------------- QConv
+
+def _qconv_infer(ctx: NodeContext):
+    return [(y_type(ctx), conv_infer(ctx)[0][1])]
+
+
+@register("QConv", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, layout_sensitive=True, infer=_qconv_infer,
+          writes_out=True, inplace=((4, 0),), value_range=QuantisedRange(conv_terms))
+def _qconv(ctx: NodeContext):
+    check_rank(ctx)
+    yt = _check_common(ctx)
+    geo = ConvGeometry(ctx)
+    xs, xzp = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
+    ys, yzp = float(ctx.attr("y_scale", 1.0)), int(ctx.attr("y_zero_point", 0))
+    zs, zzp = float(ctx.attr("z_scale", 1.0)), int(ctx.attr("z_zero_point", 0))
+    relu = str(ctx.attr("activation", "")) == "relu"
+    weight = _weight_cache()
+
+    def qconv(x, w, w_scale, b=None, z=None, out=None):
+        if yt == DType.INT32:
+            zp = torch.tensor([xzp], dtype=torch.int32) if xzp else None
+            return _write(int_conv(x, w, zp, None, geo).to(torch.int32), out)
+        lead = (-1,) + (1,) * (w.dim() - 1)
+        wf = weight(w, w_scale, lead if w_scale.numel() > 1 else ())
+        s, d, begin, end = geo.resolve(tuple(x.shape[2:]), tuple(w.shape[2:]))
+        y = conv_call(dequantize(x, xs, xzp), wf, None if b is None else b.to(torch.float32),
+                      s, d, geo.group, begin, end)
+        if z is not None:
+            y = y + dequantize(z, zs, zzp)
+        if relu:
+            y = y.relu_()
+        return _write(y if yt == DType.FLOAT else quantize(y, ys, yzp, yt), out)
+    return qconv
+
+
+# ---------------------------------------------------------------- QLinear
+
+def _qlinear_shape(ctx: NodeContext):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    if ws is not None and len(ws) != 2:
+        raise ValueError(f"QLinear weight must be 2-D, got rank {len(ws)}")
+    if xs is None or ws is None:
+        return None
+    return tuple(xs[:-1]) + (ws[0] if ctx.attr("trans_b", 0) else ws[1],)
+
+
+@register("QLinear", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_infer_as(_qlinear_shape),
+          writes_out=True, value_range=QuantisedRange(linear_terms))
+def _qlinear(ctx: NodeContext):
+    yt = _check_common(ctx)
+    trans_b = bool(ctx.attr("trans_b", 0))
+    xs, xzp = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
+    ys, yzp = float(ctx.attr("y_scale", 1.0)), int(ctx.attr("y_zero_point", 0))
+    relu = str(ctx.attr("activation", "")) == "relu"
+    weight = _weight_cache()
+
+    def qlinear(x, w, w_scale, b=None, out=None):
+        wt = w.t() if trans_b else w                   # [K, N]
+        if yt == DType.INT32:
+            zp = torch.tensor([xzp], dtype=torch.int32) if xzp else None
+            return _write(int_matmul(x, wt, zp, None).to(torch.int32), out)
+        wf = weight(w, w_scale, ((-1, 1) if trans_b else (1, -1)) if w_scale.numel() > 1 else ())
+        y = torch.matmul(dequantize(x, xs, xzp), wf.t() if trans_b else wf)
+        if b is not None:
+            y = y + b.to(torch.float32)
+        if relu:
+            y = y.relu_()
+        return _write(y if yt == DType.FLOAT else quantize(y, ys, yzp, yt), out)
+    return qlinear
+
+
+# ---------------------------------------------------------------- Requantize, QAdd
+
+@register("Requantize", domain=DOMAIN, since=1, fusion=FusionKind.ELEMENTWISE,
+          infer=_infer_as(lambda ctx: ctx.shape(0)), writes_out=True,
+          value_range=QuantisedRange())
+def _requantize(ctx: NodeContext):
+    yt = _check_common(ctx)
+    if yt not in QUANTISED:
+        raise ctx.unsupported(f"Requantize to {yt.name}")
+    xs, xzp = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
+    ys, yzp = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+
+    def requantize(x, out=None):
+        return _write(quantize(dequantize(x, xs, xzp), ys, yzp, yt), out)
+    return requantize
+
+
+def _qadd_shape(ctx: NodeContext):
+    from ..ir.shape import broadcast_shapes
+    return broadcast_shapes(ctx.shape(0), ctx.shape(1))
+
+
+@register("QAdd", domain=DOMAIN, since=1, fusion=FusionKind.BROADCAST, infer=_infer_as(_qadd_shape),
+          writes_out=True, value_range=QuantisedRange(inputs=("a", "b")))
+def _qadd(ctx: NodeContext):
+    yt = _check_common(ctx, ("a", "b"))
+    a_s, a_zp = float(ctx.attr("a_scale")), int(ctx.attr("a_zero_point", 0))
+    b_s, b_zp = float(ctx.attr("b_scale")), int(ctx.attr("b_zero_point", 0))
+    ys, yzp = float(ctx.attr("y_scale", 1.0)), int(ctx.attr("y_zero_point", 0))
+    relu = str(ctx.attr("activation", "")) == "relu"
+    if yt == DType.INT32:
+        raise ctx.unsupported("QAdd to int32")
+
+    def qadd(a, b, out=None):
+        y = dequantize(a, a_s, a_zp) + dequantize(b, b_s, b_zp)
+        if relu:
+            y = y.relu_()
+        return _write(y if yt == DType.FLOAT else quantize(y, ys, yzp, yt), out)
+    return qadd

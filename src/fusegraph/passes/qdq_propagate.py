@@ -1,0 +1,290 @@
+"""QDQ between int8 ops: the quantised values flow from one int8 op to the next, with no
+dequantise-quantise round trip where the model's arithmetic does not need one.
+
+- ``dq_sink`` (root a data-movement op: view, permutation, selection, replication; or a max
+  pool): ``Op(DQ(x), ...) -> DQ(Op(x, ...))`` for a per-tensor DQ. Exact: such an op moves
+  (or, a max pool, picks by order) values, and a per-tensor dequantisation is the same map
+  on every element, increasing (scale > 0).
+- ``dq_join`` (root Concat): ``Concat(DQ(a), DQ(b) ...)`` with one set of parameters ->
+  ``DQ(Concat(a, b ...))``. Exact.
+- ``qdq_cancel`` (root QuantizeLinear): ``Q(DQ(x))`` -> ``x`` when both have the same
+  parameters (exact: a quantised value dequantises and quantises to itself), else
+  ``Requantize(x)`` (the same arithmetic in one node).
+- ``qdq_concat`` (root QuantizeLinear): ``Q(Concat(DQ(a), DQ(b) ...))`` -> ``Concat(a', b'
+  ...)`` where ``a'`` is ``a`` when its parameters are the Q's and ``Requantize(a)`` else.
+  Exact: a concat moves values, and quantising a concat is quantising its parts.
+- ``qdq_bias`` (root QuantizeLinear): ``Q(Add(DQ(QLinear(...)), bias))`` with a constant
+  bias (or the DQ of one) along the last axis -> the QLinear with the bias added to its own
+  and the Q's output parameters.
+- ``qdq_residual`` (root QuantizeLinear): ``Q(act(Add(DQ(QConv(...)), DQ(z))))`` -> the
+  QConv with residual ``z`` and activation ``act`` (Relu or none), writing the Q's
+  parameters; any other ``Q(act(Add(DQ(a), DQ(b))))`` -> ``QAdd(a, b)``.
+- ``requantize_product`` (root Requantize): ``Requantize(QConv / QLinear(...))`` -> the
+  product writing the Requantize's parameters.
+
+``qdq_bias``, ``qdq_residual`` and ``requantize_product`` round once where the model
+rounds twice: the product's result ``v`` was quantised to ``q1 = round(v / s1)`` (its own
+scale ``s1``), dequantised, combined with values that are exact multiples of nothing in
+particular, and quantised again with scale ``s2``; here ``v`` goes straight on.
+``|s1 * q1 - v| <= s1 / 2``, and the combination (adding a bias or a residual, a Relu) moves
+a difference by no more than itself, so before the last rounding the two differ by at most
+``s1 / (2 s2)`` steps of ``s2``, after it by at most ``floor(s1 / (2 s2)) + 1`` steps
+(``rounding_bound``); ``tests/passes/test_int8_qdq.py`` checks it at a model output. The product's own
+output, read by nothing else, is never materialised.
+"""
+from __future__ import annotations
+
+import math
+
+from ..ir import DType, Node
+from ..ops import Movement, movement_ops
+from .facts import only_use
+from .qdq_params import QParams, activation_params, constant_bias, is_op
+from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
+
+# ops whose value is a selection of their input's elements (or their order statistic): a
+# per-tensor increasing map (a dequantisation) commutes with them
+SINK_MOVES = (Movement.VIEW, Movement.PERMUTE, Movement.SELECT, Movement.REPLICATE)
+ORDER_STATISTICS = ("MaxPool", "GlobalMaxPool")      # the maximum of a window (scale > 0: order kept)
+
+
+def rounding_bound(s1: float, s2: float) -> int:
+    """The most steps of ``s2`` by which rounding once differs from rounding to ``s1`` first."""
+    return int(math.floor(s1 / (2.0 * s2))) + 1
+
+
+def _dq(v) -> Node | None:
+    p = v.producer if v is not None else None
+    return p if is_op(p, "DequantizeLinear") else None
+
+
+def _fg(node: Node | None, *ops: str) -> bool:
+    return node is not None and node.domain == FUSEGRAPH_DOMAIN and node.op_type in ops
+
+
+def _emit_dq(ctx, x, p: QParams, like: Node):
+    return ctx.emit("DequantizeLinear", [x, like.input(1), like.input(2)])
+
+
+def _emit_requantize(ctx, x, src: QParams, dst: QParams):
+    return ctx.emit("Requantize", [x], {"x_scale": src.scale, "x_zero_point": src.zero_point, "y_scale": dst.scale,
+                                       "y_zero_point": dst.zero_point, "y_type": int(dst.dtype)},
+                    domain=FUSEGRAPH_DOMAIN)
+
+
+# ------------------------------------------------------------------------ dq_sink, dq_join
+
+def _sinkable(node: Node) -> bool:
+    if node.domain != "" or len(node.outputs) != 1:
+        return False
+    if node.op_type in ORDER_STATISTICS:
+        return True
+    return (node.domain, node.op_type) in movement_ops(*SINK_MOVES)
+
+
+def _check_sink(node: Node, ctx):
+    if not _sinkable(node):
+        return None
+    dq = _dq(node.input(0))
+    if dq is None or any(_dq(v) is not None for v in node.inputs[1:]):
+        return None
+    p = activation_params(dq)
+    return Decline(str(p)) if isinstance(p, Decline) else (dq, p)
+
+
+def _rewrite_sink(node: Node, found, ctx):
+    dq, p = found
+    moved = ctx.emit(node.op_type, [dq.inputs[0]] + list(node.inputs[1:]), dict(node.attrs))
+    return _emit_dq(ctx, moved, p, dq)
+
+
+def _check_join(node: Node, ctx):
+    if len(node.outputs) != 1 or any(v is None for v in node.inputs):
+        return None
+    dqs = [_dq(v) for v in node.inputs]
+    if not dqs or any(d is None for d in dqs):
+        return None
+    ps = [activation_params(d) for d in dqs]
+    bad = next((p for p in ps if isinstance(p, Decline)), None)
+    if bad is not None:
+        return bad
+    if not all(p.same(ps[0]) for p in ps):
+        return Decline(f"{node.name}: its inputs have different quantisation parameters")
+    return dqs, ps[0]
+
+
+def _rewrite_join(node: Node, found, ctx):
+    dqs, p = found
+    joined = ctx.emit("Concat", [d.inputs[0] for d in dqs], dict(node.attrs))
+    return _emit_dq(ctx, joined, p, dqs[0])
+
+
+# ------------------------------------------------------------------------ Q(DQ(x)), Q(Concat(DQ ...))
+
+def _check_cancel(q: Node, ctx):
+    dq = _dq(q.input(0))
+    if dq is None:
+        return None
+    src, dst = activation_params(dq), activation_params(q)
+    for p in (src, dst):
+        if isinstance(p, Decline):
+            return p
+    return dq.inputs[0], src, dst
+
+
+def _rewrite_cancel(q: Node, found, ctx):
+    x, src, dst = found
+    return x if src.same(dst) else _emit_requantize(ctx, x, src, dst)
+
+
+def _check_q_concat(q: Node, ctx):
+    cat = q.inputs[0].producer
+    if not is_op(cat, "Concat") or any(v is None for v in cat.inputs):
+        return None
+    dqs = [_dq(v) for v in cat.inputs]
+    if any(d is None for d in dqs):
+        return None
+    if not only_use(cat.outputs[0]):
+        return Decline(f"{cat.name}: its float result is read outside the group")
+    ps = [activation_params(d) for d in dqs] + [activation_params(q)]
+    bad = next((p for p in ps if isinstance(p, Decline)), None)
+    return bad if bad is not None else (cat, dqs, ps[:-1], ps[-1])
+
+
+def _rewrite_q_concat(q: Node, found, ctx):
+    cat, dqs, ps, y = found
+    parts = [d.inputs[0] if p.same(y) else _emit_requantize(ctx, d.inputs[0], p, y) for d, p in zip(dqs, ps)]
+    return ctx.emit("Concat", parts, dict(cat.attrs))
+
+
+# ------------------------------------------------------------------------ Q(act(Add(DQ ..., ...)))
+
+def _under_q_add(q: Node):
+    """(Add node, activation) feeding Q ``q``, through an optional Relu; None otherwise."""
+    a, act = q.inputs[0].producer, ""
+    if is_op(a, "Relu") and only_use(a.outputs[0]):
+        a, act = a.inputs[0].producer, "relu"
+    if not (is_op(a, "Add") or (is_op(a, "Sum") and len(a.inputs) == 2)):
+        return None
+    return a, act
+
+
+def _private_product(v, ops, quantised: bool = True) -> Node | None:
+    """The int8 product whose quantised output only the DQ producing ``v`` reads, where that
+    DQ's result is read only once: a product the group may take over."""
+    dq = _dq(v)
+    if dq is None or not only_use(v):
+        return None
+    p = dq.inputs[0].producer
+    if not _fg(p, *ops) or not only_use(dq.inputs[0]):
+        return None
+    if quantised and DType(int(p.attrs.get("y_type", 0))) not in (DType.UINT8, DType.INT8):
+        return None
+    return p
+
+
+def _check_bias(q: Node, ctx):
+    found = _under_q_add(q)
+    if found is None or found[1]:
+        return None
+    add = found[0]
+    for side in (0, 1):
+        p = _private_product(add.inputs[side], ("QLinear",))
+        if p is None or p.attrs.get("activation"):
+            continue
+        out = p.outputs[0]
+        n = out.shape[-1] if out.shape else None
+        bias = constant_bias(add.inputs[1 - side], n)
+        if bias is None or isinstance(bias, Decline):
+            continue
+        if add.outputs[0].shape != out.shape or not only_use(add.outputs[0]):
+            return Decline(f"{add.name}: the sum broadcasts or is read outside the group")
+        y = activation_params(q)
+        return y if isinstance(y, Decline) else (p, bias, y)
+    return None
+
+
+def _rewrite_bias(q: Node, found, ctx):
+    p, bias, y = found
+    old = p.input(3)
+    total = bias if old is None else old.const.to(bias.dtype) + bias
+    attrs = dict(p.attrs, y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point)
+    return ctx.emit(p.op_type, [p.inputs[0], p.inputs[1], p.inputs[2], ctx.const(total, "b")], attrs,
+                    domain=FUSEGRAPH_DOMAIN)
+
+
+def _check_residual(q: Node, ctx):
+    found = _under_q_add(q)
+    if found is None:
+        return None
+    add, act = found
+    dqs = [_dq(v) for v in add.inputs]
+    if any(d is None for d in dqs):
+        return None
+    if not only_use(add.outputs[0]):
+        return Decline(f"{add.name}: its float result is read outside the group")
+    ps = [activation_params(d) for d in dqs] + [activation_params(q)]
+    bad = next((p for p in ps if isinstance(p, Decline)), None)
+    if bad is not None:
+        return bad
+    for side in (0, 1):
+        conv = _private_product(add.inputs[side], ("QConv",))
+        other = dqs[1 - side].inputs[0]
+        if conv is not None and len(conv.inputs) < 5 and not conv.attrs.get("activation") \
+                and other.shape == conv.outputs[0].shape and other.dtype.itemsize == 1:
+            return "conv", conv, other, ps[1 - side], act, ps[2]
+    if add.outputs[0].shape is None:
+        return Decline(f"{add.name}: the sum's shape is not known")
+    return "add", dqs, ps, act
+
+
+def _rewrite_residual(q: Node, found, ctx):
+    if found[0] == "conv":
+        _, conv, z, zp, act, y = found
+        attrs = dict(conv.attrs, activation=act, z_scale=zp.scale, z_zero_point=zp.zero_point,
+                     y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point)
+        inputs = list(conv.inputs) + [None] * (4 - len(conv.inputs)) + [z]
+        return ctx.emit("QConv", inputs, attrs, domain=FUSEGRAPH_DOMAIN)
+    _, dqs, ps, act = found
+    (a, b), y = ps[:2], ps[2]
+    attrs = {"a_scale": a.scale, "a_zero_point": a.zero_point, "b_scale": b.scale, "b_zero_point": b.zero_point,
+             "y_type": int(y.dtype), "y_scale": y.scale, "y_zero_point": y.zero_point, "activation": act}
+    return ctx.emit("QAdd", [dqs[0].inputs[0], dqs[1].inputs[0]], attrs, domain=FUSEGRAPH_DOMAIN)
+
+
+# ------------------------------------------------------------------------ Requantize(product)
+
+def _check_requantize_product(r: Node, ctx):
+    p = r.inputs[0].producer
+    if not _fg(p, "QConv", "QLinear") or DType(int(p.attrs.get("y_type", 0))) not in (DType.UINT8, DType.INT8):
+        return None
+    if not only_use(r.inputs[0]):
+        return Decline(f"{p.name}: its quantised output has other readers")
+    return p
+
+
+def _rewrite_requantize_product(r: Node, p, ctx):
+    a = r.attrs
+    attrs = dict(p.attrs, y_type=int(a["y_type"]), y_scale=a["y_scale"], y_zero_point=a["y_zero_point"])
+    return ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
+
+
+SINK_ROOTS = tuple(sorted(op for domain, op in movement_ops(*SINK_MOVES) if domain == "")) + ORDER_STATISTICS
+
+RULES = [
+    Rule("qdq_bias", _check_bias, _rewrite_bias, ops=("QuantizeLinear",), priority=18,
+         doc="Q(Add(DQ(QLinear), bias)) -> QLinear with the bias: rounds once (rounding_bound)"),
+    Rule("qdq_residual", _check_residual, _rewrite_residual, ops=("QuantizeLinear",), priority=16,
+         doc="Q(act(Add(DQ(QConv), DQ(z)))) -> QConv with residual z (rounds once); else QAdd"),
+    Rule("qdq_concat", _check_q_concat, _rewrite_q_concat, ops=("QuantizeLinear",), priority=14,
+         doc="Q(Concat(DQ(a) ...)) -> Concat of a (or Requantize(a)): exact"),
+    Rule("qdq_cancel", _check_cancel, _rewrite_cancel, ops=("QuantizeLinear",), priority=12,
+         doc="Q(DQ(x)) -> x (same parameters) or Requantize(x): exact"),
+    Rule("dq_sink", _check_sink, _rewrite_sink, ops=SINK_ROOTS, priority=10,
+         doc="Op(DQ(x)) -> DQ(Op(x)) for data movement and max pools: exact"),
+    Rule("dq_join", _check_join, _rewrite_join, ops=("Concat",), priority=10,
+         doc="Concat(DQ(a), DQ(b)) with one set of parameters -> DQ(Concat(a, b)): exact"),
+    Rule("requantize_product", _check_requantize_product, _rewrite_requantize_product,
+         ops=("fusegraph::Requantize",), priority=10,
+         doc="Requantize(QConv / QLinear) -> the product writing its parameters: rounds once (rounding_bound)"),
+]

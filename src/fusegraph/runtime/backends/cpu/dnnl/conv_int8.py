@@ -1,0 +1,154 @@
+"""``fusegraph::QConv`` as one oneDNN int8 convolution:
+``Q(act(x_scale * w_scale * conv(x - x_zp, w) + b + z_scale * (z - z_zp)))``.
+
+Made at bind time for a 2-D convolution with static shapes over uint8 / int8 activations and
+a constant int8 weight (zero point 0; any group count), on a CPU whose int8 kernels sum
+exactly (``int8_support.int8_exact``; elsewhere the node declines and its reference form
+runs). The weight is reordered once into the blocked layout the primitive picks (with the
+compensation oneDNN keeps beside it for a non-zero source zero point). The quantisation is
+the primitive's own arithmetic: the integer products are summed exactly in int32, scaled by
+the source scale and the per-channel weight scales (``Attr(scales=...)``: a mask over the
+output channels), the float32 bias added, then the post-ops: the residual as a ``sum``
+post-op reading the destination's bytes as quantised values (``z_scale * (dst - z_zp)``,
+the planner puts the output in place over ``z``, else it is copied there first), the Relu
+(as ``elu`` with alpha 0: a NaN bias stays NaN), and the output scale and zero point, rounded
+half to even and saturated to uint8 / int8 (or a float32 result; or, ConvInteger's form, the
+exact int32 sum). Input and output in the layouts the layout pass chose (channels-last in
+conv nets: the brgemm VNNI kernels; an NCHW graph input is staged). Small convolutions are
+made for one thread (``threading_policy.py``). Anything else declines with the reason.
+"""
+from __future__ import annotations
+
+import torch
+
+from .....ir import DType
+from .....ops.conv import ConvGeometry
+from .....ops.fused_cnn import conv_macs
+from ...protocol import Decline
+from ..threading_policy import PARALLEL_MACS, threads_for
+from . import capi
+from .call import DnnlKernel, Slot
+from .capi import Dims
+from .int8_support import NOT_EXACT, QuantArgs, int8_exact
+from .layouts import channels_last, contiguous, static_shape, strides_of
+from .memory import DTYPES, MemDesc, Memory
+from .primitive import Attr, create
+
+ACTIVATIONS = ("", "relu")
+INPUTS = (torch.uint8, torch.int8)
+OUTPUTS = {DType.UINT8: torch.uint8, DType.INT8: torch.int8, DType.FLOAT: torch.float32, DType.INT32: torch.int32}
+
+
+def quantised_output(ctx):
+    """(output torch dtype, whether it is quantised with a scale) or a ``Decline``."""
+    yt = DType(int(ctx.attr("y_type", int(DType.UINT8))))
+    if yt not in OUTPUTS:
+        return Decline(f"an output of type {yt.name}", "dnnl")
+    return OUTPUTS[yt], yt in (DType.UINT8, DType.INT8)
+
+
+def int8_attr(ctx, quantised: bool, accumulate: bool, w_mask: int, post_ops) -> tuple[Attr, QuantArgs]:
+    """The attribute of an int8 convolution / product of ``ctx``'s node and its constant
+    scale / zero-point arguments (``accumulate``: int32 output, the exact sum, no scale)."""
+    scales, zps, q = {}, {}, QuantArgs()
+    if not accumulate:
+        scales = {capi.ARG_SRC: 0, capi.ARG_WEIGHTS: w_mask}
+        q.scales(capi.ARG_SRC, [float(ctx.attr("x_scale"))])
+        q.scales(capi.ARG_WEIGHTS, ctx.const(2).to(torch.float32))
+        if quantised:
+            scales[capi.ARG_DST] = 0
+            q.scales(capi.ARG_DST, [float(ctx.attr("y_scale"))])
+            if int(ctx.attr("y_zero_point", 0)):
+                zps[capi.ARG_DST] = 0
+                q.zero_point(capi.ARG_DST, int(ctx.attr("y_zero_point")))
+    if int(ctx.attr("x_zero_point", 0)):
+        zps[capi.ARG_SRC] = 0
+        q.zero_point(capi.ARG_SRC, int(ctx.attr("x_zero_point")))
+    return Attr(post_ops, scales=scales, zero_points=zps), q
+
+
+def weight_scales_ok(ctx, channels: int) -> Decline | None:
+    ws = ctx.const(2)
+    if ws is None or ws.device.type not in ("cpu",) or ws.numel() not in (1, channels):
+        return Decline("weight scales are not a constant per tensor or per output channel", "dnnl")
+    return None
+
+
+def conv_int8_kernel(ctx, store, resources):
+    """The oneDNN kernel of one QConv node, or a ``Decline`` saying why not."""
+    node = ctx.node
+    if not int8_exact():
+        return Decline(NOT_EXACT, "dnnl")
+    got = quantised_output(ctx)
+    if isinstance(got, Decline):
+        return got
+    out, quantised = got
+    accumulate = out == torch.int32
+    activation = str(ctx.attr("activation", ""))
+    w, b = ctx.const(1), ctx.const(3) if ctx.has_input(3) else None
+    x_v, y_v = node.inputs[0], node.outputs[0]
+    z_v = node.input(4)
+    xs, ys = static_shape(x_v), static_shape(y_v)
+    if activation not in ACTIVATIONS:
+        return Decline(f"activation {activation!r}", "dnnl")
+    if w is None or w.device.type not in ("cpu", "meta") or w.dtype != torch.int8 or (ctx.has_input(3) and b is None):
+        return Decline("weights or bias are not constant CPU tensors (int8 weights)", "dnnl")
+    if xs is None or ys is None or len(xs) != 4 or w.dim() != 4:
+        return Decline("needs a 2-D convolution with static shapes", "dnnl")
+    x_dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
+    if x_dtype not in INPUTS:
+        return Decline(f"a {x_dtype} input (uint8 / int8)", "dnnl")
+    if z_v is not None and (static_shape(z_v) != ys or z_v.dtype.to_torch() != out or not quantised):
+        return Decline("the residual does not have the output's static shape and type", "dnnl")
+    co, cig, kh, kw = (int(v) for v in w.shape)
+    why = weight_scales_ok(ctx, co)
+    if why is not None:
+        return why
+    geo = ConvGeometry(ctx)
+    s, d, begin, end = geo.resolve(tuple(xs[2:]), tuple(w.shape[2:]))
+    if min(begin + end) < 0:
+        return Decline("negative pads", "dnnl")
+    g = geo.group
+    y_strides = strides_of(y_v)
+    x_strides = channels_last(xs) if y_v.layout == "nhwc" else contiguous(xs)
+    x_md, y_md = MemDesc.of(xs, x_dtype, x_strides), MemDesc.of(ys, out, y_strides)
+    wdims = [co, cig, kh, kw] if g == 1 else [g, co // g, cig, kh, kw]
+    w_any = MemDesc.tagged(wdims, capi.S8, capi.TAG_ANY)
+    bias = None if b is None else b.to(torch.float32).contiguous()
+    if bias is not None and (accumulate or bias.numel() != co):
+        return Decline("a bias that is not one float per output channel", "dnnl")
+    b_md = MemDesc.of((co,), torch.float32) if bias is not None else None
+    post = []
+    if z_v is not None:
+        post.append(("sum", float(ctx.attr("z_scale")), int(ctx.attr("z_zero_point", 0)), DTYPES[out]))
+    if activation == "relu":
+        post.append(("eltwise", "elu", 0.0, 0.0))
+    w_mask = 0 if ctx.const(2).numel() == 1 else (1 if g == 1 else 3)
+    attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
+    lib = capi.load()
+    macs = conv_macs(ctx, w)
+    try:
+        with threads_for(macs is not None and macs < PARALLEL_MACS):
+            prim = create("int8 convolution", lambda pd: lib.convolution_forward_primitive_desc_create(
+                pd, lib.engine, capi.FORWARD_INFERENCE, capi.CONVOLUTION_DIRECT, x_md.handle, w_any.handle,
+                b_md.handle if b_md is not None else None, y_md.handle, Dims(*s), Dims(*[v - 1 for v in d]),
+                Dims(*begin), Dims(*end), attr.handle))
+    except capi.DnnlError as exc:
+        return Decline(f"oneDNN has no int8 convolution for this node: {exc}", "dnnl")
+    if prim.is_reference:
+        return Decline(f"oneDNN offers only its reference int8 convolution ({prim.impl})", "dnnl")
+    w_md = prim.md(capi.Q_WEIGHTS_MD)
+    plain_md = MemDesc.tagged(wdims, capi.S8, capi.TAG_ABCD if g == 1 else capi.TAG_ABCDE)
+    packed = store.form(node.inputs[1].name, w if w.device.type == "meta" else w.contiguous(), range(4),
+                        plain_md, w_md)
+    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args
+    keep = [packed, w_md, attr, *qargs.keep]
+    if bias is not None:
+        consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
+        keep.append(bias)
+    x_slot = Slot(capi.ARG_SRC, xs, x_strides, x_dtype, x_md)
+    y_slot = Slot(capi.ARG_DST, ys, y_strides, out, y_md)
+    if z_v is None:
+        return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), keep=tuple(keep))
+    # in place or not, the residual is read from the destination's bytes (copied there when not)
+    return DnnlKernel(prim, [x_slot, None], y_slot, consts, resources, (0, 4), prefill=1, keep=tuple(keep))

@@ -1,0 +1,116 @@
+"""What the int8 kernels (``conv_int8.py``, ``linear_int8.py``) need from oneDNN beyond a
+primitive: whether its int8 products are exact on this CPU, and the constant arguments that
+carry a node's scales and zero points.
+
+``int8_exact()``: oneDNN sums uint8 x int8 products exactly in int32 where the CPU has int8
+dot products (AVX512-VNNI, AVX-VNNI, AMX). Without them (AVX2, AVX-512 without VNNI) its int8
+kernels multiply in 16 bits and halve every weight to stay clear of saturation: a weight of
+odd value is rounded, and the results of a quantised model move by several quantisation
+steps (a 3x3x64 convolution of full-range inputs: up to 33 steps). One small convolution and
+one small product of full-range values, checked against the exact sums, say which kind of
+CPU this is (asked once); where they are not exact the int8 kernels decline and the ops'
+reference form runs (float32 arithmetic on the dequantised values: ``ops/quantized.py``).
+
+``QuantArgs``: the execution arguments of a primitive made with ``Attr(scales=...,
+zero_points=...)``: float32 scales and int32 zero points, each a memory over a tensor it
+keeps alive.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import capi
+from .capi import Dims
+from .memory import MemDesc, Memory
+from .primitive import Attr, create, reorder, thread_stream
+
+
+def _run(prim, args: dict[int, tuple[MemDesc, torch.Tensor]]) -> None:
+    scratch = torch.empty(max(prim.scratchpad_bytes, 1), dtype=torch.uint8)
+    mems = [(arg, Memory(md, t.data_ptr())) for arg, (md, t) in args.items()]
+    if prim.scratchpad_bytes:
+        mems.append((capi.ARG_SCRATCHPAD, Memory(MemDesc.tagged([scratch.numel()], capi.U8, capi.TAG_A),
+                                                   scratch.data_ptr())))
+    arr = (capi.ExecArg * len(mems))(*[capi.ExecArg(a, m.handle) for a, m in mems])
+    capi.check(capi.load().execute(prim.handle, thread_stream(), len(mems), arr), "execute int8 probe")
+
+
+def _operands(k: int):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(200, 256, (4, k), dtype=torch.uint8, generator=g)
+    w = torch.randint(-128, 128, (k, 16), dtype=torch.int8, generator=g) | 1      # odd weights, both signs
+    return x, w
+
+
+def _matmul_exact(lib) -> bool:
+    x, w = _operands(64)
+    x_md, y_md = MemDesc.of(x.shape, torch.uint8), MemDesc.of((4, 16), torch.int32)
+    w_any = MemDesc.tagged([64, 16], capi.S8, capi.TAG_ANY)
+    attr = Attr()
+    prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
+        pd, lib.engine, x_md.handle, w_any.handle, None, y_md.handle, attr.handle))
+    w_md = prim.md(capi.Q_WEIGHTS_MD)
+    packed = torch.empty(max(w_md.size, 1), dtype=torch.uint8)
+    reorder(MemDesc.of(w.shape, torch.int8), w.data_ptr(), w_md, packed.data_ptr())
+    y = torch.empty((4, 16), dtype=torch.int32)
+    _run(prim, {capi.ARG_SRC: (x_md, x), capi.ARG_WEIGHTS: (w_md, packed), capi.ARG_DST: (y_md, y)})
+    return torch.equal(y.to(torch.int64), x.to(torch.int64) @ w.to(torch.int64))
+
+
+def _conv_exact(lib) -> bool:
+    x8, w8 = _operands(64)
+    x = x8[:1].reshape(1, 64, 1, 1).expand(1, 64, 3, 3).contiguous(memory_format=torch.channels_last)
+    w = w8.t().reshape(16, 64, 1, 1).repeat(1, 1, 3, 3).contiguous()
+    ys = (1, 16, 1, 1)
+    x_md, y_md = MemDesc.of(x.shape, torch.uint8, x.stride()), MemDesc.of(ys, torch.int32)
+    w_any = MemDesc.tagged(list(w.shape), capi.S8, capi.TAG_ANY)
+    attr = Attr()
+    prim = create("convolution", lambda pd: lib.convolution_forward_primitive_desc_create(
+        pd, lib.engine, capi.FORWARD_INFERENCE, capi.CONVOLUTION_DIRECT, x_md.handle, w_any.handle, None,
+        y_md.handle, Dims(1, 1), Dims(0, 0), Dims(0, 0), Dims(0, 0), attr.handle))
+    w_md = prim.md(capi.Q_WEIGHTS_MD)
+    packed = torch.empty(max(w_md.size, 1), dtype=torch.uint8)
+    reorder(MemDesc.tagged(list(w.shape), capi.S8, capi.TAG_ABCD), w.data_ptr(), w_md, packed.data_ptr())
+    y = torch.empty(ys, dtype=torch.int32)
+    _run(prim, {capi.ARG_SRC: (x_md, x), capi.ARG_WEIGHTS: (w_md, packed), capi.ARG_DST: (y_md, y)})
+    exact = (x.to(torch.int64) * w.to(torch.int64)).sum(dim=(1, 2, 3))
+    return torch.equal(y.reshape(-1).to(torch.int64), exact)
+
+
+@functools.cache
+def int8_exact() -> bool:
+    """Whether oneDNN's int8 convolutions and products sum exactly on this CPU."""
+    lib = capi.load()
+    if lib is None:
+        return False
+    try:
+        return _matmul_exact(lib) and _conv_exact(lib)
+    except capi.DnnlError:
+        return False
+
+
+NOT_EXACT = ("oneDNN's int8 kernels on this CPU (no int8 dot products: AVX512-VNNI / AVX-VNNI / AMX) round "
+             "odd weights; the reference form (float32 on the dequantised values) runs instead")
+
+
+class QuantArgs:
+    """Constant execution arguments for scales (float32) and zero points (int32)."""
+
+    def __init__(self):
+        self.args: list[tuple[int, Memory]] = []
+        self.keep: list = []
+
+    def scales(self, arg: int, values) -> None:
+        t = torch.as_tensor(values, dtype=torch.float32).reshape(-1).contiguous()
+        self._add(capi.ARG_ATTR_SCALES | arg, t)
+
+    def zero_point(self, arg: int, value: int) -> None:
+        self._add(capi.ARG_ATTR_ZERO_POINTS | arg, torch.tensor([int(value)], dtype=torch.int32))
+
+    def _add(self, arg: int, t: torch.Tensor) -> None:
+        md = MemDesc.of((t.numel(),), t.dtype)
+        self.args.append((arg, Memory(md, t.data_ptr())))
+        self.keep.extend([t, md])
+

@@ -1,0 +1,125 @@
+"""Small fp32 ONNX models and their onnxruntime quantisations (``quantize_static``: QDQ or
+QOperator, per-channel int8 weights, uint8 activations, calibrated on random inputs) for the
+int8 tests: a conv net (Conv + Relu, a residual Add, MaxPool, GlobalAveragePool, a Gemm head)
+and a transformer-ish MatMul + Add block. Weights are random and He-scaled."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def _he(rng, shape, fan_in):
+    return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+
+def _model(nodes, inputs, outputs, inits, name):
+    g = helper.make_graph(nodes, name, inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def conv_net(seed=0, head="Gemm") -> onnx.ModelProto:
+    """x[1,3,16,16] -> Conv+Relu -> Conv+Relu -> Conv, + residual, Relu -> MaxPool -> Conv+Relu
+    -> GlobalAveragePool -> Flatten -> Gemm (or MatMul + Add) -> logits[1,10]."""
+    rng = np.random.default_rng(seed)
+    c = 16
+    inits = {
+        "w0": _he(rng, (c, 3, 3, 3), 27), "b0": (rng.standard_normal(c) * 0.1).astype(np.float32),
+        "w1": _he(rng, (c, c, 3, 3), 9 * c), "b1": (rng.standard_normal(c) * 0.1).astype(np.float32),
+        "w2": _he(rng, (c, c, 3, 3), 9 * c), "b2": (rng.standard_normal(c) * 0.1).astype(np.float32),
+        "w3": _he(rng, (2 * c, c, 1, 1), c), "b3": (rng.standard_normal(2 * c) * 0.1).astype(np.float32),
+        "bh": (rng.standard_normal(10) * 0.1).astype(np.float32),
+    }
+    pads = {"pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], **pads), helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], **pads), helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], **pads),
+        helper.make_node("Add", ["c2", "r0"], ["s"]), helper.make_node("Relu", ["s"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p", "w3", "b3"], ["c3"]), helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+    ]
+    if head == "Gemm":
+        inits["wh"] = _he(rng, (10, 2 * c), 2 * c)
+        nodes.append(helper.make_node("Gemm", ["f", "wh", "bh"], ["y"], transB=1))
+    else:
+        inits["wh"] = _he(rng, (2 * c, 10), 2 * c)
+        nodes += [helper.make_node("MatMul", ["f", "wh"], ["mm"]), helper.make_node("Add", ["mm", "bh"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits, "conv_net")
+
+
+def conv_only(seed=0) -> onnx.ModelProto:
+    """Conv+Relu -> Conv+Relu -> Conv: in QOperator format onnxruntime writes only standard ops
+    (QuantizeLinear, QLinearConv, DequantizeLinear)."""
+    rng = np.random.default_rng(seed)
+    inits = {"w0": _he(rng, (8, 3, 3, 3), 27), "b0": (rng.standard_normal(8) * 0.1).astype(np.float32),
+             "w1": _he(rng, (16, 8, 3, 3), 72), "b1": (rng.standard_normal(16) * 0.1).astype(np.float32),
+             "w2": _he(rng, (8, 16, 1, 1), 16), "b2": (rng.standard_normal(8) * 0.1).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])], inits, "conv_only")
+
+
+def matmul_block(seed=0, seq=8, d=32, ff=64) -> onnx.ModelProto:
+    """x[1,seq,d] -> MatMul+Add -> Relu -> MatMul+Add, + x (residual) -> MatMul -> y[1,seq,d]."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": _he(rng, (d, ff), d), "b1": (rng.standard_normal(ff) * 0.1).astype(np.float32),
+             "w2": _he(rng, (ff, d), ff), "b2": (rng.standard_normal(d) * 0.1).astype(np.float32),
+             "w3": _he(rng, (d, d), d)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Relu", ["a1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["a2"]),
+             helper.make_node("Add", ["a2", "x"], ["s"]),
+             helper.make_node("MatMul", ["s", "w3"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, d])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])], inits, "matmul_block")
+
+
+def feeds_for(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in model.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        out[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def quantize(model: onnx.ModelProto, tmp_dir, name: str, fmt: str = "QDQ", calib: int = 8) -> onnx.ModelProto:
+    """``model`` quantised by onnxruntime's ``quantize_static`` (per-channel int8 weights, uint8
+    activations) in ``fmt`` ("QDQ" or "QOperator"), calibrated on ``calib`` random inputs."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([feeds_for(model, 1000 + i) for i in range(calib)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    src, dst = f"{tmp_dir}/{name}_fp32.onnx", f"{tmp_dir}/{name}_{fmt}.onnx"
+    onnx.save(model, src)
+    quantize_static(src, dst, Reader(), quant_format=getattr(QuantFormat, fmt), per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return onnx.load(dst)
+
+
+def ort_run(model: onnx.ModelProto, feeds, optimise: bool = False) -> list[np.ndarray]:
+    """onnxruntime's outputs (ORT_DISABLE_ALL unless ``optimise``)."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimise
+                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)

@@ -1,0 +1,296 @@
+"""onnxruntime-quantised models (``quantize_static``: QDQ, and QOperator) through the public
+API: the quantised products become ``fusegraph::QConv`` / ``QLinear`` on oneDNN's int8 kernels
+(where this CPU sums int8 exactly: AVX512-VNNI / AVX-VNNI / AMX), the outputs match
+onnxruntime ORT_DISABLE_ALL on the same file (the independent oracle) within the stated
+rounding bounds, and stay close to the fp32 model; QOperator files with only standard ops
+(QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger) run on the same ops; files with
+onnxruntime's ``com.microsoft`` QOperator ops are refused with a message that says to
+re-quantise as QDQ; a saved ``.fgm`` loads with no pass and gives the same outputs."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import fusegraph as fg
+from fusegraph.errors import UnsupportedOpError
+from fusegraph.passes.qdq_propagate import rounding_bound
+from fusegraph.runtime.backends.cpu.dnnl import available
+from fusegraph.runtime.backends.cpu.dnnl.int8_support import int8_exact
+
+import int8_models as M
+
+CFG = fg.Config(threads=2)
+SEEDS = (3, 4, 5)
+INT8_OPS = ("QConv", "QLinear")
+FLOAT_PRODUCTS = ("Conv", "MatMul", "Gemm", "FusedConv", "Linear", "ConvInteger", "MatMulInteger",
+                  "QLinearConv", "QLinearMatMul")
+
+pytest.importorskip("onnxruntime.quantization")
+needs_int8_kernels = pytest.mark.skipif(not (available() and int8_exact()),
+                                        reason="oneDNN's int8 kernels are not exact here (no VNNI / AMX) "
+                                               "or oneDNN does not load: the int8 ops run their reference form")
+
+
+def _qdq(tmp_path_factory, name, model, fmt="QDQ"):
+    return M.quantize(model, tmp_path_factory.mktemp(name), name, fmt)
+
+
+@pytest.fixture(scope="module")
+def conv_gemm(tmp_path_factory):
+    m = M.conv_net(head="Gemm")
+    return m, _qdq(tmp_path_factory, "conv_gemm", m)
+
+
+@pytest.fixture(scope="module")
+def conv_matmul(tmp_path_factory):
+    m = M.conv_net(head="MatMul")
+    return m, _qdq(tmp_path_factory, "conv_matmul", m)
+
+
+@pytest.fixture(scope="module")
+def block(tmp_path_factory):
+    m = M.matmul_block()
+    return m, _qdq(tmp_path_factory, "block", m)
+
+
+def last_step(q: onnx.ModelProto) -> float:
+    """The scale of the QuantizeLinear whose value the graph output dequantises."""
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    by_out = {o: n for n in q.graph.node for o in n.output}
+    dq = by_out[q.graph.output[0].name]
+    assert dq.op_type == "DequantizeLinear"
+    return float(inits[dq.input[1]])
+
+
+def rel_l2(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def int8_calls(cm) -> list:
+    """The int8 product calls of ``cm``: each bound to a oneDNN int8 implementation (not a
+    reference one), counted in ``report.kernels``, none declined."""
+    from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+    calls = [c for c in cm._executor.binding.calls if c.node.op_type in INT8_OPS]
+    declined = {d["node"]: d["reason"] for d in cm.report.kernels["declined"]}
+    impls = cm.report.kernels["implementations"]
+    for c in calls:
+        k = getattr(c.kernel, "kernel", c.kernel)
+        k = getattr(k, "fast", k)
+        assert c.node.name not in declined, f"{c.node.name} declined: {declined[c.node.name]}"
+        assert isinstance(k, DnnlKernel), f"{c.node.name} runs {type(k).__name__}"
+        assert k.impl and "vnni" in k.impl and not k.impl.startswith("ref"), (c.node.name, k.impl)
+        assert impls.get(k.impl, 0) >= 1, (k.impl, impls)
+    return calls
+
+
+def check_ops(cm, n_products: int) -> None:
+    """Every product of the quantised model is an int8 op: ``n_products`` of them, no float one."""
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert sum(ops[o] for o in INT8_OPS) == n_products, ops
+    assert not any(ops[o] for o in FLOAT_PRODUCTS), ops
+
+
+def compare(cm, q, fp32, max_steps, mean_steps, seeds=SEEDS, fp32_limit=5e-2):
+    """fusegraph against onnxruntime ORT_DISABLE_ALL on the QDQ file (in steps of the output's
+    quantisation) and against the fp32 model (relative L2, no worse than onnxruntime int8's
+    x 1.1 + a little)."""
+    step = last_step(q)
+    for seed in seeds:
+        feeds = M.feeds_for(fp32, seed)
+        (y,) = cm.run(feeds).values()
+        (ref,) = M.ort_run(q, feeds)
+        (yf,) = M.ort_run(fp32, feeds)
+        diff = np.abs(np.asarray(y, np.float64) - ref) / step
+        assert diff.max() <= max_steps + 1e-3, f"seed {seed}: {diff.max()} steps (bound {max_steps})"
+        assert diff.mean() <= mean_steps, f"seed {seed}: mean {diff.mean()} steps"
+        assert rel_l2(y, yf) < fp32_limit and rel_l2(y, yf) <= 1.1 * rel_l2(ref, yf) + 5e-3, (rel_l2(y, yf), rel_l2(ref, yf))
+
+
+# ---------------------------------------------------------------- QDQ files
+
+def test_conv_net_gemm_head(conv_gemm):
+    """Conv + Relu, a residual Add, MaxPool, GlobalAveragePool, a Gemm head: 4 QConv + 1
+    QLinear, the residual folded into the QConv's sum post-op. A single QDQ convolution
+    matches onnxruntime exactly; the residual QConv rounds once where onnxruntime rounds
+    twice (``qdq_residual``), a difference the later products carry: the logits stay within
+    one step."""
+    fp32, q = conv_gemm
+    cm = fg.compile(q, CFG)
+    check_ops(cm, 5)
+    compare(cm, q, fp32, max_steps=1, mean_steps=0.5)
+
+
+def test_conv_net_matmul_head(conv_matmul):
+    """The head as MatMul + Add: onnxruntime quantises the product, then the sum; fusegraph adds
+    the bias before its one rounding (``qdq_bias``), which differs by at most
+    ``rounding_bound(s_product, s_out)`` steps."""
+    fp32, q = conv_matmul
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    scales = {n.output[0]: float(inits[n.input[1]]) for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    bound = rounding_bound(scales["mm_QuantizeLinear_Output"], scales["y_QuantizeLinear_Output"])
+    cm = fg.compile(q, CFG)
+    check_ops(cm, 5)
+    compare(cm, q, fp32, max_steps=bound, mean_steps=0.75)
+
+
+def test_matmul_block(block):
+    """MatMul + Add, Relu, MatMul + Add, a residual Add, MatMul: 3 QLinear (biases folded) and
+    a QAdd. Each fused rounding differs from onnxruntime's double one by its
+    ``rounding_bound``; the next product carries that difference on (a sum over the features),
+    so the output is held to a few steps, the mean to under one."""
+    fp32, q = block
+    cm = fg.compile(q, CFG)
+    check_ops(cm, 3)
+    assert collections.Counter(n.op_type for n in cm.graph.nodes)["QAdd"] == 1
+    compare(cm, q, fp32, max_steps=4, mean_steps=0.75)
+
+
+def test_single_product_bias_bound(tmp_path):
+    """One MatMul + Add: the only difference from onnxruntime is ``qdq_bias``'s single
+    rounding, so the bound is exactly ``rounding_bound`` and most outputs agree."""
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((48, 24)) * np.sqrt(2 / 48)).astype(np.float32)
+    b = (rng.standard_normal(24) * 0.5).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])], "mm_bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 24])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    fp32 = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    fp32.ir_version = 8
+    q = M.quantize(fp32, tmp_path, "mm_bias")
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    scales = {n.output[0]: float(inits[n.input[1]]) for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    bound = rounding_bound(scales["m_QuantizeLinear_Output"], scales["y_QuantizeLinear_Output"])
+    cm = fg.compile(q, CFG)
+    check_ops(cm, 1)
+    # 8 calibration inputs clip the tails of this product's range: onnxruntime's own error is ~6e-2
+    compare(cm, q, fp32, max_steps=bound, mean_steps=0.5, fp32_limit=1e-1)
+
+
+@needs_int8_kernels
+def test_int8_products_run_on_onednn_int8(conv_gemm, block):
+    """Every QConv / QLinear of both models runs a oneDNN VNNI int8 implementation, listed in
+    ``report.kernels``; the QConvs' activations are channels-last (oneDNN has no fast nchw
+    int8 convolution)."""
+    for _, q in (conv_gemm, block):
+        cm = fg.compile(q, CFG)
+        calls = int8_calls(cm)
+        assert len(calls) == sum(1 for n in cm.graph.nodes if n.op_type in INT8_OPS) > 0
+        for c in calls:
+            if c.node.op_type == "QConv":
+                assert c.node.outputs[0].layout == "nhwc", c.node.name
+
+
+# ---------------------------------------------------------------- QOperator files
+
+def test_qoperator_qlinearconv(tmp_path):
+    """``quantize_static(QuantFormat.QOperator)`` on a conv-only model writes QuantizeLinear,
+    QLinearConv and DequantizeLinear (standard ops): they run as QConvs, within one step of
+    onnxruntime (the same single rounding)."""
+    fp32 = M.conv_only()
+    q = M.quantize(fp32, tmp_path, "conv_only", "QOperator")
+    ops = collections.Counter(n.op_type for n in q.graph.node)
+    assert ops["QLinearConv"] == 3 and all(n.domain in ("", "ai.onnx") for n in q.graph.node), ops
+    cm = fg.compile(q, CFG)
+    check_ops(cm, 3)
+    compare(cm, q, fp32, max_steps=1, mean_steps=0.25)
+    if available() and int8_exact():
+        assert len(int8_calls(cm)) == 3
+
+
+def _integer_model(op: str, seed=0):
+    """``op`` (QLinearMatMul, ConvInteger or MatMulInteger) over a uint8 input with constant
+    int8 weights and per-channel weight scales / zero points where the op allows them."""
+    rng = np.random.default_rng(seed)
+    if op == "ConvInteger":
+        x = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4, 7, 7])
+        y = helper.make_tensor_value_info("y", TensorProto.INT32, [1, 6, 7, 7])
+        inits = {"w": rng.integers(-120, 121, (6, 4, 3, 3), dtype=np.int8), "xz": np.array(121, np.uint8),
+                 "wz": np.array(3, np.int8)}     # onnxruntime's ConvInteger: one weight zero point
+        node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], pads=[1, 1, 1, 1])
+    elif op == "MatMulInteger":
+        x = helper.make_tensor_value_info("x", TensorProto.UINT8, [3, 16])
+        y = helper.make_tensor_value_info("y", TensorProto.INT32, [3, 8])
+        inits = {"w": rng.integers(-120, 121, (16, 8), dtype=np.int8), "xz": np.array(130, np.uint8),
+                 "wz": np.arange(-4, 4, dtype=np.int8)}
+        node = helper.make_node("MatMulInteger", ["x", "w", "xz", "wz"], ["y"])
+    else:
+        x = helper.make_tensor_value_info("x", TensorProto.UINT8, [3, 16])
+        y = helper.make_tensor_value_info("y", TensorProto.UINT8, [3, 8])
+        inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+                 "w": rng.integers(-127, 128, (16, 8), dtype=np.int8),
+                 "ws": (rng.uniform(0.5, 1.5, 8) * 0.01).astype(np.float32), "wz": np.zeros(8, np.int8),
+                 "ys": np.array(0.05, np.float32), "yz": np.array(120, np.uint8)}
+        node = helper.make_node("QLinearMatMul", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+    g = helper.make_graph([node], op, [x], [y], [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+@pytest.mark.parametrize("op", ["QLinearMatMul", "ConvInteger", "MatMulInteger"])
+def test_integer_ops(op):
+    """QLinearMatMul (per-channel weight scales) becomes a QLinear within one step of
+    onnxruntime; ConvInteger / MatMulInteger (non-zero input and weight zero points, per output
+    channel for MatMulInteger) become a QConv / QLinear with an int32 output equal to onnxruntime's."""
+    m = _integer_model(op)
+    cm = fg.compile(m, CFG)
+    check_ops(cm, 1)
+    for seed in SEEDS:
+        shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)}
+        (y,) = cm.run(feeds).values()
+        (ref,) = M.ort_run(m, feeds)
+        y = np.asarray(y)
+        assert y.dtype == ref.dtype
+        diff = np.abs(y.astype(np.int64) - ref.astype(np.int64))
+        if op == "QLinearMatMul":
+            assert diff.max() <= 1 and diff.mean() < 0.2, (diff.max(), diff.mean())
+        else:
+            assert diff.max() == 0, diff.max()
+    if available() and int8_exact():
+        assert len(int8_calls(cm)) == 1
+
+
+def test_com_microsoft_qoperator_refused(tmp_path):
+    """QOperator format on the conv net writes com.microsoft QLinearAdd /
+    QLinearGlobalAveragePool / QGemm: refused at import, naming them and saying to
+    re-quantise as QDQ."""
+    q = M.quantize(M.conv_net(head="Gemm"), tmp_path, "conv_qop", "QOperator")
+    ms = {n.op_type for n in q.graph.node if n.domain == "com.microsoft"}
+    assert {"QGemm", "QLinearAdd"} <= ms, ms
+    with pytest.raises(UnsupportedOpError) as err:
+        fg.compile(q, CFG)
+    msg = str(err.value)
+    assert "QDQ" in msg and "re-quantise" in msg and "QGemm" in msg and "QLinearAdd" in msg, msg
+    assert err.value.op_type in ms
+
+
+# ---------------------------------------------------------------- .fgm
+
+def test_fgm_round_trip(conv_gemm, block, tmp_path, monkeypatch):
+    """Saved and loaded: the same ops, the same outputs bit for bit; loading runs no pass and
+    (where the int8 kernels run) repacks no weight."""
+    from fusegraph.passes import manager
+    for name, (fp32, q) in (("conv", conv_gemm), ("block", block)):
+        cm = fg.compile(q, CFG)
+        path = tmp_path / f"{name}.fgm"
+        cm.save(path)
+        with monkeypatch.context() as mp:
+            mp.setattr(manager.PassManager, "run", lambda *a, **k: pytest.fail("a pass ran on load"))
+            loaded = fg.load(path, threads=2)
+            if available() and int8_exact():     # the packed int8 weights were stored as oneDNN wants them
+                assert loaded.load_info["weight_reorders"] == 0, loaded.load_info
+            assert collections.Counter(n.op_type for n in loaded.graph.nodes) == \
+                collections.Counter(n.op_type for n in cm.graph.nodes)
+            for seed in SEEDS:
+                feeds = M.feeds_for(fp32, seed)
+                (a,) = cm.run(feeds).values()
+                (b,) = loaded.run(feeds).values()
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
