@@ -90,6 +90,9 @@ WALK = {
     ("bench", "--runs"): (["--runs", "4"], lambda b, p, t: "median of 4 runs" in p),
     ("bench", "--dim"): (["--dim", "N=2"], REFUSED),   # m.onnx has no symbolic dim: test_bench.py runs one
     ("bench", "--json"): (["--json"], lambda b, p, t: json.loads(p)["runs"] == 3),
+    # m.onnx is no decoder: refused here; test_dynamic_shapes.py runs --decode on one
+    ("bench", "--decode"): (["--decode", "2"], REFUSED),
+    ("bench", "--prompt"): (["--prompt", "4"], REFUSED),      # without --decode
     ("compare", "--level"): (["--level", "O1"], lambda b, p, t: "(O1)" in p and "(O1)" not in b),
     ("compare", "--threads"): (["--threads", "1"], lambda b, p, t: "1 thread(s)" in p),
     ("compare", "--runs"): (["--runs", "3"], lambda b, p, t: "median of 3 runs" in p),

@@ -6,6 +6,7 @@ with declared ranges, ``dynamic_batch``, and a decoder's KV cache kept inside fu
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 
 import numpy as np
@@ -248,6 +249,17 @@ def test_kv_cache_session_decodes_as_the_plain_runs_and_onnxruntime(decoder, loa
     with pytest.raises(InputError, match="feeds 'past_0'"):
         session.run({"input_ids": prompt, "attention_mask": np.ones((1, 6), np.int64),
                      "past_0": np.zeros((1, 4, 0, 16), np.float32)})
+
+
+def test_bench_decode_prints_ms_per_token_and_the_same_tokens(decoder, capsys):
+    """``fusegraph bench DECODER --decode N --vs onnxruntime``: the KV session, the plain runs and
+    onnxruntime each run the greedy loop and choose the same tokens (exit 0)."""
+    from fusegraph.cli.main import main
+    assert main(["bench", decoder, "--decode", "5", "--prompt", "4", "--vs", "onnxruntime", "--threads", "1",
+                 "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["same_tokens"] and got["prompt"] == 4 and got["tokens"] == 5
+    assert len(got["engines"]) == 3 and all(e["token_ms"] > 0 for e in got["engines"].values())
 
 
 def test_kv_cache_needs_a_decoder(transformer_models):

@@ -102,11 +102,7 @@ def test_decode_end_to_end(exports, tmp_path):
                           "--cache", str(folder), "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stdout + got.stderr
     result = json.loads(out.read_text())
-    engines = ["fusegraph", "onnxruntime-iobinding-prealloc"]
-    if decode.fusegraph_kv_cache_available():
-        engines.append("fusegraph-kv")
-    else:
-        assert "fusegraph-kv skipped" in got.stdout
+    engines = ["fusegraph", "fusegraph-kv", "onnxruntime-iobinding-prealloc"]
     assert sorted(result["summary"]) == sorted(engines)
     for engine in engines:
         assert result["checks"][engine]["tokens_identical"] and not result["checks"][engine]["misses"]
@@ -123,8 +119,7 @@ def test_decode_engines_in_process(exports, tmp_path):
             "sample_steps": [0, 1, 5], "model_shape": shape, "save_dir": str(tmp_path), "fgm": str(tmp_path / "m.fgm")}
     decode.save_fgm(str(decoder), spec["fgm"], 2)
     reference = decode.reference_loop(str(decoder), spec)
-    engines = [e for e in decode.ENGINES if e != "fusegraph-kv" or decode.fusegraph_kv_cache_available()]
-    for engine in engines:
+    for engine in decode.ENGINES:
         run = decode.engine_child({**spec, "engine": engine})
         check = decode.check_engine(engine, run, reference, tmp_path, spec["sample_steps"])
         assert check["tokens_identical"] and not check["misses"], (engine, check)

@@ -15,6 +15,7 @@ import numpy as np
 from ..config import MEMORY_MODES
 from ..errors import UsageError
 from ..report.printable import printable
+from ..report.summary import declines_text
 from .common import load_model, model_flags, parse_inputs, precision_line, random_feeds, stream_count
 
 
@@ -81,9 +82,7 @@ def kernels_summary(report) -> None:
                                                                key=lambda kv: -kv[1])[:6])
         print(f"kernels ({printable(kernels['backend'])} backend): {top}")
     if kernels and kernels["declined"]:
-        first = kernels["declined"][0]
-        print(f"  {len(kernels['declined'])} node(s) declined to the op's portable kernel "
-              f"(first: {printable(first['node'])} ({printable(first['op'])}): {printable(first['reason'])})")
+        print(f"  {declines_text(kernels['declined'])}")
 
 
 def cmd_inspect(args, model=None) -> int:

@@ -45,7 +45,7 @@ from ..errors import FusegraphError, InputError
 from ..ir import Graph
 from ..ir.serialize import copy_graph
 from ..ops import infer_graph
-from ..runtime.feeds import convert_feeds
+from ..runtime.feeds import convert_feeds, empty_symbolic_dims
 from ..runtime.threads import intra_op_threads
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ class ShapeSpecializations:
             except Exception as exc:  # noqa: BLE001 - a compile at shapes the model's arithmetic cannot take
                 why = str(exc) if isinstance(exc, FusegraphError) else f"{type(exc).__name__}: {exc}"
                 message = str(exc) if isinstance(exc, InputError) else \
-                    f"{self.name}: the model cannot run at input shapes {described}{self._empty_dims(key)}: {why}"
+                    f"{self.name}: the model cannot run at input shapes {described}{empty_symbolic_dims(self.source.inputs, key)}: {why}"
                 self._refused[key] = message
                 if len(self._refused) > REFUSALS_KEPT:
                     del self._refused[next(iter(self._refused))]
@@ -201,13 +201,6 @@ class ShapeSpecializations:
                                   "unplannable": len(memory.unplannable) if memory else 0,
                                   "kernel_count": model.report.kernel_count})
             return model
-
-    def _empty_dims(self, key: tuple) -> str:
-        """The inputs' symbolic dims that are 0 at ``key`` (exports rarely allow an empty
-        sequence or batch), named for the refusal."""
-        zero = [f"input {v.name!r} dim {i} ({d!r}) is 0" for v, shape in zip(self.source.inputs, key)
-                for i, d in enumerate(v.shape or ()) if not isinstance(d, int) and i < len(shape) and shape[i] == 0]
-        return f" ({'; '.join(zero)})" if zero else ""
 
     def _whole_story(self, report) -> None:
         """A compile from the optimised source reports the passes from the import on: the

@@ -50,19 +50,30 @@ def precision_text(prec: Any) -> str | None:
 
 def kernels_text(kernels: Any) -> str | None:
     """The backend and how many nodes each implementation runs (the six commonest), and the
-    first node a kernel family declined (None before binding)."""
+    nodes a kernel family declined (``declines_text``; None before binding)."""
     if not kernels:
         return None
     impls = sorted(kernels["implementations"].items(), key=lambda kv: -kv[1])
     line = (f"{printable(kernels['backend'])} backend: "
             + (", ".join(f"{printable(k)} {n}" for k, n in impls[:6]) or "no kernels")
             + (f", {len(impls) - 6} more" if len(impls) > 6 else ""))
-    declined = kernels["declined"]
-    if declined:
-        first = declined[0]
-        line += (f"; {len(declined)} node(s) declined to the op's portable kernel (first: "
-                 f"{printable(first['node'])} ({printable(first['op'])}): {printable(first['reason'])})")
+    if kernels["declined"]:
+        line += "; " + declines_text(kernels["declined"])
     return line
+
+
+def declines_text(declined: list[dict], ops: int = 3) -> str:
+    """How many nodes a kernel family declined (the op's portable kernel, or a slower
+    implementation of the family, runs instead), and the first node of each of the first
+    ``ops`` ops with its reason."""
+    firsts: dict[str, dict] = {}
+    for d in declined:
+        firsts.setdefault(d["op"], d)
+    shown = "; ".join(f"{printable(d['node'])} ({printable(d['op'])}): {printable(d['reason'])}"
+                      for d in list(firsts.values())[:ops])
+    more = f"; {len(firsts) - ops} more op(s)" if len(firsts) > ops else ""
+    return (f"{len(declined)} node(s) declined by a kernel family, their op's portable kernel or a slower "
+            f"implementation running instead (first of each op: {shown}{more})")
 
 
 def _rows(report) -> list[tuple[str, str]]:

@@ -131,3 +131,12 @@ def random_feeds(specs, seed: int = 0) -> dict[str, np.ndarray]:
             feeds[spec.name] = rng.integers(0, 10, shape).astype(np_dtype)
     return feeds
 
+
+
+def empty_symbolic_dims(inputs: list[Value], shapes) -> str:
+    """`` (input 'x' dim 1 ('seq') is 0; ...)`` for the inputs' symbolic dims that are 0 in
+    ``shapes`` (exports rarely allow an empty sequence or batch), or "": named in the refusal
+    of a run whose shape arithmetic fails at those shapes."""
+    zero = [f"input {v.name!r} dim {i} ({d!r}) is 0" for v, shape in zip(inputs, shapes)
+            for i, d in enumerate(v.shape or ()) if not isinstance(d, int) and i < len(shape) and shape[i] == 0]
+    return f" ({'; '.join(zero)})" if zero else ""

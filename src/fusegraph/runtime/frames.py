@@ -36,6 +36,7 @@ import torch
 from ..errors import InputError
 from ..ir import Graph, Value
 from ..plan.buckets import slot_capacity
+from .feeds import empty_symbolic_dims
 from .shape_program import ShapeProgram
 
 SHAPE_ONLY = "shape-only work, done once per input shape: its result is kept in the frame"
@@ -166,7 +167,8 @@ class FrameBuilder:
             shapes = self.program.evaluate([tuple(t.shape) for t in inputs], memo)
         except ValueError as exc:
             raise InputError(f"{self.name}: the model cannot run at input shapes "
-                             f"{_describe_inputs(self.graph, inputs)}: {exc}") from None
+                             f"{_describe_inputs(self.graph, inputs)}"
+                             f"{empty_symbolic_dims(self.graph.inputs, [tuple(t.shape) for t in inputs])}: {exc}") from None
         plan = self._plan_for(dims, shapes)
         views = []
         for v, dtype, nhwc in zip(self.planned, self._dtypes, self._nhwc):

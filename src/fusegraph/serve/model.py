@@ -319,7 +319,7 @@ class ServedModel:
         self.batch_axis = axis
         self.inputs = _specs(base.inputs, axis)
         self.outputs = _specs(base.outputs, axis)
-        if settings.warmup and self.resizes:
+        if settings.warmup and axis is not None:
             self._check_batch_bytes(name, base)
         self.instances = [Instance(self, 0, base)]
         for i in range(1, self.instance_count):
@@ -327,8 +327,9 @@ class ServedModel:
         self.ready = threading.Event()
 
     def _check_batch_bytes(self, name: str, base) -> None:
-        """``warmup`` compiles every batch size at start: refused (ConfigError) when the inputs
-        and outputs of a batch of ``max_batch_size`` alone would pass ``Config.max_arena_bytes``."""
+        """``warmup`` prepares every batch size at start: refused (ConfigError) when the inputs
+        and outputs of a batch of ``max_batch_size`` alone would pass ``Config.max_arena_bytes``
+        (such a batch could never run)."""
         cap = self.settings.compile.max_arena_bytes
         axis, size = self.batch_axis, self.settings.max_batch_size
         total = 0
