@@ -55,7 +55,7 @@ from .run_control import CancelToken, RunControl
 
 class _SingleRunner:
     """One stream on one device: the generated function itself."""
-
+    adaptable = True          # its thread-bound kernels can be made again for another count
     def __init__(self, graph: Graph, binding: Binding, filename: str, direct_calls: bool = True,
                  control: RunControl | None = None):
         self.graph, self.binding, self.filename = graph, binding, filename
@@ -183,7 +183,7 @@ class Executor:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
         runner = runner or self._runner
         threads = self.threads
-        if hook is None and self.thread_policy == "free_cores" and _adaptable(runner):
+        if hook is None and self.thread_policy == "free_cores" and getattr(runner, "adaptable", False):
             wanted = self.threads or torch.get_num_threads()
             threads = self._chosen_threads = free_cores.SAMPLER.free(wanted, self._chosen_threads)
             if threads < self.bound_threads:
@@ -323,12 +323,6 @@ class Executor:
             return KernelError(f"{self.model_name}: node {node.name!r} ({node.op_type}) failed "
                                f"with inputs ({ins}): {type(exc).__name__}: {exc}")
         return KernelError(f"{self.model_name}: run failed: {type(exc).__name__}: {exc}")
-
-
-def _adaptable(runner) -> bool:
-    """A runner whose thread-bound kernels can be made again for another count: one stream."""
-    from .frame_runner import FrameRunner
-    return isinstance(runner, _SingleRunner) or (isinstance(runner, FrameRunner) and runner.streams is None)
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -150,6 +150,11 @@ class FrameRunner:
     def arena(self):
         return self.frames.arena
 
+    @property
+    def adaptable(self) -> bool:
+        """Its thread-bound kernels can be made again for another thread count (one stream)."""
+        return self.streams is None
+
     def close(self) -> None:
         if self._stream_runner is not None:
             self._stream_runner.close()

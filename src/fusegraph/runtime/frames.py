@@ -41,7 +41,8 @@ from .shape_program import ShapeProgram
 
 SHAPE_ONLY = "shape-only work, done once per input shape: its result is kept in the frame"
 FRAMES_KEPT = 256
-FRAME_BYTES = 64 << 20       # the shape-only tensors the kept frames may hold, together
+FRAME_BYTES = 16 << 20       # the shape-only tensors the kept frames may hold, together (a frame made again
+                             # costs a shape evaluation; kept ones cost private memory)
 PLANS_KEPT = 64
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ....ir.shape import broadcast_shapes
 from ..protocol import Decline
 
 _native_layer_norm = torch.ops.aten.native_layer_norm.out
@@ -58,7 +59,7 @@ def layer_norm_kernel(ctx, workspace):
     if skip:
         def skip_layer_norm(a, b, _gamma=None, _beta=None, out=None):
             if out is None:
-                shape = torch.broadcast_shapes(a.shape, b.shape)
+                shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))   # torch.broadcast_shapes imports sympy
                 out = (torch.empty(shape), torch.empty(shape)) if both else torch.empty(shape)
             y, s = (out[0], out[1]) if both else (out, out)
             torch.add(a, b, out=s)

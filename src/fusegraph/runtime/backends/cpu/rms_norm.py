@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ....ir.shape import broadcast_shapes
 from ..protocol import Decline
 
 
@@ -50,7 +51,7 @@ def rms_norm_kernel(ctx, workspace):
     if skip:
         def skip_rms_norm(a, b, _gamma=None, out=None):
             if out is None:
-                shape = torch.broadcast_shapes(a.shape, b.shape)
+                shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))   # torch.broadcast_shapes imports sympy
                 out = (torch.empty(shape), torch.empty(shape)) if both else torch.empty(shape)
             y, s = (out[0], out[1]) if both else (out, out)
             torch.add(a, b, out=s)
