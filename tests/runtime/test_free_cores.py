@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fusegraph as fg
-from fusegraph.errors import ConfigError
+from fusegraph.errors import ConfigError, RunCancelled
 from fusegraph.runtime import free_cores
 from fusegraph.runtime.free_cores import CoreSampler
 from model_builders import gpt2_kv_cache_onnx
@@ -91,6 +91,12 @@ def test_a_run_on_a_busy_machine_takes_a_binding_made_for_the_free_cores(one_cor
     assert symbolic or model._executor._narrow_kernels[1]      # the convolutions' kernels, made again
     assert_outputs_close(got, ort_run(onnx_model, {"x": x}))
     assert sum(len(v) for v in model._executor.backend.store.forms.values()) == forms   # weights held once
+    (narrow,) = model._executor._narrow.values()         # it reads the run's stop flag as the wide one does
+    assert "_RC.stop" in narrow.code.source
+    token = fg.CancelToken()
+    token.cancel()
+    with pytest.raises(RunCancelled):
+        model.run({"x": x}, cancel=token)
     fixed = fg.compile(onnx_model, fg.Config(threads=2, thread_policy="fixed"))
     np.testing.assert_allclose(fixed.run({"x": x})["y"], got["y"], rtol=1e-5, atol=1e-6)
     assert fixed.threads_used == {2: 1}

@@ -56,6 +56,7 @@ from .run_control import CancelToken, RunControl
 class _SingleRunner:
     """One stream on one device: the generated function itself."""
     adaptable = True          # its thread-bound kernels can be made again for another count
+
     def __init__(self, graph: Graph, binding: Binding, filename: str, direct_calls: bool = True,
                  control: RunControl | None = None):
         self.graph, self.binding, self.filename = graph, binding, filename
@@ -220,7 +221,7 @@ class Executor:
             self._narrow_kernels[threads] = kernels
         if isinstance(runner, _SingleRunner):
             got = _SingleRunner(self.graph, with_kernels(self.binding, kernels),
-                                f"{runner.filename}:{threads}-threads", self._direct_calls)
+                                f"{runner.filename}:{threads}-threads", self._direct_calls, self.control)
         else:                                   # a FrameRunner (the model's, or a KV session's)
             got = runner.with_kernels(kernels, f"{threads}-threads", tensors)
         self._narrow[key] = got
