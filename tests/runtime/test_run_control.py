@@ -42,13 +42,14 @@ def _loop_feeds(n):
     return {"n": np.array(n, np.int64), "x": np.arange(4, dtype=np.float32)}
 
 
-def chain_model(length: int = 12):
-    """A straight chain of ``length`` elementwise nodes (no fusion at O0)."""
+def chain_model(length: int = 12, rows=8):
+    """A straight chain of ``length`` elementwise nodes (no fusion at O0); ``rows`` "N": a
+    symbolic first dim (one compile for every shape: frames)."""
     nodes, prev = [], "x"
     for i in range(length):
         nodes.append(H.make_node("Sin" if i % 2 else "Cos", [prev], [f"t{i}"]))
         prev = f"t{i}"
-    g = H.make_graph(nodes, "chain", [H.make_tensor_value_info("x", T.FLOAT, [8, 8])],
+    g = H.make_graph(nodes, "chain", [H.make_tensor_value_info("x", T.FLOAT, [rows, 8])],
                      [H.make_tensor_value_info(prev, T.FLOAT, None)])
     return H.make_model(g, opset_imports=OPSET)
 
@@ -82,10 +83,13 @@ def test_cancel_token_stops_a_run_from_another_thread():
     np.testing.assert_array_equal(got["y"], np.arange(4, dtype=np.float32) + 3)
 
 
-def test_cancel_stops_between_kernels_of_straight_line_code():
+@pytest.mark.parametrize("rows", [8, "N"])
+def test_cancel_stops_between_kernels_of_straight_line_code(rows):
     """issue 39 #1: a token cancelled while node k runs stops the run before node k+1: no later
-    kernel starts (the hook sees them), and a KernelError is not what comes out."""
-    model = fg.compile(chain_model(12), fg.Config(level="O0"))
+    kernel starts (the hook sees them), and a KernelError is not what comes out; the same with
+    a symbolic dim (the frames' generated code reads the flag too)."""
+    model = fg.compile(chain_model(12, rows), fg.Config(level="O0"))
+    assert "_RC.stop" in model.source
     token = fg.CancelToken()
     started = []
 
@@ -98,7 +102,7 @@ def test_cancel_stops_between_kernels_of_straight_line_code():
         model.run({"x": np.ones((8, 8), np.float32)}, hook=hook, cancel=token)
     assert started == [0, 1, 2, 3, 4] and info.value.node == model.plan.order[5]
     x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
-    ref = fg.compile(chain_model(12), fg.Config(level="O0", memory="off")).run({"x": x})
+    ref = fg.compile(chain_model(12, rows), fg.Config(level="O0", memory="off")).run({"x": x})
     np.testing.assert_array_equal(model.run({"x": x}, timeout=30)[model.outputs[0].name], next(iter(ref.values())))
 
 
