@@ -82,6 +82,9 @@ def main() -> None:
     from fusegraph.runtime.backends.cpu import dnnl
     from fusegraph.tools.bench import alternate, ort_runner
     torch.set_num_threads(2)
+    print("| model | ort ms | fg before ms (x ort) | fg after ms (x ort) | RssAnon MiB ort / before / after | "
+          "build s ort / before / after | kernels before / after | implementations (after) | max rel err |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|", flush=True)
     rows = []
     for path in args.models.split(","):
         name = os.path.basename(path).split("-")[0].removesuffix(".onnx")
