@@ -93,6 +93,7 @@ WALK = {
     # m.onnx is no decoder: refused here; test_dynamic_shapes.py runs --decode on one
     ("bench", "--decode"): (["--decode", "2"], REFUSED),
     ("bench", "--prompt"): (["--prompt", "4"], REFUSED),      # without --decode
+    ("demo", "--threads"): (["--threads", "1"], lambda b, p, t: "1 threads" in p and "1 threads" not in b),
     ("compare", "--level"): (["--level", "O1"], lambda b, p, t: "(O1)" in p and "(O1)" not in b),
     ("compare", "--threads"): (["--threads", "1"], lambda b, p, t: "1 thread(s)" in p),
     ("compare", "--runs"): (["--runs", "3"], lambda b, p, t: "median of 3 runs" in p),
@@ -113,7 +114,8 @@ WALK = {
 BASE = {"run": ["run", "{t}/m.onnx"], "inspect": ["inspect", "{t}/m.onnx"],
         "compile": ["compile", "{t}/m.onnx", "-o", "{t}/out.fgm"], "bench": ["bench", "{t}/m.onnx", "--runs", "3"],
         "compare": ["compare", "{t}/m.onnx", "--runs", "2"],
-        "profile": ["profile", "{t}/m.onnx", "--runs", "3"], "bisect": ["bisect", "{t}/m.onnx"]}
+        "profile": ["profile", "{t}/m.onnx", "--runs", "3"], "bisect": ["bisect", "{t}/m.onnx"],
+        "demo": ["demo"]}
 
 
 def _flags():

@@ -115,7 +115,7 @@ def _compare_precision(args) -> int:
 
 def cmd_demo(args) -> int:
     from ..tools.demo import run_demo
-    return run_demo()
+    return run_demo(threads=args.threads)
 
 
 def add_measure_parsers(sub) -> None:
@@ -144,4 +144,7 @@ def add_measure_parsers(sub) -> None:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on a bundled model, with a before/after table")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="intra-op threads of both compiles (default: Config's, fewer where other processes "
+                        "keep cores busy)")
     p.set_defaults(func=cmd_demo)

@@ -13,21 +13,24 @@ import onnx
 from ..testing import zoo
 
 
-def run_demo(model_name: str = "resnet50") -> int:
+def run_demo(model_name: str = "resnet50", threads: int | None = None) -> int:
+    """``threads``: the intra-op threads both compiles run at (None: ``Config``'s default,
+    fewer where other processes keep cores busy)."""
     import fusegraph as fg
     from rich.console import Console
 
     from .compare import compare, render
 
     console = Console()
+    config = fg.Config(threads=threads)
     console.print(f"[bold]fusegraph demo[/bold]: {model_name} (onnx light model, random He-scaled "
-                  f"weights, calibrated BatchNorm)")
+                  f"weights, calibrated BatchNorm), {config.threads or 'default'} threads")
     proto = zoo.randomize_weights(onnx.load(zoo.light_model_path(model_name)), seed=0)
     feeds = zoo.random_feeds(proto, seed=1)
-    columns = compare(proto, runs=15, budget_s=6.0, feeds=feeds)
+    columns = compare(proto, runs=15, budget_s=6.0, feeds=feeds, config=config)
     console.print(render(columns, f"{model_name}: unoptimised (O0) vs optimised (O2)"))
 
-    model = fg.compile(proto)
+    model = fg.compile(proto, config)
     expected = model.run(feeds)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{model_name}.fgm"
