@@ -1,10 +1,10 @@
 """Decoding a request's JSON in bounded time slices and bounded memory (the HTTP front end
 runs it on a worker thread, so the event loop keeps answering meanwhile).
 
-A KServe JSON body is small apart from its tensors' ``data`` arrays, and ``json.loads`` holds
-the interpreter for the whole document (a 57 MB body: over a second, during which no other
-request, ``/v2/health/live`` included, is answered) and makes a Python float of every number
-(~32 bytes each, ~650 MB for such a body). ``loads`` walks the structure itself: objects and
+A KServe JSON body is small apart from its tensors' ``data`` arrays; ``json.loads`` parses the
+whole document in one call into C (run on the event loop, nothing else was answered
+meanwhile) and makes a Python float object of every number (figures: benchmarks/RESULTS.md,
+"Decoding a large JSON request"). ``loads`` walks the structure itself: objects and
 small values through the json module's C scanner, and every long flat array of numbers
 through numpy (``np.fromstring``, which parses without holding the interpreter, into 8 bytes
 per number), in slices of ``SLICE`` characters. Such an array comes back as a float64 (any
