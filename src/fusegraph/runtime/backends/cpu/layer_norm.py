@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ....ir.shape import broadcast_shapes
 from ..protocol import Decline
+from .row_norm import float32_rows, row_norm_kernel, row_parameter
 
 _native_layer_norm = torch.ops.aten.native_layer_norm.out
 
@@ -28,23 +28,15 @@ def layer_norm_kernel(ctx, workspace):
     node = ctx.node
     skip = node.op_type == "SkipLayerNorm"
     first = 2 if skip else 1
-    x_v = node.inputs[0]
-    if any(v is None or v.dtype is None or v.dtype.to_torch() != torch.float32 for v in node.inputs[:first]) \
-            or any(o.dtype is None or o.dtype.to_torch() != torch.float32 for o in node.outputs) \
-            or ctx.attr("out_dtype", None) is not None:
-        return Decline("needs float32 data and outputs", "cpu")
-    if x_v.shape is None or not x_v.shape or not isinstance(x_v.shape[-1], int):
-        return Decline("needs the normalised axis' size", "cpu")
-    d = int(x_v.shape[-1])
-    params = []
-    for i in (first, first + 1):
-        t = ctx.const(i) if ctx.has_input(i) else None
-        if ctx.has_input(i) and (t is None or t.dtype != torch.float32 or t.numel() != d):
-            return Decline("gamma and beta must be float32 constants of the last axis' size", "cpu")
-        params.append(None if t is None else t.reshape(d).contiguous())
-    gamma, beta = params
+    d = float32_rows(ctx, first)
+    if isinstance(d, Decline):
+        return d
+    why = "gamma and beta must be float32 constants of the last axis' size"
+    gamma, beta = row_parameter(ctx, first, d, why), row_parameter(ctx, first + 1, d, why)
+    for p in (gamma, beta):
+        if isinstance(p, Decline):
+            return p
     eps = float(ctx.attr("epsilon"))
-    both = skip and len(node.outputs) == 2
 
     def normalise(x, y):
         rows = x.numel() // d if d else 0
@@ -56,19 +48,4 @@ def layer_norm_kernel(ctx, workspace):
                                                    None if beta is None else beta.double(), eps))
         return y
 
-    if skip:
-        def skip_layer_norm(a, b, _gamma=None, _beta=None, out=None):
-            if out is None:
-                shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))   # torch.broadcast_shapes imports sympy
-                out = (torch.empty(shape), torch.empty(shape)) if both else torch.empty(shape)
-            y, s = (out[0], out[1]) if both else (out, out)
-            torch.add(a, b, out=s)
-            normalise(s, y)               # ATen normalises a row in place when s is y
-            return (y, s) if both else y
-        skip_layer_norm.writes_out = True
-        return skip_layer_norm
-
-    def layer_norm(x, _gamma=None, _beta=None, out=None):
-        return normalise(x, torch.empty_like(x) if out is None else out)
-    layer_norm.writes_out = True
-    return layer_norm
+    return row_norm_kernel(normalise, skip, skip and len(node.outputs) == 2)

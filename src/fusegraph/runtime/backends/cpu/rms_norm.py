@@ -15,28 +15,21 @@ from __future__ import annotations
 
 import torch
 
-from ....ir.shape import broadcast_shapes
 from ..protocol import Decline
+from .row_norm import float32_rows, row_norm_kernel, row_parameter
 
 
 def rms_norm_kernel(ctx, workspace):
     node = ctx.node
     skip = node.op_type == "SkipRMSNorm"
     first = 2 if skip else 1
-    x_v = node.inputs[0]
-    if any(v is None or v.dtype is None or v.dtype.to_torch() != torch.float32 for v in node.inputs[:first]) \
-            or any(o.dtype is None or o.dtype.to_torch() != torch.float32 for o in node.outputs) \
-            or ctx.attr("out_dtype", None) is not None:
-        return Decline("needs float32 data and outputs", "cpu")
-    if x_v.shape is None or not x_v.shape or not isinstance(x_v.shape[-1], int):
-        return Decline("needs the normalised axis' size", "cpu")
-    d = int(x_v.shape[-1])
-    gamma = ctx.const(first) if ctx.has_input(first) else None
-    if ctx.has_input(first) and (gamma is None or gamma.dtype != torch.float32 or gamma.numel() != d):
-        return Decline("gamma must be a float32 constant of the last axis' size", "cpu")
-    gamma = None if gamma is None else gamma.reshape(d).contiguous()
+    d = float32_rows(ctx, first)
+    if isinstance(d, Decline):
+        return d
+    gamma = row_parameter(ctx, first, d, "gamma must be a float32 constant of the last axis' size")
+    if isinstance(gamma, Decline):
+        return gamma
     eps = float(ctx.attr("epsilon"))
-    both = skip and len(node.outputs) == 2
 
     def normalise(x, y):
         rows = x.numel() // d if d else 0
@@ -48,19 +41,4 @@ def rms_norm_kernel(ctx, workspace):
             y.mul_(gamma)
         return y
 
-    if skip:
-        def skip_rms_norm(a, b, _gamma=None, out=None):
-            if out is None:
-                shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))   # torch.broadcast_shapes imports sympy
-                out = (torch.empty(shape), torch.empty(shape)) if both else torch.empty(shape)
-            y, s = (out[0], out[1]) if both else (out, out)
-            torch.add(a, b, out=s)
-            normalise(s, y)
-            return (y, s) if both else y
-        skip_rms_norm.writes_out = True
-        return skip_rms_norm
-
-    def rms_norm(x, _gamma=None, out=None):
-        return normalise(x, torch.empty_like(x) if out is None else out)
-    rms_norm.writes_out = True
-    return rms_norm
+    return row_norm_kernel(normalise, skip, skip and len(node.outputs) == 2)

@@ -39,12 +39,18 @@ INPUTS = (torch.uint8, torch.int8)
 OUTPUTS = {DType.UINT8: torch.uint8, DType.INT8: torch.int8, DType.FLOAT: torch.float32, DType.INT32: torch.int32}
 
 
-def quantised_output(ctx):
-    """(output torch dtype, whether it is quantised with a scale) or a ``Decline``."""
+def int8_node(ctx):
+    """(output torch dtype, whether it is quantised with a scale, activation) of a QConv /
+    QLinear node this CPU runs on oneDNN's int8 kernels, or a ``Decline`` saying why not."""
+    if not int8_exact():
+        return Decline(NOT_EXACT, "dnnl")
     yt = DType(int(ctx.attr("y_type", int(DType.UINT8))))
     if yt not in OUTPUTS:
         return Decline(f"an output of type {yt.name}", "dnnl")
-    return OUTPUTS[yt], yt in (DType.UINT8, DType.INT8)
+    activation = str(ctx.attr("activation", ""))
+    if activation not in ACTIVATIONS:
+        return Decline(f"activation {activation!r}", "dnnl")
+    return OUTPUTS[yt], yt in (DType.UINT8, DType.INT8), activation
 
 
 def int8_attr(ctx, quantised: bool, accumulate: bool, w_mask: int, post_ops) -> tuple[Attr, QuantArgs]:
@@ -77,20 +83,15 @@ def weight_scales_ok(ctx, channels: int) -> Decline | None:
 def conv_int8_kernel(ctx, store, resources):
     """The oneDNN kernel of one QConv node, or a ``Decline`` saying why not."""
     node = ctx.node
-    if not int8_exact():
-        return Decline(NOT_EXACT, "dnnl")
-    got = quantised_output(ctx)
+    got = int8_node(ctx)
     if isinstance(got, Decline):
         return got
-    out, quantised = got
+    out, quantised, activation = got
     accumulate = out == torch.int32
-    activation = str(ctx.attr("activation", ""))
     w, b = ctx.const(1), ctx.const(3) if ctx.has_input(3) else None
     x_v, y_v = node.inputs[0], node.outputs[0]
     z_v = node.input(4)
     xs, ys = static_shape(x_v), static_shape(y_v)
-    if activation not in ACTIVATIONS:
-        return Decline(f"activation {activation!r}", "dnnl")
     if w is None or w.device.type not in ("cpu", "meta") or w.dtype != torch.int8 or (ctx.has_input(3) and b is None):
         return Decline("weights or bias are not constant CPU tensors (int8 weights)", "dnnl")
     if xs is None or ys is None or len(xs) != 4 or w.dim() != 4:

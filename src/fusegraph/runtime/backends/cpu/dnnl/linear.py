@@ -37,17 +37,29 @@ FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf"
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
 
 
-def linear_kernel(ctx, store, resources, exact: bool = True):
+def product_operands(ctx) -> tuple[str, bool, torch.Tensor, torch.Tensor | None] | Decline:
+    """(activation, trans_b, weight, bias) of a Linear / LinearAct node whose activation oneDNN
+    can run and whose weight (2-D) and bias are constants, or a ``Decline`` saying which is
+    not (shared with the run-time-rows kernel, ``linear_runtime.py``)."""
     node = ctx.node
     activation = str(ctx.attr("activation", "none")) if node.op_type == "LinearAct" else "none"
     if activation != "none" and activation not in ACTIVATIONS:
         return Decline(f"activation {activation!r}", "dnnl")
-    trans_b = bool(ctx.attr("trans_b", 0))
     w, b = ctx.const(1), ctx.const(2)
+    if w is None or w.device.type not in ("cpu", "meta") or w.dim() != 2 or \
+            (len(node.inputs) > 2 and node.inputs[2] is not None and b is None):
+        return Decline("weight or bias is not a constant 2-D / 1-D tensor", "dnnl")
+    return activation, bool(ctx.attr("trans_b", 0)), w, b
+
+
+def linear_kernel(ctx, store, resources, exact: bool = True):
+    node = ctx.node
+    got = product_operands(ctx)
+    if isinstance(got, Decline):
+        return got
+    activation, trans_b, w, b = got
     x_v, y_v = node.inputs[0], node.outputs[0]
     xs, ys = static_shape(x_v), static_shape(y_v)
-    if w is None or w.device.type not in ("cpu", "meta") or w.dim() != 2 or (len(node.inputs) > 2 and node.inputs[2] is not None and b is None):
-        return Decline("weight or bias is not a constant 2-D / 1-D tensor", "dnnl")
     if xs is None or ys is None or len(xs) < 1:
         return Decline("needs static shapes", "dnnl")
     dtype = dtype_of(x_v)

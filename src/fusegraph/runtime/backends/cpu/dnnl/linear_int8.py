@@ -22,8 +22,7 @@ from ...protocol import Decline
 from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
-from .conv_int8 import ACTIVATIONS, INPUTS, int8_attr, quantised_output, weight_scales_ok
-from .int8_support import NOT_EXACT, int8_exact
+from .conv_int8 import INPUTS, int8_attr, int8_node, weight_scales_ok
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import create
@@ -32,20 +31,15 @@ from .primitive import create
 def linear_int8_kernel(ctx, store, resources):
     """The oneDNN kernel of one QLinear node, or a ``Decline`` saying why not."""
     node = ctx.node
-    if not int8_exact():
-        return Decline(NOT_EXACT, "dnnl")
-    got = quantised_output(ctx)
+    got = int8_node(ctx)
     if isinstance(got, Decline):
         return got
-    out, quantised = got
+    out, quantised, activation = got
     accumulate = out == torch.int32
-    activation = str(ctx.attr("activation", ""))
     trans_b = bool(ctx.attr("trans_b", 0))
     w, b = ctx.const(1), ctx.const(3) if ctx.has_input(3) else None
     x_v, y_v = node.inputs[0], node.outputs[0]
     xs, ys = static_shape(x_v), static_shape(y_v)
-    if activation not in ACTIVATIONS:
-        return Decline(f"activation {activation!r}", "dnnl")
     if w is None or w.device.type not in ("cpu", "meta") or w.dtype != torch.int8 or w.dim() != 2 \
             or (ctx.has_input(3) and b is None):
         return Decline("weight or bias is not a constant (int8 weight, 2-D)", "dnnl")

@@ -42,6 +42,7 @@ from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .capi import ExecArg
 from .compute import compute_dtype
+from .linear import product_operands
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops, thread_stream
 
@@ -60,15 +61,11 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
     saying why not. ``one_row_steps``: the model runs mostly one row (a decoder's steps): a
     float32 weight is held plain and few rows run a matrix-vector product."""
     node = ctx.node
-    activation = str(ctx.attr("activation", "none")) if node.op_type == "LinearAct" else "none"
-    if activation != "none" and activation not in ACTIVATIONS:
-        return Decline(f"activation {activation!r}", "dnnl")
-    trans_b = bool(ctx.attr("trans_b", 0))
-    w, b = ctx.const(1), ctx.const(2)
+    got = product_operands(ctx)
+    if isinstance(got, Decline):
+        return got
+    activation, trans_b, w, b = got
     x_v, y_v = node.inputs[0], node.outputs[0]
-    if w is None or w.device.type not in ("cpu", "meta") or w.dim() != 2 or \
-            (len(node.inputs) > 2 and node.inputs[2] is not None and b is None):
-        return Decline("weight or bias is not a constant 2-D / 1-D tensor", "dnnl")
     if x_v.shape is None or not x_v.shape or x_v.layout == "nhwc":
         return Decline("needs a row-major input of known rank", "dnnl")
     dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
