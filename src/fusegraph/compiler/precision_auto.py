@@ -24,7 +24,7 @@ chosen policy and records the search in ``report.precision["auto"]``:
 5. when the nodes that k leaves in bf16 hold less than ``MIN_BF16_SHARE`` of the estimated
    product time, the float32 model instead: that little bf16 work does not pay for the casts
    around it (measured on AlexNet and ShuffleNet, which ran no faster than their float32
-   models: benchmarks/RESULTS.md, "2026-12-03: auto ranked by error per microsecond").
+   models: benchmarks/RESULTS.md, "Mixed precision against OpenVINO bf16 (issue 16)").
 
 Before all this, a device without bf16 arithmetic (``bf16_declined``: a CPU whose oneDNN has no
 bf16 product, AVX2 only; a GPU without bf16) gets the float32 model, with the reason in

@@ -88,8 +88,8 @@ def alternate(runners: dict[str, Callable[[], object]], runs: int = 30, warmup: 
     Before each block the process pauses ``settle_s`` (untimed), so the previous engine's idle
     worker threads stop spinning first: onnxruntime's pool spins on a core after its block
     (``session.intra_op.allow_spinning``, on by default), and every 2-thread region of the next
-    engine would wait for that core (squeezenet measured twice as slow next to a spinning pool:
-    benchmarks/RESULTS.md, "2026-12-01: oneDNN Graph kernels"); OpenMP's team spins after
+    engine would wait for that core (benchmarks/RESULTS.md, "Latency vs onnxruntime (issue 4)");
+    OpenMP's team spins after
     torch's regions the same way.
 
     Rounds run the runners forwards and backwards in turn (A B, B A, A B ...), so no runner

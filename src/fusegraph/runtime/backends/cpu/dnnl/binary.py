@@ -8,8 +8,8 @@ later ones its binary post-ops, the Relu an eltwise post-op that keeps NaN (``el
 0, as in ``conv.py``; applied after the primitive in place with torch where the
 implementation's post-ops are not known to be exact). One pass over the tensor, computed in
 float32 and rounded once for a bfloat16 input: what the op's own kernel (``rounded_once``)
-computes, in four passes fewer (densenet121 in bfloat16: benchmarks/RESULTS.md, "2026-12-02:
-on the oneDNN-primitive backend"). A float32 chain
+computes, in four passes fewer (densenet121 in bfloat16: benchmarks/RESULTS.md, "Mixed
+precision against OpenVINO bf16 (issue 16)"). A float32 chain
 declines: the op's own kernel writes the first step's result and updates it in place, and
 measured as fast. Constants are bound once, in float32. Anything else declines with its
 reason, and the op's own kernel runs.

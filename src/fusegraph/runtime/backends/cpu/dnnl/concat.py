@@ -4,7 +4,7 @@ pixel), into the planned output. A pure data movement: the result is the op's ow
 bit for bit. Float32 concats decline: against ``torch.cat`` in the same process the primitive
 was faster on inception_v1 / v2 but slower on densenet121 (its concats append a few channels to
 a wide tensor); in bfloat16 faster on both and level on squeezenet (benchmarks/RESULTS.md,
-"2026-12-02 16:10", item 7).
+"Mixed precision against OpenVINO bf16 (issue 16)").
 """
 from __future__ import annotations
 
