@@ -103,7 +103,7 @@ def _clip_model():
 @pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
 def test_guard_runs_fast_on_finite_feeds_and_exact_on_nan(tmp_path):
     m = _clip_model()
-    cm = fg.compile(m, fg.Config(threads=2))
+    cm = fg.compile(m, fg.Config(threads=2, thread_policy="fixed"))
     guarded = [c.kernel for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
     assert len(guarded) == 4 and sorted(k.limit for k in guarded) == [1e32] + [math.inf] * 3
     x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype(np.float32) * 5
@@ -128,7 +128,7 @@ def test_guard_runs_fast_on_finite_feeds_and_exact_on_nan(tmp_path):
 
 @pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
 def test_fast_math_needs_no_guard():
-    cm = fg.compile(_clip_model(), fg.Config(threads=2, fast_math=True))
+    cm = fg.compile(_clip_model(), fg.Config(threads=2, fast_math=True, thread_policy="fixed"))
     assert not any(isinstance(c.kernel, Guarded) for c in cm._executor.binding.calls)
 
 
@@ -152,7 +152,7 @@ def test_a_bf16_model_runs_its_fast_kernels_and_stays_exact_on_nan():
     """Through the precision pass's Casts the bounds carry on: the bf16 model's clip and pool
     kernels are guarded too (before, a Cast made every bound unknown and every one exact)."""
     m = _clip_model()
-    cm = fg.compile(m, fg.Config(threads=2, precision="bf16"))
+    cm = fg.compile(m, fg.Config(threads=2, precision="bf16", thread_policy="fixed"))
     guarded = [c.kernel for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
     assert len(guarded) >= 3
     x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype(np.float32) * 5
@@ -194,7 +194,7 @@ def test_layer_norm_limit_is_where_its_squared_deviations_overflow():
 @pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
 def test_layer_norm_runs_without_its_check_while_rows_cannot_overflow():
     m = _skip_layer_norm_model()
-    cm = fg.compile(m, fg.Config(threads=2))
+    cm = fg.compile(m, fg.Config(threads=2, thread_policy="fixed"))
     guarded = [c for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
     assert [(c.node.op_type, c.kernel.limit) for c in guarded] == [("SkipLayerNorm", 1e16)]
     kernel = guarded[0].kernel
@@ -247,7 +247,7 @@ def test_a_measured_value_admits_the_fast_kernels_downstream_and_catches_what_ov
     to their exact kernels, and the NaN that 0 * inf makes in channel 0 comes out as the
     portable kernels give it (the fast relu would have made it 0)."""
     m = _measured_chain_model(divisor)
-    cm = fg.compile(m, fg.Config(threads=2, precision=precision))
+    cm = fg.compile(m, fg.Config(threads=2, precision=precision, thread_policy="fixed"))
     calls = {c.node.op_type: c.kernel for c in cm._executor.binding.calls}
     elu, chain, conv = calls["Elu"], calls["ElementwiseChain"], calls["FusedConv"]
     assert isinstance(elu, Measuring) and elu.measures == (0,)

@@ -47,7 +47,7 @@ class GeneratedCode:
     filename: str = "<fusegraph>"
     functions: dict[str, Callable] = field(default_factory=dict)
     env: dict[str, object] = field(default_factory=dict)
-    shape_kernels: int = 0                    # calls in ``_memo_fill`` (run once per input shapes)
+    shape_kernels: int = 0                    # calls run once per input shapes (``_memo_fill``, or the frame's)
 
 
 class Names:
@@ -270,7 +270,7 @@ def generate_run_function(graph, binding: Binding, filename: str, hook: Callable
     if hook is not None:
         extra["_hook"] = hook
     code = generate_module(specs, names, filename, extra)
-    code.shape_kernels = len(memo.calls) if memo else 0
+    code.shape_kernels = len(memo.skipped()) if memo else 0
     return code
 
 
@@ -278,19 +278,19 @@ def generate_frame_run_function(graph, binding: Binding, memo, frame_values: lis
                                 frames, hook: Callable | None = None, control=None) -> GeneratedCode:
     """The ``run(*inputs) -> outputs`` function of a model with symbolic input dims: its first
     lines take the frame of the inputs' shapes (``frames.FrameBuilder``: made on a miss) and
-    unpack it into the shape-only values (``memo.results``) and the arena views of
+    unpack it into the shape-only and computed values (``memo.held``) and the arena views of
     ``frame_values`` (the outputs of the calls bound with ``FRAME_OUTPUTS``); every call then
     writes its view. The shape-only nodes are a second function, ``_memo_fill(*inputs)``,
     which the frame builder calls. ``hook`` and ``control`` as for ``generate_run_function``
     (with a hook the shape-only nodes also run in line, so that it sees every node)."""
-    memo_ids = {id(c.node) for c in memo.calls} if memo else set()
-    # a debug run (``hook``) runs the shape-only nodes again in line, so it sees every node
+    memo_ids = memo.skipped() if memo else set()
+    # a debug run (``hook``) runs the shape-only and computed nodes again in line, so it sees every node
     calls = [c for c in binding.calls if hook is not None or id(c.node) not in memo_ids]
     names = Names(binding.dense)
     params = [names(v) for v in graph.inputs]
     spec = FunctionSpec("run", calls, params=params, param_values=list(graph.inputs),
                         returns=list(graph.outputs), hook=hook is not None, checks=control is not None)
-    unpacked = [names(v) for v in (memo.results if memo else [])] + [names(v) for v in frame_values]
+    unpacked = [names(v) for v in (memo.held if memo else [])] + [names(v) for v in frame_values]
     key = "(" + "".join(f"{p}.shape, " for p in params) + ")"
     spec.prologue = [f"_f = _FRAMES.get({key})",
                      "if _f is None:",
@@ -298,7 +298,7 @@ def generate_frame_run_function(graph, binding: Binding, memo, frame_values: lis
     if unpacked:
         spec.prologue.append(f"{', '.join(unpacked)}, = _f")
     specs = [spec]
-    if memo:
+    if memo and memo.calls:
         specs.append(FunctionSpec("_memo_fill", memo.calls, params=list(params), param_values=list(graph.inputs),
                                   returns=memo.results))
     extra = {"_FRAMES": frames.frames, "_FRAME": frames, "_AL": 0, "_AH": 0}
@@ -307,5 +307,5 @@ def generate_frame_run_function(graph, binding: Binding, memo, frame_values: lis
     if hook is not None:
         extra["_hook"] = hook
     code = generate_module(specs, names, filename, extra)
-    code.shape_kernels = len(memo.calls) if memo else 0
+    code.shape_kernels = len(memo.skipped()) if memo else 0
     return code

@@ -1,17 +1,19 @@
 """``FrameRunner``: how a model with symbolic input dims runs, on one stream: one binding and
 one generated function for every input shape.
 
-At bind time it finds the run's shape-only work (``shape_memo.py``: done once per input
-shape), the shape program of every other value (``shape_program.py``), and which calls write
-into the arena (``bind.frame_outputs``: the outputs whose shapes are known before the run and
-that are not views), and generates the run function (``codegen.generate_frame_run_function``)
+At bind time it builds the shape program (``shape_program.py``): the values that follow from
+the inputs' shapes alone (position ids, masks, reshape targets, a ``Shape`` of an activation
+and the arithmetic after it) are computed once per input shape and held in the frame, and
+every other value's shape is evaluated from them. It finds which calls write into the arena
+(``bind.frame_outputs``: the outputs whose shapes are known before the run, that are not views
+and not graph outputs), and generates the run function (``codegen.generate_frame_run_function``)
 whose first lines take the frame of the inputs' shapes (``frames.py``: made on a miss, kept
 after). The first run also probes the shape program at its (valid) shapes: a node whose
 kernel turns out to need data to know its output shape becomes dynamic (its kernel
-allocates), and the function is generated again, once. Outputs are handed out by the
-executor as from any run (copied out of the arena). ``with_kernels`` gives the same runner
-with some calls running other kernels (made for another thread count) and its own code,
-sharing the frames (one arena, one set of plans).
+allocates), and the function is generated again, once. A graph output is the tensor its
+kernel made, handed to the caller as it is (one in the arena would be copied out after every
+run). ``with_kernels`` gives the same runner with some calls running other kernels (made for
+another thread count) and its own code, sharing the frames (one arena, one set of plans).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from ..ops.registry import view_input
 from .bind import Binding, frame_outputs, with_kernels
 from .codegen import generate_frame_run_function
 from .frames import FrameBuilder
-from .shape_memo import shape_only_calls
+from .shape_memo import ShapeMemo
 from .shape_program import ShapeProgram
 
 
@@ -43,21 +45,34 @@ class FrameRunner:
                 dataclasses.replace(c, kernel=replaced.get(id(c.node), c.kernel)) for c in binding.calls])
         self._replaced = set(replaced or ())
         self.graph, self.binding, self.filename = graph, binding, filename
-        self.memo = shape_only_calls(graph, binding.calls)
-        memo_nodes = {id(c.node) for c in self.memo.calls} if self.memo else set()
-        self._shape_only = {id(o) for c in binding.calls if id(c.node) in memo_nodes for o in c.node.outputs}
-        known = {id(v) for v in self.memo.results} if self.memo else set()
-        self.program = ShapeProgram(graph, [c.node for c in binding.calls if id(c.node) not in memo_nodes], known)
-        self.frames = FrameBuilder(name, graph, self.program, self.memo.results if self.memo else [], [],
-                                   planner, device, declared)
-        self.frames.shape_only_nodes = {c.node.name for c in binding.calls if id(c.node) in memo_nodes}
+        # every value that follows from the inputs' shapes is computed by the shape program,
+        # once per input shape (the shape-only work included): the frame holds it
+        self._outputs = {id(v) for v in graph.outputs}
+        self.program = ShapeProgram(graph, [c.node for c in binding.calls], set(),
+                                    {id(c.node): c for c in binding.calls})
+        self.memo = ShapeMemo([], [])
+        self.frames = FrameBuilder(name, graph, self.program, [], [], planner, device, declared)
         self._views = {id(o) for c in binding.calls if view_input(c.node) is not None
                        for k, o in enumerate(c.node.outputs) if k == 0}
         self._probed = False
         self._generate()
 
+    def _held(self) -> None:
+        """The frame's held values: the shape-only results, then the computed ones (the
+        program's, after any probe dropped some)."""
+        self.memo.computed = self.program.computed_nodes
+        self.memo.computed_results = self.program.results
+        skipped = self.memo.skipped()
+        self._shape_only = {id(o) for c in self.binding.calls if id(c.node) in skipped for o in c.node.outputs}
+        self.frames.memo_results = self.memo.held
+        self.frames.shape_only_nodes = {c.node.name for c in self.binding.calls if id(c.node) in skipped}
+
     def _slotted(self, v: Value) -> bool:
+        """Planned in the arena: a determined activation that is not computed in the frame,
+        not a view, and not a graph output (an output's kernel makes its own tensor, which is
+        handed to the caller as it is: in the arena it would be copied out after every run)."""
         return (id(v) in self.program.determined and id(v) not in self._shape_only and id(v) not in self._views
+                and id(v) not in self._outputs
                 and (v.producer is None or id(v.producer) not in self._replaced)
                 and "container" not in v.meta and v.dtype is not None and v.dtype.itemsize > 0)
 
@@ -89,6 +104,7 @@ class FrameRunner:
         return other
 
     def _generate(self) -> None:
+        self._held()
         for call in self.binding.calls:
             call.out, call.guard = None, False
         values = frame_outputs(self.binding, self._slotted)
@@ -116,8 +132,6 @@ class FrameRunner:
         self._probed = True
         self.frames.dims(tensors)               # the feeds' dims first: a mismatch is the feeds' fault
         memo = {}
-        if self.memo:
-            memo = {id(v): t for v, t in zip(self.memo.results, self.frames.memo_fill(*tensors))}
         before = len(self.program.steps)
         try:
             self.program.probe([tuple(t.shape) for t in tensors], memo)

@@ -1,27 +1,31 @@
 """Frames: what a model with symbolic input dims needs per input shape, made when a shape is
 first seen and kept, so that a run at a never-seen shape costs about what a warm run costs.
 
-A frame is one tuple: the shape-only values of the run (``shape_memo.py``'s results: position
-ids, mask shapes, reshape targets) followed by one arena view per planned activation, with
-that run's shapes, at the offsets of the memory plan the shape runs in. The generated run
-function looks its inputs' shapes up in the frame cache and unpacks the frame into its
-locals; on a miss it calls ``FrameBuilder``, which
+A frame is one tuple: the values of the run that follow from its input shapes alone
+(``shape_program.py``'s computed values: position ids, masks, reshape targets) followed by
+one arena view per planned activation, with that run's shapes, at the offsets of the memory
+plan the shape runs in. The generated run function looks its inputs' shapes up in the frame
+cache and unpacks the frame into its locals; on a miss it calls ``FrameBuilder``, which
 
 1. checks the inputs' symbolic dims (the same symbol the same size; inside a declared range,
    else ``InputError`` naming the input, the dim and the range);
-2. runs the shape-only nodes on the inputs (``_memo_fill``, generated code);
-3. evaluates every activation's shape (``shape_program.py``: the ops' rules);
+2. (a runner with a shape-only memo: runs it, ``_memo_fill``, generated code;)
+3. evaluates the shape program: the computed values and every activation's shape (the ops'
+   rules; a step whose inputs are the last frame's repeats its result);
 4. takes the kept memory plan the shape fits (every activation within its slot, every
-   in-place pair of one shape), or has the planner the compiler handed over make one for
-   it with its slots rounded up (``plan/buckets.py``: a bucket of shapes; the order is fixed,
-   only offsets are planned);
+   in-place pair of one shape), or has the planner the compiler handed over make one with
+   its slots rounded up (``plan/buckets.py``: a bucket of shapes; the order is fixed, only
+   offsets are planned): for this shape, or, where the symbolic dims grew by one amount
+   since the newest plan (a decoder's past, a token a step), for a shape ahead of it (the
+   largest grown dim at the next power of two), so that a decoder plans a few times, not
+   every few tokens;
 5. views the arena at those offsets with those shapes (the arena grows to the largest plan
    in use; growing drops the frames kept, whose views point at the old buffer).
 
 Frames are kept first made, first out (``capacity`` of them, holding at most ``FRAME_BYTES``
 of shape-only tensors), plans least recently used first out (``PLANS_KEPT``).
 ``stats`` counts frames and plans made and the seconds they took, for the report. Nothing
-here runs a kernel of the model or chooses an order.
+here runs a kernel on the model's activations or chooses an order.
 """
 from __future__ import annotations
 
@@ -51,8 +55,8 @@ class MemoryBucket:
     """One memory plan of a model with symbolic dims and the shapes it serves: made for the
     dims ``made_for`` with every slot rounded up (``plan.buckets.slot_capacity``), it runs
     every later shape whose activations fit their slots. ``slots``: value name -> (offset,
-    size); ``inplace``: (input, output) value pairs sharing bytes; ``largest``: the sizes of
-    the largest shape it ran (by total bytes), for its lower bound in the report."""
+    size); ``inplace``: (input, output) value pairs sharing bytes; ``largest``: the shapes of
+    the largest run it served (by its planned bytes), for its lower bound in the report."""
     made_for: dict[str, int]
     slots: dict[str, tuple[int, int]]
     inplace: list[tuple[str, str]]
@@ -60,15 +64,18 @@ class MemoryBucket:
     capacity_lower_bound_bytes: int
     seconds: float
     served: dict[str, int] = field(default_factory=dict)     # the largest size of each dim run in it
-    largest: dict[str, int | None] = field(default_factory=dict)
+    largest: dict[int, tuple] | None = None       # the shapes of the largest run (by its planned bytes)
+    largest_bytes: int = -1
     runs: int = 0
+    pairs: list = field(default_factory=list)      # the in-place pairs' values (input, output)
+    limits: list = field(default_factory=list)     # each planned value's slot bytes, in ``planned`` order
 
-    def serve(self, dims: dict[str, int], sizes: dict[str, int | None]) -> None:
+    def serve(self, dims: dict[str, int], shapes: dict[int, tuple], planned_bytes: int) -> None:
         self.runs += 1
         for name, n in dims.items():
             self.served[name] = max(self.served.get(name, 0), n)
-        if _total(sizes) > _total(self.largest):
-            self.largest = dict(sizes)
+        if planned_bytes > self.largest_bytes:
+            self.largest, self.largest_bytes = shapes, planned_bytes
 
 
 class GrowingArena:
@@ -80,6 +87,7 @@ class GrowingArena:
         self.tensor = torch.empty(0, dtype=torch.uint8, device=device)
         self.nbytes = 0
         self.generation = 0
+        self._typed: dict[torch.dtype, torch.Tensor] = {}      # the arena read as each dtype
 
     def ensure(self, nbytes: int) -> bool:
         """Make the arena at least ``nbytes`` long; True when it was reallocated."""
@@ -89,6 +97,7 @@ class GrowingArena:
             self.tensor = torch.empty(int(nbytes), dtype=torch.uint8, device=self.device)
         self.nbytes = int(nbytes)
         self.generation += 1
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
         return True
 
     @property
@@ -103,15 +112,31 @@ class GrowingArena:
         return t.numel() > 0 and self.lo <= t.data_ptr() < self.hi
 
     def view(self, offset: int, shape: tuple, dtype: torch.dtype, nhwc: bool) -> torch.Tensor:
-        n = 1
-        for d in shape:
-            n *= d
-        itemsize = torch.empty((), dtype=dtype).element_size() if dtype not in _ITEMSIZE else _ITEMSIZE[dtype]
-        flat = self.tensor[offset:offset + max(n, 1) * itemsize].view(dtype)[:n]
+        """The arena's bytes from ``offset`` as a dense tensor of ``shape`` (channels-last for
+        an ``nhwc`` value of rank 3 or 4): one ``as_strided`` of the arena read as ``dtype``
+        (every slot starts at a multiple of 64 bytes, so of the item size)."""
+        typed = self._typed.get(dtype) if self.nbytes else None
+        if typed is None:
+            itemsize = _ITEMSIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
+            typed = self.tensor[:self.nbytes - self.nbytes % itemsize].view(dtype)
+            if self.nbytes:
+                self._typed[dtype] = typed
+        itemsize = typed.element_size()
         if nhwc and len(shape) in (3, 4):
             b, c, *spatial = shape
-            return flat.view(b, *spatial, c).movedim(-1, 1)
-        return flat.view(shape)
+            strides = _dense_strides((b, *spatial, c))
+            strides = (strides[0], strides[-1], *strides[1:-1])
+        else:
+            strides = _dense_strides(shape)
+        return typed.as_strided(shape, strides, offset // itemsize)
+
+
+def _dense_strides(shape) -> tuple:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 _ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.int64: 8, torch.int32: 4,
@@ -151,6 +176,8 @@ class FrameBuilder:
         """After ``planned`` changed (the code was generated again): no frame or plan kept."""
         self._dtypes = [v.dtype.to_torch() for v in self.planned]
         self._nhwc = [v.layout == "nhwc" for v in self.planned]
+        self._planned_items = [(id(v), v.dtype.itemsize) for v in self.planned]
+        self._by_name = {o.name: o for n in self.graph.nodes for o in n.outputs}
         self.clear()
         self.plans.clear()
 
@@ -165,12 +192,12 @@ class FrameBuilder:
         dims = self.dims(inputs)
         memo = self._memo(inputs)
         try:
-            shapes = self.program.evaluate([tuple(t.shape) for t in inputs], memo)
+            shapes = self.program.evaluate([tuple(t.shape) for t in inputs], memo, computed=memo)
         except ValueError as exc:
             raise InputError(f"{self.name}: the model cannot run at input shapes "
                              f"{_describe_inputs(self.graph, inputs)}"
                              f"{empty_symbolic_dims(self.graph.inputs, [tuple(t.shape) for t in inputs])}: {exc}") from None
-        plan = self._plan_for(dims, shapes)
+        plan = self._plan_for(dims, shapes, inputs)
         views = []
         for v, dtype, nhwc in zip(self.planned, self._dtypes, self._nhwc):
             views.append(self.arena.view(plan.slots[v.name][0], shapes[id(v)], dtype, nhwc))
@@ -229,26 +256,70 @@ class FrameBuilder:
         return dims
 
     def _memo(self, inputs) -> dict[int, torch.Tensor]:
-        if not self.memo_results:
+        if self.memo_fill is None:
             return {}
         out = self.memo_fill(*inputs)
         return {id(v): t for v, t in zip(self.memo_results, out)}
 
     # -- plans
-    def _plan_for(self, dims: dict[str, int], shapes: dict[int, tuple]) -> MemoryBucket:
-        """The kept plan this shape fits (the most recently used first), else a new one made
-        for it with every slot rounded up to its size's boundary."""
-        sizes = self._sizes(shapes)
+    def _plan_for(self, dims: dict[str, int], shapes: dict[int, tuple], inputs) -> MemoryBucket:
+        """The kept plan this shape fits (the most recently used first), else a new one:
+        made for a larger shape where the dims are growing (``_projected``), else for this
+        one, with every slot rounded up to its size's boundary."""
+        need = self._planned_bytes(shapes)
         for key in reversed(self.plans):
             plan = self.plans[key]
-            if self._fits(plan, sizes, shapes):
+            if self._fits(plan, need, shapes):
                 self.plans.move_to_end(key)
                 break
         else:
-            plan = self._plan_sizes(dims, {k: slot_capacity(n) if isinstance(n, int) else n for k, n in sizes.items()},
-                                    shapes)
-        plan.serve(dims, sizes)
+            plan = None
+            projected = self._projected(dims, inputs)
+            if projected is not None:
+                plan = self._plan_shapes(*projected)
+                if not self._fits(plan, need, shapes):
+                    plan = None
+            if plan is None:
+                plan = self._plan_shapes(dims, shapes)
+        plan.serve(dims, shapes, sum(need))
         return plan
+
+    def _projected(self, dims: dict[str, int], inputs) -> tuple[dict, dict] | None:
+        """(dims, shapes) of a shape ahead of this one, when the symbolic dims that changed
+        since the newest plan all grew by one amount (a decoder's past and mask, one token a
+        step): each grown dim ahead by as much again as takes the largest of them to the next
+        power of two, the others as they are; None otherwise, or where the model cannot take
+        that shape. A shape-only value depends on the inputs' shapes alone, so empty inputs of
+        those shapes give the projected frame's shapes."""
+        if not self.plans:
+            return None
+        last = self.plans[next(reversed(self.plans))].made_for
+        if last.keys() != dims.keys():
+            return None
+        grown = {k: n - last[k] for k, n in dims.items() if n != last[k]}
+        if not grown or len(set(grown.values())) != 1 or next(iter(grown.values())) < 0:
+            return None
+        top = max(dims[k] for k in grown)
+        ahead = (1 << top.bit_length()) - top           # the largest grown dim to the next power of two
+        projected = {k: n + ahead if k in grown else n for k, n in dims.items()}
+        fakes = []
+        for (symbols, _v), t in zip(self._symbols, inputs):
+            shape = list(t.shape)
+            for axis, sym in symbols:
+                shape[axis] = projected[sym]
+            fakes.append(torch.empty(shape, dtype=t.dtype, device="cpu" if t.device.type == "meta" else t.device))
+        try:
+            self.dims(fakes)
+            memo = self._memo(fakes)
+            shapes = self.program.evaluate([tuple(t.shape) for t in fakes], memo)
+        except (InputError, ValueError):
+            return None
+        return projected, shapes
+
+    def _plan_shapes(self, dims: dict[str, int], shapes: dict[int, tuple]) -> MemoryBucket:
+        sizes = self._sizes(shapes)
+        return self._plan_sizes(dims, {k: slot_capacity(n) if isinstance(n, int) else n for k, n in sizes.items()},
+                                shapes)
 
     def _plan_sizes(self, dims: dict[str, int], capacity: dict[str, int | None], shapes: dict[int, tuple]) -> MemoryBucket:
         t0 = time.perf_counter()
@@ -260,6 +331,8 @@ class FrameBuilder:
         seconds = time.perf_counter() - t0
         plan = MemoryBucket(dict(dims), mplan.slots(), [(d["input"], d["output"]) for d in mplan.report.inplace],
                             mplan.assignment.arena_bytes, mplan.lifetimes.lower_bound_bytes, seconds)
+        plan.pairs = [(self._by_name.get(a), self._by_name.get(b)) for a, b in plan.inplace]
+        plan.limits = [plan.slots[v.name][1] if v.name in plan.slots else -1 for v in self.planned]
         self.plans[next(self._plan_ids)] = plan
         while len(self.plans) > PLANS_KEPT:
             self.plans.popitem(last=False)
@@ -273,6 +346,7 @@ class FrameBuilder:
         return plan
 
     def _sizes(self, shapes: dict[int, tuple]) -> dict[str, int | str | None]:
+        """Every value's bytes at ``shapes`` (what the planner places), by name."""
         sizes: dict[str, int | str | None] = {}
         known = self.program.known           # shape-only values live in the frame, not the arena
         for node in self.graph.nodes:
@@ -290,15 +364,21 @@ class FrameBuilder:
                 sizes[o.name] = n * o.dtype.itemsize
         return sizes
 
-    def _fits(self, plan: MemoryBucket, sizes: dict[str, int | None], shapes: dict[int, tuple]) -> bool:
-        slots = plan.slots
-        for v in self.planned:
-            slot = slots.get(v.name)
-            if slot is None or (sizes[v.name] if isinstance(sizes[v.name], int) else 0) > slot[1]:
+    def _planned_bytes(self, shapes: dict[int, tuple]) -> list[int]:
+        """The bytes of each planned value at ``shapes``, in ``planned`` order."""
+        out = []
+        for key, itemsize in self._planned_items:
+            n = itemsize
+            for d in shapes[key]:
+                n *= d
+            out.append(n)
+        return out
+
+    def _fits(self, plan: MemoryBucket, need: list[int], shapes: dict[int, tuple]) -> bool:
+        for n, limit in zip(need, plan.limits):
+            if n > limit:
                 return False
-        by_name = {o.name: o for n in self.graph.nodes for o in n.outputs}
-        for a, b in plan.inplace:
-            va, vb = by_name.get(a), by_name.get(b)
+        for va, vb in plan.pairs:
             if va is None or vb is None or shapes.get(id(va)) != shapes.get(id(vb)):
                 return False
         return True
@@ -309,16 +389,12 @@ class FrameBuilder:
         what no plan of that shape can go below), and the seconds it took to make."""
         return [{"made_for": dict(p.made_for), "largest_served": dict(p.served), "runs": p.runs,
                  "arena_bytes": p.arena_bytes, "seconds": p.seconds,
-                 "lower_bound_bytes": self.lower_bound(p.largest) if p.largest else 0}
+                 "lower_bound_bytes": self.lower_bound(self._sizes(p.largest)) if p.largest else 0}
                 for p in self.plans.values()]
 
     def lower_bound(self, sizes: dict[str, int | None]) -> int:
         """The most bytes live at once in the fixed order, with activations of ``sizes``."""
         return self.planner(sizes, None).lifetimes.lower_bound_bytes
-
-
-def _total(sizes: dict) -> int:
-    return sum(n for n in sizes.values() if isinstance(n, int))
 
 
 def _input_symbols(graph: Graph) -> list[tuple[list[tuple[int, str]], Value]]:

@@ -20,9 +20,9 @@ plans and debug runs (``hook``) run every node as before.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from ..ir import Graph, Value
+from ..ir import Graph, Node, Value
 from ..ops.registry import opdef_for
 from .bind import NodeCall
 from .shape_functions import shape_function, shape_reader
@@ -36,6 +36,17 @@ MEMO_BYTES = 16 << 20
 class ShapeMemo:
     calls: list[NodeCall]     # shape-only calls, in order, without arena buffers
     results: list[Value]      # shape-only values the rest of the run or the caller reads
+    computed: list[Node] = field(default_factory=list)        # nodes the frame computes (``shape_program.py``)
+    computed_results: list[Value] = field(default_factory=list)   # their values the run reads
+
+    @property
+    def held(self) -> list[Value]:
+        """The values a frame holds, in its order: the shape-only results, then the computed."""
+        return list(self.results) + list(self.computed_results)
+
+    def skipped(self) -> set[int]:
+        """ids of the nodes the run body leaves out (their values come from the frame)."""
+        return {id(c.node) for c in self.calls} | {id(n) for n in self.computed}
 
 
 def shape_only_calls(graph: Graph, calls: list[NodeCall]) -> ShapeMemo | None:

@@ -9,11 +9,19 @@ shape-only work, ``shape_memo.py``) once, at bind time:
   (``ops/shape_rules.py``, microseconds), or, for an op without one, by running its portable
   kernel on ``meta`` tensors (tens of microseconds; tried once at a probe shape when the
   program is built, so an op whose shape needs data is known before the first real run);
+- *computed*: its outputs' *values* follow too: a ``Shape`` / ``Size`` of a determined value,
+  or a pure node making integer or boolean values from constants, shape-only values and
+  computed values (the ``Gather`` / ``Unsqueeze`` / ``Concat`` arithmetic after a ``Shape``
+  of an activation that builds a reshape target). Its kernel runs once per input shape, here,
+  and its result is held in the frame like the shape-only values: the nodes that read it are
+  then determined as well (without this, every node after the first ``Shape`` of an
+  activation would be dynamic);
 - *dynamic*: anything else (a shape read from data, an input that is dynamic, a control-flow
   body): its kernel allocates its result at run time.
 
-``evaluate(input_shapes, memo_values)`` then gives ``{id(value): shape}`` for every
-determined value, walking the nodes in order with plain tuples. A rule that fails at run
+``evaluate(input_shapes, memo_values, values)`` then gives ``{id(value): shape}`` for every
+determined value, walking the nodes in order with plain tuples, and puts the computed
+values the run reads (``results``) into ``values``. A rule that fails at run
 time (the feeds' shapes do not fit the model) raises ``ValueError`` naming the node; the
 caller turns it into an ``InputError``. Nothing here allocates an activation or runs a
 kernel on data.
@@ -31,26 +39,57 @@ from ..ops.shape_rules import rule_for
 
 
 class ShapeStep:
-    __slots__ = ("node", "ins", "outs", "rule", "reads", "meta")
+    __slots__ = ("node", "ins", "outs", "rule", "reads", "meta", "last", "dense", "read_ids")
 
     def __init__(self, node: Node, rule, reads: tuple[int, ...], meta: Callable | None):
         self.node, self.rule, self.reads, self.meta = node, rule, reads, meta
+        self.last = None          # (input shapes, values read, output shapes) of the last evaluation
         self.ins = tuple(None if v is None else id(v) for v in node.inputs)
         self.outs = tuple(id(o) for o in node.outputs)
+        self.dense = None not in self.ins      # no optional input left out
+        self.read_ids = tuple(self.ins[i] for i in reads if i < len(self.ins) and self.ins[i] is not None)
+
+
+class ValueStep:
+    """A computed node: ``kernel`` makes its outputs from the values of ``ins`` (its call's
+    inputs), or ``shape_of`` reads its one input's shape (``Shape`` / ``Size``)."""
+    __slots__ = ("node", "call", "ins", "outs", "kernel", "shape_of", "last", "dense")
+
+    def __init__(self, node: Node, call, shape_of: bool):
+        self.node, self.call, self.shape_of = node, call, shape_of
+        self.last = None          # (input shapes, input tensors, output tensors) of the last evaluation
+        inputs = call.inputs if call is not None else node.inputs
+        self.ins = tuple(None if v is None else id(v) for v in inputs)
+        self.outs = tuple(id(o) for o in node.outputs)
+        self.kernel = call.kernel if call is not None else None
+        self.dense = None not in self.ins
+
+
+SHAPE_READERS = {("", "Shape"), ("", "Size")}
 
 
 class ShapeProgram:
-    def __init__(self, graph: Graph, nodes: list[Node], known_values: set[int]):
+    def __init__(self, graph: Graph, nodes: list[Node], known_values: set[int], calls: dict | None = None):
         """``nodes``: the run's nodes in order (shape-only work excluded); ``known_values``:
-        ids of the values whose tensors are held before the run (shape-only results)."""
+        ids of the values whose tensors are held before the run (shape-only results);
+        ``calls``: id(node) -> its bound call, whose kernel a computed node runs (without
+        them no node is computed)."""
         self.graph = graph
         self.inputs = [id(v) for v in graph.inputs]
         self.known = set(known_values)
         self.consts = {id(v): v.const for v in graph.constants.values()}
-        self.steps: list[ShapeStep] = []
+        self.const_shapes = {k: tuple(t.shape) for k, t in self.consts.items()}
+        self.steps: list[ShapeStep | ValueStep] = []
         self.dynamic: dict[str, str] = {}          # node name -> why its outputs are dynamic
+        self.computed: set[int] = set()            # ids of computed values
         shaped = set(self.inputs) | set(self.consts) | self.known   # values whose shape is known before the run
         for node in nodes:
+            call = calls.get(id(node)) if calls is not None else None
+            if call is not None and self._computable(node, call, shaped):
+                self.steps.append(ValueStep(node, call, (node.domain, node.op_type) in SHAPE_READERS))
+                shaped.update(id(o) for o in node.outputs)
+                self.computed.update(id(o) for o in node.outputs)
+                continue
             why = self._why_not(node, shaped)
             if why is not None:
                 self.dynamic[node.name] = why
@@ -70,7 +109,42 @@ class ShapeProgram:
         self.determined = shaped
 
     def _value_known(self, v: Value | None) -> bool:
-        return v is None or v.is_const or id(v) in self.known
+        return v is None or v.is_const or id(v) in self.known or id(v) in self.computed
+
+    def _computable(self, node: Node, call, shaped: set[int]) -> bool:
+        """A pure node that reads only a determined value's shape (``Shape`` / ``Size``), or
+        only constants and values known before the run with at least one computed among them
+        (what follows from the inputs' shapes alone)."""
+        if not opdef_for(node).pure or not node.outputs or any(
+                not _tensor_dtype(o) or "container" in o.meta for o in node.outputs):
+            return False
+        if node.attrs and any(hasattr(a, "nodes") for a in node.attrs.values()):
+            return False
+        ins = [v for v in call.inputs if v is not None]
+        if (node.domain, node.op_type) in SHAPE_READERS:
+            return call.args is None and len(ins) == 1 and id(ins[0]) in shaped
+        return bool(ins) and all(self._value_known(v) for v in ins) and any(id(v) in self.computed for v in ins)
+
+    @property
+    def results(self) -> list[Value]:
+        """The computed values the run reads: inputs of the nodes that are not computed, and
+        graph outputs."""
+        computed_nodes = {id(s.node) for s in self.steps if isinstance(s, ValueStep)}
+        out: dict[int, Value] = {}
+        for node in self.graph.nodes:
+            if id(node) in computed_nodes:
+                continue
+            for v in node.inputs:
+                if v is not None and id(v) in self.computed:
+                    out[id(v)] = v
+        for v in self.graph.outputs:
+            if id(v) in self.computed:
+                out[id(v)] = v
+        return list(out.values())
+
+    @property
+    def computed_nodes(self) -> list[Node]:
+        return [s.node for s in self.steps if isinstance(s, ValueStep)]
 
     def _why_not(self, node: Node, shaped: set[int]) -> str | None:
         if node.attrs and any(hasattr(a, "nodes") for a in node.attrs.values()):
@@ -108,39 +182,97 @@ class ShapeProgram:
             kept.append(step)
         self.steps = kept
         self.determined -= gone
+        self.computed -= gone
 
     def evaluate(self, input_shapes: list[tuple], memo: dict[int, torch.Tensor],
-                 probing: bool = False) -> dict[int, tuple]:
-        """Shapes of every determined value (``memo``: the shape-only values' tensors)."""
+                 probing: bool = False, computed: dict | None = None) -> dict[int, tuple]:
+        """Shapes of every determined value (``memo``: the shape-only values' tensors); the
+        computed values go into ``computed`` (id -> tensor) where given.
+
+        Each step keeps what it read and gave the last time (its inputs' shapes, the very
+        tensors of the values it read): a step whose inputs are those again gives its last
+        result without running (its rule and kernel are functions of exactly those, and the
+        tensors held for a frame are never written). A decoder's next token changes the
+        past's dims only, so most steps repeat."""
         shapes: dict[int, tuple] = {k: tuple(t.shape) for k, t in memo.items()}
         shapes.update(zip(self.inputs, input_shapes))
-        for k, t in self.consts.items():
-            shapes[k] = tuple(t.shape)
+        shapes.update(self.const_shapes)
         values = dict(self.consts)
         values.update(memo)
+        get_shape, get_value = shapes.__getitem__, values.__getitem__
         for step in self.steps:
-            ins = [None if k is None else shapes[k] for k in step.ins]
-            vals = [None] * len(ins)
-            for i in step.reads:
-                if i < len(ins) and step.ins[i] is not None:
-                    vals[i] = values[step.ins[i]]
-            try:
-                outs = step.rule(step.node, ins, vals) if step.rule is not None else None
-                if outs is None:
-                    try:
-                        outs = self._meta(step, ins, values)
-                    except Exception:
-                        if probing:             # at a valid probe shape: the kernel needs data
-                            raise _MetaFailed(step) from None
-                        raise
-            except (ValueError, IndexError, KeyError, TypeError, RuntimeError, ZeroDivisionError) as exc:
-                n = step.node
-                given = ", ".join("_" if s is None else str(list(s)) for s in ins)
-                raise ValueError(f"node {n.name!r} ({n.op_type}) cannot take inputs of shapes ({given}): "
-                                 f"{type(exc).__name__}: {exc}") from None
-            for k, s in zip(step.outs, outs):
-                shapes[k] = tuple(int(d) for d in s)
+            ins = tuple(map(get_shape, step.ins)) if step.dense else \
+                tuple([None if k is None else shapes[k] for k in step.ins])
+            if step.__class__ is ValueStep:
+                if step.shape_of:
+                    read = ()
+                else:
+                    read = tuple([None if k is None else values[k] for k in step.ins])
+                    ins = ()
+                last = step.last
+                if last is not None and last[0] == ins and _same_objects(last[1], read):
+                    outs = last[2]
+                else:
+                    outs = self._compute(step, ins, read)
+                    step.last = (ins, read, outs)
+                for k, t in zip(step.outs, outs):
+                    values[k] = t
+                    shapes[k] = tuple(t.shape)
+                continue
+            read = tuple(map(get_value, step.read_ids)) if step.read_ids else ()
+            last = step.last
+            if not probing and last is not None and last[0] == ins and (not read or _same_objects(last[1], read)):
+                outs = last[2]
+            else:
+                outs = self._shapes_of(step, ins, values, probing)
+                step.last = (ins, read, outs)
+            shapes.update(zip(step.outs, outs))
+        if computed is not None:
+            for k in self.computed:
+                computed[k] = values[k]
         return shapes
+
+    def _shapes_of(self, step: "ShapeStep", ins: tuple, values: dict, probing: bool) -> tuple:
+        vals = [None] * len(ins)
+        for i in step.reads:
+            if i < len(ins) and step.ins[i] is not None:
+                vals[i] = values[step.ins[i]]
+        try:
+            outs = step.rule(step.node, list(ins), vals) if step.rule is not None else None
+            if outs is None:
+                try:
+                    outs = self._meta(step, list(ins), values)
+                except Exception:
+                    if probing:             # at a valid probe shape: the kernel needs data
+                        raise _MetaFailed(step) from None
+                    raise
+            return tuple(tuple(map(int, s)) for s in outs)
+        except (ValueError, IndexError, KeyError, TypeError, RuntimeError, ZeroDivisionError) as exc:
+            n = step.node
+            given = ", ".join("_" if s is None else str(list(s)) for s in ins)
+            raise ValueError(f"node {n.name!r} ({n.op_type}) cannot take inputs of shapes ({given}): "
+                             f"{type(exc).__name__}: {exc}") from None
+
+    @staticmethod
+    def _compute(step: ValueStep, ins: tuple, read: tuple) -> tuple:
+        node = step.node
+        try:
+            if step.shape_of:
+                s = ins[0]
+                if node.op_type == "Size":
+                    n = 1
+                    for d in s:
+                        n *= d
+                    outs = (torch.tensor(n, dtype=torch.int64),)
+                else:
+                    outs = (torch.tensor(s[slice(node.attrs.get("start"), node.attrs.get("end"))], dtype=torch.int64),)
+            else:
+                got = step.kernel(*read)
+                outs = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+        except (ValueError, IndexError, KeyError, TypeError, RuntimeError, ZeroDivisionError) as exc:
+            raise ValueError(f"node {node.name!r} ({node.op_type}) cannot compute its value at these shapes: "
+                             f"{type(exc).__name__}: {exc}") from None
+        return outs
 
     def _meta(self, step: ShapeStep, ins: list, values: dict) -> list[tuple]:
         meta = step.meta or _meta_kernel(step.node)
@@ -156,6 +288,15 @@ class ShapeProgram:
             out = meta(*args)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return [tuple(t.shape) for t in outs]
+
+
+def _same_objects(a: tuple, b: tuple) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is not y:
+            return False
+    return True
 
 
 class _MetaFailed(Exception):

@@ -200,8 +200,8 @@ class CpuStreamRunner:
                  control=None):
         """``frames`` (a ``frames.FrameBuilder``), ``memo`` and ``frame_values``: a model with
         symbolic input dims: the frame of a run's input shapes is taken before the streams
-        start, its shape-only values (``memo.results``, made by ``_memo_fill``, a function of
-        this module) and arena views (``frame_values``) become the module's globals for the
+        start, its shape-only and computed values (``memo.held``; ``_memo_fill``, a function of
+        this module, makes the shape-only ones) and arena views (``frame_values``) become the module's globals for the
         run, and the shape-only nodes run in no stream. ``control``: the run's stop flag, read
         before each call on every stream."""
         self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
@@ -227,9 +227,10 @@ class CpuStreamRunner:
         skip: frozenset = frozenset()
         if self.frames is not None:
             names = Names(self.binding.dense)
-            held = (list(self.memo.results) if self.memo else []) + self.frame_values
+            held = (self.memo.held if self.memo else []) + self.frame_values
             self._frame_names = [names.set_global(v, None) for v in held]     # set per run from the frame
-            skip = frozenset(c.node.name for c in self.memo.calls) if self.memo else frozenset()
+            skip = frozenset([c.node.name for c in self.memo.calls] + [n.name for n in self.memo.computed]) \
+                if self.memo else frozenset()
         else:
             names = arena_names(self.binding)
         for eid, lock in self.events.items():
@@ -256,7 +257,7 @@ class CpuStreamRunner:
             extra.update(control_globals(self.control))
         if hook is not None:
             extra["_hook"] = hook
-        if self.frames is not None and self.memo:
+        if self.frames is not None and self.memo and self.memo.calls:
             specs.append(FunctionSpec("_memo_fill", self.memo.calls, params=[names(v) for v in self.graph.inputs],
                                       param_values=list(self.graph.inputs), returns=self.memo.results))
         filename = self.filename + (":hook" if hook is not None else "")

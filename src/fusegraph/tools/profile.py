@@ -124,6 +124,9 @@ def _shape_only_names(model) -> set[str]:
     """Nodes the plain run computes once per input shapes (``report.shape_kernels`` of them)."""
     if not model.report.shape_kernels:
         return set()
+    program = getattr(model._executor._runner, "program", None)
+    if program is not None:              # a symbolic model: its frames compute them
+        return {n.name for n in program.computed_nodes}
     from ..runtime.shape_memo import shape_only_calls
     binding = model._executor.binding    # read only: which calls the plain run memoises
     memo = shape_only_calls(model.graph, binding.calls)
