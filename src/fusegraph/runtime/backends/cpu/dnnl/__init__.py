@@ -5,7 +5,8 @@ a few microseconds a call.
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
 ``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear;
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
-``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm;
+``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm
+(``layernorm_runtime.py``: LayerNorm, SkipLayerNorm whose rows are known at run time only);
 GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
 ``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax; ``rnn.py``: RNN, GRU and
@@ -28,6 +29,7 @@ from .linear import linear_kernel
 from .linear_int8 import linear_int8_kernel
 from .linear_runtime import runtime_linear_kernel
 from .layernorm import layer_norm_kernel
+from .layernorm_runtime import runtime_layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
 from .rmsnorm import rms_norm_kernel
@@ -90,6 +92,9 @@ class DnnlKernels:
             return lrn_kernel(ctx, self.resources)
         if key == ("fusegraph", "ChannelShuffle"):
             return shuffle_kernel(ctx, self.resources)
+        if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")) \
+                and static_shape(ctx.node.outputs[0]) is None:     # rows known at run time only
+            return runtime_layer_norm_kernel(ctx, opdef, self.resources, exact)
         if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm"), ("fusegraph", "ChannelLayerNorm")):
             return layer_norm_kernel(ctx, opdef, self.resources, exact)
         if key in (("fusegraph", "RMSNorm"), ("fusegraph", "SkipRMSNorm")):

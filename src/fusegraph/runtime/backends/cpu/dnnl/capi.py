@@ -33,6 +33,7 @@ TAG_ANY, TAG_A, TAG_AB, TAG_ABC, TAG_ABCD, TAG_ABCDE = 1, 2, 3, 4, 5, 6
 TAG_ACDB = 22                  # nhwc
 # dnnl_prop_kind_t, algorithms
 FORWARD_INFERENCE = 96
+FORWARD_TRAINING = 64          # a normalisation writes its statistics (ARG_MEAN, ARG_VARIANCE)
 CONVOLUTION_DIRECT = 1
 ELTWISE = {"relu": 32, "tanh": 33, "elu": 34, "square": 35, "abs": 36, "sqrt": 37, "linear": 38,
            "soft_relu": 39, "hardsigmoid": 40, "logistic": 41, "exp": 42, "gelu_tanh": 43, "swish": 44,
