@@ -54,6 +54,9 @@ def unavailable_reason() -> str:
 # for groups of one channel, but measured slower than the op's own kernel (benchmarks/RESULTS.md)
 GROUP_NORM_DECLINE = ("oneDNN 3.2 has no group normalisation; its batch normalisation over one sample "
                       "is slower than the op's own kernel (one reduction, one multiply-add)")
+INTEGER_PRODUCTS = {("", "MatMulInteger"), ("", "ConvInteger"), ("", "QLinearMatMul"), ("", "QLinearConv")}
+INTEGER_PRODUCT_DECLINE = ("an integer product the int8 rewrites did not take (their declines say why: passes "
+                           "dynamic_quant and qlinear_ops in report.passes / report.fusions): its reference kernel runs")
 POOLS = {("", "MaxPool"), ("", "AveragePool"), ("", "GlobalAveragePool"), ("", "GlobalMaxPool")}
 RECURRENT = {("", "RNN"), ("", "GRU"), ("", "LSTM"), ("fusegraph", "LSTM")}
 
@@ -98,6 +101,8 @@ class DnnlKernels:
             return layer_norm_kernel(ctx, opdef, self.resources, exact)
         if key in (("fusegraph", "RMSNorm"), ("fusegraph", "SkipRMSNorm")):
             return rms_norm_kernel(ctx, self.resources)
+        if key in INTEGER_PRODUCTS:             # one the int8 rewrites did not take
+            return Decline(INTEGER_PRODUCT_DECLINE, "dnnl")
         if key == ("", "Conv"):                 # one the fusion pass did not make a FusedConv
             return Decline(_unfused_conv(ctx), "dnnl")
         if key == ("fusegraph", "GroupNorm"):
