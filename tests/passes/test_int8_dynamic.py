@@ -236,3 +236,19 @@ def test_not_matched_runs_as_before(tmp_path):
     ref = M.ort_run(q, feeds)
     for y, r in zip(got.values(), ref):
         assert np.all(np.abs(y - r) <= 2.0 ** -22 * np.abs(r)), np.abs(y - r).max()
+
+
+@needs_int8_kernels
+def test_fgm_round_trip(block, tmp_path):
+    """The saved model loads with its packed int8 weights as stored (no reorder) and gives the
+    same bytes."""
+    fp32, q = block
+    cm = fg.compile(q, config=CFG)
+    feeds = M.feeds_for(fp32, 3)
+    (y,) = cm.run(feeds).values()
+    cm.save(str(tmp_path / "dyn.fgm"))
+    loaded = fg.load(str(tmp_path / "dyn.fgm"))
+    assert loaded.load_info.get("weight_reorders") == 0, loaded.load_info
+    assert len(dynamic_calls(loaded)) == 3
+    (y2,) = loaded.run(feeds).values()
+    np.testing.assert_array_equal(y, y2)
