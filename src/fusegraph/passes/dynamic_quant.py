@@ -35,7 +35,7 @@ def _bias(add: Node, y: Value, n: int):
     """The constant float32 bias of N values ``add`` adds to ``y``, or None."""
     b = _other(add, y)
     t = const_of(b)
-    if t is None or t.dtype.is_floating_point is False or b.dtype != DType.FLOAT or t.numel() != n:
+    if t is None or b.dtype != DType.FLOAT or t.numel() != n:
         return None
     if t.dim() > 1 and any(d != 1 for d in t.shape[:-1]):
         return None

@@ -4,7 +4,10 @@ point come at run time: ``y = x_scale * w_scale * ((x_q - x_zp) @ W) + b``, floa
 ``x_q`` (uint8 ``[..., K]``, row-major, read as ``[M, K]``) times the int8 weight ``W``
 (``[K, N]``, zero point 0) is summed exactly in int32 (u8 x s8 on VNNI: ``int8_support``),
 scaled by the source scale and the weight's scales (one, or one per column: a mask over
-N), the float32 bias added, written as float32. The source scale and zero point are oneDNN
+N), the float32 bias added, written as float32. That is the model's arithmetic (the sum
+converted to float32, times the product of the two scales, plus the bias) up to where
+oneDNN rounds the scales' product: within one float32 rounding of the dequantised value
+(``tests/passes/test_int8_dynamic.py`` checks the bound against onnxruntime). The source scale and zero point are oneDNN
 *run-time* arguments (``ARG_ATTR_SCALES | ARG_SRC``, ``ARG_ATTR_ZERO_POINTS | ARG_SRC``):
 the primitive is made once, and each call points the scale's memory at the float32 value
 the ``DynamicQuantizeLinear`` node computed and copies its uint8 zero point into the int32
