@@ -3,12 +3,14 @@ error beside onnxruntime fp32 / int8 and OpenVINO int8, one row per model, 2 thr
 
     flock /tmp/fusegraph-bench.lock python benchmarks/int8_table.py [--models squeezenet,resnet50,bert]
         [--runs 30] [--cache DIR] [--calibration 16] [--no-memory] [--json out.json]
+    flock /tmp/fusegraph-bench.lock python benchmarks/int8_table.py --quantisation dynamic
+        [--per-channel] --models bert,gpt2
 
 Models: the light models named in ``--models`` (``zoo.light_model_path``, random weights
 ``zoo.randomize_weights`` seed 0, logits exposed by ``zoo.expose_logits``, converted to
 opset 13 (per-channel QDQ needs DequantizeLinear's axis), feeds ``zoo.random_feeds``) and ``bert``: a 4-layer hidden-768 BERT with random weights exported by
 ``tests/model_builders.py`` (called with keyword arguments), fixed to batch 1, sequence 128
-(feeds ``transformer_feeds``). Each is quantised once into ``--cache`` (default
+(feeds ``transformer_feeds``), and ``gpt2``: its 4-layer hidden-768 GPT-2 the same way. Each is quantised once into ``--cache`` (default
 ``~/.cache/fusegraph/int8``; reused when present) by onnxruntime's ``quantize_static``: QDQ,
 per-channel int8 weights, uint8 activations, MinMax over ``--calibration`` inputs (seeds
 1000..), after onnxruntime's ``quant_pre_process`` (its recommended first step: shape
@@ -16,6 +18,10 @@ inference and its basic graph optimisations, Conv + BatchNormalization fused; wi
 BatchNormalization stays a float op between a dequantise and a quantise), so every int8 engine
 runs the same file; in BERT only the MatMul / Gemm ops
 (``TRANSFORMER_OPS``: the default quantises the attention mask's Add too, and loses it).
+``--quantisation dynamic`` instead quantises by onnxruntime's ``quantize_dynamic`` (int8
+weights, per tensor, or per column with ``--per-channel``; activations quantised at run time
+by DynamicQuantizeLinear; no calibration): the transformers' products with constant weights
+become ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul``, fusegraph's QLinearDynamic.
 
 Engines (all in one process, alternating blocks, ``fusegraph.tools.bench.alternate``; median of
 ``--runs``): ``ort_fp32`` (onnxruntime ORT_ENABLE_ALL on the fp32 file), ``fg_fp32``
@@ -59,7 +65,7 @@ THREADS = 2
 SEQ = 128
 BERT_LAYERS = 4
 QDQ_OPSET = 13
-TRANSFORMERS = ("bert",)
+TRANSFORMERS = ("bert", "gpt2")
 # quantised in a transformer: its products only. quantize_static's default also quantises every
 # Add, the attention mask's (-3.4e38 where masked) included, and that uint8 range wipes out the
 # scores: the last hidden state's relative L2 was 0.38 on every int8 engine, 0.034 this way
@@ -75,12 +81,12 @@ CHILD_ENGINE = {"ort_fp32": ("ort", "fp32"), "fg_fp32": ("fg_fp32", "fp32"), "or
 def fp32_model(name: str, cache: Path) -> tuple[Path, callable]:
     """(path of the fp32 model in ``cache``, feeds of a seed)."""
     path = cache / f"{name}_fp32.onnx"
-    if name == "bert":
+    if name in TRANSFORMERS:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         import model_builders as mb
         if not path.exists():
             with tempfile.TemporaryDirectory() as tmp:
-                exported = mb.build_transformer_models(Path(tmp), layers=BERT_LAYERS, positions=SEQ)["bert"]
+                exported = mb.build_transformer_models(Path(tmp), layers=BERT_LAYERS, positions=SEQ)[name]
                 onnx.save(mb.static_shapes(exported, 1, SEQ), str(path))
         return path, lambda seed: mb.transformer_feeds(seed=seed, seq=SEQ)
     proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0))
@@ -89,6 +95,15 @@ def fp32_model(name: str, cache: Path) -> tuple[Path, callable]:
     if not path.exists():
         onnx.save(proto, str(path))
     return path, lambda seed: zoo.random_feeds(proto, seed=seed)
+
+
+def dynamic_model(name: str, fp32: Path, cache: Path, per_channel: bool) -> Path:
+    """The ``quantize_dynamic`` file of ``fp32`` (made once)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    path = cache / f"{name}_dynamic{'_pc' if per_channel else ''}.onnx"
+    if not path.exists():
+        quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8, per_channel=per_channel)
+    return path
 
 
 def quantised_model(name: str, fp32: Path, feeds_of, cache: Path, calibration: int) -> Path:
@@ -141,7 +156,7 @@ def int8_kernels(qdq: Path) -> dict:
     import fusegraph as fg
     model = fg.compile(str(qdq), config=fg.Config(threads=THREADS))
     ops = [n.op_type for n in model.graph.nodes]
-    return {"int8_ops": sum(op in ("QConv", "QLinear", "QAdd") for op in ops),
+    return {"int8_ops": sum(op in ("QConv", "QLinear", "QAdd", "QLinearDynamic") for op in ops),
             "float_products": sum(op in ("Conv", "MatMul", "Gemm", "FusedConv", "Linear", "FusedLinear") for op in ops),
             "implementations": model.report.kernels["implementations"]}
 
@@ -169,9 +184,9 @@ def cpu_line() -> str:
     return f"CPU: {model}; flags: {' '.join(wanted)}"
 
 
-def print_table(rows: dict, memory: bool, failures: dict) -> None:
+def print_table(rows: dict, memory: bool, failures: dict, files: str) -> None:
     print(cpu_line())
-    print(f"threads {THREADS}, batch 1; int8 files: onnxruntime quantize_static QDQ, per-channel\n")
+    print(f"threads {THREADS}, batch 1; int8 files: {files}\n")
     head = "| model | " + " | ".join(f"{e} ms (x ort_fp32)" for e in ENGINES) + " | " + \
            " | ".join(f"{e} rel-L2" for e in ENGINES if e.endswith("int8"))
     if memory:
@@ -213,6 +228,8 @@ def main(argv=None) -> None:
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fusegraph/int8"))
     ap.add_argument("--calibration", type=int, default=16)
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--quantisation", choices=("static", "dynamic"), default="static")
+    ap.add_argument("--per-channel", action="store_true", help="dynamic: int8 weights per column")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
@@ -222,7 +239,10 @@ def main(argv=None) -> None:
     rows, failures = {}, {}
     for name in [m for m in args.models.split(",") if m]:
         fp32, feeds_of = fp32_model(name, cache)
-        qdq = quantised_model(name, fp32, feeds_of, cache, args.calibration)
+        if args.quantisation == "dynamic":
+            qdq = dynamic_model(name, fp32, cache, args.per_channel)
+        else:
+            qdq = quantised_model(name, fp32, feeds_of, cache, args.calibration)
         feeds = feeds_of(0)
         (ref,) = pt.ort_references(str(fp32), [feeds])
         names = list(ref)
@@ -241,7 +261,9 @@ def main(argv=None) -> None:
         del runners, outputs
         if not args.no_memory:
             rows[name]["memory"] = measure_memory(fp32, qdq, feeds, cache, name)
-    print_table(rows, not args.no_memory, failures)
+    files = ("onnxruntime quantize_static QDQ, per-channel" if args.quantisation == "static" else
+             f"onnxruntime quantize_dynamic, int8 weights {'per column' if args.per_channel else 'per tensor'}")
+    print_table(rows, not args.no_memory, failures, files)
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu_line(), "threads": THREADS, "rows": rows,
                                                "failures": {f"{k[0]}/{k[1]}": v for k, v in failures.items()}},

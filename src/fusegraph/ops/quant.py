@@ -8,6 +8,9 @@ in float64 as the reference does.
 """
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import torch
 
 from ..ir import DType
@@ -133,16 +136,49 @@ def _dyn_infer(ctx: NodeContext):
     return [(DType.UINT8, ctx.shape(0)), (ctx.dtype(0) or None, ()), (DType.UINT8, ())]
 
 
+_SCRATCH = threading.local()     # per thread: float32 and int32 buffers of the largest input quantised
+
+
+def _scratch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    got = getattr(_SCRATCH, "bufs", None)
+    if got is None or got[0].numel() < n:
+        with torch.inference_mode(False):
+            got = _SCRATCH.bufs = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.int32))
+    return got[0][:n], got[1][:n]
+
+
+def dynamic_quantize_params(lo: float, hi: float) -> tuple[np.float32, float]:
+    """DynamicQuantizeLinear's (scale, zero point) from its input's min and max, in float32
+    exactly as the ONNX reference computes them (range widened to include 0; scale 1/255
+    when the range is empty; zero point clipped to [0, 255], then rounded half to even)."""
+    maxx, minx = np.float32(max(0.0, hi)), np.float32(min(0.0, lo))
+    scale = np.float32(1.0 if maxx == minx else (maxx - minx)) / np.float32(255)
+    zp = max(0, min(255, np.float32(0) - minx / scale))
+    return scale, float(np.rint(zp))
+
+
 @register("DynamicQuantizeLinear", since=11, fusion=FusionKind.OPAQUE, infer=_dyn_infer)
 def _dynamic_quantize_linear(ctx: NodeContext):
+    """One pass for the range (``aminmax``), the scalars in float32 as the reference does,
+    then ``round(x / scale) + zero point`` saturated, through float32 / int32 buffers shared
+    by every such node of the thread (true division: a reciprocal would round differently)."""
     def dynamic_quantize(x):
-        xf = x.to(torch.float32)
-        hi = xf.max().clamp_min(0)
-        lo = xf.min().clamp_max(0)
-        scale = torch.where(hi == lo, torch.ones_like(hi), hi - lo) / 255.0
-        zp = torch.round((0 - lo / scale).clamp(0, 255))
-        y = (torch.round(xf / scale) + zp).clamp(0, 255).to(torch.uint8)
-        return y, scale.to(x.dtype), zp.to(torch.uint8)
+        xf = x if x.dtype == torch.float32 else x.to(torch.float32)
+        if xf.numel() == 0:
+            lo = hi = 0.0
+        else:
+            lo_t, hi_t = torch.aminmax(xf)
+            lo, hi = float(lo_t), float(hi_t)
+        scale, zp = dynamic_quantize_params(lo, hi)
+        tmp, whole = _scratch(xf.numel())
+        tmp, whole = tmp.view(xf.shape), whole.view(xf.shape)
+        torch.div(xf, float(scale), out=tmp)
+        tmp.round_().add_(zp).clamp_(0, 255)
+        whole.copy_(tmp)                           # exact: integers in [0, 255]
+        y = torch.empty(xf.shape, dtype=torch.uint8)
+        y.copy_(whole)
+        return (y, torch.tensor(float(scale), dtype=torch.float32).to(x.dtype),
+                torch.tensor(int(zp), dtype=torch.uint8))
     return dynamic_quantize
 
 

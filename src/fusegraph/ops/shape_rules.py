@@ -100,6 +100,16 @@ def _linear(node, shapes, values):
     return [tuple(shapes[0][:-1]) + (_weight_columns(node, shapes),)]
 
 
+@rule("QLinearDynamic", domain="fusegraph")
+def _linear_dynamic(node, shapes, values):
+    return [tuple(shapes[0][:-1]) + (int(shapes[3][1]),)]
+
+
+@rule("DynamicQuantizeLinear")
+def _dynamic_quantize(node, shapes, values):
+    return [tuple(shapes[0]), (), ()]
+
+
 @rule("GatedActivation", domain="fusegraph")
 def _gated(node, shapes, values):
     x = shapes[0]

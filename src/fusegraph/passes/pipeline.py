@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from . import algebra, batchnorm, collapse, conv_affine, noop, replace_linear, replace_matmul
-from . import qdq_propagate, qlinear_ops, quantize_qdq, replace_reduce, replace_rnn, shape_chain
+from . import dynamic_quant, qdq_propagate, qlinear_ops, quantize_qdq, replace_reduce, replace_rnn, shape_chain
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
@@ -45,17 +45,19 @@ RULE_FAMILIES = {
     "replace_reduce": replace_reduce.RULES,
     "replace_rnn": replace_rnn.RULES,
     "quantize_qdq": quantize_qdq.RULES,
+    "dynamic_quant": dynamic_quant.RULES,
     "qlinear_ops": qlinear_ops.RULES,
     "qdq_propagate": qdq_propagate.RULES,
 }
 REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce", "replace_rnn", "quantize_qdq",
-                                "qlinear_ops", "qdq_propagate"})
+                                "dynamic_quant", "qlinear_ops", "qdq_propagate"})
 OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "aggressive_fusion", "layout", "fold_casts")
 # passes that run only when their option is on (``PassOptions`` field of the same name)
 OPTIONAL_PASSES = frozenset({"aggressive_fusion"})
 
 QUANTISED = Group("quantised", (
     "quantize_qdq",         # QDQ products -> int8 ops, before folding turns DQ(weight) into float weights
+    "dynamic_quant",        # quantize_dynamic's DynamicQuantizeLinear -> MatMulInteger -> scale products -> QLinearDynamic
     "qlinear_ops",          # QLinearConv / QLinearMatMul / ConvInteger / MatMulInteger -> the same int8 ops
     "qdq_propagate",        # int8 values straight from one int8 op to the next (sinks, cancels, residuals)
     "dce",

@@ -3,7 +3,8 @@ into the planned arena, hold their weights once in the blocked layout they run o
 a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
-``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear;
+``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear; ``linear_dynamic_int8.py``:
+QLinearDynamic (an int8 product of an activation quantised at run time);
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
 ``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm
 (``layernorm_runtime.py``: LayerNorm, SkipLayerNorm whose rows are known at run time only);
@@ -26,6 +27,7 @@ from .conv import conv_kernel
 from .conv_int8 import conv_int8_kernel
 from .layouts import static_shape
 from .linear import linear_kernel
+from .linear_dynamic_int8 import linear_dynamic_int8_kernel
 from .linear_int8 import linear_int8_kernel
 from .linear_runtime import runtime_linear_kernel
 from .layernorm import layer_norm_kernel
@@ -54,6 +56,9 @@ def unavailable_reason() -> str:
 # for groups of one channel, but measured slower than the op's own kernel (benchmarks/RESULTS.md)
 GROUP_NORM_DECLINE = ("oneDNN 3.2 has no group normalisation; its batch normalisation over one sample "
                       "is slower than the op's own kernel (one reduction, one multiply-add)")
+INTEGER_PRODUCTS = {("", "MatMulInteger"), ("", "ConvInteger"), ("", "QLinearMatMul"), ("", "QLinearConv")}
+INTEGER_PRODUCT_DECLINE = ("an integer product the int8 rewrites did not take (their declines say why: passes "
+                           "dynamic_quant and qlinear_ops in report.passes / report.fusions): its reference kernel runs")
 POOLS = {("", "MaxPool"), ("", "AveragePool"), ("", "GlobalAveragePool"), ("", "GlobalMaxPool")}
 RECURRENT = {("", "RNN"), ("", "GRU"), ("", "LSTM"), ("fusegraph", "LSTM")}
 
@@ -86,6 +91,8 @@ class DnnlKernels:
             return conv_int8_kernel(ctx, self.store, self.resources)
         if key == ("fusegraph", "QLinear"):
             return linear_int8_kernel(ctx, self.store, self.resources)
+        if key == ("fusegraph", "QLinearDynamic"):
+            return linear_dynamic_int8_kernel(ctx, self.store, self.resources)
         if key in POOLS:
             return pool_kernel(ctx, opdef, self.resources, exact)
         if key == ("", "LRN"):
@@ -99,6 +106,8 @@ class DnnlKernels:
             return layer_norm_kernel(ctx, opdef, self.resources, exact)
         if key in (("fusegraph", "RMSNorm"), ("fusegraph", "SkipRMSNorm")):
             return rms_norm_kernel(ctx, self.resources)
+        if key in INTEGER_PRODUCTS:             # one the int8 rewrites did not take
+            return Decline(INTEGER_PRODUCT_DECLINE, "dnnl")
         if key == ("", "Conv"):                 # one the fusion pass did not make a FusedConv
             return Decline(_unfused_conv(ctx), "dnnl")
         if key == ("fusegraph", "GroupNorm"):
