@@ -12,7 +12,7 @@ import torch
 from fusegraph.ir import DType, Graph, Node, Value
 from fusegraph.ops.registry import NodeContext
 from fusegraph.runtime.backends.cpu.dnnl import available
-from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import GEMV_ROWS, runtime_linear_kernel
+from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import COLUMN_MAJOR_MAX_N, GEMV_ROWS, runtime_linear_kernel
 from fusegraph.runtime.backends.cpu.dnnl.primitive import Resources
 from fusegraph.runtime.backends.cpu.dnnl.weights import WeightStore
 from fusegraph.runtime.backends.cpu.layer_norm import layer_norm_kernel
@@ -42,10 +42,12 @@ def _want(x, w, b, activation, trans_b):
 
 @needs_dnnl
 @pytest.mark.parametrize("one_row_steps", [False, True])
-@pytest.mark.parametrize("activation,bias,trans_b", [("none", False, False), ("gelu", True, True), ("relu", True, False)])
-def test_run_time_rows_match_torch_at_every_row_count(one_row_steps, activation, bias, trans_b):
+@pytest.mark.parametrize("activation,bias,trans_b,n", [("none", False, False, 200), ("gelu", True, True, 200),
+                                                      ("relu", True, False, 200),
+                                                      ("none", True, False, COLUMN_MAJOR_MAX_N + 8)])
+def test_run_time_rows_match_torch_at_every_row_count(one_row_steps, activation, bias, trans_b, n):
     rng = np.random.default_rng(0)
-    k, n = 96, 200
+    k = 96
     node, w, b = _linear_node(k, n, activation, bias, trans_b, rng)
     kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, one_row_steps)
     assert ("sgemm" in kernel.impl) == one_row_steps
@@ -73,17 +75,22 @@ def test_the_matrix_vector_product_keeps_nan_and_inf_of_its_input():
 @needs_dnnl
 def test_a_decoder_holds_its_product_weights_plain_and_once():
     """The weight of a one-row product is the store's only form of it (or the graph's own
-    tensor): no blocked copy beside it."""
+    tensor): no blocked copy beside it. A layer's product (up to ``COLUMN_MAJOR_MAX_N``
+    columns) holds it N x K, each column of W one contiguous row; a wider one K x N."""
     rng = np.random.default_rng(2)
-    node, w, _ = _linear_node(64, 80, "none", False, False, rng)
-    store = WeightStore()
-    kernel = runtime_linear_kernel(NodeContext(node), store, Resources(), True, True)
-    assert kernel._packed.data_ptr() == w.data_ptr() and not store.forms
-    node_t, w_t, _ = _linear_node(64, 80, "none", False, True, rng)
+    node_t, w_t, _ = _linear_node(64, 80, "none", False, True, rng)          # given N x K
     store_t = WeightStore()
-    runtime_linear_kernel(NodeContext(node_t), store_t, Resources(), True, True)
-    (form,) = store_t.forms["w"]
-    assert form.data.numel() == w_t.numel() * 4 and form.desc["strides"] == [80, 1]
+    kernel = runtime_linear_kernel(NodeContext(node_t), store_t, Resources(), True, True)
+    assert kernel.by_columns and kernel._packed.data_ptr() == w_t.data_ptr() and not store_t.forms
+    node, w, _ = _linear_node(64, 80, "none", False, False, rng)              # given K x N
+    store = WeightStore()
+    runtime_linear_kernel(NodeContext(node), store, Resources(), True, True)
+    (form,) = store.forms["w"]
+    assert form.data.numel() == w.numel() * 4 and form.desc["strides"] == [1, 64]
+    node_w, w_w, _ = _linear_node(64, COLUMN_MAJOR_MAX_N + 8, "none", False, False, rng)
+    store_w = WeightStore()
+    wide = runtime_linear_kernel(NodeContext(node_w), store_w, Resources(), True, True)
+    assert not wide.by_columns and wide._packed.data_ptr() == w_w.data_ptr() and not store_w.forms
 
 
 def _layer_norm_node(skip: bool, both: bool, d: int, rng):

@@ -20,7 +20,11 @@ bound by memory, and brgemm's blocked panels stream at about half the rate of a
 matrix-vector kernel over the plain ``K x N`` weight. There the float32 weight is held plain
 (once: the store's only form of it), rows up to ``GEMV_ROWS`` run oneDNN's ``dnnl_sgemm``
 (its matrix-vector kernel), and more rows (the prompt) run the brgemm matmul reading the
-plain weight (a little slower than on the packed one: the trade is in RESULTS.md).
+plain weight (a little slower than on the packed one: the trade is in RESULTS.md). A weight
+of up to ``COLUMN_MAJOR_MAX_N`` columns (a layer's products, not a language-model head) is
+held transposed, N x K: sgemm's ``N, T`` form then streams each column of W as one
+contiguous row, faster from memory than the ``N, N`` form on such shapes, which stays the
+faster one for a vocabulary-wide head (RESULTS.md).
 
 The activation is a post-op where oneDNN's eltwise is exact on NaN / Inf and the
 implementation's epilogue was checked for it (``primitive.exact_post_ops``); otherwise it runs
@@ -53,6 +57,7 @@ FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf"
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
 ROWS_KEPT = 64                    # primitives kept, one per row count (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
+COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
 
 
@@ -77,8 +82,12 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
         return Decline("operand sizes do not match", "dnnl")
     post = (EXACT if exact else {**EXACT, **FAST}).get(activation)
     gemv = one_row_steps and compute == torch.float32
-    kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv)
-    want = MemDesc.of((k, n), compute) if gemv else MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
+    by_columns = gemv and n <= COLUMN_MAJOR_MAX_N
+    kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv, by_columns)
+    if gemv:         # plain: K x N row-major, or its N x K transpose (each column of W one contiguous row)
+        want = MemDesc.of((k, n), compute, (1, k) if by_columns else (n, 1))
+    else:
+        want = MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
     try:
         prim = kernel.make(REFERENCE_ROWS, want)
     except capi.DnnlError as exc:
@@ -99,9 +108,10 @@ class RuntimeLinear:
     reads = (0,)
 
     def __init__(self, k: int, n: int, dtype: torch.dtype, bias, post: list | None, resources, exact: bool,
-                 gemv: bool = False):
+                 gemv: bool = False, by_columns: bool = False):
         self.k, self.n, self.dtype = k, n, dtype
-        self.gemv_rows = GEMV_ROWS if gemv else 0     # the weight is plain K x N: sgemm up to these rows
+        self.gemv_rows = GEMV_ROWS if gemv else 0     # the weight is plain: sgemm up to these rows
+        self.by_columns = by_columns                  # ... held N x K (W transposed), else K x N
         self._bias = None if bias is None else bias.to(torch.float32).contiguous()
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
         self._post, self._exact = post, exact
@@ -130,7 +140,9 @@ class RuntimeLinear:
         self._consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
         if self._bias is not None:
             self._consts.append((capi.ARG_BIAS, Memory(self._b_md, self._bias.data_ptr())))
-        self.impl = self.make(REFERENCE_ROWS, w_md).impl + (f", sgemm <= {self.gemv_rows} rows" if self.gemv_rows else "")
+        layout = " over W^T" if self.by_columns else ""
+        self.impl = self.make(REFERENCE_ROWS, w_md).impl + (f", sgemm{layout} <= {self.gemv_rows} rows"
+                                                            if self.gemv_rows else "")
 
     def _for_rows(self, m: int) -> tuple:
         got = self._rows.get(m)
@@ -192,8 +204,12 @@ class RuntimeLinear:
         if self._bias is not None:
             out.view(m, self.n).copy_(self._bias.expand(m, self.n))
             beta = 1.0
-        status = self._lib.sgemm(b"N", b"N", m, self.n, self.k, 1.0, x.data_ptr(), self.k,
-                                 self._packed.data_ptr(), self.n, beta, out.data_ptr(), self.n)
+        if self.by_columns:
+            status = self._lib.sgemm(b"N", b"T", m, self.n, self.k, 1.0, x.data_ptr(), self.k,
+                                     self._packed.data_ptr(), self.k, beta, out.data_ptr(), self.n)
+        else:
+            status = self._lib.sgemm(b"N", b"N", m, self.n, self.k, 1.0, x.data_ptr(), self.k,
+                                     self._packed.data_ptr(), self.n, beta, out.data_ptr(), self.n)
         if status:
             raise capi.DnnlError("sgemm", status)
         if self._act is not None:
