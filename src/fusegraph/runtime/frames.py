@@ -159,6 +159,7 @@ class FrameBuilder:
         self.capacity = capacity
         self.arena = GrowingArena(device)
         self.frames: OrderedDict[tuple, tuple] = OrderedDict()
+        self._last_views = None     # (plan, arena generation, shapes, views) of the last frame made
         self._bytes: dict[tuple, int] = {}         # per kept frame, the bytes of its shape-only tensors
         self.frame_bytes = 0
         self.plans: OrderedDict[int, MemoryBucket] = OrderedDict()
@@ -198,9 +199,7 @@ class FrameBuilder:
                              f"{_describe_inputs(self.graph, inputs)}"
                              f"{empty_symbolic_dims(self.graph.inputs, [tuple(t.shape) for t in inputs])}: {exc}") from None
         plan = self._plan_for(dims, shapes, inputs)
-        views = []
-        for v, dtype, nhwc in zip(self.planned, self._dtypes, self._nhwc):
-            views.append(self.arena.view(plan.slots[v.name][0], shapes[id(v)], dtype, nhwc))
+        views = self._views(plan, shapes)
         held = tuple(memo[id(v)] for v in self.memo_results)
         frame = held + tuple(views)
         nbytes = sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
@@ -225,7 +224,25 @@ class FrameBuilder:
         self.stats["frame_seconds"] += time.perf_counter() - t0
         return frame
 
+    def _views(self, plan: MemoryBucket, shapes: dict[int, tuple]) -> list[torch.Tensor]:
+        """The arena views of the planned values at ``shapes`` in ``plan``: the last frame's
+        view of a value where the plan, the arena and the value's shape are the same (a
+        decoder's step changes few shapes)."""
+        last = self._last_views
+        reuse = last is not None and last[0] is plan and last[1] == self.arena.generation
+        views, got = [], []
+        for i, (v, dtype, nhwc) in enumerate(zip(self.planned, self._dtypes, self._nhwc)):
+            shape = shapes[id(v)]
+            if reuse and last[2][i] == shape:
+                views.append(last[3][i])
+            else:
+                views.append(self.arena.view(plan.slots[v.name][0], shape, dtype, nhwc))
+            got.append(shape)
+        self._last_views = (plan, self.arena.generation, got, views)
+        return views
+
     def clear(self) -> None:
+        self._last_views = None
         self.frames.clear()
         self._bytes.clear()
         self.frame_bytes = 0

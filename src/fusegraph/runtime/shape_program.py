@@ -107,6 +107,7 @@ class ShapeProgram:
             self.steps.append(ShapeStep(node, rule, reads, meta))
             shaped.update(id(o) for o in node.outputs)
         self.determined = shaped
+        self._index()
 
     def _value_known(self, v: Value | None) -> bool:
         return v is None or v.is_const or id(v) in self.known or id(v) in self.computed
@@ -183,24 +184,45 @@ class ShapeProgram:
         self.steps = kept
         self.determined -= gone
         self.computed -= gone
+        self._index()
 
     def evaluate(self, input_shapes: list[tuple], memo: dict[int, torch.Tensor],
                  probing: bool = False, computed: dict | None = None) -> dict[int, tuple]:
         """Shapes of every determined value (``memo``: the shape-only values' tensors); the
         computed values go into ``computed`` (id -> tensor) where given.
 
-        Each step keeps what it read and gave the last time (its inputs' shapes, the very
-        tensors of the values it read): a step whose inputs are those again gives its last
-        result without running (its rule and kernel are functions of exactly those, and the
-        tensors held for a frame are never written). A decoder's next token changes the
-        past's dims only, so most steps repeat."""
-        shapes: dict[int, tuple] = {k: tuple(t.shape) for k, t in memo.items()}
-        shapes.update(zip(self.inputs, input_shapes))
-        shapes.update(self.const_shapes)
-        values = dict(self.consts)
-        values.update(memo)
+        Only the steps that depend on an input whose shape changed since the last evaluation
+        run (``_per_input``); the others' results are the last evaluation's. And each step
+        keeps what it read and gave the last time (its inputs' shapes, the very tensors of the
+        values it read): a step whose inputs are those again gives its last result without
+        running (its rule and kernel are functions of exactly those, and the tensors held for
+        a frame are never written). A decoder's next token changes the past's dims only, so
+        few steps run again."""
+        last = self._last
+        changed: set | None = None          # the values whose shape or tensor differs from the last evaluation's
+        if not probing and not memo and last is not None and len(input_shapes) == len(last[0]):
+            moved = [i for i, (a, b) in enumerate(zip(input_shapes, last[0])) if a != b]
+            if len(moved) == 1:
+                steps = [self.steps[i] for i in self._per_input[moved[0]]]
+            else:
+                steps = [self.steps[i] for i in sorted(set().union(*(self._per_input[i] for i in moved)))]
+            shapes, values = dict(last[1]), dict(last[2])
+            shapes.update(zip(self.inputs, input_shapes))
+            changed = {self.inputs[i] for i in moved}
+        else:
+            steps = self.steps
+            shapes = {k: tuple(t.shape) for k, t in memo.items()}
+            shapes.update(zip(self.inputs, input_shapes))
+            shapes.update(self.const_shapes)
+            values = dict(self.consts)
+            values.update(memo)
+        self._last = None                   # until this evaluation ends
         get_shape, get_value = shapes.__getitem__, values.__getitem__
-        for step in self.steps:
+        for step in steps:
+            if changed is not None:         # nothing it reads changed: its last outputs stand
+                if not any(k in changed for k in step.ins):
+                    continue
+                before = [(shapes.get(k), values.get(k)) for k in step.outs]
             ins = tuple(map(get_shape, step.ins)) if step.dense else \
                 tuple([None if k is None else shapes[k] for k in step.ins])
             if step.__class__ is ValueStep:
@@ -218,19 +240,48 @@ class ShapeProgram:
                 for k, t in zip(step.outs, outs):
                     values[k] = t
                     shapes[k] = tuple(t.shape)
-                continue
-            read = tuple(map(get_value, step.read_ids)) if step.read_ids else ()
-            last = step.last
-            if not probing and last is not None and last[0] == ins and (not read or _same_objects(last[1], read)):
-                outs = last[2]
             else:
-                outs = self._shapes_of(step, ins, values, probing)
-                step.last = (ins, read, outs)
-            shapes.update(zip(step.outs, outs))
+                read = tuple(map(get_value, step.read_ids)) if step.read_ids else ()
+                last = step.last
+                if not probing and last is not None and last[0] == ins and \
+                        (not read or _same_objects(last[1], read)):
+                    outs = last[2]
+                else:
+                    outs = self._shapes_of(step, ins, values, probing)
+                    step.last = (ins, read, outs)
+                shapes.update(zip(step.outs, outs))
+            if changed is not None:
+                for k, (shape, value) in zip(step.outs, before):
+                    if shapes[k] != shape or values.get(k) is not value:
+                        changed.add(k)
         if computed is not None:
             for k in self.computed:
                 computed[k] = values[k]
+        if not probing and not memo:
+            self._last = (tuple(input_shapes), shapes, values)
         return shapes
+
+    def _index(self) -> None:
+        """``_per_input[i]``: the positions of the steps that depend on graph input ``i``'s
+        shape, directly or through other steps (a step on constants alone depends on none)."""
+        position = {k: i for i, k in enumerate(self.inputs)}
+        depends: dict[int, frozenset] = {}
+        self._per_input: list[list[int]] = [[] for _ in self.inputs]
+        for idx, step in enumerate(self.steps):
+            on: set[int] = set()
+            for k in step.ins:
+                if k is None:
+                    continue
+                if k in position:
+                    on.add(position[k])
+                else:
+                    on.update(depends.get(k, ()))
+            frozen = frozenset(on)
+            for o in step.outs:
+                depends[o] = frozen
+            for i in frozen:
+                self._per_input[i].append(idx)
+        self._last = None
 
     def _shapes_of(self, step: "ShapeStep", ins: tuple, values: dict, probing: bool) -> tuple:
         vals = [None] * len(ins)
