@@ -129,17 +129,24 @@ def test_layer_norm_in_planned_memory_matches_torch_bit_for_bit(skip, both):
         assert torch.equal(got, want)
 
 
-def test_layer_norm_recomputes_a_non_finite_row_in_float64():
+@pytest.mark.parametrize("skip", [False, True])
+def test_layer_norm_recomputes_a_non_finite_row_in_float64(skip):
     """A row whose float32 statistics overflow is computed again in float64 (finite where the
-    exact result is), and a row with a NaN stays NaN."""
+    exact result is), and a row with a NaN stays NaN; also for the skip form that normalises
+    over the sum's own bytes (the float64 pass reads the sum before it is overwritten)."""
     rng = np.random.default_rng(4)
     d = 16
-    node, gamma, beta = _layer_norm_node(False, False, d, rng)
+    node, gamma, beta = _layer_norm_node(skip, False, d, rng)
     kernel = layer_norm_kernel(NodeContext(node), Workspace())
     x = torch.from_numpy(rng.standard_normal((3, d)).astype(np.float32))
-    x[0] = torch.linspace(-3e38, 3e38, d, dtype=torch.float64).float()
+    x[0] = torch.linspace(-3e37, 3e37, d, dtype=torch.float64).float()
     x[1, 2] = float("nan")
-    got = kernel(x, out=torch.empty(3, d))
+    if skip:
+        r = torch.from_numpy(rng.standard_normal((3, d)).astype(np.float32))
+        got = kernel(x, r, out=torch.empty(3, d))
+        x = x + r
+    else:
+        got = kernel(x, out=torch.empty(3, d))
     want = torch.nn.functional.layer_norm(x.double(), [d], gamma.double(), beta.double(), 1e-5).float()
     assert torch.isfinite(got[0]).all() and torch.isnan(got[1]).all()
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)

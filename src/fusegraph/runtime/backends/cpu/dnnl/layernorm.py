@@ -6,9 +6,11 @@ SkipLayerNorm's sum ``s = a + b`` is written first (into its own output when the
 the residual stream as a second output, else into the normalised output's bytes, which the
 primitive then normalises in place), then normalised with ``gamma`` / ``beta`` as the
 primitive's scale and shift. Exact (as the op's own kernel, ``ops/norm.layer_norm_exact``):
-when the result holds a NaN or an infinity (float32 sums of a finite row of values near 1e37
-overflow in oneDNN too), the node is computed again by the op's own kernel, which recomputes
-such rows in float64; a row with a NaN in it stays NaN. One sum decides. The fast form
+when the result holds a NaN or an infinity, or a value normalised is so large that its row's
+float32 sum of squares may overflow (``OVERFLOW_RISK``: oneDNN's variance of such a row is
+infinite and the row comes out as ``beta``, finite), the node is computed again by the op's
+own kernel from its inputs, which recomputes such rows in float64; a row with a NaN in it
+stays NaN. One sum and one ``aminmax`` of the data decide. The fast form
 (``exact`` off: a guarded node whose rows cannot overflow, ``cpu/finite.py``, or
 ``Config.fast_math``) skips that check. Float32 data with static shapes, the normalised axis
 last and every tensor row-major; the normalised output float32, or bfloat16 (``out_dtype``: a
@@ -74,12 +76,13 @@ def layer_norm_kernel(ctx, opdef, resources, exact: bool = True):
     params = [(capi.ARG_SCALE, Memory(stat, gamma.data_ptr())) if gamma is not None else None,
               (capi.ARG_SHIFT, Memory(stat, beta.data_ptr())) if beta is not None else None]
     portable = opdef.build(ctx) if exact else None
+    risk = math.sqrt(torch.finfo(torch.float32).max / d) / 2
     src_slot = Slot(capi.ARG_SRC, shape, strides, torch.float32, md)
     out_slot = Slot(capi.ARG_DST, shape, strides, y_dtype, y_md)
     keep = tuple(t for t in (gamma, beta) if t is not None)
     inner = DnnlKernel(prim, [src_slot], out_slot, [p for p in params if p is not None], resources, (0,),
                        keep=keep)
-    return _SkipLayerNorm(inner, portable, both) if skip else _LayerNorm(inner, portable)
+    return _SkipLayerNorm(inner, portable, risk, both) if skip else _LayerNorm(inner, portable, risk)
 
 
 class _LayerNorm:
@@ -88,24 +91,34 @@ class _LayerNorm:
     writes_out = True
     reads = None
 
-    def __init__(self, inner: DnnlKernel, portable):
+    def __init__(self, inner: DnnlKernel, portable, risk: float):
         self.inner, self.portable, self.impl = inner, portable, inner.impl
+        self.risk = risk          # the magnitude from which a row's float32 sum of squares may overflow
 
-    def _exact(self, y, args, first: bool = False):
+    def _at_risk(self, data: torch.Tensor) -> bool:
+        """Whether the data normalised holds a value of ``risk`` or more (NaN: the result's
+        sum decides)."""
+        if self.portable is None:
+            return False
+        lo, hi = torch.aminmax(data)
+        return max(-float(lo), float(hi)) >= self.risk
+
+    def _exact(self, y, args, first: bool = False, risky: bool = False):
         """``first``: the op's kernel returns (y, s); y is its first output."""
-        if self.portable is not None and not math.isfinite(float(y.sum())):
+        if self.portable is not None and (risky or not math.isfinite(float(y.sum()))):
             got = self.portable(*args)
             y.copy_(got[0] if first else got)
 
     def __call__(self, x, gamma=None, beta=None, out=None):
+        risky = self._at_risk(x)
         y = self.inner(x, out=out)
-        self._exact(y, (x, gamma, beta))
+        self._exact(y, (x, gamma, beta), risky=risky)
         return y
 
 
 class _SkipLayerNorm(_LayerNorm):
-    def __init__(self, inner, portable, both: bool):
-        super().__init__(inner, portable)
+    def __init__(self, inner, portable, risk: float, both: bool):
+        super().__init__(inner, portable, risk)
         self.both = both
 
     def __call__(self, a, b, gamma=None, beta=None, out=None):
@@ -114,6 +127,7 @@ class _SkipLayerNorm(_LayerNorm):
             out = (y, torch.empty_like(a)) if self.both else y
         y, s = (out[0], out[1]) if self.both else (out, out)
         torch.add(a, b, out=s)
+        risky = self._at_risk(s)            # before the norm overwrites s (one output)
         self.inner(s, out=y)                # in place over s when the node has one output
-        self._exact(y, (a, b, gamma, beta), first=self.both)
+        self._exact(y, (a, b, gamma, beta), first=self.both, risky=risky)
         return (y, s) if self.both else y
