@@ -157,3 +157,23 @@ def test_portable_config_runs_every_node_portable():
 def test_unknown_cpu_kernels_is_a_config_error():
     with pytest.raises(ConfigError, match="cpu_kernels"):
         fg.Config(cpu_kernels="mkl")
+
+
+def _cache_capacity(env: dict) -> int:
+    import os
+    import subprocess
+    code = ("import ctypes; from fusegraph.runtime.backends.cpu.dnnl import capi; lib = capi.load(); "
+            "c = ctypes.c_int(); lib.cdll.dnnl_get_primitive_cache_capacity(ctypes.byref(c)); print(c.value)")
+    clean = {k: v for k, v in os.environ.items() if k not in capi.CACHE_ENVIRONMENT}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not available(), reason="oneDNN is not loadable here")
+def test_the_primitive_cache_is_bounded_unless_the_environment_says_otherwise():
+    """fusegraph's oneDNN keeps ``PRIMITIVE_CACHE_CAPACITY`` primitives (a model with symbolic
+    dims makes one per row count); a capacity set in the environment stands."""
+    assert _cache_capacity({}) == capi.PRIMITIVE_CACHE_CAPACITY
+    assert _cache_capacity({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "37"}) == 37

@@ -9,8 +9,15 @@ None, ``UNAVAILABLE`` says why) when the wheel is missing, the platform is not x
 the version is not 3.x, or a second OpenMP runtime appeared. No C compiler is involved:
 every call goes through ctypes with its argument types declared (pointers never truncate).
 
-What this module does to the process: it loads one shared library. It sets no oneDNN global
-(verbosity, ISA limits, primitive cache capacity stay at their defaults).
+What this module does to the process: it loads one shared library, fusegraph's own (torch
+carries its own oneDNN, with its own state). It sets one global of that library: the
+capacity of its primitive cache, to ``PRIMITIVE_CACHE_CAPACITY`` entries instead of oneDNN's
+1024, unless the environment sets ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` (or the older
+``DNNL_PRIMITIVE_CACHE_CAPACITY``), which then stands. A model with symbolic dims makes a
+matmul per row count it meets; each holds its JIT code and the cache would keep a thousand
+of them alive after the kernels let them go (RESULTS.md: the private memory of
+variable-length traffic). Identical primitives made close together (the layers of one
+model) still come from the cache. Verbosity and ISA limits stay at their defaults.
 """
 from __future__ import annotations
 
@@ -196,6 +203,8 @@ def _openmp_runtimes() -> set[str]:
 
 UNAVAILABLE = ""
 _LIB: list = []
+PRIMITIVE_CACHE_CAPACITY = 128
+CACHE_ENVIRONMENT = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
 
 
 def load() -> Library | None:
@@ -222,5 +231,7 @@ def load() -> Library | None:
                     UNAVAILABLE, lib = f"{path}: oneDNN {lib.version_tuple} is not 3.x", None
                 elif len(after) > max(1, len(before)):
                     UNAVAILABLE, lib = f"{path} brought a second OpenMP runtime ({sorted(after)})", None
+    if lib is not None and not any(v in os.environ for v in CACHE_ENVIRONMENT):
+        check(lib.cdll.dnnl_set_primitive_cache_capacity(PRIMITIVE_CACHE_CAPACITY), "set_primitive_cache_capacity")
     _LIB.append(lib)
     return lib

@@ -44,7 +44,7 @@ from .capi import ExecArg
 from .memory import MemDesc, Memory
 from .primitive import Attr, Primitive, create, thread_stream
 
-ROWS_KEPT = 64                   # primitives kept, one per row count (the most recently used)
+ROWS_KEPT = 16                   # primitives kept, one per row count (the most recently used)
 REFERENCE_ROWS = 64              # the row count of the bind-time primitive (its implementation is reported)
 SERIAL_ELEMENTS = 1 << 13        # below this many elements a primitive is made for one thread
 OUTPUT_TYPES = (torch.float32, torch.bfloat16)

@@ -38,7 +38,7 @@ from .layouts import static_shape
 from .memory import MemDesc, Memory
 from .primitive import Attr, create, thread_stream
 
-ROWS_KEPT = 64                    # primitives kept, one per row count (the most recently used)
+ROWS_KEPT = 16                    # primitives kept, one per row count (the most recently used)
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
 
 

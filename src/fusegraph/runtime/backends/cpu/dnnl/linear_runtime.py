@@ -55,7 +55,7 @@ EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwi
          "tanh": [("eltwise", "tanh", 0.0, 0.0)], "silu": [("eltwise", "swish", 1.0, 0.0)]}
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
-ROWS_KEPT = 64                    # primitives kept, one per row count (the most recently used)
+ROWS_KEPT = 16                    # primitives kept, one per row count (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
