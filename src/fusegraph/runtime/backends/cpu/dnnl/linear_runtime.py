@@ -24,7 +24,8 @@ plain weight (a little slower than on the packed one: the trade is in RESULTS.md
 of up to ``COLUMN_MAJOR_MAX_N`` columns (a layer's products, not a language-model head) is
 held transposed, N x K: sgemm's ``N, T`` form then streams each column of W as one
 contiguous row, faster from memory than the ``N, N`` form on such shapes, which stays the
-faster one for a vocabulary-wide head (RESULTS.md).
+faster one for a vocabulary-wide head (RESULTS.md); such a head runs sgemm at every row
+count (the prompt's too: faster there than brgemm reading the plain weight, and no JIT).
 
 The activation is a post-op where oneDNN's eltwise is exact on NaN / Inf and the
 implementation's epilogue was checked for it (``primitive.exact_post_ops``); otherwise it runs
@@ -181,8 +182,8 @@ class RuntimeLinear:
         if not out.is_contiguous() or out.dtype != self.dtype:
             raise TypeError(f"oneDNN matmul: output is {out.dtype} {tuple(out.stride())}, expected a row-major "
                             f"{self.dtype}")
-        if m <= self.gemv_rows:
-            return self._gemv(x, m, out)
+        if m <= self.gemv_rows or (self.gemv_rows and not self.by_columns):
+            return self._gemv(x, m, out)          # a vocabulary-wide head: sgemm at any row count
         if self._tid != get_ident():                     # another thread: its own scratchpad
             self._tid = get_ident()
             self._rows.clear()
