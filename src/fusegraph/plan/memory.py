@@ -261,7 +261,8 @@ FAST_ALGORITHMS = tuple(a for a in DEFAULT_ALGORITHMS if a != "exact")
 
 def plan(buffers: list[Buffer], constraints: Constraints = Constraints(),
          algorithms: Iterable[str] = DEFAULT_ALGORITHMS) -> Assignment:
-    """Run ``algorithms``, check every result, keep the smallest arena (first wins ties).
+    """Run ``algorithms``, check every result, keep the smallest arena (first wins ties); stop
+    at the first result at the lower bound (``candidates`` lists the ones run).
 
     ``exact`` runs last, seeded with the best heuristic result, and only when that result is
     not already provably minimal and there are at most ``constraints.exact_max_buffers`` buffers.
@@ -295,6 +296,8 @@ def plan(buffers: list[Buffer], constraints: Constraints = Constraints(),
             best = Assignment(dict(offsets), arena, name)
         if name == "exact" and proven and arena <= best.arena_bytes:
             best.optimal = True
+        if best.arena_bytes <= floor:
+            break                     # at the lower bound: no algorithm after it can do better
     if best is None:
         best = Assignment({}, 0, "none")
     best.candidates = candidates

@@ -108,12 +108,13 @@ def plan_memory(graph: Graph, config=None, options: PlanOptions = PlanOptions())
     if options.order is not None:
         order = list(options.order)
         check_order(graph, order)
-        order_name, order_scores = "given", {"given": score(order)}
+        lifetimes = compute_lifetimes(graph, order, lt_opts)
+        order_name, order_scores = "given", {"given": lifetimes.lower_bound_bytes}
     else:
         choice = choose_order(graph, score, mode, options.dp_state_limit,
                               floor.bytes if floor is not None else None, live)
         order, order_name, order_scores = choice.order, choice.name, choice.scores
-    lifetimes = compute_lifetimes(graph, order, lt_opts)
+        lifetimes = compute_lifetimes(graph, order, lt_opts)
     constraints = lifetimes.constraints(alignment=options.alignment,
                                         exact_time_limit_s=options.exact_time_limit_s,
                                         exact_max_buffers=options.exact_max_buffers)

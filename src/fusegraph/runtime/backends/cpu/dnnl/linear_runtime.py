@@ -100,7 +100,25 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
     plain_md = MemDesc.of((k, n), compute, (1, k) if trans_b else (n, 1))
     packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
     kernel.set_weight(packed, w_md, ACTIVATIONS[activation] if activation != "none" else None)
+    if gemv:
+        warm_sgemm()
     return kernel
+
+
+_SGEMM_WARM: list[bool] = []
+
+
+def warm_sgemm() -> None:
+    """oneDNN generates sgemm's kernels at its first calls in a process (tens of milliseconds):
+    made here, on tiny operands, when a decoder's kernels are built, not in its first prompt."""
+    if _SGEMM_WARM:
+        return
+    lib = capi.load()
+    a, b, c = torch.ones(16, 16), torch.ones(16, 16), torch.empty(16, 16)
+    for rows in range(1, GEMV_ROWS + 1):
+        for trans in (b"N", b"T"):
+            lib.sgemm(b"N", trans, rows, 16, 16, 1.0, a.data_ptr(), 16, b.data_ptr(), 16, 0.0, c.data_ptr(), 16)
+    _SGEMM_WARM.append(True)
 
 
 class RuntimeLinear:
