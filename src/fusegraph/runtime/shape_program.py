@@ -10,21 +10,19 @@ shape-only work, ``shape_memo.py``) once, at bind time:
   kernel on ``meta`` tensors (tens of microseconds; tried once at a probe shape when the
   program is built, so an op whose shape needs data is known before the first real run);
 - *computed*: its outputs' *values* follow too: a ``Shape`` / ``Size`` of a determined value,
-  or a pure node making integer or boolean values from constants, shape-only values and
-  computed values (the ``Gather`` / ``Unsqueeze`` / ``Concat`` arithmetic after a ``Shape``
-  of an activation that builds a reshape target). Its kernel runs once per input shape, here,
-  and its result is held in the frame like the shape-only values: the nodes that read it are
-  then determined as well (without this, every node after the first ``Shape`` of an
-  activation would be dynamic);
+  or a pure node reading only constants and computed values (position ids, masks, the
+  ``Gather`` / ``Unsqueeze`` / ``Concat`` arithmetic after a ``Shape`` of an activation that
+  builds a reshape target). Its kernel runs once per input shape, here, and its result is
+  held in the frame: the nodes that read it are then determined as well (without this, every
+  node after the first ``Shape`` of an activation would be dynamic);
 - *dynamic*: anything else (a shape read from data, an input that is dynamic, a control-flow
   body): its kernel allocates its result at run time.
 
-``evaluate(input_shapes, memo_values, values)`` then gives ``{id(value): shape}`` for every
-determined value, walking the nodes in order with plain tuples, and puts the computed
-values the run reads (``results``) into ``values``. A rule that fails at run
-time (the feeds' shapes do not fit the model) raises ``ValueError`` naming the node; the
-caller turns it into an ``InputError``. Nothing here allocates an activation or runs a
-kernel on data.
+``evaluate(input_shapes, memo_values, computed=values)`` then gives ``{id(value): shape}``
+for every determined value, walking the nodes in order with plain tuples, and puts the
+computed values into ``values``. A rule that fails at run time (the feeds' shapes do not fit
+the model) raises ``ValueError`` naming the node; the caller turns it into an
+``InputError``. Nothing here allocates an activation or runs a kernel on the model's data.
 """
 from __future__ import annotations
 
