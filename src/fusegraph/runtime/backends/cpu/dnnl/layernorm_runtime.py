@@ -40,9 +40,8 @@ from .....ir.shape import broadcast_shapes
 from ...protocol import Decline
 from ..threading_policy import threads_for
 from . import capi
-from .capi import ExecArg
 from .memory import MemDesc, Memory
-from .primitive import Attr, Primitive, create, thread_stream
+from .primitive import Attr, Primitive, call_arguments, create, thread_stream
 
 ROWS_KEPT = 16                   # primitives kept, one per row count (the most recently used)
 REFERENCE_ROWS = 64              # the row count of the bind-time primitive (its implementation is reported)
@@ -134,19 +133,15 @@ class RuntimeLayerNorm:
             raise RuntimeError(f"oneDNN has only its reference layer normalisation for {rows} rows of {self.d}")
         x = Memory(MemDesc.of((rows, self.d), torch.float32), 0)
         y = Memory(MemDesc.of((rows, self.d), self.y_dtype), 0)
-        self._resources.need(prim.scratchpad_bytes)
-        _stream, scratch = self._resources.for_thread(prim.scratchpad_bytes)
-        args = [ExecArg(capi.ARG_SRC, x.handle), ExecArg(capi.ARG_DST, y.handle)]
-        args += [ExecArg(arg, mem.handle) for arg, mem in self._consts]
-        if scratch is not None:
-            args.append(ExecArg(capi.ARG_SCRATCHPAD, scratch.handle))
+        pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y)] + list(self._consts)
         stats = keep = None
         if self._prop == capi.FORWARD_TRAINING:        # each row's mean and variance, for the exactness check
             with torch.inference_mode(False):
                 stats = torch.empty(2, rows)
             keep = [Memory(MemDesc.of((rows,), torch.float32), stats[i].data_ptr()) for i in (0, 1)]
-            args += [ExecArg(capi.ARG_MEAN, keep[0].handle), ExecArg(capi.ARG_VARIANCE, keep[1].handle)]
-        got = (prim, x, y, (ExecArg * len(args))(*args), len(args), stats, scratch, keep)
+            pairs += [(capi.ARG_MEAN, keep[0]), (capi.ARG_VARIANCE, keep[1])]
+        args, nargs, scratch = call_arguments(prim, pairs, self._resources)
+        got = (prim, x, y, args, nargs, stats, scratch, keep)
         self._rows[rows] = got
         while len(self._rows) > ROWS_KEPT:
             self._rows.popitem(last=False)

@@ -32,11 +32,10 @@ import torch
 from ...protocol import Decline
 from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
-from .capi import ExecArg
 from .int8_support import NOT_EXACT, QuantArgs, int8_exact
 from .layouts import static_shape
 from .memory import MemDesc, Memory
-from .primitive import Attr, create, thread_stream
+from .primitive import Attr, call_arguments, create, thread_stream
 
 ROWS_KEPT = 16                    # primitives kept, one per row count (the most recently used)
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
@@ -132,14 +131,10 @@ class DynamicInt8Linear:
         x = Memory(MemDesc.of((m, self.k), torch.uint8), 0)
         y = Memory(MemDesc.of((m, self.n), torch.float32), 0)
         scale = Memory(self._scale_md, 0)
-        self._resources.need(prim.scratchpad_bytes)
-        _stream, scratch = self._resources.for_thread(prim.scratchpad_bytes)
-        args = [ExecArg(capi.ARG_SRC, x.handle), ExecArg(capi.ARG_DST, y.handle),
-                ExecArg(capi.ARG_ATTR_SCALES | capi.ARG_SRC, scale.handle)]
-        args += [ExecArg(arg, mem.handle) for arg, mem in self._consts]
-        if scratch is not None:
-            args.append(ExecArg(capi.ARG_SCRATCHPAD, scratch.handle))
-        return prim, x, y, scale, (ExecArg * len(args))(*args), len(args), scratch
+        args, nargs, scratch = call_arguments(
+            prim, [(capi.ARG_SRC, x), (capi.ARG_DST, y), (capi.ARG_ATTR_SCALES | capi.ARG_SRC, scale)] + self._consts,
+            self._resources)
+        return prim, x, y, scale, args, nargs, scratch
 
     def _for_rows(self, m: int) -> tuple:
         got = self._rows.get(m)

@@ -45,11 +45,10 @@ from .....ops.fused_transformer import ACTIVATIONS
 from ...protocol import Decline
 from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
-from .capi import ExecArg
 from .compute import compute_dtype
 from .linear import product_operands
 from .memory import DTYPES, MemDesc, Memory
-from .primitive import Attr, create, exact_post_ops, thread_stream
+from .primitive import Attr, call_arguments, create, exact_post_ops, thread_stream
 
 TYPES = (torch.float32, torch.bfloat16)
 EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwise", "logistic", 0.0, 0.0)],
@@ -175,13 +174,9 @@ class RuntimeLinear:
             raise RuntimeError(f"oneDNN has no matmul of {m} x {self.k} x {self.n} for the packed weight")
         x = Memory(MemDesc.of((m, self.k), self.dtype), 0)
         y = Memory(MemDesc.of((m, self.n), self.dtype), 0)
-        self._resources.need(prim.scratchpad_bytes)
-        _stream, scratch = self._resources.for_thread(prim.scratchpad_bytes)
-        args = [ExecArg(capi.ARG_SRC, x.handle), ExecArg(capi.ARG_DST, y.handle)]
-        args += [ExecArg(arg, mem.handle) for arg, mem in self._consts]
-        if scratch is not None:
-            args.append(ExecArg(capi.ARG_SCRATCHPAD, scratch.handle))
-        got = (prim, x, y, (ExecArg * len(args))(*args), len(args), after, scratch)
+        args, nargs, scratch = call_arguments(prim, [(capi.ARG_SRC, x), (capi.ARG_DST, y)] + self._consts,
+                                              self._resources)
+        got = (prim, x, y, args, nargs, after, scratch)
         self._rows[m] = got
         while len(self._rows) > ROWS_KEPT:
             self._rows.popitem(last=False)

@@ -16,6 +16,8 @@ primitives, and the per-thread resources a primitive runs with.
   and one scratchpad buffer sized for the largest primitive (``need``). A model's runs are
   serialised on its lock and each stream worker is one thread, so one buffer per thread is
   never used by two primitives at once.
+- ``call_arguments(prim, pairs, resources)``: the prepared execution arguments of a kernel
+  that points its memories at each call's tensors (one primitive per row count).
 - ``reorder(src, src_ptr, dst, dst_ptr)``: one-off copies between layouts (weight packing and
   unpacking), on the calling thread's stream.
 """
@@ -167,6 +169,19 @@ class Resources:
         """This thread's buffer (after ``for_thread``), as a uint8 tensor: a kernel's own
         temporaries live past its primitives' scratchpad bytes."""
         return self._local.buf
+
+
+def call_arguments(prim: Primitive, pairs, resources: Resources) -> tuple:
+    """The execution arguments of ``prim`` prepared once, for a kernel that points some of their
+    memories at its tensors before each call: ``pairs`` of (argument, ``Memory``), then this
+    thread's scratchpad from ``resources`` (sized for ``prim`` first). Returns the ctypes
+    array, its length and the scratchpad memory (kept alive with the array)."""
+    resources.need(prim.scratchpad_bytes)
+    _stream, scratch = resources.for_thread(prim.scratchpad_bytes)
+    args = [capi.ExecArg(arg, mem.handle) for arg, mem in pairs]
+    if scratch is not None:
+        args.append(capi.ExecArg(capi.ARG_SCRATCHPAD, scratch.handle))
+    return (capi.ExecArg * len(args))(*args), len(args), scratch
 
 
 def reorder(src: MemDesc, src_ptr: int, dst: MemDesc, dst_ptr: int) -> None:
