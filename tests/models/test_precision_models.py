@@ -50,8 +50,8 @@ def models(transformer_models, tmp_path_factory):
 def test_bf16_accuracy_arena_and_artifact(models, name, tmp_path):
     proto, feeds = models[name]
     want = ort_run(proto, feeds)
-    fp32 = fg.compile(proto, fg.Config(threads=2))
-    bf16 = fg.compile(proto, fg.Config(threads=2, precision="bf16"))
+    fp32 = fg.compile(proto, fg.Config(threads=2, thread_policy="fixed"))
+    bf16 = fg.compile(proto, fg.Config(threads=2, precision="bf16", thread_policy="fixed"))
     got = bf16.run(feeds)
     # every heavy op of the model is still named by a compiled node (its own name or one fused
     # into it), so op_precision can reach it (before: 248 of 441 could not, silently)

@@ -113,7 +113,7 @@ def test_guard_runs_fast_on_finite_feeds_and_exact_on_nan(tmp_path):
     # oracle: the portable kernels (torch's clamp and max pool propagate NaN, as ONNX's
     # definitions do; onnxruntime's Clip maps NaN to a bound)
     got = cm.run({"x": x})["y"]
-    want = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable")).run({"x": x})["y"]
+    want = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable", thread_policy="fixed")).run({"x": x})["y"]
     assert all(k._exact is not None for k in guarded)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got).any()
@@ -162,7 +162,7 @@ def test_a_bf16_model_runs_its_fast_kernels_and_stays_exact_on_nan():
     assert all(k._exact is None for k in guarded)
     x[0, 0, 3, 3] = np.nan
     got = cm.run({"x": x})["y"]
-    want = fg.compile(m, fg.Config(threads=2, precision="bf16", cpu_kernels="portable")).run({"x": x})["y"]
+    want = fg.compile(m, fg.Config(threads=2, precision="bf16", cpu_kernels="portable", thread_policy="fixed")).run({"x": x})["y"]
     assert all(k._exact is not None for k in guarded)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got).any()
@@ -206,7 +206,7 @@ def test_layer_norm_runs_without_its_check_while_rows_cannot_overflow():
     x[0, 5, 7] = np.nan     # a row with NaN stays NaN
     got = cm.run({"x": x})["y"]
     assert kernel._exact is not None and kernel.exact.portable is not None
-    want = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable")).run({"x": x})["y"]
+    want = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable", thread_policy="fixed")).run({"x": x})["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got[0, 5]).all() and np.isfinite(got[0, 3]).all()
     np.testing.assert_allclose(got[0, 3], want[0, 3], rtol=1e-4, atol=1e-4)
@@ -255,7 +255,7 @@ def test_a_measured_value_admits_the_fast_kernels_downstream_and_catches_what_ov
     assert isinstance(chain, Guarded) == (precision == "bf16")
     x = np.random.default_rng(2).standard_normal((1, 8, 128, 128)).astype(np.float32)
     got = cm.run({"x": x})["y"]
-    want = fg.compile(m, fg.Config(threads=2, precision=precision, cpu_kernels="portable")).run({"x": x})["y"]
+    want = fg.compile(m, fg.Config(threads=2, precision=precision, cpu_kernels="portable", thread_policy="fixed")).run({"x": x})["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     guarded = [k for k in (chain, conv) if isinstance(k, Guarded)]
     if divisor == 2.0:

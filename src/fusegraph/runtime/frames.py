@@ -23,7 +23,7 @@ cache and unpacks the frame into its locals; on a miss it calls ``FrameBuilder``
    in use; growing drops the frames kept, whose views point at the old buffer).
 
 Frames are kept first made, first out (``capacity`` of them, holding at most ``FRAME_BYTES``
-of shape-only tensors), plans least recently used first out (``PLANS_KEPT``).
+of computed tensors), plans least recently used first out (``PLANS_KEPT``).
 ``stats`` counts frames and plans made and the seconds they took, for the report. Nothing
 here runs a kernel on the model's activations or chooses an order.
 """
@@ -45,7 +45,7 @@ from .shape_program import ShapeProgram
 
 SHAPE_ONLY = "shape-only work, done once per input shape: its result is kept in the frame"
 FRAMES_KEPT = 256
-FRAME_BYTES = 16 << 20       # the shape-only tensors the kept frames may hold, together (a frame made again
+FRAME_BYTES = 8 << 20        # the computed tensors the kept frames may hold, together (a frame made again
                              # costs a shape evaluation; kept ones cost private memory)
 PLANS_KEPT = 64
 
@@ -160,7 +160,7 @@ class FrameBuilder:
         self.arena = GrowingArena(device)
         self.frames: OrderedDict[tuple, tuple] = OrderedDict()
         self._last_views = None     # (plan, arena generation, shapes, views) of the last frame made
-        self._bytes: dict[tuple, int] = {}         # per kept frame, the bytes of its shape-only tensors
+        self._bytes: dict[tuple, int] = {}         # per kept frame, the bytes of its computed tensors
         self.frame_bytes = 0
         self.plans: OrderedDict[int, MemoryBucket] = OrderedDict()
         self.memo_fill: Callable | None = None       # the generated shape-only function (set after codegen)
