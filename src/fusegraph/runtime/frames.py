@@ -306,8 +306,8 @@ class FrameBuilder:
         since the newest plan all grew by one amount (a decoder's past and mask, one token a
         step): each grown dim ahead by as much again as takes the largest of them to the next
         power of two, the others as they are; None otherwise, or where the model cannot take
-        that shape. A shape-only value depends on the inputs' shapes alone, so empty inputs of
-        those shapes give the projected frame's shapes."""
+        that shape. The computed values depend on the inputs' shapes alone, so inputs of those
+        shapes on the ``meta`` device (no data, no memory) give the projected frame's shapes."""
         if not self.plans:
             return None
         last = self.plans[next(reversed(self.plans))].made_for
@@ -324,12 +324,12 @@ class FrameBuilder:
             shape = list(t.shape)
             for axis, sym in symbols:
                 shape[axis] = projected[sym]
-            fakes.append(torch.empty(shape, dtype=t.dtype, device="cpu" if t.device.type == "meta" else t.device))
+            fakes.append(torch.empty(shape, dtype=t.dtype, device="meta"))
         try:
             self.dims(fakes)
             memo = self._memo(fakes)
             shapes = self.program.evaluate([tuple(t.shape) for t in fakes], memo)
-        except (InputError, ValueError):
+        except (InputError, ValueError, RuntimeError, TypeError, NotImplementedError):
             return None
         return projected, shapes
 
