@@ -17,6 +17,11 @@ must outlive the run); its slot stays unused. An output sharing memory with a re
 value is copied before it is handed out (``Executor.run``). The memo keeps ``MEMO_ENTRIES`` shapes; a
 result set over ``MEMO_BYTES`` is recomputed on every run instead of being kept. Stream
 plans and debug runs (``hook``) run every node as before.
+
+A model with symbolic input dims runs its frames instead (``frame_runner.py``): there the
+shape program computes these values and more (a ``Shape`` of an activation and what follows
+from it) once per input shape, and a ``ShapeMemo`` with no calls carries its computed nodes
+and values (``computed``, ``computed_results``) to the code generator.
 """
 from __future__ import annotations
 
