@@ -280,9 +280,9 @@ def generate_frame_run_function(graph, binding: Binding, memo, frame_values: lis
     lines take the frame of the inputs' shapes (``frames.FrameBuilder``: made on a miss) and
     unpack it into the shape-only and computed values (``memo.held``) and the arena views of
     ``frame_values`` (the outputs of the calls bound with ``FRAME_OUTPUTS``); every call then
-    writes its view. The shape-only nodes are a second function, ``_memo_fill(*inputs)``,
-    which the frame builder calls. ``hook`` and ``control`` as for ``generate_run_function``
-    (with a hook the shape-only nodes also run in line, so that it sees every node)."""
+    writes its view; the frame builder computes those values (``shape_program.py``). ``hook``
+    and ``control`` as for ``generate_run_function`` (with a hook the computed nodes also run
+    in line, so that it sees every node)."""
     memo_ids = memo.skipped() if memo else set()
     # a debug run (``hook``) runs the shape-only and computed nodes again in line, so it sees every node
     calls = [c for c in binding.calls if hook is not None or id(c.node) not in memo_ids]
@@ -298,9 +298,6 @@ def generate_frame_run_function(graph, binding: Binding, memo, frame_values: lis
     if unpacked:
         spec.prologue.append(f"{', '.join(unpacked)}, = _f")
     specs = [spec]
-    if memo and memo.calls:
-        specs.append(FunctionSpec("_memo_fill", memo.calls, params=list(params), param_values=list(graph.inputs),
-                                  returns=memo.results))
     extra = {"_FRAMES": frames.frames, "_FRAME": frames, "_AL": 0, "_AH": 0}
     if control is not None:
         extra.update(control_globals(control))

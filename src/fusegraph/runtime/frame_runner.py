@@ -123,7 +123,6 @@ class FrameRunner:
         self.code = generate_frame_run_function(self.graph, self.binding, self.memo, values, self.filename,
                                                 self.frames, control=self.binding.control)
         self.codes = [self.code]
-        self.frames.memo_fill = self.code.functions.get("_memo_fill")
         self.frames.envs = [self.code.env]      # their alias guard reads the arena's current range
         self.frames.arena_moved()
 

@@ -9,8 +9,7 @@ cache and unpacks the frame into its locals; on a miss it calls ``FrameBuilder``
 
 1. checks the inputs' symbolic dims (the same symbol the same size; inside a declared range,
    else ``InputError`` naming the input, the dim and the range);
-2. (a runner with a shape-only memo: runs it, ``_memo_fill``, generated code;)
-3. evaluates the shape program: the computed values and every activation's shape (the ops'
+2. evaluates the shape program: the computed values and every activation's shape (the ops'
    rules; a step whose inputs are the last frame's repeats its result);
 4. takes the kept memory plan the shape fits (every activation within its slot, every
    in-place pair of one shape), or has the planner the compiler handed over make one with
@@ -163,12 +162,11 @@ class FrameBuilder:
         self._bytes: dict[tuple, int] = {}         # per kept frame, the bytes of its computed tensors
         self.frame_bytes = 0
         self.plans: OrderedDict[int, MemoryBucket] = OrderedDict()
-        self.memo_fill: Callable | None = None       # the generated shape-only function (set after codegen)
         self.on_plan: Callable | None = None         # called with each new memory plan (the model's report)
         self.memo_storages: dict[int, int] = {}      # storage -> kept frames holding a shape-only tensor there
         self.stats = {"frames": 0, "frame_seconds": 0.0, "plans": 0, "plan_seconds": 0.0, "planned_alone": 0}
         self._symbols = _input_symbols(graph)
-        self.shape_only_nodes: set[str] = set()     # the nodes _memo_fill runs (set after codegen)
+        self.shape_only_nodes: set[str] = set()     # the nodes the frame computes (set after codegen)
         self._plan_ids = itertools.count()
         self.envs: list[dict] = []          # generated modules whose ``_AL`` / ``_AH`` follow the arena
         self.reset_values()
@@ -191,9 +189,9 @@ class FrameBuilder:
         t0 = time.perf_counter()
         key = tuple(t.shape for t in inputs)
         dims = self.dims(inputs)
-        memo = self._memo(inputs)
+        memo: dict[int, torch.Tensor] = {}
         try:
-            shapes = self.program.evaluate([tuple(t.shape) for t in inputs], memo, computed=memo)
+            shapes = self.program.evaluate([tuple(t.shape) for t in inputs], {}, computed=memo)
         except ValueError as exc:
             raise InputError(f"{self.name}: the model cannot run at input shapes "
                              f"{_describe_inputs(self.graph, inputs)}"
@@ -272,12 +270,6 @@ class FrameBuilder:
                              f"model with a dynamic batch axis")
         return dims
 
-    def _memo(self, inputs) -> dict[int, torch.Tensor]:
-        if self.memo_fill is None:
-            return {}
-        out = self.memo_fill(*inputs)
-        return {id(v): t for v, t in zip(self.memo_results, out)}
-
     # -- plans
     def _plan_for(self, dims: dict[str, int], shapes: dict[int, tuple], inputs) -> MemoryBucket:
         """The kept plan this shape fits (the most recently used first), else a new one:
@@ -327,8 +319,7 @@ class FrameBuilder:
             fakes.append(torch.empty(shape, dtype=t.dtype, device="meta"))
         try:
             self.dims(fakes)
-            memo = self._memo(fakes)
-            shapes = self.program.evaluate([tuple(t.shape) for t in fakes], memo)
+            shapes = self.program.evaluate([tuple(t.shape) for t in fakes], {})
         except (InputError, ValueError, RuntimeError, TypeError, NotImplementedError):
             return None
         return projected, shapes

@@ -200,9 +200,9 @@ class CpuStreamRunner:
                  control=None):
         """``frames`` (a ``frames.FrameBuilder``), ``memo`` and ``frame_values``: a model with
         symbolic input dims: the frame of a run's input shapes is taken before the streams
-        start, its shape-only and computed values (``memo.held``; ``_memo_fill``, a function of
-        this module, makes the shape-only ones) and arena views (``frame_values``) become the module's globals for the
-        run, and the shape-only nodes run in no stream. ``control``: the run's stop flag, read
+        start, its computed values (``memo.held``, made by the frame builder) and arena views
+        (``frame_values``) become the module's globals for the run, and the computed nodes run
+        in no stream. ``control``: the run's stop flag, read
         before each call on every stream."""
         self.graph, self.binding, self.plan, self.filename = graph, binding, plan, filename
         self.direct_calls = direct_calls and frames is None     # a frame's views change per shape
@@ -257,14 +257,10 @@ class CpuStreamRunner:
             extra.update(control_globals(self.control))
         if hook is not None:
             extra["_hook"] = hook
-        if self.frames is not None and self.memo and self.memo.calls:
-            specs.append(FunctionSpec("_memo_fill", self.memo.calls, params=[names(v) for v in self.graph.inputs],
-                                      param_values=list(self.graph.inputs), returns=self.memo.results))
         filename = self.filename + (":hook" if hook is not None else "")
         code = generate_module(specs, names, filename, extra)
         code.function = code.functions[specs[0].name]
         if self.frames is not None:
-            self.frames.memo_fill = code.functions.get("_memo_fill")
             self.frames.envs = [code.env] if hook is None else [self.code.env, code.env]
             self.frames.arena_moved()
             self._frame = None

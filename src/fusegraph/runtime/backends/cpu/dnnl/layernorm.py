@@ -52,12 +52,9 @@ def layer_norm_kernel(ctx, opdef, resources, exact: bool = True):
     if y_dtype not in (torch.float32, torch.bfloat16) or (y_dtype != torch.float32 and skip and not both):
         return Decline("writes float32, or bfloat16 from its own buffer (not over the sum)", "dnnl")
     d = shape[1] if over_channels else shape[-1]
-    consts = []
-    for i in (first, first + 1):
-        t = ctx.const(i) if ctx.has_input(i) else None
-        if ctx.has_input(i) and (t is None or t.dtype != torch.float32 or t.numel() != d):
-            return Decline("gamma and beta must be float32 constants of the last axis' size", "dnnl")
-        consts.append(None if t is None else t.reshape(d).contiguous())
+    consts = scale_and_shift(ctx, first, d)
+    if isinstance(consts, Decline):
+        return consts
     gamma, beta = consts
     rows = (math.prod(shape) // d, d)
     md, y_md = MemDesc.of(rows, torch.float32), MemDesc.of(rows, y_dtype)
@@ -83,6 +80,19 @@ def layer_norm_kernel(ctx, opdef, resources, exact: bool = True):
     inner = DnnlKernel(prim, [src_slot], out_slot, [p for p in params if p is not None], resources, (0,),
                        keep=keep)
     return _SkipLayerNorm(inner, portable, risk, both) if skip else _LayerNorm(inner, portable, risk)
+
+
+def scale_and_shift(ctx, first: int, d: int) -> list | Decline:
+    """Inputs ``first`` and ``first + 1`` (gamma, beta) as contiguous float32 vectors of ``d``
+    (None where the node has no such input), or a ``Decline`` where one is not a float32
+    constant of that size."""
+    consts = []
+    for i in (first, first + 1):
+        t = ctx.const(i) if ctx.has_input(i) else None
+        if ctx.has_input(i) and (t is None or t.dtype != torch.float32 or t.numel() != d):
+            return Decline("gamma and beta must be float32 constants of the last axis' size", "dnnl")
+        consts.append(None if t is None else t.reshape(d).contiguous())
+    return consts
 
 
 class _LayerNorm:

@@ -40,6 +40,7 @@ from .....ir.shape import broadcast_shapes
 from ...protocol import Decline
 from ..threading_policy import threads_for
 from . import capi
+from .layernorm import scale_and_shift
 from .memory import MemDesc, Memory
 from .primitive import Attr, Primitive, call_arguments, create, thread_stream
 
@@ -68,12 +69,9 @@ def runtime_layer_norm_kernel(ctx, opdef, resources, exact: bool = True):
     if y_dtype not in OUTPUT_TYPES or (y_dtype != torch.float32 and skip and not both):
         return Decline("writes float32, or bfloat16 from its own buffer (not over the sum)", "dnnl")
     d = int(x_v.shape[-1])
-    params = []
-    for i in (first, first + 1):
-        t = ctx.const(i) if ctx.has_input(i) else None
-        if ctx.has_input(i) and (t is None or t.dtype != torch.float32 or t.numel() != d):
-            return Decline("gamma and beta must be float32 constants of the last axis' size", "dnnl")
-        params.append(None if t is None else t.reshape(d).contiguous())
+    params = scale_and_shift(ctx, first, d)
+    if isinstance(params, Decline):
+        return params
     kernel = RuntimeLayerNorm(d, y_dtype, *params, float(ctx.attr("epsilon")), resources,
                               opdef.build(ctx) if exact else None, skip, both)
     try:
