@@ -128,6 +128,8 @@ def impl_class(impl: str) -> str:
     name = impl.lower()
     if name == "portable":
         return "portable"
+    if name.startswith("sgemm"):
+        return "jit"           # dnnl_sgemm's JIT kernels over a plain weight (run-time rows)
     if "gemm" in name and "brg" not in name:
         return "gemm"          # x64:gemm:jit and friends: im2col + a GEMM, the fallback path
     if "brg" in name or "brdgmm" in name:

@@ -1,6 +1,6 @@
 """The CPU kernels made once for every shape of a model with symbolic dims: the weight product
-with run-time rows (``dnnl/linear_runtime.py``: a brgemm primitive per row count over one
-packed weight, or, for a decoder, a plain weight with a matrix-vector product for few rows)
+with run-time rows (``dnnl/linear_runtime.py``: sgemm over the plain float32 weight at every
+row count, or, for a decoder, the weight transposed with a matrix-vector product for few rows)
 and the layer norms writing into planned memory (``layer_norm.py``), checked against torch
 computing the same thing on its own."""
 from __future__ import annotations
@@ -50,7 +50,8 @@ def test_run_time_rows_match_torch_at_every_row_count(one_row_steps, activation,
     k = 96
     node, w, b = _linear_node(k, n, activation, bias, trans_b, rng)
     kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, one_row_steps)
-    assert ("sgemm" in kernel.impl) == one_row_steps
+    assert "sgemm" in kernel.impl                          # no code generated per row count
+    assert ("W^T" in kernel.impl) == (one_row_steps and n <= COLUMN_MAJOR_MAX_N)
     for rows in (1, 2, 3, 7, 64, 65):
         x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
         out = torch.full((rows, n), float("nan"))        # whatever the slot held is overwritten
@@ -60,14 +61,15 @@ def test_run_time_rows_match_torch_at_every_row_count(one_row_steps, activation,
 
 
 @needs_dnnl
-def test_the_matrix_vector_product_keeps_nan_and_inf_of_its_input():
+@pytest.mark.parametrize("one_row_steps,rows", [(True, GEMV_ROWS), (False, GEMV_ROWS), (False, 67)])
+def test_the_sgemm_product_keeps_nan_and_inf_of_its_input(one_row_steps, rows):
     rng = np.random.default_rng(1)
     node, w, b = _linear_node(64, 48, "none", True, False, rng)
-    kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, True)
-    x = torch.from_numpy(rng.standard_normal((GEMV_ROWS, 64)).astype(np.float32))
+    kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, one_row_steps)
+    x = torch.from_numpy(rng.standard_normal((rows, 64)).astype(np.float32))
     x[0, 3] = float("nan")
-    x[1 % GEMV_ROWS, 5] = float("inf")
-    got = kernel(x, out=torch.zeros(GEMV_ROWS, 48))
+    x[rows - 1, 5] = float("inf")
+    got = kernel(x, out=torch.zeros(rows, 48))
     want = _want(x, w, b, "none", False)
     assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
 
@@ -91,6 +93,22 @@ def test_a_decoder_holds_its_product_weights_plain_and_once():
     store_w = WeightStore()
     wide = runtime_linear_kernel(NodeContext(node_w), store_w, Resources(), True, True)
     assert not wide.by_columns and wide._packed.data_ptr() == w_w.data_ptr() and not store_w.forms
+
+
+@needs_dnnl
+def test_an_encoder_holds_its_float32_product_weights_plain_and_once():
+    """Run-time rows of any count (no decoder): the weight is held K x N, the graph's own
+    tensor where it was given so, else one transposed copy, and nothing blocked beside it."""
+    rng = np.random.default_rng(3)
+    node, w, _ = _linear_node(64, 80, "relu", True, False, rng)
+    store = WeightStore()
+    kernel = runtime_linear_kernel(NodeContext(node), store, Resources(), True, False)
+    assert not kernel.by_columns and kernel._packed.data_ptr() == w.data_ptr() and not store.forms
+    node_t, w_t, _ = _linear_node(64, 80, "none", False, True, rng)
+    store_t = WeightStore()
+    runtime_linear_kernel(NodeContext(node_t), store_t, Resources(), True, False)
+    (form,) = store_t.forms["w"]
+    assert form.data.numel() == w_t.numel() * 4 and form.desc["strides"] == [80, 1]
 
 
 def _layer_norm_node(skip: bool, both: bool, d: int, rng):

@@ -1,31 +1,32 @@
 """``fusegraph::LinearAct`` / ``fusegraph::Linear`` with a constant weight whose rows are only
-known at run time (a model with symbolic input dims): one packed weight, and a oneDNN matmul
-per row count, made at its first call.
+known at run time (a model with symbolic input dims): the weight held once, in one layout for
+every row count.
 
 ``x`` of shape ``[..., K]`` is read as ``[M, K]`` (row-major), ``y = act(x @ W + b)`` written as
-``[M, N]``. oneDNN's brgemm matmul packs its weight into one blocked layout whatever M is, so
-the weight is packed once (the same ``WeightStore`` as the static kernels), from a primitive
-made at bind time, and each new M gets a primitive made with that layout given explicitly
-(its JIT code: a fraction of a millisecond, and identical ones come from oneDNN's own
-primitive cache, so the layers of a model that share a shape share the work). A matmul with
-a *run-time* M (``DNNL_RUNTIME_DIM_VAL``) exists too, but only as oneDNN's plain GEMM, which
-repacks the weight on every call: several times slower for the few rows of a decoder step.
-The primitives of the last ``ROWS_KEPT`` row counts are kept. (A row count for which oneDNN
-would offer only its reference implementation with that layout is an error naming the
-node; brgemm takes every M.)
+``[M, N]``. Two ways to run it, chosen per model:
 
-A decoder's step has one row (``one_row_steps``: the model feeds its KV cache back,
-``runtime/kv_cache.kv_pairs``), and a product of one row streams its weight once: it is
-bound by memory, and brgemm's blocked panels stream at about half the rate of a
-matrix-vector kernel over the plain ``K x N`` weight. There the float32 weight is held plain
-(once: the store's only form of it), rows up to ``GEMV_ROWS`` run oneDNN's ``dnnl_sgemm``
-(its matrix-vector kernel), and more rows (the prompt) run the brgemm matmul reading the
-plain weight (a little slower than on the packed one: the trade is in RESULTS.md). A weight
-of up to ``COLUMN_MAJOR_MAX_N`` columns (a layer's products, not a language-model head) is
-held transposed, N x K: sgemm's ``N, T`` form then streams each column of W as one
-contiguous row, faster from memory than the ``N, N`` form on such shapes, which stays the
-faster one for a vocabulary-wide head (RESULTS.md); such a head runs sgemm at every row
-count (the prompt's too: faster there than brgemm reading the plain weight, and no JIT).
+- **float32, any row count** (an encoder's requests, of any length): the plain ``K x N``
+  weight and oneDNN's ``dnnl_sgemm``. Its kernels are generated once per process, whatever M
+  is; the brgemm matmul generates code for every new M (a fraction of a millisecond per
+  product shape, paid at every never-seen length of variable-length traffic) and runs a
+  packed weight a few percent faster once made (the trade is in RESULTS.md). A matmul with
+  a *run-time* M (``DNNL_RUNTIME_DIM_VAL``) exists too, but only as oneDNN's plain GEMM,
+  which repacks the weight on every call.
+- **A decoder's steps** (``one_row_steps``: the model feeds its KV cache back,
+  ``runtime/kv_cache.kv_pairs``) have one row, and a product of one row streams its weight
+  once: it is bound by memory. A weight of up to ``COLUMN_MAJOR_MAX_N`` columns (a layer's
+  products) is held transposed, N x K: sgemm's ``N, T`` form then streams each column of W
+  as one contiguous row, faster from memory than ``N, N`` on such shapes; rows up to
+  ``GEMV_ROWS`` run sgemm, more rows (the prompt) a brgemm matmul per row count reading that
+  weight (``N, T`` is slow at many rows). A vocabulary-wide head stays ``K x N`` (``N, N`` is
+  the faster one for it) and runs sgemm at every row count.
+- **bfloat16**: sgemm has no bf16 form; the weight is packed once into the brgemm matmul's
+  blocked layout (the same ``WeightStore`` as the static kernels), from a primitive made at
+  bind time, and each new M gets a primitive made with that layout given explicitly
+  (identical ones come from oneDNN's own primitive cache, so the layers of a model that
+  share a shape share the work). The primitives of the last ``ROWS_KEPT`` row counts are
+  kept. (A row count for which oneDNN would offer only its reference implementation with that
+  layout is an error naming the node; brgemm takes every M.)
 
 The activation is a post-op where oneDNN's eltwise is exact on NaN / Inf and the
 implementation's epilogue was checked for it (``primitive.exact_post_ops``); otherwise it runs
@@ -64,7 +65,7 @@ REFERENCE_ROWS = 64               # the row count of the bind-time primitive tha
 def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_steps: bool = False):
     """The kernel of a Linear / LinearAct node whose input rows are symbolic, or a ``Decline``
     saying why not. ``one_row_steps``: the model runs mostly one row (a decoder's steps): a
-    float32 weight is held plain and few rows run a matrix-vector product."""
+    float32 weight of a layer is held transposed and few rows run a matrix-vector product."""
     node = ctx.node
     got = product_operands(ctx)
     if isinstance(got, Decline):
@@ -81,8 +82,8 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
     if (isinstance(x_v.shape[-1], int) and x_v.shape[-1] != k) or (b is not None and b.numel() != n):
         return Decline("operand sizes do not match", "dnnl")
     post = (EXACT if exact else {**EXACT, **FAST}).get(activation)
-    gemv = one_row_steps and compute == torch.float32
-    by_columns = gemv and n <= COLUMN_MAJOR_MAX_N
+    gemv = compute == torch.float32
+    by_columns = gemv and one_row_steps and n <= COLUMN_MAJOR_MAX_N
     kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv, by_columns)
     if gemv:         # plain: K x N row-major, or its N x K transpose (each column of W one contiguous row)
         want = MemDesc.of((k, n), compute, (1, k) if by_columns else (n, 1))
@@ -109,14 +110,15 @@ _SGEMM_WARM: list[bool] = []
 
 def warm_sgemm() -> None:
     """oneDNN generates sgemm's kernels at its first calls in a process (tens of milliseconds):
-    made here, on tiny operands, when a decoder's kernels are built, not in its first prompt."""
+    made here, on tiny operands, when the kernels are built, not in the first run."""
     if _SGEMM_WARM:
         return
     lib = capi.load()
     a, b, c = torch.ones(16, 16), torch.ones(16, 16), torch.empty(16, 16)
-    for rows in range(1, GEMV_ROWS + 1):
+    for rows in (*range(1, GEMV_ROWS + 1), 16):
         for trans in (b"N", b"T"):
-            lib.sgemm(b"N", trans, rows, 16, 16, 1.0, a.data_ptr(), 16, b.data_ptr(), 16, 0.0, c.data_ptr(), 16)
+            for beta in (0.0, 1.0):          # no bias, a bias written first
+                lib.sgemm(b"N", trans, rows, 16, 16, 1.0, a.data_ptr(), 16, b.data_ptr(), 16, beta, c.data_ptr(), 16)
     _SGEMM_WARM.append(True)
 
 
@@ -158,9 +160,12 @@ class RuntimeLinear:
         self._consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
         if self._bias is not None:
             self._consts.append((capi.ARG_BIAS, Memory(self._b_md, self._bias.data_ptr())))
-        layout = " over W^T" if self.by_columns else ""
-        self.impl = self.make(REFERENCE_ROWS, w_md).impl + (f", sgemm{layout} <= {self.gemv_rows} rows"
-                                                            if self.gemv_rows else "")
+        if not self.gemv_rows:
+            self.impl = self.make(REFERENCE_ROWS, w_md).impl
+        elif self.by_columns:
+            self.impl = f"{self.make(REFERENCE_ROWS, w_md).impl} over W^T, sgemm <= {self.gemv_rows} rows"
+        else:
+            self.impl = "sgemm"
 
     def _for_rows(self, m: int) -> tuple:
         got = self._rows.get(m)
@@ -196,7 +201,7 @@ class RuntimeLinear:
             raise TypeError(f"oneDNN matmul: output is {out.dtype} {tuple(out.stride())}, expected a row-major "
                             f"{self.dtype}")
         if m <= self.gemv_rows or (self.gemv_rows and not self.by_columns):
-            return self._gemv(x, m, out)          # a vocabulary-wide head: sgemm at any row count
+            return self._gemv(x, m, out)          # a K x N weight: sgemm at any row count
         if self._tid != get_ident():                     # another thread: its own scratchpad
             self._tid = get_ident()
             self._rows.clear()
