@@ -199,11 +199,11 @@ class ShapeProgram:
         last = self._last
         changed: set | None = None          # the values whose shape or tensor differs from the last evaluation's
         if not probing and not memo and last is not None and len(input_shapes) == len(last[0]):
-            moved = [i for i, (a, b) in enumerate(zip(input_shapes, last[0])) if a != b]
-            if len(moved) == 1:
-                steps = [self.steps[i] for i in self._per_input[moved[0]]]
-            else:
-                steps = [self.steps[i] for i in sorted(set().union(*(self._per_input[i] for i in moved)))]
+            moved = tuple([i for i, (a, b) in enumerate(zip(input_shapes, last[0])) if a != b])
+            steps = self._steps_for.get(moved)
+            if steps is None:
+                steps = self._steps_for[moved] = [self.steps[i] for i in sorted(
+                    set().union(*(self._per_input[i] for i in moved)))]
             shapes, values = dict(last[1]), dict(last[2])
             shapes.update(zip(self.inputs, input_shapes))
             changed = {self.inputs[i] for i in moved}
@@ -218,7 +218,7 @@ class ShapeProgram:
         get_shape, get_value = shapes.__getitem__, values.__getitem__
         for step in steps:
             if changed is not None:         # nothing it reads changed: its last outputs stand
-                if not any(k in changed for k in step.ins):
+                if changed.isdisjoint(step.ins):
                     continue
                 before = [(shapes.get(k), values.get(k)) for k in step.outs]
             ins = tuple(map(get_shape, step.ins)) if step.dense else \
@@ -279,6 +279,7 @@ class ShapeProgram:
                 depends[o] = frozen
             for i in frozen:
                 self._per_input[i].append(idx)
+        self._steps_for: dict[tuple, list] = {}     # the inputs whose shapes moved -> the steps to visit
         self._last = None
 
     def _shapes_of(self, step: "ShapeStep", ins: tuple, values: dict, probing: bool) -> tuple:
