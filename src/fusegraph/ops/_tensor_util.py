@@ -34,6 +34,24 @@ def runtime_ints(t: torch.Tensor | None) -> list[int] | None:
     return None if t is None else [int(v) for v in t.reshape(-1).tolist()]
 
 
+def settled_strides(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with the stride of each size-1 dim set to the span of the dims inside it (the
+    bytes seen are the same). A view's size-1 dims may carry any stride (a reshape of a
+    transposed tensor gives a batch of one the channel count's), and torch's memory-format
+    test reads them: channels-last data with such a batch stride is taken for a strided
+    tensor, and ``interpolate`` then runs its slow generic kernel instead of its channels-last
+    one."""
+    if x.dim() < 2 or 1 not in x.shape:
+        return x
+    strides = list(x.stride())
+    spans = [st * n for st, n in zip(strides, x.shape) if n > 1]
+    span = max(spans, default=1)
+    for d in range(x.dim()):
+        if x.shape[d] == 1:
+            strides[d] = span
+    return x if tuple(strides) == x.stride() else x.as_strided(x.shape, strides)
+
+
 def rank_of(ctx: NodeContext, i: int = 0) -> int | None:
     s = ctx.shape(i)
     return None if s is None else len(s)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ._resize_tables import Opts, axis_table, full_roi, output_geometry
-from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, unsigned_safe
+from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, settled_strides, unsigned_safe
 from .common import normalize_axis
 from .registry import NodeContext, register
 from .run_limits import check_tensor
@@ -127,7 +127,7 @@ def run_plan(plan: Plan, x: torch.Tensor, extrap_value: float) -> torch.Tensor:
         return torch.empty(plan.out, dtype=x.dtype, device=x.device)
     if plan.interp is not None and (x.is_floating_point() or not plan.steps):
         cd = _compute_dtype(x.dtype)
-        y = F.interpolate(x.to(cd), **plan.interp)
+        y = F.interpolate(settled_strides(x).to(cd), **plan.interp)   # channels-last data stays so
         return _cast_back(y, x.dtype)
     if not plan.steps:
         return x.clone()
