@@ -145,7 +145,18 @@ def plan_products(graph: Graph, op_precision, imported_names: set[str], dynamic:
             out.append(ProductPlan(n, name, False, why, "int8_unsupported"))
         else:
             out.append(ProductPlan(n, name, True, WHY_INT8, "int8", _weight_axis(n)))
+    _check_int8_entries(graph, entries, out)
     return out
+
+
+def _check_int8_entries(graph: Graph, entries: dict[str, str], products: list[ProductPlan]) -> None:
+    """An ``int8`` entry must name a product (a node, or the op type Conv / MatMul / Gemm)."""
+    answered = {x for p in products for x in (p.name, p.node.name, *p.node.meta.get("fused_from", ()))}
+    bad = [k for k, v in entries.items() if v == "int8" and k not in PRODUCTS and k not in answered]
+    if bad:
+        raise ConfigError(f"{graph.meta.get('source', graph.name)}: Config.op_precision asks for "
+                          f"{', '.join(map(repr, bad))} in int8, which is no Conv / MatMul / Gemm node: only those "
+                          f"run int8")
 
 
 def _written_by_product(v: Value, quantised: set[int]) -> bool:
