@@ -50,7 +50,9 @@ class Config:
         (per-channel symmetric int8 weights, per-tensor uint8 activations whose ranges come from
         the calibration inputs, ``calibration``) and run on the int8 kernels; without them, the
         MatMul / Gemm products are quantised dynamically (activation scales at run time), and a
-        model with convolutions to quantise is refused (they need calibration inputs).
+        model with convolutions to quantise is refused (they need calibration inputs). At O0 /
+        O1 (whose pipelines have no int8 passes) the quantised graph runs as written: quantise
+        and dequantise in float32, the int8 model's reference.
     op_precision: per node name or op type, ``fp32`` | ``bf16`` | ``fp16``, over the policy
         (``{"Conv": "bf16", "/head/MatMul": "fp32"}``; a dict or pairs); under
         ``precision="int8"`` ``int8`` | ``fp32`` instead: ``fp32`` keeps a product in float32

@@ -372,3 +372,19 @@ def test_fgm_round_trip_is_bitwise_and_small(tmp_path, monkeypatch):
         a, b = cm.run(feeds), loaded.run(feeds)
         for k in a:
             assert np.array_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("calibrated", [True, False], ids=["static", "dynamic"])
+def test_symbolic_rows(calibrated):
+    """A model whose sequence axis is symbolic: calibrated over inputs of several lengths (one
+    compile serves every shape), then run at lengths it was not calibrated on."""
+    from test_int8_dynamic import symbolic_rows
+    m = symbolic_rows(M.matmul_block(seq=16))
+    rng = np.random.default_rng(0)
+    cal = [{"x": rng.standard_normal((1, s, 32)).astype(np.float32)} for s in (8, 16, 24)] if calibrated else None
+    cm = fg.compile(m, CFG, calibration_inputs=cal)
+    assert cm.report.precision["by_dtype"] == {"int8": 3}
+    for s in (5, 16):
+        x = {"x": rng.standard_normal((1, s, 32)).astype(np.float32)}
+        (y,) = cm.run(x).values()
+        assert y.shape == (1, s, 32) and rel_l2(y, M.ort_run(m, x)[0]) < 6e-2

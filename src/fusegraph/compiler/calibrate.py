@@ -97,15 +97,13 @@ def _run(graph: Graph, config, names: list[str], feeds: list[dict], make) -> dic
     """``make(name)`` -> an observer per tensor name; each sees the tensor on every feed."""
     from ..passes import optimize
     from ..report import CompileReport
-    from .model import CompiledModel
-    from .planning import plan_execution
+    from .planning import plan_and_bind
     observers = {n: make(n) for n in names}
     cfg = config.replace(level="O0", precision="fp32", op_precision=(), calibration="minmax",
                          calibration_percentile=99.999, streams=1, shape_cache=0)
     g = copy_graph(graph)
     optimize(g, cfg, CompileReport())
-    report = CompileReport()
-    model = CompiledModel(g, cfg, report, plan_execution(g, cfg, report))
+    model = plan_and_bind(g, cfg, CompileReport(), None)     # symbolic input dims: one compile for every shape
     by_node: dict[int, list[tuple[int, Any]]] = {}
     nodes = {n.name: n for n in model.graph.nodes}
     for index, node_name in enumerate(model.plan.order):

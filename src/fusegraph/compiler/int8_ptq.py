@@ -63,7 +63,9 @@ class PTQResult:
             int8 = p.int8 and (p.node.name in lowered or p.name in lowered)
             why, code = p.why, p.code
             if p.int8 and not int8:
-                why = f"{WHY_NOT_LOWERED}: {declined.get(p.node.name) or declined.get(p.name) or 'no rule matched'}"
+                why = (f"{WHY_NOT_LOWERED}: {declined.get(p.node.name) or declined.get(p.name) or 'no rule matched'}"
+                       if self.config.level == "O2" else
+                       f"{WHY_NOT_LOWERED}: level {self.config.level} runs no int8 pass (the quantised graph as written)")
                 code = "int8_not_lowered"
             rec = {"node": p.name, "op": p.node.op_type, "dtype": "int8" if int8 else "fp32", "class": "int8",
                    "why": why, "code": code}
