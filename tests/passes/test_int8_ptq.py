@@ -388,3 +388,15 @@ def test_symbolic_rows(calibrated):
         x = {"x": rng.standard_normal((1, s, 32)).astype(np.float32)}
         (y,) = cm.run(x).values()
         assert y.shape == (1, s, 32) and rel_l2(y, M.ort_run(m, x)[0]) < 6e-2
+
+
+def test_a_sum_residual_is_fused_like_an_add():
+    """ResNets exported with a two-input ``Sum`` for the residual quantise it as an ``Add``:
+    the sum is fused into its convolution."""
+    m = M.conv_net()
+    next(n for n in m.graph.node if n.op_type == "Add").op_type = "Sum"
+    cm = fg.compile(m, CFG, calibration_inputs=calibration(m))
+    assert [n.op_type for n in cm.graph.nodes if n.op_type in ("Sum", "Add")] == []
+    assert len([n for n in cm.graph.nodes if n.op_type == "QConv" and len(n.inputs) == 5]) == 1
+    feeds = M.feeds_for(m, 3)
+    assert rel_l2(cm.run(feeds)["y"], M.ort_run(m, feeds)[0]) < 3e-2

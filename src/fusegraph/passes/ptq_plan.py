@@ -19,7 +19,7 @@ fusegraph's int8 passes run):
 - going backwards from a tensor to quantise: through a max pool or a view / permutation
   (``PASS_THROUGH``: onnxruntime's "direct 8-bit" ops), its input too, the output sharing the
   input's parameters (so ``qdq_propagate``'s ``dq_sink`` and ``qdq_cancel`` leave no round trip);
-  through a residual ``Add`` (two same-shaped activations, at least one written by a
+  through a residual ``Add`` (or two-input ``Sum``: two same-shaped activations, at least one written by a
   quantised product; optionally followed by a ``Relu``), both its inputs (``qdq_residual``
   then fuses the sum into the convolution); through a ``Concat``, every input.
 A product's output is quantised only where such a tensor needs it (onnxruntime quantises
@@ -184,7 +184,7 @@ def plan_tensors(graph: Graph, products: list[ProductPlan]) -> TensorPlan:
         elif n.op_type == "Concat" and out.name in wanted and all(_float_activation(v) for v in n.inputs):
             for v in n.inputs:
                 wanted[v.name] = None
-        elif n.op_type == "Add":
+        elif n.op_type == "Add" or (n.op_type == "Sum" and len(n.inputs) == 2):
             y = out
             if len(out.uses) == 1 and is_op(out.uses[0][0], "Relu") and not out.is_graph_output:
                 y = out.uses[0][0].outputs[0]
