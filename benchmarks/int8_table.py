@@ -5,6 +5,8 @@ error beside onnxruntime fp32 / int8 and OpenVINO int8, one row per model, 2 thr
         [--runs 30] [--cache DIR] [--calibration 16] [--no-memory] [--json out.json]
     flock /tmp/fusegraph-bench.lock python benchmarks/int8_table.py --quantisation dynamic
         [--per-channel] --models bert,gpt2
+    flock /tmp/fusegraph-bench.lock python benchmarks/int8_table.py --quantisation ptq
+        [--models resnet50,squeezenet,bert] [--agreement 16]
 
 Models: the light models named in ``--models`` (``zoo.light_model_path``, random weights
 ``zoo.randomize_weights`` seed 0, logits exposed by ``zoo.expose_logits``, converted to
@@ -22,6 +24,15 @@ runs the same file; in BERT only the MatMul / Gemm ops
 weights, per tensor, or per column with ``--per-channel``; activations quantised at run time
 by DynamicQuantizeLinear; no calibration): the transformers' products with constant weights
 become ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul``, fusegraph's QLinearDynamic.
+``--quantisation ptq`` adds fusegraph's own post-training quantisation (``fg_ptq``:
+``fg.compile(fp32 file, Config(precision="int8"), calibration_inputs=...)`` with the same
+``--calibration`` inputs onnxruntime's ``quantize_static`` calibrated on, MinMax) beside
+fusegraph on onnxruntime's QDQ file (``fg_int8``) and onnxruntime int8, without OpenVINO; its
+*build s* is that compile, calibration included, in this process, and its *anon MiB* the fresh
+process that loads the ``.fgm`` it saved (*fgm MiB*: that file's size beside ``fg_fp32``'s).
+Every int8 engine's *top-1* is its agreement with onnxruntime ORT_DISABLE_ALL on the fp32 file
+over ``--agreement`` fresh inputs (seeds 2000..; the argmax of each row of the output's last
+axis: the light models' logits, BERT's last hidden state per token).
 
 Engines (all in one process, alternating blocks, ``fusegraph.tools.bench.alternate``; median of
 ``--runs``): ``ort_fp32`` (onnxruntime ORT_ENABLE_ALL on the fp32 file), ``fg_fp32``
@@ -49,6 +60,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +83,7 @@ TRANSFORMERS = ("bert", "gpt2")
 # scores: the last hidden state's relative L2 was 0.38 on every int8 engine, 0.034 this way
 TRANSFORMER_OPS = ("MatMul", "Gemm")
 ENGINES = ("ort_fp32", "fg_fp32", "ort_int8", "ov_int8", "fg_int8")
+PTQ_ENGINES = ("ort_fp32", "fg_fp32", "ort_int8", "fg_int8", "fg_ptq")
 # the engine name the fresh-process child of precision_table knows, and which file it reads
 CHILD_ENGINE = {"ort_fp32": ("ort", "fp32"), "fg_fp32": ("fg_fp32", "fp32"), "ort_int8": ("ort", "int8"),
                 "ov_int8": ("ov_f32", "int8"), "fg_int8": ("fg_fp32", "int8")}
@@ -133,22 +146,41 @@ def quantised_model(name: str, fp32: Path, feeds_of, cache: Path, calibration: i
 
 # ----- engines ----------------------------------------------------------------------------------------
 
-def build(engine: str, fp32: Path, qdq: Path, feeds: dict, output: str, index: int):
-    """(timed runner, function giving output ``output`` (the ``index``-th) as an array)."""
+def build(engine: str, fp32: Path, qdq: Path, feeds: dict, output: str, index: int, calibration=None):
+    """(timed runner, function giving output ``output`` (the ``index``-th) as an array, the same
+    for other feeds)."""
     path = str(qdq if engine.endswith("int8") else fp32)
+    if engine == "fg_ptq":
+        import fusegraph as fg
+        model = fg.compile(path, config=fg.Config(threads=THREADS, precision="int8"), calibration_inputs=calibration)
+        return ((lambda: model.run(feeds)), (lambda: np.asarray(model.run(feeds)[output])),
+                (lambda f: np.asarray(model.run(f)[output])), model)
     if engine.startswith("ort"):
         run = ort_runner(path, THREADS, feeds)
-        return run, lambda: np.asarray(run()[index])
+        return run, lambda: np.asarray(run()[index]), lambda f: np.asarray(run(f)[index]), None
     if engine.startswith("ov"):
         import openvino as ov
         compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": THREADS, "NUM_STREAMS": 1,
                                                          "PERFORMANCE_HINT": "LATENCY"})
         request = compiled.create_infer_request()
         run = lambda: request.infer(feeds, share_inputs=True)          # noqa: E731
-        return run, lambda: np.array(request.infer(feeds)[compiled.outputs[index]], copy=True)
+        return (run, lambda: np.array(request.infer(feeds)[compiled.outputs[index]], copy=True),
+                lambda f: np.array(request.infer(f)[compiled.outputs[index]], copy=True), None)
     import fusegraph as fg
     model = fg.compile(path, config=fg.Config(threads=THREADS))
-    return (lambda: model.run(feeds)), (lambda: np.asarray(model.run(feeds)[output]))
+    return ((lambda: model.run(feeds)), (lambda: np.asarray(model.run(feeds)[output])),
+            (lambda f: np.asarray(model.run(f)[output])), model)
+
+
+def top1_agreement(predict, refs: list[np.ndarray], feeds: list[dict]) -> float:
+    """The share of rows (of the output's last axis) whose argmax matches the reference's."""
+    agree = total = 0
+    for f, r in zip(feeds, refs):
+        y = predict(f)
+        a, b = np.asarray(y).reshape(-1, r.shape[-1]).argmax(-1), r.reshape(-1, r.shape[-1]).argmax(-1)
+        agree += int((a == b).sum())
+        total += a.size
+    return agree / total if total else math.nan
 
 
 def int8_kernels(qdq: Path) -> dict:
@@ -161,11 +193,14 @@ def int8_kernels(qdq: Path) -> dict:
             "implementations": model.report.kernels["implementations"]}
 
 
-def measure_memory(fp32: Path, qdq: Path, feeds: dict, cache: Path, name: str) -> dict:
+def measure_memory(fp32: Path, qdq: Path, feeds: dict, cache: Path, name: str, engines=ENGINES) -> dict:
     feeds_path = cache / f"{name}.feeds.npz"
     np.savez(feeds_path, **feeds)
     out = {}
-    for engine in ENGINES:
+    for engine in engines:
+        if engine == "fg_ptq":        # the saved .fgm, loaded (its compile needs the calibration inputs)
+            out[engine] = pt.fresh_process("fg_load", str(cache / f"{name}_ptq.fgm"), feeds_path)
+            continue
         child, which = CHILD_ENGINE[engine]
         out[engine] = pt.fresh_process(child, str(qdq if which == "int8" else fp32), feeds_path)
     return out
@@ -184,20 +219,27 @@ def cpu_line() -> str:
     return f"CPU: {model}; flags: {' '.join(wanted)}"
 
 
-def print_table(rows: dict, memory: bool, failures: dict, files: str) -> None:
+def _int8(e: str) -> bool:
+    return e.endswith("int8") or e == "fg_ptq"
+
+
+def print_table(rows: dict, memory: bool, failures: dict, files: str, engines=ENGINES) -> None:
     print(cpu_line())
     print(f"threads {THREADS}, batch 1; int8 files: {files}\n")
-    head = "| model | " + " | ".join(f"{e} ms (x ort_fp32)" for e in ENGINES) + " | " + \
-           " | ".join(f"{e} rel-L2" for e in ENGINES if e.endswith("int8"))
+    ptq = "fg_ptq" in engines
+    head = "| model | " + " | ".join(f"{e} ms (x ort_fp32)" for e in engines) + " | " + \
+           " | ".join(f"{e} rel-L2" for e in engines if _int8(e))
+    if ptq:
+        head += " | " + " | ".join(f"{e} top-1" for e in engines if _int8(e)) + " | fgm MiB fg_fp32 / fg_ptq"
     if memory:
-        head += " | " + " | ".join(f"{e} anon MiB / build s" for e in ENGINES)
+        head += " | " + " | ".join(f"{e} anon MiB / build s" for e in engines)
     print(head + " |")
     print("|---" * (head.count("|") - 0) + "|")
-    ratios = {e: [] for e in ENGINES}
+    ratios = {e: [] for e in engines}
     for name, row in rows.items():
         base = row["ms"].get("ort_fp32")
         cells = []
-        for e in ENGINES:
+        for e in engines:
             ms = row["ms"].get(e)
             if ms is None:
                 cells.append("n/a")
@@ -206,17 +248,23 @@ def print_table(rows: dict, memory: bool, failures: dict, files: str) -> None:
             if not math.isnan(r):
                 ratios[e].append(r)
             cells.append(f"{ms:.2f} ({r:.2f})")
-        cells += [pt.fmt(row["rel_l2"].get(e), ".2e") for e in ENGINES if e.endswith("int8")]
+        cells += [pt.fmt(row["rel_l2"].get(e), ".2e") for e in engines if _int8(e)]
+        if ptq:
+            cells += [pt.fmt(row["top1"].get(e), ".3f") for e in engines if _int8(e)]
+            cells.append(" / ".join(pt.fmt(row["fgm_mib"].get(e), ".1f") for e in ("fg_fp32", "fg_ptq")))
         if memory:
-            for e in ENGINES:
+            for e in engines:
                 m = row.get("memory", {}).get(e, {})
-                cells.append("n/a" if "error" in m or not m else f"{m['anon_mib']:.0f} / {m['build_s']:.2f}")
+                build = row.get("build_s", {}).get(e, m.get("build_s"))
+                cells.append("n/a" if "error" in m or not m else f"{m['anon_mib']:.0f} / {build:.2f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
     geo = [f"{math.exp(statistics.fmean(math.log(x) for x in v)):.2f}" if v else "n/a" for v in ratios.values()]
-    print("\ngeomean / ort_fp32: " + ", ".join(f"{e} {g}" for e, g in zip(ENGINES, geo)))
+    print("\ngeomean / ort_fp32: " + ", ".join(f"{e} {g}" for e, g in zip(engines, geo)))
     for name, row in rows.items():
         print(f"{name}: fusegraph int8 ops {row['kernels'].get('int8_ops')}, float products left "
-              f"{row['kernels'].get('float_products')}")
+              f"{row['kernels'].get('float_products')}"
+              + (f"; fg_ptq int8 ops {row['ptq_kernels'].get('int8_ops')}, float products left "
+                 f"{row['ptq_kernels'].get('float_products')}" if row.get("ptq_kernels") else ""))
     for (name, engine), why in failures.items():
         print(f"n/a: {name} {engine}: {why}")
 
@@ -228,7 +276,8 @@ def main(argv=None) -> None:
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fusegraph/int8"))
     ap.add_argument("--calibration", type=int, default=16)
     ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--quantisation", choices=("static", "dynamic"), default="static")
+    ap.add_argument("--quantisation", choices=("static", "dynamic", "ptq"), default="static")
+    ap.add_argument("--agreement", type=int, default=16, help="ptq: fresh inputs for the top-1 agreement")
     ap.add_argument("--per-channel", action="store_true", help="dynamic: int8 weights per column")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -237,6 +286,7 @@ def main(argv=None) -> None:
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     rows, failures = {}, {}
+    engines = PTQ_ENGINES if args.quantisation == "ptq" else ENGINES
     for name in [m for m in args.models.split(",") if m]:
         fp32, feeds_of = fp32_model(name, cache)
         if args.quantisation == "dynamic":
@@ -248,22 +298,44 @@ def main(argv=None) -> None:
         names = list(ref)
         output = "logits" if "logits" in ref else names[0]     # zoo.expose_logits's output
         ref0 = ref[output]
-        runners, outputs = {}, {}
-        for engine in ENGINES:
+        runners, outputs, predict, models, build_s = {}, {}, {}, {}, {}
+        calibration = [feeds_of(1000 + i) for i in range(args.calibration)]   # quantised_model's inputs
+        for engine in engines:
             try:
-                runners[engine], outputs[engine] = build(engine, fp32, qdq, feeds, output, names.index(output))
+                t0 = time.perf_counter()
+                runners[engine], outputs[engine], predict[engine], models[engine] = build(
+                    engine, fp32, qdq, feeds, output, names.index(output), calibration)
+                build_s[engine] = time.perf_counter() - t0
             except Exception as exc:   # noqa: BLE001 - a peer that fails is reported, not fatal
                 failures[(name, engine)] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rel = {e: pt.rel_l2(outputs[e](), ref0) for e in outputs}
+        row = rows[name] = {"rel_l2": rel, "kernels": int8_kernels(qdq) if "fg_int8" in runners else {}}
+        if args.quantisation == "ptq":
+            fresh = [feeds_of(2000 + i) for i in range(args.agreement)]
+            refs = [r[output] for r in pt.ort_references(str(fp32), fresh)]
+            row["top1"] = {e: top1_agreement(predict[e], refs, fresh) for e in predict if _int8(e)}
+            row["fgm_mib"] = {}
+            for e in ("fg_fp32", "fg_ptq"):
+                if models.get(e) is not None:
+                    models[e].save(cache / f"{name}_{e[3:]}.fgm")
+                    row["fgm_mib"][e] = (cache / f"{name}_{e[3:]}.fgm").stat().st_size / 2 ** 20
+            if models.get("fg_ptq") is not None:
+                ops = [n.op_type for n in models["fg_ptq"].graph.nodes]
+                row["ptq_kernels"] = {"int8_ops": sum(op in ("QConv", "QLinear", "QAdd", "QLinearDynamic")
+                                                      for op in ops),
+                                      "float_products": sum(op in ("Conv", "MatMul", "Gemm", "FusedConv", "Linear",
+                                                                   "FusedLinear", "LinearAct") for op in ops)}
+                row["build_s"] = {"fg_ptq": build_s["fg_ptq"]}
         samples = alternate(runners, runs=args.runs, warmup=max(2, min(5, args.runs)))
-        rows[name] = {"ms": {e: statistics.median(s) for e, s in samples.items()}, "rel_l2": rel,
-                      "kernels": int8_kernels(qdq) if "fg_int8" in runners else {}}
-        del runners, outputs
+        row["ms"] = {e: statistics.median(s) for e, s in samples.items()}
+        del runners, outputs, predict, models
         if not args.no_memory:
-            rows[name]["memory"] = measure_memory(fp32, qdq, feeds, cache, name)
-    files = ("onnxruntime quantize_static QDQ, per-channel" if args.quantisation == "static" else
+            row["memory"] = measure_memory(fp32, qdq, feeds, cache, name, engines)
+    files = ("onnxruntime quantize_static QDQ, per-channel" if args.quantisation != "dynamic" else
              f"onnxruntime quantize_dynamic, int8 weights {'per column' if args.per_channel else 'per tensor'}")
-    print_table(rows, not args.no_memory, failures, files)
+    if args.quantisation == "ptq":
+        files += f"; fg_ptq: fusegraph precision='int8' on the fp32 file, MinMax over the same {args.calibration} inputs"
+    print_table(rows, not args.no_memory, failures, files, engines)
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu_line(), "threads": THREADS, "rows": rows,
                                                "failures": {f"{k[0]}/{k[1]}": v for k, v in failures.items()}},

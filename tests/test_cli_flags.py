@@ -29,6 +29,9 @@ def files(tmp_path_factory):
     np.save(tmp / "x.npy", np.full((1, 8, 16, 16), 3.0, np.float32))
     (tmp / "cfg.toml").write_text("streams = 2\n")
     (tmp / "a_file").write_text("not a directory")
+    (tmp / "cal").mkdir()
+    for i in range(2):
+        np.savez(tmp / "cal" / f"{i}.npz", x=np.random.default_rng(i).standard_normal((1, 8, 16, 16)).astype(np.float32))
     return tmp
 
 
@@ -81,6 +84,10 @@ WALK = {
     ("compare", "--precision"): (["--precision", "bf16"], lambda b, p, t: "fp32 vs bf16" in p and "bf16 vs ref" in p),
     ("compare", "--op-precision"): (["--op-precision", "Conv=bf16"], REFUSED),   # the reduced side of --precision
     ("compare", "--inputs"): (["--inputs", "2"], REFUSED),                       # likewise
+    ("compile", "--calibration"): (["--precision", "int8", "--calibration", "{t}/cal"],
+                                   lambda b, p, t: "calibrated (minmax) on 2 input(s)" in p),
+    ("compile", "--calibration-method"): (["--precision", "int8", "--calibration", "{t}/cal", "--calibration-method",
+                                           "entropy"], lambda b, p, t: "calibrated (entropy) on 2 input(s)" in p),
     ("compile", "--threads"): (["--threads", "1"], lambda b, p, t: _loaded_threads(t)),
     ("compile", "--disable"): (["--disable", "cse"], _differs),
     ("compile", "--example-input"): (["--example-input", "1x3"], REFUSED),   # file.py:factory models only

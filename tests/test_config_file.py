@@ -54,7 +54,7 @@ def test_precision_keys():
     cfg = config_from_toml('precision = "bf16"\nop_precision = { Conv_0 = "fp16", "/head/MatMul" = "fp32" }')
     assert cfg == fg.Config(precision="bf16", op_precision=(("Conv_0", "fp16"), ("/head/MatMul", "fp32")))
     assert config_from_toml('precision = "auto"\naccuracy_budget = 0.05').accuracy_budget == 0.05
-    for text, words in [('precision = "int8"', "Config.precision"), ('op_precision = { Conv = "fp8" }', "'fp8'"),
+    for text, words in [('precision = "int4"', "Config.precision"), ('op_precision = { Conv = "fp8" }', "'fp8'"),
                         ("accuracy_budget = 0.05", "precision='auto' only")]:
         with pytest.raises(ConfigError, match="^cfg.toml: ") as info:
             config_from_toml(text, where="cfg.toml")

@@ -180,7 +180,22 @@ PROBES = {
                     and set(d.report.kernels["implementations"]) != {"portable"}),
     "max_run_bytes": (1024, None),       # special-cased below: a run-time cap (a ConstantOfShape of a fed shape)
     "max_loop_iterations": (3, None),    # special-cased below: a run-time cap (a Loop of fed trip count)
+    "calibration": ("entropy", None),    # special-cased below: int8 ranges on calibration inputs with outliers
+    "calibration_percentile": (99.0, None),   # likewise, under calibration="percentile"
 }
+
+
+def _calibration_probe(field, value):
+    """precision="int8": the input's calibrated range differs from the default's."""
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)} for _ in range(8)]
+    feeds[0]["x"][0, 0, 0, :2] = [30.0, -30.0]
+    base = {"precision": "int8"} if field == "calibration" else {"precision": "int8", "calibration": "percentile"}
+
+    def hi(config):
+        model = fg.compile(knob_model(), config=config, calibration_inputs=feeds)
+        return next(a["hi"] for a in model.report.precision["int8"]["activations"] if a["tensor"] == "x")
+    assert hi(fg.Config(**base, **{field: value})) < hi(fg.Config(**base))
 
 
 def _run_cap_probe(field, value):
@@ -272,6 +287,9 @@ def test_knob_changes_the_outcome_or_is_refused(field, monkeypatch):
         return
     if field in ("max_run_bytes", "max_loop_iterations"):
         _run_cap_probe(field, value)
+        return
+    if field in ("calibration", "calibration_percentile"):
+        _calibration_probe(field, value)
         return
     if changed is None:
         pytest.skip(f"{field}: needs a CUDA device")

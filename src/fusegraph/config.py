@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 LEVELS = ("O0", "O1", "O2")
-PRECISIONS = ("fp32", "fp16", "bf16", "auto")
+PRECISIONS = ("fp32", "fp16", "bf16", "auto", "int8")
 OP_PRECISIONS = ("fp32", "fp16", "bf16")
+INT8_OP_PRECISIONS = ("int8", "fp32")          # op_precision values under precision="int8"
+CALIBRATIONS = ("minmax", "percentile", "entropy")
 CPU_KERNELS = ("auto", "onednn", "portable")
 THREAD_POLICIES = ("free_cores", "fixed")
 MEMORY_MODES = ("off", "balanced", "tight")
@@ -41,10 +43,31 @@ class Config:
         ones (softmax, normalisation, reductions, exp / log / pow) and the logits in fp32;
         ``auto``: bf16, with the ops whose reduced precision costs the most error per
         microsecond of work moved back to fp32 until the outputs' relative L2 error on
-        calibration inputs is within ``accuracy_budget`` (``compiler/precision_auto.py``).
+        calibration inputs is within ``accuracy_budget`` (``compiler/precision_auto.py``);
+        ``int8``: post-training quantisation (``compiler/int8_ptq.py``): with
+        ``calibration_inputs``, the convolutions and products with constant weights get
+        QuantizeLinear / DequantizeLinear pairs as onnxruntime's ``quantize_static`` writes them
+        (per-channel symmetric int8 weights, per-tensor uint8 activations whose ranges come from
+        the calibration inputs, ``calibration``) and run on the int8 kernels; without them, the
+        MatMul / Gemm products are quantised dynamically (activation scales at run time), and a
+        model with convolutions to quantise is refused (they need calibration inputs). At O0 /
+        O1 (whose pipelines have no int8 passes) the quantised graph runs as written: quantise
+        and dequantise in float32, the int8 model's reference.
     op_precision: per node name or op type, ``fp32`` | ``bf16`` | ``fp16``, over the policy
-        (``{"Conv": "bf16", "/head/MatMul": "fp32"}``; a dict or pairs). A name or type the
-        model does not have is a ConfigError at compile.
+        (``{"Conv": "bf16", "/head/MatMul": "fp32"}``; a dict or pairs); under
+        ``precision="int8"`` ``int8`` | ``fp32`` instead: ``fp32`` keeps a product in float32
+        (an ignore list), ``int8`` names a product to quantise (a name wins over an op type, so
+        ``{"MatMul": "fp32", "/l0/MatMul": "int8"}`` quantises that one only; a node that
+        cannot run int8 is a ConfigError). A name or type the model does not have is a
+        ConfigError at compile.
+    calibration: for ``precision="int8"`` with calibration inputs, how an activation's range is
+        chosen from what it held over them (``compiler/calibrate.py``): ``minmax`` (default,
+        the smallest and largest value), ``percentile`` (the ``calibration_percentile`` share of
+        the values kept, as much cut from each tail), ``entropy`` (the clipping threshold whose
+        quantised histogram is nearest the float one in KL divergence, as TensorRT and
+        onnxruntime do). A ConfigError with any other precision unless left at its default.
+    calibration_percentile: the percentile ``calibration="percentile"`` keeps, in (50, 100]
+        (default 99.999); a ConfigError with another method unless left at its default.
     accuracy_budget: for ``precision="auto"``: the largest relative L2 error of any output
         against the fp32 model (default 1e-2); a ConfigError with any other precision unless
         left at its default.
@@ -145,6 +168,8 @@ class Config:
     shapes: tuple[tuple[str, int, int], ...] = ()
     max_run_bytes: int | None = None
     max_loop_iterations: int | None = None
+    calibration: str = "minmax"
+    calibration_percentile: float = 99.999
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -249,10 +274,12 @@ def _check_precision(config: Config) -> None:
     if isinstance(ops, str) or not all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str)
                                        and p[0] for p in ops):
         raise ConfigError(f"Config.op_precision must map node names or op types to a precision, got {ops!r}")
-    bad = [(k, v) for k, v in ops if v not in OP_PRECISIONS]
+    allowed = INT8_OP_PRECISIONS if config.precision == "int8" else OP_PRECISIONS
+    bad = [(k, v) for k, v in ops if v not in allowed]
     if bad:
+        hint = " (int8 entries need precision='int8')" if any(v == "int8" for _, v in bad) else ""
         raise ConfigError(f"Config.op_precision: {', '.join(f'{k!r}: {v!r}' for k, v in bad)}; each must be one "
-                          f"of {OP_PRECISIONS}")
+                          f"of {allowed} under precision={config.precision!r}{hint}")
     object.__setattr__(config, "op_precision", tuple((k, v) for k, v in ops))
     budget = config.accuracy_budget
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < 1:
@@ -260,6 +287,22 @@ def _check_precision(config: Config) -> None:
     if config.precision != "auto" and budget != 1e-2:
         raise ConfigError(f"Config.accuracy_budget is read by precision='auto' only (precision is "
                           f"{config.precision!r}); leave it at its default")
+    _check_calibration(config)
+
+
+def _check_calibration(config: Config) -> None:
+    """``calibration`` / ``calibration_percentile``: a known method, read by precision='int8' only."""
+    method, pct = config.calibration, config.calibration_percentile
+    if method not in CALIBRATIONS:
+        raise ConfigError(f"Config.calibration must be one of {CALIBRATIONS}, got {method!r}")
+    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 50 < pct <= 100:
+        raise ConfigError(f"Config.calibration_percentile must be a percentile in (50, 100], got {pct!r}")
+    if config.precision != "int8" and method != "minmax":
+        raise ConfigError(f"Config.calibration is read by precision='int8' only (precision is "
+                          f"{config.precision!r}); leave it at its default")
+    if method != "percentile" and pct != 99.999:
+        raise ConfigError(f"Config.calibration_percentile is read by calibration='percentile' only "
+                          f"(calibration is {method!r}); leave it at its default")
 
 
 def _plain(value):

@@ -39,6 +39,8 @@ def config_from_args(args):
     config = fg.load_config(args.config) if getattr(args, "config", None) else fg.Config()
     changes = {k: getattr(args, k) for k in ("level", "memory", "precision", "threads")
                if getattr(args, k, None) is not None}
+    if getattr(args, "calibration_method", None) is not None:
+        changes["calibration"] = args.calibration_method
     streams = getattr(args, "streams", None)        # inspect's --streams is a switch, not a count
     if streams is not None and not isinstance(streams, bool):
         changes["streams"] = streams
@@ -71,6 +73,42 @@ def parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
+MAX_CALIBRATION_FILES = 1024
+MAX_CALIBRATION_BYTES = 4 << 30          # the arrays of every file together, uncompressed
+
+
+def read_calibration_dir(path: str) -> list[dict[str, np.ndarray]]:
+    """``--calibration DIR``: one feed per ``.npz`` file of DIR (its arrays named by the model's
+    inputs), in file-name order. At most ``MAX_CALIBRATION_FILES`` files and
+    ``MAX_CALIBRATION_BYTES`` of arrays (each member's uncompressed size is read from the zip
+    directory before anything is loaded); no pickle (``allow_pickle=False``). Whether the names
+    and shapes fit the model is checked by ``fg.compile`` (an InputError naming the file's
+    position)."""
+    import zipfile
+    root = Path(path)
+    if not root.is_dir():
+        raise InputError(f"--calibration expects a directory of .npz files (one per input set), got {path!r}")
+    files = sorted(p for p in root.iterdir() if p.suffix == ".npz" and p.is_file())
+    if not files:
+        raise InputError(f"--calibration {path}: no .npz file there (write each input set with "
+                         f"numpy.savez(file, input_name=array, ...))")
+    if len(files) > MAX_CALIBRATION_FILES:
+        raise InputError(f"--calibration {path}: {len(files)} .npz files, more than {MAX_CALIBRATION_FILES}")
+    feeds, total = [], 0
+    for f in files:
+        try:
+            with zipfile.ZipFile(f) as z:
+                total += sum(i.file_size for i in z.infolist())
+            if total > MAX_CALIBRATION_BYTES:
+                raise InputError(f"--calibration {path}: the arrays hold more than {MAX_CALIBRATION_BYTES >> 30} GiB "
+                                 f"(reached at {f.name})")
+            with np.load(f, allow_pickle=False) as data:
+                feeds.append({k: data[k] for k in data.files})
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise InputError(f"--calibration {path}: cannot read {f.name} as a .npz file of arrays: {exc}") from None
+    return feeds
+
+
 def op_precision_arg(items: list[str] | None) -> tuple[tuple[str, str], ...]:
     """``--op-precision NAME=PREC`` items (repeatable; a later one for the same name wins) as
     ``Config.op_precision`` pairs; the values are checked by ``Config`` (a ConfigError)."""
@@ -78,7 +116,7 @@ def op_precision_arg(items: list[str] | None) -> tuple[tuple[str, str], ...]:
     for item in items or ():
         name, sep, prec = item.rpartition("=")
         if not sep or not name:
-            raise ConfigError(f"--op-precision expects NODE_OR_OP=fp32|bf16|fp16 (e.g. Conv=bf16), got {item!r}")
+            raise ConfigError(f"--op-precision expects NODE_OR_OP=fp32|bf16|fp16|int8 (e.g. Conv=bf16), got {item!r}")
         out[name] = prec
     return tuple(out.items())
 
@@ -125,7 +163,8 @@ def precision_flags(p) -> None:
     p.add_argument("--precision", metavar="|".join(PRECISIONS),
                    help="mixed-precision policy (default fp32; compare: the reduced side)")
     p.add_argument("--op-precision", action="append", metavar="NODE_OR_OP=PREC",
-                   help="per node name or op type: fp32 | bf16 | fp16, over the policy (repeatable)")
+                   help="per node name or op type: fp32 | bf16 | fp16 (under --precision int8: int8 | fp32), "
+                        "over the policy (repeatable)")
 
 
 def model_flags(p) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from ..config import LEVELS, MEMORY_MODES
-from .common import config_from_args, precision_flags, precision_line, stream_count, threads_arg
+from ..config import CALIBRATIONS, LEVELS, MEMORY_MODES
+from .common import (config_from_args, precision_flags, precision_line, read_calibration_dir, stream_count,
+                     threads_arg)
 
 
 def _example_inputs(args):
@@ -29,7 +30,8 @@ def compile_command(args) -> int:
 
     console = Console()
     config = config_from_args(args)
-    stages = ["import", "passes", "planning", "save"]
+    calibration = read_calibration_dir(args.calibration) if args.calibration else None
+    stages = ["import"] + (["calibration"] if calibration else []) + ["passes", "planning", "save"]
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         tasks = {s: progress.add_task(f"[dim]{s}", total=1, start=False) for s in stages}
@@ -46,7 +48,7 @@ def compile_command(args) -> int:
 
         from ..frontends.python_model import resolve_model_arg
         source, inputs = resolve_model_arg(args.model, _example_inputs(args))
-        model = fg.compile(source, config, on_stage=on_stage, example_inputs=inputs)
+        model = fg.compile(source, config, on_stage=on_stage, example_inputs=inputs, calibration_inputs=calibration)
         on_stage("save")
         t0 = time.perf_counter()
         model.save(args.output)
@@ -79,6 +81,10 @@ def add_compile_parser(sub) -> None:
     p.add_argument("--streams", type=stream_count, metavar="N|auto")
     p.add_argument("--memory", choices=MEMORY_MODES)
     precision_flags(p)
+    p.add_argument("--calibration", metavar="DIR",
+                   help="--precision int8 (or auto): a directory of .npz files, one input set each, to calibrate on")
+    p.add_argument("--calibration-method", choices=CALIBRATIONS,
+                   help="--precision int8: how activation ranges are chosen (default minmax)")
     p.add_argument("--threads", type=threads_arg)
     p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
     p.add_argument("--example-input", action="append", metavar="1x3x224x224[:int64]",

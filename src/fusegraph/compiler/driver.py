@@ -41,12 +41,13 @@ def import_model(model: Any, example_inputs: Any = None, dynamic_shapes: Any = N
 
 def check_arguments(model: Any, config: Config, example_inputs: Any, dynamic_shapes: Any, calibration: Any) -> None:
     """Refuse an argument that would change nothing (a ``UsageError`` saying what it applies to):
-    ``calibration_inputs`` outside ``precision="auto"``; ``example_inputs`` / ``dynamic_shapes``
+    ``calibration_inputs`` outside ``precision="auto"`` / ``"int8"``; ``example_inputs`` / ``dynamic_shapes``
     with a model that is not a torch module or ExportedProgram (an ONNX file, a TensorFlow
     model, a graph: its input shapes are its own)."""
-    if calibration is not None and config.precision != "auto":
-        raise UsageError(f"calibration_inputs apply to precision='auto' (its accuracy search); precision="
-                         f"{config.precision!r} uses none: drop them or ask for 'auto'")
+    if calibration is not None and config.precision not in ("auto", "int8"):
+        raise UsageError(f"calibration_inputs apply to precision='auto' (its accuracy search) or 'int8' (the "
+                         f"activations' ranges); precision={config.precision!r} uses none: drop them or ask for "
+                         f"'auto' or 'int8'")
     if example_inputs is None and dynamic_shapes is None:
         return
     import torch
@@ -78,7 +79,9 @@ def compile(model: Any, config: Config | None = None, *,  # noqa: A001 - public 
 
     ``on_stage(name)`` is called as each stage starts: "import", "passes", "planning".
     ``calibration_inputs``: for ``precision="auto"``, a list of feeds (``{input: array}``) the
-    accuracy search measures on (default: random inputs of the model's input specs).
+    accuracy search measures on (default: random inputs of the model's input specs); for
+    ``precision="int8"``, the feeds the activations' ranges are calibrated on (without them:
+    dynamic quantisation of the MatMul / Gemm products, ``int8_ptq.py``).
     """
     config = config or Config()
     check_arguments(model, config, example_inputs, dynamic_shapes, calibration_inputs)
@@ -100,9 +103,14 @@ def _compile(model: Any, config: Config, stage: Callable[[str], None], example_i
         symbolic_batch(graph)              # one compile for every batch size
     check_op_precision(graph, config)
     check_declared_shapes(graph, config)
+    report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
+    ptq, t_quantise = None, time.perf_counter()
+    if config.precision == "int8":         # before any copy: a per-shape compile starts from the quantised graph
+        from .int8_ptq import quantise
+        ptq = quantise(graph, config, report, calibration, stage)
+        report.timings["quantise"] = time.perf_counter() - t_quantise
     kind = specialization_kind(graph, config)
     source = copy_graph(graph) if kind == "batch" else None     # a static graph, before any pass
-    report = CompileReport(model=str(graph.meta.get("source", graph.name)), nodes_imported=len(graph.nodes))
     t_infer = time.perf_counter()
     stage("passes")
     if config.precision == "auto":
@@ -110,6 +118,8 @@ def _compile(model: Any, config: Config, stage: Callable[[str], None], example_i
         search(graph, config, report, calibration, stage)   # optimises the graph at the chosen policy
     else:
         optimize(graph, config, report)
+    if ptq is not None:
+        report.precision = ptq.summary(graph, report)
     if kind == "shapes":
         source = copy_graph(graph)        # optimised, shape-generic: each compile folds its shapes
     t2 = time.perf_counter()
@@ -117,7 +127,8 @@ def _compile(model: Any, config: Config, stage: Callable[[str], None], example_i
     shared = weight_share(device_of(config)) if kind else None
     compiled = plan_and_bind(graph, config, report, shared)
     # verify (in passes) came first, then plan and bind
-    report.timings = {"import": t1 - t0, "infer": t_infer - t1, "passes": t2 - t_infer, **report.timings}
+    report.timings = {"import": t1 - t0, "infer": t_infer - t1 - report.timings.get("quantise", 0.0),
+                      "passes": t2 - t_infer, **report.timings}
     if kind:
         _attach_specializations(compiled, source, kind, shared)
     return compiled

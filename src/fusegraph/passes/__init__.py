@@ -23,13 +23,17 @@ __all__ = ["optimize", "options_from_config", "FixedPoint", "Pass", "PassManager
 
 
 def options_from_config(config) -> PassOptions:
+    """Under ``precision="int8"`` the pipeline sees float32 and no ``op_precision``: the
+    quantisation was written into the graph before it (``compiler/int8_ptq.py``), and its
+    int8 passes run at every precision."""
+    int8 = config.precision == "int8"
     return PassOptions(fold_size_limit=config.fold_size_limit,
                        fast_math=config.fast_math,
                        disabled=frozenset(config.disabled_passes),
                        aggressive_fusion=bool(getattr(config, "aggressive_fusion", False)),
                        fold_broadcast_limit=config.fold_broadcast_limit,
-                       precision="bf16" if config.precision == "auto" else config.precision,
-                       op_precision=tuple(config.op_precision))
+                       precision="bf16" if config.precision == "auto" else "fp32" if int8 else config.precision,
+                       op_precision=() if int8 else tuple(config.op_precision))
 
 
 def optimize(graph, config, report, options: PassOptions | None = None, on_pass=None) -> None:

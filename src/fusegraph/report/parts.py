@@ -71,5 +71,27 @@ class _PrecisionCore(TypedDict):
     fp32_logits: list[KeptOp]
 
 
+class Int8Activation(TypedDict, total=False):
+    tensor: str
+    scale: float
+    zero_point: int
+    lo: float                      # the calibrated range
+    hi: float
+    min: float                     # what the tensor held over the calibration inputs
+    max: float
+    same_as: str | None            # a pass-through op's output: the tensor whose parameters it shares
+
+
+class Int8Quantisation(TypedDict, total=False):
+    """``precision["int8"]`` (``compiler/int8_ptq.py``): how the model was quantised."""
+    mode: str                      # "static" (calibrated) | "dynamic" (activation scales at run time)
+    calibration: str | None
+    percentile: float | None
+    calibration_inputs: int
+    products_int8: int
+    activations: list[Int8Activation]
+
+
 class PrecisionSummary(_PrecisionCore, total=False):
     auto: AutoSearch
+    int8: Int8Quantisation

@@ -13,7 +13,7 @@ from typing import Any
 from .printable import printable
 
 _MIB = float(1 << 20)
-_TIMINGS = ("import", "infer", "passes", "plan", "bind", "load")
+_TIMINGS = ("import", "infer", "quantise", "passes", "plan", "bind", "load")
 
 
 def _ms(seconds: float) -> str:
@@ -42,6 +42,12 @@ def precision_text(prec: Any) -> str | None:
     if prec["op_precision_unmatched"]:
         line += ("; op_precision entries that changed nothing (no run-time node): "
                  + ", ".join(printable(k) for k in prec["op_precision_unmatched"]))
+    int8 = prec.get("int8")
+    if int8:
+        how = (f"calibrated ({printable(str(int8['calibration']))}) on {int8['calibration_inputs']} input(s), "
+               f"{len(int8['activations'])} activation(s) quantised" if int8["mode"] == "static"
+               else "activations quantised at run time (dynamic)")
+        line += f"; int8: {int8['products_int8']} product(s), {how}"
     declined = prec.get("auto", {}).get("declined")
     if declined:
         line += f"; auto chose fp32: {printable(declined)}"
