@@ -14,7 +14,8 @@ carries its own oneDNN, with its own state). It sets one global of that library:
 capacity of its primitive cache, to ``PRIMITIVE_CACHE_CAPACITY`` entries instead of oneDNN's
 1024, unless the environment sets ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` (or the older
 ``DNNL_PRIMITIVE_CACHE_CAPACITY``), which then stands. A model with symbolic dims makes a
-matmul per row count it meets; each holds its JIT code and the cache would keep a thousand
+primitive per row count it meets (its layer norms, its bf16 matmuls, a decoder's prompt
+products); each holds its JIT code and the cache would keep a thousand
 of them alive after the kernels let them go (RESULTS.md: the private memory of
 variable-length traffic). Identical primitives made close together (the layers of one
 model) still come from the cache. Verbosity and ISA limits stay at their defaults.
