@@ -7,7 +7,7 @@ same model and inputs, grouped by op type; with ``--openvino PRECISION``, OpenVI
 (``PERF_COUNT``); ``--cold`` reads 256 MiB before every timed run. Random-weight light models
 and the BERT / GPT-2 exports, as in ``bench_latency.py``; batch 1, medians.
 
-    python benchmarks/profile_nodes.py MODEL [--threads 2] [--top 25] [--ort] [--precision bf16]
+    python benchmarks/profile_nodes.py MODEL|FILE.onnx [--threads 2] [--top 25] [--ort] [--precision bf16]
                                              [--openvino bf16] [--cold]
 """
 from __future__ import annotations
@@ -137,8 +137,11 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="evict the caches before every timed run")
     ap.add_argument("--openvino", metavar="PRECISION", help="OpenVINO's node profile too (f32 | bf16)")
     args = ap.parse_args()
-    folder = Path(tempfile.mkdtemp())
-    path = str(model_files(folder, [args.model])[args.model])
+    if args.model.endswith(".onnx") and Path(args.model).is_file():
+        path = args.model                   # any static-shape file: a zoo export, for one
+    else:
+        folder = Path(tempfile.mkdtemp())
+        path = str(model_files(folder, [args.model])[args.model])
     model = fg.compile(path, fg.Config(threads=args.threads, precision=args.precision))
     feeds = random_feeds_for(model)
     rows = profile(model, feeds, args.cold)
