@@ -27,16 +27,40 @@ def test_refines_stale_shapes_after_folding():
     assert not refine.run(g).changed  # converged; unchanged nodes are not re-inferred
 
 
-def test_never_trades_a_symbol_for_another_or_loses_precision():
-    g = import_onnx(model([node("Relu", ["x"], "y")], [("x", F, ["N", 3])], ["y"]))
+def test_never_trades_an_input_symbol_for_another_or_loses_precision():
+    g = import_onnx(model([node("Relu", ["x"], "y"), node("Relu", ["z"], "w")],
+                          [("x", F, ["N", 3]), ("z", F, ["M", 3])], ["y", "w"]))
     infer_graph(g)
     out = g.nodes[0].outputs[0]
-    out.shape = ("batch", 3)
+    out.shape = ("M", 3)                  # another input's symbol: left as recorded
     ShapeRefine().run(g)
-    assert out.shape == ("batch", 3)
+    assert out.shape == ("M", 3)
     out.shape = (None, 3)
     ShapeRefine().run(g)
     assert out.shape == ("N", 3)
+
+
+def test_a_made_up_symbol_becomes_the_input_symbol_it_is_everywhere():
+    """onnx's ``unk__1`` on a value the rules prove ``[N, 3]``: renamed to N in every value
+    that carries it (the equalities it stood for are kept), a symbol tied to two input symbols
+    is left alone."""
+    g = import_onnx(model([node("Relu", ["x"], "y"), node("Neg", ["y"], "u"), node("Relu", ["z"], "w"),
+                           node("Neg", ["w"], "v")],
+                          [("x", F, ["N", 3]), ("z", F, ["M", 3])], ["u", "v"]))
+    infer_graph(g)
+    y, u, w, v = (n.outputs[0] for n in g.nodes)
+    y.shape, u.shape = ("unk__1", 3), ("unk__1", 3)
+    w.shape, v.shape = ("unk__2", 3), ("unk__2", 3)
+    res = ShapeRefine().run(g)
+    assert res.changed and res.stats.get("symbols_unified") == 4
+    assert (y.shape, u.shape, w.shape, v.shape) == (("N", 3), ("N", 3), ("M", 3), ("M", 3))
+    g2 = import_onnx(model([node("Relu", ["x"], "y"), node("Relu", ["z"], "w")],
+                           [("x", F, ["N", 3]), ("z", F, ["M", 3])], ["y", "w"]))
+    infer_graph(g2)
+    a, b = (n.outputs[0] for n in g2.nodes)
+    a.shape = b.shape = ("unk__7", 3)      # one made-up symbol, but N and M are not known equal
+    ShapeRefine().run(g2)
+    assert (a.shape, b.shape) == (("unk__7", 3), ("unk__7", 3))
 
 
 def test_end_to_end_output_shape_is_static():

@@ -16,6 +16,7 @@ from ._tensor_util import dtype_or_none, onnx_dtype_attr, runtime_ints, unsigned
 from .common import const_ints, normalize_axis, same_as_input
 from .precision_reasons import REDUCTION
 from .registry import FusionKind, NodeContext, register
+from .shape_values import shape_scalar
 from .run_limits import check_tensor
 
 
@@ -73,10 +74,18 @@ def _scalar(t: torch.Tensor):
 
 
 def _range_infer(ctx: NodeContext):
+    """Its length from constants; ``Range(0, d, 1)`` of a dim ``d`` read from a shape (position
+    ids: ``ops/shape_values.shape_scalar``) is ``d`` long, symbolic or not."""
     dt = dtype_or_none(ctx)
     consts = [ctx.const(i) for i in range(3)]
     if all(c is not None for c in consts):
         return [(dt, (_range_len(*[_scalar(c) for c in consts]),))]
+    start, delta = consts[0], consts[2]
+    if start is not None and delta is not None and start.numel() == delta.numel() == 1 and \
+            _scalar(start) == 0 and _scalar(delta) == 1 and not start.is_floating_point():
+        d = shape_scalar(ctx.node.inputs[1])
+        if d is not None:
+            return [(dt, (d,))]
     return [(dt, (None,))]
 
 

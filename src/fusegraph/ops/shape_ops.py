@@ -17,6 +17,7 @@ from .common import const_ints, same_as_input
 from .registry import FusionKind, Movement, NodeContext, Precision, register
 from .value_range import UNKNOWN, Fact
 from .run_limits import check_tensor
+from .shape_values import expand_target, shape_vector
 
 INJ = FusionKind.INJECTIVE
 
@@ -110,6 +111,9 @@ def _reshape_infer(ctx: NodeContext):
         spec = None if spec is None else [int(s) for s in spec]
     else:
         spec = const_ints(ctx, 1)
+        if spec is None:        # a target built from shapes: its entries may still be known dims
+            read = shape_vector(ctx.node.inputs[1])
+            spec = read if read is not None and None not in read else None
     if spec is None:
         s1 = ctx.shape(1)
         if s1 is not None and len(s1) == 1 and isinstance(s1[0], int):
@@ -329,6 +333,8 @@ def _size(ctx: NodeContext):
 def _expand_infer(ctx: NodeContext):
     dt = dtype_or_none(ctx)
     shape = const_ints(ctx, 1)
+    if shape is None:           # a target built from shapes: its entries may still be known dims
+        shape = expand_target(ctx.node.inputs[1])       # (an unknown entry broadcasts to unknown)
     src = ctx.shape(0)
     if shape is None:
         s1 = ctx.shape(1)

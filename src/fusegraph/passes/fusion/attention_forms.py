@@ -1,7 +1,7 @@
 """Read-only recognisers for the attention rules (``rules_transformer.py``): the parts of
 ``MatMul(softmax(q' @ k' * s + mask), v)``, the head split in front of q / k / v, and the head
-merge after it, with a small symbolic reader of Reshape targets (``shape_vector``) so dynamic
-exports (targets built from Shape / Gather / Concat) are proved, not assumed.
+merge after it, reading Reshape targets symbolically (``ops/shape_values.shape_vector``) so
+dynamic exports (targets built from Shape / Gather / Concat) are proved, not assumed.
 
 Like ``transformer_forms.py``: each function returns what the rewrite needs or a
 ``Decline(reason)`` (why the candidate is not that form), and nothing here mutates the graph.
@@ -12,6 +12,7 @@ import math
 
 from ...ir.shape import dims_equal
 from ...ops import infer_node
+from ...ops.shape_values import shape_vector
 from ..facts import const_of, producer, shapes_equal
 from ..rule import FUSEGRAPH_DOMAIN as FG
 from ..rule import Decline
@@ -193,50 +194,6 @@ def _feeds_only(node, targets, depth=6) -> bool:
         return False
     return all(not o.is_graph_output and all(_feeds_only(u, targets, depth - 1) for u, _ in o.uses)
                for o in node.outputs)
-
-
-def shape_vector(v):
-    """The entries of a 1-D int64 shape value as ints or symbolic dims (``None``: unknown),
-    read through Concat / Unsqueeze / Gather(Shape(t), i) / constants; None if not readable."""
-    c = const_of(v)
-    if c is not None:
-        return [int(x) for x in c.reshape(-1).tolist()]
-    p = v.producer
-    if p is None or p.domain != "":
-        return None
-    if p.op_type == "Concat" and int(p.attrs.get("axis", 0)) == 0:
-        parts = [shape_vector(x) for x in p.inputs]
-        return None if any(x is None for x in parts) else [d for part in parts for d in part]
-    if p.op_type == "Unsqueeze" and v.shape is not None and len(v.shape) == 1:
-        d = _shape_scalar(p.inputs[0])
-        return None if d is None else [d]
-    if p.op_type == "Shape" and not p.attrs.get("start") and p.attrs.get("end") is None:
-        return list(p.inputs[0].shape) if p.inputs[0].shape is not None else None
-    if p.op_type == "Slice" and p.version >= 10:
-        src = shape_vector(p.inputs[0])
-        args = [const_of(p.input(i)) for i in range(1, 5)]
-        if src is None or any(a is None for a in args[:2]) or any(
-                a is not None and (a.numel() != 1 or int(a.reshape(-1)[0]) != want)
-                for a, want in ((args[2], 0), (args[3], 1))):
-            return None
-        return src[int(args[0].reshape(-1)[0]):int(args[1].reshape(-1)[0])]
-    return None
-
-
-def _shape_scalar(v):
-    sq = producer(v, "Squeeze")
-    if sq is not None:
-        src = shape_vector(sq.inputs[0])
-        return src[0] if src is not None and len(src) == 1 else None
-    g = producer(v, "Gather")
-    if g is None or int(g.attrs.get("axis", 0)) != 0:
-        c = const_of(v)
-        return int(c.reshape(-1)[0]) if c is not None and c.numel() == 1 else None
-    src, idx = shape_vector(g.inputs[0]), const_of(g.inputs[1])
-    if src is None or idx is None or idx.numel() != 1:
-        return None
-    i = int(idx.reshape(-1)[0])
-    return src[i] if -len(src) <= i < len(src) else None
 
 
 def _peel_mask_and_scale(x, form, nodes):

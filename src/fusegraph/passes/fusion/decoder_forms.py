@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from ...ir import DType
 from ...ir.shape import dims_equal
+from ...ops.shape_values import expand_target, shape_vector
 from ..facts import const_of, ints_arg, producer, shapes_equal
 from ..rule import FUSEGRAPH_DOMAIN as FG
 from ..rule import Decline
-from .attention_forms import shape_vector
 from .transformer_forms import fg_node, scalar, vector_along
 
 
@@ -291,20 +291,6 @@ def head_split(x):
 
 # ------------------------------------------------------------------ grouped-query attention
 
-def _expand_target(v):
-    """The entries of an Expand's target shape (``shape_vector``), also through the exporters'
-    ``Where(Equal(t, -1), 1, t)`` (a -1 kept as 1), which is t itself where no entry of t can
-    be -1 (sizes and symbolic dims never are); None when unreadable."""
-    w = producer(v, "Where")
-    if w is not None:
-        eq = producer(w.inputs[0], "Equal")
-        if eq is None or w.inputs[2] not in eq.inputs:
-            return None
-        t = shape_vector(w.inputs[2])
-        return None if t is None or any(e is None or e == -1 for e in t) else t
-    return shape_vector(v)
-
-
 def _reshaped(target, src, allowzero: bool):
     """The dims a Reshape of a ``src``-shaped value to ``target`` gives (0 copies the source's
     dim unless ``allowzero``; one -1 is left as None), or None when unreadable."""
@@ -343,8 +329,8 @@ def repeated_heads(v):
         return None
     hkv = ks[1]
     src = (ks[0], hkv, 1, ks[2], ks[3])
-    target = _expand_target(e.inputs[1])
-    if target is None:
+    target = expand_target(e.inputs[1])
+    if target is None or None in target:
         target = e.outputs[0].shape
     if target is None or len(target) != 5 or not isinstance(target[2], int) or target[2] < 2:
         return None
