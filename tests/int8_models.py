@@ -86,6 +86,40 @@ def matmul_block(seed=0, seq=8, d=32, ff=64) -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])], inits, "matmul_block")
 
 
+def outlier_net(seed=0, outlier=1000.0, batch=1) -> onnx.ModelProto:
+    """x[batch,8,16,16] -> conv1 (8->16) + Relu -> conv2 (16->16) + Relu -> conv3 + Relu -> conv4
+    -> GlobalAveragePool -> Flatten -> Gemm "head" -> y[batch,10]. conv1's output channel 0 is
+    ``outlier`` times larger than the others and conv2 reads it with weights ``outlier`` times
+    smaller: in float32 every channel counts alike, but conv2's input, quantised per tensor,
+    spends its 256 levels on that one channel and rounds the others to a few levels. conv2 is
+    the product whose quantisation costs the most (its share of the products' work: about a
+    quarter)."""
+    rng = np.random.default_rng(seed)
+    c = 16
+    w1, w2 = _he(rng, (c, 8, 3, 3), 72), _he(rng, (c, c, 3, 3), 9 * c)
+    w1[0] *= outlier
+    w2[:, 0] /= outlier
+    inits = {"w1": w1, "b1": (rng.standard_normal(c) * 0.1).astype(np.float32),
+             "w2": w2, "b2": (rng.standard_normal(c) * 0.1).astype(np.float32),
+             "w3": _he(rng, (c, c, 3, 3), 9 * c), "b3": (rng.standard_normal(c) * 0.1).astype(np.float32),
+             "w4": _he(rng, (c, c, 3, 3), 9 * c), "b4": (rng.standard_normal(c) * 0.1).astype(np.float32),
+             "wh": _he(rng, (10, c), c), "bh": (rng.standard_normal(10) * 0.1).astype(np.float32)}
+    inits["b1"][0] *= outlier
+    pads = {"pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", **pads),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", **pads),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="conv3", **pads),
+             helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+             helper.make_node("Conv", ["r3", "w4", "b4"], ["c4"], name="conv4", **pads),
+             helper.make_node("GlobalAveragePool", ["c4"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "wh", "bh"], ["y"], name="head", transB=1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])], inits, "outlier_net")
+
+
 def feeds_for(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}

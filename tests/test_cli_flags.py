@@ -84,6 +84,10 @@ WALK = {
     ("compare", "--precision"): (["--precision", "bf16"], lambda b, p, t: "fp32 vs bf16" in p and "bf16 vs ref" in p),
     ("compare", "--op-precision"): (["--op-precision", "Conv=bf16"], REFUSED),   # the reduced side of --precision
     ("compare", "--inputs"): (["--inputs", "2"], REFUSED),                       # likewise
+    ("compare", "--calibration"): (["--precision", "int8", "--calibration", "{t}/cal"],
+                                   lambda b, p, t: "on the 2 calibration input(s) given" in p and "int8 vs ref" in p),
+    ("compare", "--calibration-method"): (["--precision", "int8", "--calibration", "{t}/cal", "--calibration-method",
+                                           "entropy"], lambda b, p, t: "ranges by entropy" in p),
     ("compile", "--calibration"): (["--precision", "int8", "--calibration", "{t}/cal"],
                                    lambda b, p, t: "calibrated (minmax) on 2 input(s)" in p),
     ("compile", "--calibration-method"): (["--precision", "int8", "--calibration", "{t}/cal", "--calibration-method",
@@ -117,6 +121,8 @@ WALK = {
     ("bisect", "--atol"): (["--atol", "0.5"], lambda b, p, t: "atol=0.5" in p),
     ("bisect", "--precision"): (["--precision", "bf16"], lambda b, p, t: "ranked by their bf16 sensitivity" in p),
     ("bisect", "--top"): (["--top", "3"], REFUSED),   # the rows of --precision's ranking
+    ("bisect", "--calibration"): (["--precision", "int8", "--calibration", "{t}/cal"],
+                                  lambda b, p, t: "2 calibration input(s) given" in p and "int8 sensitivity" in p),
 }
 BASE = {"run": ["run", "{t}/m.onnx"], "inspect": ["inspect", "{t}/m.onnx"],
         "compile": ["compile", "{t}/m.onnx", "-o", "{t}/out.fgm"], "bench": ["bench", "{t}/m.onnx", "--runs", "3"],

@@ -106,8 +106,11 @@ FILE_RATIO = {"bvlc_alexnet": 0.55, "densenet121": 0.58, "inception_v1": 0.59, "
 def searching(monkeypatch):
     """auto's search on any CPU: where oneDNN has no bf16 arithmetic, auto gives the fp32 model
     before searching (``tests/test_precision_auto.py``); the search's numbers are the same there
-    (float32 primitives over bf16 storage), only its model would be slower than fp32."""
+    (float32 primitives over bf16 storage), only its model would be slower than fp32. int8,
+    which auto tries first where calibration inputs are given, is declined: these tests are the
+    bf16 search's (``tests/test_precision_auto_int8.py`` is int8's)."""
     monkeypatch.setattr(precision_auto, "bf16_declined", lambda device: None)
+    monkeypatch.setattr(precision_auto, "int8_declined", lambda device: "the bf16 search's tests")
 
 
 def test_auto_meets_its_budget_and_reports_what_it_kept(models, searching):

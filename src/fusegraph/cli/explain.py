@@ -3,6 +3,7 @@
     fusegraph profile MODEL [--runs N] [--trace out.json] [--streams N] [--threads N]
     fusegraph bisect MODEL [--reference onnxruntime|O0] [--rtol R] [--atol A]   (exit 1: divergence found)
     fusegraph bisect MODEL --precision bf16|fp16 [--top N]   (the ops whose reduced precision costs most)
+    fusegraph bisect MODEL --precision int8 [--calibration DIR] [--top N]   (the products whose quantisation costs most)
     fusegraph inspect MODEL --html report.html      (adds --html to ``inspect``)
 
 ``add_report_parsers(sub)`` is what ``main.build_parser`` calls; it owns no logic of its own.
@@ -14,7 +15,8 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from .common import config_from_args, load_model, positive_int, random_feeds, stream_count, threads_arg
+from .common import (config_from_args, load_model, positive_int, random_feeds, read_calibration_dir, stream_count,
+                     threads_arg)
 
 
 class _Stages:
@@ -73,8 +75,10 @@ def cmd_bisect(args) -> int:
         raise UsageError(f"{args.model}: bisect re-runs the passes on the source model; give the .onnx file")
     if args.precision is not None:
         return _bisect_precision(args)
-    if args.top is not None:
-        raise UsageError("bisect --top ranks the ops of a precision bisect: give --precision bf16 (or fp16)")
+    given = [f for f, v in (("--top", args.top), ("--calibration", args.calibration)) if v is not None]
+    if given:
+        raise UsageError(f"bisect {' and '.join(given)} applies to a precision bisect: give --precision bf16 "
+                         f"(fp16, or int8)")
     reference = args.reference or "O0"
     if reference == "onnxruntime" and Path(args.model).suffix != ".onnx":
         raise UsageError(f"{args.model}: --reference onnxruntime runs the .onnx model; give an .onnx file")
@@ -94,8 +98,12 @@ def _bisect_precision(args) -> int:
     if given:
         raise UsageError(f"bisect {' and '.join(given)} applies to the pass bisect; --precision compares "
                          f"against the float32 model and ranks ops by relative L2 error")
+    if args.calibration is not None and args.precision != "int8":
+        raise UsageError(f"bisect --calibration applies to --precision int8 (the activations' ranges); "
+                         f"{args.precision} uses none")
+    calibration = read_calibration_dir(args.calibration) if args.calibration else None
     result = precision_bisect(args.model, precision=args.precision, top=args.top or 10,
-                              progress=sys.stderr.isatty())
+                              progress=sys.stderr.isatty(), calibration=calibration)
     Console().print(result.render())
     return 0
 
@@ -135,9 +143,12 @@ def add_report_parsers(sub) -> None:
                    help="what outputs are compared against (default O0: the unoptimised graph)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default 1e-3)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default 1e-4)")
-    p.add_argument("--precision", choices=["bf16", "fp16"],
+    p.add_argument("--precision", choices=["bf16", "fp16", "int8"],
                    help="rank the ops this precision reduces by the outputs' error when only that op is "
-                        "rounded (instead of the pass bisect)")
+                        "rounded (int8: only that product quantised) instead of the pass bisect")
+    p.add_argument("--calibration", metavar="DIR",
+                   help="with --precision int8: a directory of .npz files, one input set each, to calibrate on "
+                        "(default: random inputs for a model with convolutions, else dynamic quantisation)")
     p.add_argument("--top", type=positive_int, help="rows of the --precision ranking (default 10)")
     p.set_defaults(func=cmd_bisect)
 

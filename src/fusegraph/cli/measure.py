@@ -4,6 +4,7 @@ on a bundled model. Only presentation lives here; the work is in ``fusegraph.too
 
     fusegraph bench MODEL [--vs onnxruntime] [--vs torch] [--threads N] [--json]
     fusegraph compare MODEL [--precision bf16 [--op-precision NODE_OR_OP=PREC ...] [--inputs N]] [--runs R]
+    fusegraph compare MODEL --precision int8 [--inputs N] [--calibration DIR [--calibration-method M]]
     fusegraph demo
 """
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 from ..config import machine_cores
 from ..errors import UsageError
 from ..report.printable import printable
-from .common import config_from_args, dim_arg, model_flags, positive_int, precision_flags, threads_arg
+from ..config import CALIBRATIONS
+from .common import (config_from_args, dim_arg, model_flags, positive_int, precision_flags, read_calibration_dir,
+                     threads_arg)
 
 
 def cmd_bench(args) -> int:
@@ -79,7 +82,9 @@ def cmd_compare(args) -> int:
                          f".fgm artifact")
     if args.precision is not None:
         return _compare_precision(args)
-    given = [f for f, v in (("--op-precision", args.op_precision), ("--inputs", args.inputs)) if v]
+    given = [f for f, v in (("--op-precision", args.op_precision), ("--inputs", args.inputs),
+                            ("--calibration", args.calibration), ("--calibration-method", args.calibration_method))
+             if v]
     if given:
         raise UsageError(f"compare {' and '.join(given)} applies to the reduced side of --precision "
                          f"(e.g. compare MODEL --precision bf16 {given[0]} ...)")
@@ -102,12 +107,16 @@ def _compare_precision(args) -> int:
     from ..tools.compare_precision import compare_precision, render_precision
     reduced = config_from_args(args)     # checks --precision / --op-precision (a ConfigError for a bad value)
     if reduced.precision == "fp32":
-        raise UsageError("compare --precision sets the reduced side (bf16, fp16 or auto); the other side is "
+        raise UsageError("compare --precision sets the reduced side (bf16, fp16, int8 or auto); the other side is "
                          "always fp32")
-    base = reduced.replace(precision="fp32", op_precision=())
+    if args.calibration and reduced.precision not in ("int8", "auto"):
+        raise UsageError(f"compare --calibration applies to --precision int8 or auto; {reduced.precision} uses none")
+    calibration = read_calibration_dir(args.calibration) if args.calibration else None
+    base = reduced.replace(precision="fp32", op_precision=(), calibration="minmax", calibration_percentile=99.999)
     inputs = args.inputs or 8
     result = compare_precision(args.model, precision=reduced.precision, inputs=inputs, runs=args.runs,
-                               config=base, op_precision=reduced.op_precision)
+                               config=base, op_precision=reduced.op_precision, calibration=calibration,
+                               calibration_method=reduced.calibration, rss=True)
     Console().print(render_precision(result, f"{args.model}: fp32 vs {result.precision} ({base.level}), "
                                              f"{result.threads} thread(s), median of {args.runs} runs"))
     return 0
@@ -141,6 +150,11 @@ def add_measure_parsers(sub) -> None:
     p.add_argument("--runs", type=positive_int, default=20)
     p.add_argument("--inputs", type=positive_int, metavar="N",
                    help="with --precision: random inputs the accuracy figures are over (default 8)")
+    p.add_argument("--calibration", metavar="DIR",
+                   help="with --precision int8 or auto: a directory of .npz files, one input set each, to "
+                        "calibrate on (int8 default: random inputs for a model with convolutions, else dynamic)")
+    p.add_argument("--calibration-method", choices=CALIBRATIONS,
+                   help="with --precision int8: how activation ranges are chosen (default minmax)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on a bundled model, with a before/after table")

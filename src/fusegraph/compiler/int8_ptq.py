@@ -10,7 +10,9 @@ quantised (one int8 path).
 2. the plan (``passes/ptq_plan.py``): which products run int8 (``Config.op_precision`` entries
    of ``fp32`` keep theirs float32) and which activation tensors get a quantisation pair;
 3. with ``calibration_inputs``: the ranges of those tensors on the float32 graph
-   (``calibrate.py``, ``Config.calibration``), then the QuantizeLinear / DequantizeLinear
+   (``calibrate.py``, ``Config.calibration``; or ``ranges``, a previous quantisation's
+   ``PTQResult.ranges`` of the same graph and method, where it covers every tensor to quantise:
+   the ``precision="auto"`` search's candidates calibrate once), then the QuantizeLinear / DequantizeLinear
    pairs (``passes/qdq_insert.py``); without: the MatMul / Gemm products quantised
    dynamically (``passes/dynamic_insert.py``), and a ``UsageError`` when a convolution to
    quantise needs calibration inputs, or when nothing can be quantised.
@@ -46,6 +48,7 @@ class PTQResult:
     products: list[ProductPlan]
     calibration_inputs: int = 0
     activations: list[dict] = field(default_factory=list)
+    ranges: dict[str, Any] = field(default_factory=dict)   # tensor name -> calibrate.Range (static)
 
     def summary(self, graph: Graph, report) -> dict:
         """``report.precision`` for the optimised ``graph``."""
@@ -96,7 +99,8 @@ def _run_pass(graph: Graph, p, report) -> None:
     report.passes.extend(PassManager([p], infer=infer_node).run(graph))
 
 
-def quantise(graph: Graph, config, report, calibration: Any, stage: Callable[[str], None]) -> PTQResult:
+def quantise(graph: Graph, config, report, calibration: Any, stage: Callable[[str], None],
+             ranges: dict[str, Any] | None = None) -> PTQResult:
     source = str(graph.meta.get("source", graph.name))
     imported = {n.name for n in graph.nodes}
     feeds = calibration_feeds(graph, calibration) if calibration is not None else None
@@ -119,9 +123,11 @@ def quantise(graph: Graph, config, report, calibration: Any, stage: Callable[[st
     if dynamic:
         _run_pass(graph, InsertDynamicQuant(products), report)
         return result
-    stage("calibration")
     tensors = plan_tensors(graph, products)
-    ranges = calibrate(graph, config, tensors.observe, feeds)
+    if ranges is None or any(name not in ranges for name in tensors.observe):
+        stage("calibration")
+        ranges = calibrate(graph, config, tensors.observe, feeds)
+    result.ranges = dict(ranges)
     insert = InsertQDQ(products, tensors, {n: (r.lo, r.hi) for n, r in ranges.items()})
     _run_pass(graph, insert, report)
     result.calibration_inputs = len(feeds)

@@ -1,5 +1,22 @@
-"""``precision="auto"``: the bf16 policy, with the ops whose reduced precision costs the most
-moved back to float32 until the outputs stay within ``Config.accuracy_budget``.
+"""``precision="auto"``: int8 where it fits (below), else the bf16 policy, with the ops whose
+reduced precision costs the most moved back to float32 until the outputs stay within
+``Config.accuracy_budget``.
+
+int8 first (``int8_search.py``), where ``calibration_inputs`` are given (the activations'
+ranges come from them; random inputs would calibrate to noise), the CPU sums int8 products
+exactly (VNNI / AMX: ``runtime.backends.int8_declined``), the inputs' shapes are static (no
+per-shape compile, which would re-run the bf16 pipeline on the quantised graph) and the user's
+``op_precision`` entries are all fp32: the products (Conv / MatMul / Gemm with constant
+weights) quantised as ``precision="int8"`` does; within budget on the calibration inputs, that
+is the answer; else each product's error alone in int8 ranks them (squared error per
+microsecond, ``rank``) and the smallest number of first-ranked products kept float32 that is
+within budget is searched for, as below for bf16. When that leaves at least
+``MIN_INT8_SHARE`` of the products' estimated time in int8 (a judgement, not a measurement:
+each float32 island costs quantise / dequantise work around it), the int8 model is built
+(``report.precision`` is ``int8_ptq``'s per-product summary, int8 or fp32 and why, with the
+search under ``["auto"]``); otherwise the bf16 search below runs, and ``["auto"]["int8"]`` says
+why int8 was not chosen. A product leaves int8 for float32, not bf16: an int8 compile runs its
+float ops in float32 (its pipeline has no bf16 policy).
 
 ``search(graph, config, report, calibration, stage)`` optimises ``graph`` in place at the
 chosen policy and records the search in ``report.precision["auto"]``:
@@ -43,16 +60,93 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..ir import Graph
 from ..ir.serialize import copy_graph
 from ..plan.cost import CostModel
-from ..runtime.backends import bf16_declined
+from ..runtime.backends import bf16_declined, int8_declined
 from .accuracy import worst_error
 
 CALIBRATION_INPUTS = 2
 MIN_BF16_SHARE = 0.2
+MIN_INT8_SHARE = 0.5
 BUDGET_WHY = "among the highest error per microsecond in bf16: the budget needs it"
+
+
+def _int8_refused(graph: Graph, config, calibration) -> str | None:
+    """Why precision "auto" does not try int8 on ``graph`` (None: it does)."""
+    from .model import device_of
+    from .specialize import specialization_kind
+    if calibration is None:
+        return "no calibration_inputs: int8 needs them for the activations' ranges"
+    why = int8_declined(device_of(config))
+    if why is not None:
+        return why
+    if specialization_kind(graph, config) is not None:
+        return "the model compiles per input shape (symbolic dims or dynamic_batch): int8 needs static shapes here"
+    other = [f"{k}={v}" for k, v in config.op_precision if v != "fp32"]
+    if other:
+        return f"op_precision asks for {', '.join(other)}: an int8 compile runs its float ops in float32"
+    return None
+
+
+def _search_int8(graph: Graph, config, report, feeds: list[dict], stage) -> dict:
+    """The int8 search (module doc); builds ``graph`` in int8 and returns its record when chosen
+    (``"chosen": True``), else returns what it measured and why int8 was not chosen."""
+    from ..passes import optimize
+    from ..report import CompileReport
+    from .int8_ptq import quantise
+    from .int8_search import BUDGET_WHY as INT8_BUDGET_WHY, Int8Candidates
+    from .model import device_of
+    from .planning import plan_and_bind
+    stage("int8 search")
+    fp32 = config.replace(precision="fp32", op_precision=(), accuracy_budget=1e-2)
+    base = copy_graph(graph)
+    optimize(base, fp32, CompileReport())
+    reference = plan_and_bind(base, fp32, CompileReport(), None)
+    try:
+        want = [reference.run(f) for f in feeds]
+    finally:
+        reference.close()
+    candidates = Int8Candidates(graph, config, feeds)
+    try:
+        choice = candidates.choose(feeds, want, config.accuracy_budget, CostModel.for_device(device_of(config)), rank)
+    except UsageError as exc:            # nothing the int8 passes can quantise
+        return {"chosen": False, "why": str(exc)}
+    record = {"chosen": False, "error": choice.error, "int8_error": choice.int8_error,
+              "int8_time_share": choice.share, "products": len(choice.products),
+              "kept_fp32": [{"node": n, "sensitivity": choice.sensitivity.get(n, math.inf),
+                             "time_us": choice.time_us[n], "why": INT8_BUDGET_WHY, "code": "auto_budget"}
+                            for n in choice.kept],
+              "steps": [{"kept": k, "error": e} for k, e in sorted(choice.steps.items())], "why": None}
+    if not choice.products:
+        record["why"] = "no product of the model runs int8"
+        return record
+    if choice.share < MIN_INT8_SHARE:
+        record["why"] = (f"the budget leaves {choice.share:.0%} of the products' estimated time in int8, under "
+                         f"{MIN_INT8_SHARE:.0%}: the bf16 search instead")
+        return record
+    cfg = candidates.config.replace(op_precision=candidates.user + tuple((n, "fp32") for n in choice.kept))
+    ranges = candidates.ranges
+    candidates = None
+    gc.collect()
+    ptq = quantise(graph, cfg, report, feeds, stage, ranges)
+    optimize(graph, cfg, report)
+    prec = ptq.summary(graph, report)
+    kept = set(choice.kept)
+    for rows in (prec["nodes"], prec["kept_fp32"]):
+        for r in rows:
+            if r["node"] in kept:
+                r["why"], r["code"] = INT8_BUDGET_WHY, "auto_budget"
+    prec["op_precision"] = dict(config.op_precision)
+    prec["op_precision_unmatched"] = [k for k in prec["op_precision_unmatched"] if k in prec["op_precision"]]
+    prec["policy"] = "auto"
+    record["chosen"] = True
+    prec["auto"] = {"budget": config.accuracy_budget, "calibration_inputs": len(feeds), "error": choice.error,
+                    "bf16_error": None, "bf16_time_share": 0.0, "fp32_fallback": None, "declined": None,
+                    "chosen": "int8", "kept_fp32": record["kept_fp32"], "steps": record["steps"], "int8": record}
+    report.precision = prec
+    return record
 
 
 def _declined(graph: Graph, config, report, why: str) -> None:
@@ -68,7 +162,8 @@ def _declined(graph: Graph, config, report, why: str) -> None:
     report.precision["policy"] = "auto"
     report.precision["auto"] = {
         "budget": config.accuracy_budget, "calibration_inputs": 0, "error": None, "bf16_error": None,
-        "bf16_time_share": 0.0, "fp32_fallback": None, "declined": why, "kept_fp32": [], "steps": []}
+        "bf16_time_share": 0.0, "fp32_fallback": None, "declined": why, "kept_fp32": [], "steps": [],
+        "chosen": "fp32"}
 
 
 def _feeds(graph: Graph, calibration) -> list[dict]:
@@ -134,9 +229,16 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
     from ..passes.precision_policy import REDUCE, Reason
     from ..report import CompileReport
 
+    int8 = {"chosen": False, "why": _int8_refused(graph, config, calibration)}
+    if int8["why"] is None:
+        int8 = _search_int8(graph, config, report, _feeds(graph, calibration), stage)
+        if int8["chosen"]:
+            return
     why = bf16_declined(device_of(config))
     if why is not None:
-        return _declined(graph, config, report, why)
+        _declined(graph, config, report, why)
+        report.precision["auto"]["int8"] = int8
+        return
     feeds = _feeds(graph, calibration)
     user = tuple(config.op_precision)
     fp32 = config.replace(precision="fp32", op_precision=(), accuracy_budget=1e-2)
@@ -214,4 +316,5 @@ def search(graph: Graph, config, report, calibration: Any, stage: Callable[[str]
         "kept_fp32": [{"node": n, "sensitivity": cost[n], "time_us": time_us[n], "why": why, "code": code.value}
                       for n, (why, code) in zip(kept, [(BUDGET_WHY, Reason.AUTO_BUDGET)] * budget_kept
                                                 + [(fallback_why, Reason.AUTO_FALLBACK)] * (k - budget_kept))],
-        "steps": [{"kept": n, "error": e} for n, e in sorted(candidates.items())]}
+        "steps": [{"kept": n, "error": e} for n, e in sorted(candidates.items())],
+        "chosen": "fp32" if ranked and k == len(ranked) else "bf16", "int8": int8}

@@ -9,7 +9,7 @@ A key not listed here is kept as stored.
 """
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 Declined = TypedDict("Declined", {"node": str, "op": str, "family": str, "reason": str})
 
@@ -57,6 +57,8 @@ class AutoSearch(TypedDict, total=False):
     declined: str | None           # why the search chose fp32 without measuring (no bf16 arithmetic)
     kept_fp32: list[AutoKept]
     steps: list[AutoStep]
+    chosen: str                    # "int8" | "bf16" | "fp32": what the search built
+    int8: dict[str, Any]           # the int8 search: chosen, why not, errors, kept_fp32, steps
 
 
 class _PrecisionCore(TypedDict):

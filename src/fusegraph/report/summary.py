@@ -48,9 +48,15 @@ def precision_text(prec: Any) -> str | None:
                f"{len(int8['activations'])} activation(s) quantised" if int8["mode"] == "static"
                else "activations quantised at run time (dynamic)")
         line += f"; int8: {int8['products_int8']} product(s), {how}"
-    declined = prec.get("auto", {}).get("declined")
+    auto = prec.get("auto", {})
+    declined = auto.get("declined")
     if declined:
         line += f"; auto chose fp32: {printable(declined)}"
+    if auto.get("chosen") == "int8":
+        line += (f"; auto chose int8: error {auto['error']:.3g} within budget {auto['budget']:.3g}, "
+                 f"{len(auto['kept_fp32'])} product(s) kept fp32 for it")
+    elif auto.get("int8", {}).get("why") and "steps" in auto["int8"]:     # searched, then not chosen
+        line += f"; auto did not choose int8: {printable(auto['int8']['why'])}"
     return line
 
 

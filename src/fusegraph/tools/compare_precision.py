@@ -1,9 +1,17 @@
-"""``fusegraph compare MODEL --precision bf16``: fp32 beside a reduced precision, measured.
+"""``fusegraph compare MODEL --precision bf16|int8|auto``: fp32 beside a reduced precision, measured.
 
 Both models are compiled with the same config but the precision; latency is measured in one
 process, alternating (``bench.alternate``); accuracy is measured for BOTH against an
 independent reference: onnxruntime with ORT_DISABLE_ALL for an ONNX model, else the fp32
-graph unoptimised (O0). Read-only: neither model's report is changed.
+graph unoptimised (O0); each side's private memory (RssAnon) with its ``.fgm`` loaded and run
+once in a fresh process (``rss_probe.py``, with ``rss=True``). Read-only: neither model's
+report is changed.
+
+int8: calibrated on the ``calibration`` feeds given, else as ``int8_inputs.default_calibration``
+says (random inputs of the model's specs for a model with convolutions, dynamic quantisation
+otherwise); ``PrecisionComparison.calibration`` says which. The accuracy inputs (seeds 0 ..
+inputs-1) are not the calibration inputs. ``auto`` gets the given calibration feeds (its int8
+candidate needs them).
 """
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ class PrecisionSide:
     artifact_bytes: int
     by_dtype: dict[str, int] = field(default_factory=dict)
     casts: int = 0
+    rss_anon_bytes: int | None = None   # loaded and run once in a fresh process (None: not measured)
 
 
 @dataclass
@@ -46,6 +55,8 @@ class PrecisionComparison:
     kept_fp32: list[dict] = field(default_factory=list)
     fp32_logits: list[dict] = field(default_factory=list)    # bf16 operands, float32 output
     declined: str | None = None     # precision "auto" gave the fp32 model before any search: why
+    calibration: str | None = None  # int8 / auto: what the reduced side was calibrated on
+    baseline_rss_bytes: int | None = None   # RssAnon of a fresh process with nothing loaded
 
     def worst_rel_l2(self, side: str = "reduced") -> float:
         from ..compiler.accuracy import worst_rel_l2
@@ -107,10 +118,12 @@ def _p90(samples: list[float]) -> float:
 
 
 def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, runs: int = 20,
-                      config=None, op_precision=()) -> PrecisionComparison:
+                      config=None, op_precision=(), calibration: list[dict] | None = None,
+                      calibration_method: str = "minmax", rss: bool = False) -> PrecisionComparison:
     """fp32 beside ``precision`` (``op_precision``: overrides of the reduced side only): latency
-    (alternating, one process), planned arena, .fgm size, and per output the errors of both
-    against the reference over ``inputs`` random inputs (seeds 0 .. inputs-1)."""
+    (alternating, one process), planned arena, .fgm size, (``rss``) RssAnon, and per output the
+    errors of both against the reference over ``inputs`` random inputs (seeds 0 .. inputs-1).
+    ``calibration``: int8's / auto's calibration feeds; ``calibration_method``: int8's."""
     import statistics
 
     import numpy as np
@@ -124,8 +137,10 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
     from ..runtime.feeds import random_feeds
 
     if precision == "fp32":
-        raise UsageError("compare --precision sets the reduced side (bf16, fp16 or auto); the other side "
+        raise UsageError("compare --precision sets the reduced side (bf16, fp16, int8 or auto); the other side "
                          "is always fp32")
+    if calibration is not None and precision not in ("int8", "auto"):
+        raise UsageError(f"compare: calibration inputs apply to --precision int8 or auto; {precision} uses none")
     if inputs < 1 or runs < 1:
         raise UsageError(f"compare --precision needs at least one input and one run, got inputs={inputs}, "
                          f"runs={runs}")
@@ -133,14 +148,25 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
     budget = fg.Config().accuracy_budget        # read by precision "auto" only
     base = given.replace(precision="fp32", op_precision=(), accuracy_budget=budget)
     reduced_cfg = given.replace(precision=precision, op_precision=op_precision,
-                                accuracy_budget=given.accuracy_budget if precision == "auto" else budget)
+                                accuracy_budget=given.accuracy_budget if precision == "auto" else budget,
+                                calibration=calibration_method if precision == "int8" else "minmax")
     threads = base.threads or torch.get_num_threads()
+    calibrated, how = calibration, None
+    if precision == "int8":
+        from ..compiler.driver import import_model
+        from .int8_inputs import default_calibration
+        calibrated, how = default_calibration(import_model(_fresh(model_src)), calibration)
+        if calibrated is not None:
+            how += f"; ranges by {calibration_method}"
+    elif precision == "auto":
+        how = (f"{len(calibration)} calibration input(s) given" if calibration is not None else
+               "no calibration inputs: the search measures on random inputs, and int8 is not a candidate")
     models, compile_s = {}, {}
     ref_close = lambda: None
     try:
         for key, cfg in (("fp32", base), ("reduced", reduced_cfg)):
             t0 = time.perf_counter()
-            models[key] = fg.compile(_fresh(model_src), cfg)
+            models[key] = fg.compile(_fresh(model_src), cfg, calibration_inputs=None if key == "fp32" else calibrated)
             compile_s[key] = time.perf_counter() - t0
         fp32, red = models["fp32"], models["reduced"]
         reduced_prec = red.report.precision or {}
@@ -160,7 +186,11 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
         samples = alternate({"fp32": lambda: fp32.run(f0), "reduced": lambda: red.run(f0)},
                             runs=runs, warmup=2)
         sides = {}
+        baseline = None
         with tempfile.TemporaryDirectory() as tmp:
+            if rss:
+                from .rss_probe import rss_anon
+                baseline = rss_anon(None, threads)
             for key, m in models.items():
                 path = Path(tmp) / f"{key}.fgm"
                 m.save(path)
@@ -169,13 +199,15 @@ def compare_precision(model_src: Any, precision: str = "bf16", inputs: int = 8, 
                     precision=m.config.precision, latency_ms=statistics.median(samples[key]),
                     p90_ms=_p90(samples[key]), compile_s=compile_s[key], kernels=m.report.kernel_count,
                     arena_bytes=memory_of(m)[0], artifact_bytes=path.stat().st_size,
-                    by_dtype=dict(prec.get("by_dtype") or {}), casts=int(prec.get("casts") or 0))
+                    by_dtype=dict(prec.get("by_dtype") or {}), casts=int(prec.get("casts") or 0),
+                    rss_anon_bytes=rss_anon(path, threads) if rss else None)
         return PrecisionComparison(
             model=str(model_src) if isinstance(model_src, (str, Path)) else fp32.name, precision=precision, reference=ref_name, inputs=inputs, runs=runs,
             threads=threads, fp32=sides["fp32"], reduced=sides["reduced"], accuracy=accuracy,
             kept_fp32=list(reduced_prec.get("kept_fp32") or []),
             fp32_logits=list(reduced_prec.get("fp32_logits") or []),
-            declined=(reduced_prec.get("auto") or {}).get("declined"))
+            declined=(reduced_prec.get("auto") or {}).get("declined"), calibration=how,
+            baseline_rss_bytes=baseline)
     finally:
         ref_close()
         for m in models.values():
@@ -207,6 +239,10 @@ def render_precision(result: PrecisionComparison, title: str):
     row("latency p90", a.p90_ms, b.p90_ms, lambda v: f"{v:.2f} ms")
     row("activation arena (planned)", a.arena_bytes, b.arena_bytes, megabytes)
     row("artifact (.fgm) size", a.artifact_bytes, b.artifact_bytes, megabytes)
+    if a.rss_anon_bytes is not None and b.rss_anon_bytes is not None:
+        row("RssAnon, loaded + 1 run (own process)", a.rss_anon_bytes, b.rss_anon_bytes, megabytes)
+        perf.add_row("  of which the process without a model", megabytes(result.baseline_rss_bytes),
+                     megabytes(result.baseline_rss_bytes), "")
     perf.add_row("nodes by dtype", ", ".join(f"{k} {v}" for k, v in a.by_dtype.items()) or "all fp32",
                  ", ".join(f"{k} {v}" for k, v in b.by_dtype.items()) or "-", "")
     perf.add_row("precision casts", str(a.casts), str(b.casts), "")
@@ -228,6 +264,8 @@ def render_precision(result: PrecisionComparison, title: str):
                 continue
             acc.add_row(Text(printable(name)) if i == 0 else "", label, *(fmt(v) for v in vals))
     parts = [perf, acc]
+    if result.calibration:
+        parts.append(Text(f"{p} calibration: {printable(result.calibration)}"))
     if result.declined:
         parts.append(Text(f"auto chose fp32: {printable(result.declined)}"))
     for title, rows in ((f"heavy ops kept in fp32 ({len(result.kept_fp32)})", result.kept_fp32),

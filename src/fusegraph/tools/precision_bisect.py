@@ -1,7 +1,8 @@
 """Precision bisect: the ops whose reduced precision costs a model the most accuracy
 (``fusegraph bisect MODEL --precision bf16``).
 
-``precision_bisect(model, precision="bf16"|"fp16", config, feeds, top) -> PrecisionBisectResult``:
+``precision_bisect(model, precision="bf16"|"fp16"|"int8", config, feeds, top) -> PrecisionBisectResult``
+(int8: ``int8_bisect.int8_ranking``, which measures each product by compiles instead of the hooks below):
 
 1. the reference: the model compiled at float32, its outputs on the given feeds or on random
    inputs of its specs;
@@ -30,7 +31,7 @@ from ..errors import UsageError
 from ..compiler.accuracy import worst_error
 from ..report.printable import printable
 
-DTYPES = ("bf16", "fp16")
+DTYPES = ("bf16", "fp16", "int8")
 
 
 @dataclass
@@ -54,22 +55,27 @@ class PrecisionBisectResult:
     error: float                 # the whole model at ``precision`` against float32
     ranked: list[RankedOp] = field(default_factory=list)    # every reduced node, most sensitive first
     top: int = 10
+    calibration: str | None = None    # int8: what the activations' ranges were calibrated on
 
     @property
     def worst(self) -> RankedOp | None:
         return self.ranked[0] if self.ranked else None
 
     def _head(self) -> str:
-        return (f"{printable(self.model)}: {self.precision} vs fp32: whole-model relative L2 error {self.error:.3g}; "
+        head = (f"{printable(self.model)}: {self.precision} vs fp32: whole-model relative L2 error {self.error:.3g}; "
                 f"{len(self.ranked)} node(s) run in {self.precision}")
+        return head + (f"; calibration: {printable(self.calibration)}" if self.calibration else "")
+
+    def _alone(self) -> str:
+        return ("only that product quantised to int8, the others float32" if self.precision == "int8"
+                else f"only that op rounded to {self.precision}")
 
     def to_text(self, top: int | None = None) -> str:
         top = self.top if top is None else top
         lines = [self._head()]
         if not self.ranked:
             return lines[0] + f"\nno node runs in {self.precision}: nothing to rank"
-        lines.append(f"most sensitive ops (outputs' relative L2 error with only that op rounded to "
-                     f"{self.precision}):")
+        lines.append(f"most sensitive ops (outputs' relative L2 error with {self._alone()}):")
         labels = [printable(r.label) for r in self.ranked[:top]]
         width = max(len(label) for label in labels)
         for i, (r, label) in enumerate(zip(self.ranked[:top], labels), 1):
@@ -101,7 +107,7 @@ class PrecisionBisectResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "precision": self.precision, "error": self.error,
-                "ranked": [vars(r).copy() for r in self.ranked]}
+                "calibration": self.calibration, "ranked": [vars(r).copy() for r in self.ranked]}
 
 
 def _sci(v: float) -> str:
@@ -109,7 +115,8 @@ def _sci(v: float) -> str:
 
 
 def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: dict | None = None,
-                     top: int = 10, progress: bool = False) -> PrecisionBisectResult:
+                     top: int = 10, progress: bool = False, calibration: list[dict] | None = None
+                     ) -> PrecisionBisectResult:
     """Rank the nodes ``precision`` would reduce by the accuracy each costs alone (see the
     module doc); ``config``: the rest of the compile (its ``op_precision`` holds on the reduced
     side)."""
@@ -124,6 +131,15 @@ def precision_bisect(model: Any, precision: str = "bf16", config=None, feeds: di
     from .bisect import StepProgress
     if precision not in DTYPES:
         raise UsageError(f"precision bisect: precision must be one of {', '.join(DTYPES)}, got {precision!r}")
+    if precision == "int8":
+        from .int8_bisect import int8_ranking
+        found = int8_ranking(model, config, calibration, feeds, progress)
+        return PrecisionBisectResult(found.model, "int8", found.error,
+                                     [RankedOp(r["node"], r["op"], "int8", found.sensitivity[r["node"]], r["why"])
+                                      for r in found.rows], top, calibration=found.calibration)
+    if calibration is not None:
+        raise UsageError(f"precision bisect: calibration inputs apply to int8 (the activations' ranges); "
+                         f"{precision} uses none")
     config = config or Config()
     graph = import_model(model)
     infer_graph(graph)

@@ -49,6 +49,21 @@ def bf16_declined(device: str) -> str | None:
             "as float32 over bf16 storage, slower than float32")
 
 
+def int8_declined(device: str) -> str | None:
+    """Why int8 products cannot pay on ``device``: None on a CPU whose oneDNN sums uint8 x int8
+    products exactly (VNNI / AMX: ``cpu/dnnl/int8_support.int8_exact``); elsewhere the int8 ops
+    run their reference form (float32 arithmetic on dequantised values), slower than float32."""
+    import torch
+    if str(device).startswith("cuda"):
+        return "the int8 kernels are CPU kernels (oneDNN): a GPU runs the int8 ops' reference form"
+    from .cpu.dnnl import available
+    from .cpu.dnnl.int8_support import int8_exact
+    if available() and int8_exact():
+        return None
+    return (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no exact int8 dot products (VNNI / AMX) "
+            "or oneDNN does not load: the int8 ops would run as float32 arithmetic on dequantised values")
+
+
 def stored_plain(value, forms: list, where: str):
     """The plain tensor of ``value`` (a constant stored only packed: its graph placeholder) from
     its stored forms, with no kernel of the backend that packed them (``ArtifactError`` for a
@@ -57,4 +72,4 @@ def stored_plain(value, forms: list, where: str):
     return cpu_stored_plain(value, forms, where)
 
 
-__all__ = ["Backend", "Decline", "backend_for", "bf16_declined", "stored_plain", "weight_share"]
+__all__ = ["Backend", "Decline", "backend_for", "bf16_declined", "int8_declined", "stored_plain", "weight_share"]

@@ -1,12 +1,14 @@
 """The HTML report's precision section (``html.py``): from ``report.precision``, the policy,
 nodes per dtype, casts, the heavy ops kept in fp32 with the reason and a per-node table in
-collapsible groups; the outputs' error against the fp32 graph unoptimised (O0), and a
+collapsible groups (int8 / bf16 / fp16 / fp32 per node and why), then the int8 quantisation and
+the ``precision="auto"`` search (``precision_int8.py``); the outputs' error against the fp32 graph unoptimised (O0), and a
 ``compare_precision.PrecisionComparison``'s accuracy when given."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from typing import Any
 
+from .precision_int8 import int8_part
 from .parts import GROUP_CHUNK, escape, group_items, html_figure, html_table, op_label, scope_of, table_row
 
 
@@ -66,6 +68,7 @@ def precision_section(model, accuracy: list[list[Any]] | None, comparison: Any =
                      + "".join(f'<details class="group"{" open" if small else ""}><summary>{escape(t)}</summary>'
                                f'<table class="precision-nodes"><tr>{head}</tr>{"".join(rows)}</table></details>'
                                for t, rows in groups) + "</div>")
+        parts.append(int8_part(prec))
     if accuracy:
         parts.append("<p>outputs against the fp32 graph unoptimised (O0), same inputs:</p>"
                      + html_table(["output", "shape", "rel L2 error", "max abs error", "cosine", "top-1 agrees"],
@@ -98,6 +101,11 @@ def _comparison_table(result: Any) -> str:
 def precision_figures(prec) -> dict[str, Any] | None:
     if not prec:
         return None
-    return {"policy": prec["policy"], "by_dtype": dict(prec["by_dtype"]), "casts": prec["casts"],
+    figs = {"policy": prec["policy"], "by_dtype": dict(prec["by_dtype"]), "casts": prec["casts"],
             "kept_fp32": len(prec["kept_fp32"]), "fp32_logits": len(prec["fp32_logits"]), "nodes": len(prec["nodes"]),
             "op_precision": dict(prec["op_precision"])}
+    if prec.get("int8"):
+        figs["int8_products"] = prec["int8"].get("products_int8")
+    if (prec.get("auto") or {}).get("chosen"):
+        figs["auto_chose"] = prec["auto"]["chosen"]
+    return figs
