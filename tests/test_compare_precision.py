@@ -139,7 +139,7 @@ def test_cli_compare_precision(path, capsys):
     (["compare", "{p}", "--precision", "fp32"], ["reduced side"]),
     (["compare", "{p}", "--inputs", "2"], ["--inputs", "--precision"]),
     (["compare", "{p}", "--op-precision", "Conv=bf16"], ["--op-precision", "--precision"]),
-    (["run", "{p}", "--precision", "int8"], ["Config.precision must be one of", "'int8'"]),
+    (["run", "{p}", "--precision", "int4"], ["Config.precision must be one of", "'int4'"]),
     (["run", "{p}", "--op-precision", "Conv=bf17"], ["Config.op_precision", "'bf17'"]),
     (["inspect", "{p}", "--op-precision", "Conv"], ["--op-precision expects NODE_OR_OP="]),
     (["inspect", "{p}", "--op-precision", "NoSuchOp=bf16"], ["'NoSuchOp'", "no node name or op type"]),
