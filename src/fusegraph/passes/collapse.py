@@ -9,7 +9,9 @@
 - cast_cast: ``Cast(Cast(x, T1), T2) -> Cast(x, T2)`` when T1 holds every value of x's
   type exactly (a widening), so the first cast loses nothing; removed when T2 is x's type.
 
-The inner node stays when it has other users.
+The inner node stays when it has other users (a reshape chain is then left as it is: both
+are views, so collapsing it would save nothing, and the head merge after an attention is
+recognised on the chain as written).
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ def _reshape_reshape(node, ctx):
     inner = producer(node.inputs[0], "Reshape", "Flatten", "Squeeze", "Unsqueeze")
     if inner is None or node.version < 5:
         return None
+    if len(node.inputs[0].uses) > 1 or node.inputs[0].is_graph_output:
+        return Decline("the inner reshape is read elsewhere: it would stay, and both are views")
     known, spec = ints_arg(node, 1, "shape", 5)
     if known and spec is not None and 0 not in spec:
         return inner.inputs[0], None
