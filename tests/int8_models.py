@@ -157,3 +157,25 @@ def ort_run(model: onnx.ModelProto, feeds, optimise: bool = False) -> list[np.nd
     so.intra_op_num_threads = 2
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def calibration_feeds(model: onnx.ModelProto, n: int = 4) -> list[dict[str, np.ndarray]]:
+    """``n`` calibration inputs of ``model``, seeds apart from the accuracy inputs' (1000 on)."""
+    return [feeds_for(model, 1000 + i) for i in range(n)]
+
+
+def rel_l2(a, b) -> float:
+    """Relative L2 error of ``a`` against ``b``, in float64."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def int8_kernels_exact() -> bool:
+    """oneDNN loads here and sums int8 exactly (VNNI / AMX): the int8 ops run on its kernels."""
+    from fusegraph.runtime.backends.cpu.dnnl import available
+    from fusegraph.runtime.backends.cpu.dnnl.int8_support import int8_exact
+    return available() and int8_exact()
+
+
+INT8_KERNELS_WHY = ("oneDNN's int8 kernels are not exact here (no VNNI / AMX) or oneDNN does not load: "
+                    "the int8 ops run their reference form")

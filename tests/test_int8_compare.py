@@ -23,19 +23,12 @@ CFG = fg.Config(threads=2)
 INPUTS = 3
 
 
-def calibration(model, n=4):
-    return [M.feeds_for(model, 1000 + i) for i in range(n)]
-
 
 def accuracy_feeds(n=INPUTS):
     """What compare measures on: random inputs of the specs, seeds 0 .. n-1 (normal, as
     ``runtime.feeds.random_feeds`` writes them)."""
     return [{"x": np.random.default_rng(s).standard_normal((1, 3, 16, 16)).astype(np.float32)} for s in range(n)]
 
-
-def rel_l2(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def _text(renderable) -> str:
@@ -56,19 +49,19 @@ def net(tmp_path_factory):
 @pytest.fixture(scope="module")
 def result(net):
     model, path = net
-    return compare_precision(path, "int8", inputs=INPUTS, runs=2, config=CFG, calibration=calibration(model),
+    return compare_precision(path, "int8", inputs=INPUTS, runs=2, config=CFG, calibration=M.calibration_feeds(model),
                              rss=True)
 
 
 def test_int8_error_and_top1_match_an_independent_computation(net, result):
     model, path = net
-    int8 = fg.compile(path, CFG.replace(precision="int8"), calibration_inputs=calibration(model))
+    int8 = fg.compile(path, CFG.replace(precision="int8"), calibration_inputs=M.calibration_feeds(model))
     try:
         errs, agree = [], []
         for feeds in accuracy_feeds():
             want = M.ort_run(model, feeds)[0]                       # onnxruntime fp32, ORT_DISABLE_ALL
             got = int8.run(feeds)["y"]
-            errs.append(rel_l2(got, want))
+            errs.append(M.rel_l2(got, want))
             agree.append(float(np.argmax(got) == np.argmax(want)))
         acc = result.accuracy["y"]
     finally:
@@ -120,7 +113,7 @@ def test_without_calibration_a_matmul_model_is_quantised_dynamically(tmp_path):
         errs = []
         for seed in range(2):
             feeds = {"x": np.random.default_rng(seed).standard_normal((1, 8, 32)).astype(np.float32)}
-            errs.append(rel_l2(dyn.run(feeds)["y"], M.ort_run(model, feeds)[0]))
+            errs.append(M.rel_l2(dyn.run(feeds)["y"], M.ort_run(model, feeds)[0]))
     finally:
         dyn.close()
     assert result.accuracy["y"]["reduced"]["rel_l2"] == pytest.approx(max(errs), rel=1e-4)
@@ -136,7 +129,7 @@ def test_calibration_is_refused_where_it_changes_nothing(net):
 def test_cli_compare_int8_with_a_calibration_directory(net, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")
     model, path = net
-    for i, feeds in enumerate(calibration(model, 2)):
+    for i, feeds in enumerate(M.calibration_feeds(model, 2)):
         np.savez(tmp_path / f"c{i}.npz", **feeds)
     assert main(["compare", path, "--precision", "int8", "--inputs", "2", "--runs", "2", "--threads", "2",
                  "--calibration", str(tmp_path)]) == 0
@@ -154,7 +147,7 @@ def test_the_html_precision_section_lists_each_product_int8_or_fp32_and_why():
     names = ["conv1", "conv2", "conv3", "conv4", "head"]
     keep = "conv3"
     m = fg.compile(model, CFG.replace(precision="int8", op_precision={keep: "fp32"}),
-                   calibration_inputs=calibration(model))
+                   calibration_inputs=M.calibration_feeds(model))
     try:
         page = render_html(m)
         rows = {r["node"]: r for r in m.report.precision["nodes"]}

@@ -14,32 +14,22 @@ import pytest
 import fusegraph as fg
 from fusegraph.cli.common import precision_line
 from fusegraph.compiler import precision_auto
-from fusegraph.runtime.backends.cpu.dnnl import available
-from fusegraph.runtime.backends.cpu.dnnl.int8_support import int8_exact
 from fusegraph.tools.html.page import render_html
 
 import int8_models as M
 
 pytest.importorskip("onnxruntime")
 BUDGET = 3e-2
-needs_int8_kernels = pytest.mark.skipif(not (available() and int8_exact()),
-                                        reason="oneDNN's int8 kernels are not exact here (no VNNI / AMX)")
+needs_int8_kernels = pytest.mark.skipif(not M.int8_kernels_exact(), reason=M.INT8_KERNELS_WHY)
 
 
-def calibration(model, n=4):
-    return [M.feeds_for(model, 1000 + i) for i in range(n)]
-
-
-def rel_l2(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.fixture(scope="module")
 def planted():
     model = M.outlier_net(seed=1)
     compiled = fg.compile(model, fg.Config(threads=2, precision="auto", accuracy_budget=BUDGET),
-                          calibration_inputs=calibration(model))
+                          calibration_inputs=M.calibration_feeds(model))
     yield model, compiled
     compiled.close()
 
@@ -58,8 +48,8 @@ def test_auto_keeps_the_sensitive_product_fp32_and_quantises_the_rest(planted):
     assert search["int8_error"] > 0.2 > BUDGET >= prec["auto"]["error"]        # all-int8 is far off; kept: within
     assert search["steps"][0] == {"kept": 0, "error": search["int8_error"]}
     # what was built is within budget against an independent fp32 oracle, on the calibration inputs
-    for feeds in calibration(model):
-        assert rel_l2(compiled.run(feeds)["y"], M.ort_run(model, feeds)[0]) <= BUDGET * 1.001
+    for feeds in M.calibration_feeds(model):
+        assert M.rel_l2(compiled.run(feeds)["y"], M.ort_run(model, feeds)[0]) <= BUDGET * 1.001
     assert sum(n.op_type in ("QConv", "QLinear") for n in compiled.graph.nodes) >= 3
     line = precision_line(compiled.report)
     assert "auto chose int8" in line and "1 product(s) kept fp32" in line
@@ -69,7 +59,7 @@ def test_auto_keeps_the_sensitive_product_fp32_and_quantises_the_rest(planted):
 def test_a_loose_budget_quantises_every_product():
     model = M.outlier_net(seed=1, outlier=1.0)
     compiled = fg.compile(model, fg.Config(threads=2, precision="auto", accuracy_budget=0.2),
-                          calibration_inputs=calibration(model))
+                          calibration_inputs=M.calibration_feeds(model))
     try:
         prec = compiled.report.precision
         assert prec["auto"]["chosen"] == "int8" and prec["auto"]["kept_fp32"] == []
@@ -89,7 +79,7 @@ def test_the_html_and_the_artifact_carry_the_choice(planted, tmp_path):
     compiled.save(tmp_path / "m.fgm")
     loaded = fg.load(tmp_path / "m.fgm")
     try:
-        feeds = calibration(model, 1)[0]
+        feeds = M.calibration_feeds(model, 1)[0]
         assert np.array_equal(loaded.run(feeds)["y"], compiled.run(feeds)["y"])
         assert loaded.report.precision["auto"]["chosen"] == "int8"
     finally:
@@ -106,5 +96,5 @@ def test_where_int8_is_not_exact_auto_does_not_try_it(monkeypatch):
     monkeypatch.setattr(precision_auto, "int8_declined", lambda device: "no VNNI here")
     model = M.outlier_net(seed=1)
     auto = fg.compile(model, fg.Config(threads=2, precision="auto"),
-                      calibration_inputs=calibration(model)).report.precision["auto"]
+                      calibration_inputs=M.calibration_feeds(model)).report.precision["auto"]
     assert auto["chosen"] != "int8" and auto["int8"] == {"chosen": False, "why": "no VNNI here"}

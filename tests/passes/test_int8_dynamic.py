@@ -26,16 +26,13 @@ from onnx.reference import ReferenceEvaluator
 
 import fusegraph as fg
 from fusegraph.runtime.backends.cpu.dnnl import available
-from fusegraph.runtime.backends.cpu.dnnl.int8_support import int8_exact
 
 import int8_models as M
 
 pytest.importorskip("onnxruntime.quantization")
 CFG = fg.Config(threads=2)
 SEEDS = (3, 4)
-needs_int8_kernels = pytest.mark.skipif(not (available() and int8_exact()),
-                                        reason="oneDNN's int8 kernels are not exact here (no VNNI / AMX) "
-                                               "or oneDNN does not load: the int8 ops run their reference form")
+needs_int8_kernels = pytest.mark.skipif(not M.int8_kernels_exact(), reason=M.INT8_KERNELS_WHY)
 
 
 def quantize_dynamic(model: onnx.ModelProto, tmp, name: str, per_channel: bool) -> onnx.ModelProto:

@@ -26,8 +26,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph as fg
 from fusegraph.errors import ConfigError, InputError, UsageError
-from fusegraph.runtime.backends.cpu.dnnl import available
-from fusegraph.runtime.backends.cpu.dnnl.int8_support import int8_exact
 
 import int8_models as M
 
@@ -35,17 +33,12 @@ pytest.importorskip("onnxruntime.quantization")
 CFG = fg.Config(threads=2, precision="int8")
 SEEDS = (3, 4)
 CALIBRATION = 8
-needs_int8_kernels = pytest.mark.skipif(not (available() and int8_exact()),
-                                        reason="oneDNN's int8 kernels are not exact here (no VNNI / AMX) "
-                                               "or oneDNN does not load: the int8 ops run their reference form")
+needs_int8_kernels = pytest.mark.skipif(not M.int8_kernels_exact(), reason=M.INT8_KERNELS_WHY)
 
 
 def calibration(model, n=CALIBRATION):
-    return [M.feeds_for(model, 1000 + i) for i in range(n)]
+    return M.calibration_feeds(model, n)
 
-
-def rel_l2(a, b) -> float:
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
 # ---------------------------------------------------------------- the independent QDQ oracle
@@ -169,8 +162,8 @@ def test_matches_the_qdq_oracle_and_the_fp32_model(which, request, tmp_path):
         (yo,) = M.ort_run(ort_static, feeds)
         steps = np.abs(np.asarray(y, np.float64) - ref) / bound
         assert steps.max() <= 1.0, f"seed {seed}: {steps.max():.3f} steps of the last product's input"
-        assert rel_l2(y, yf) < limit, rel_l2(y, yf)
-        assert rel_l2(y, yf) <= 1.1 * rel_l2(yo, yf) + 5e-3, (rel_l2(y, yf), rel_l2(yo, yf))
+        assert M.rel_l2(y, yf) < limit, M.rel_l2(y, yf)
+        assert M.rel_l2(y, yf) <= 1.1 * M.rel_l2(yo, yf) + 5e-3, (M.rel_l2(y, yf), M.rel_l2(yo, yf))
 
 
 def test_minmax_ranges_are_the_tensors_min_and_max(conv_model):
@@ -243,7 +236,7 @@ def test_calibration_methods_choose_different_ranges_on_outliers():
         his[method] = x["hi"]
         test = M.feeds_for(m, 3)
         (y,) = cm.run(test).values()
-        errors[method] = rel_l2(y, M.ort_run(m, test)[0])
+        errors[method] = M.rel_l2(y, M.ort_run(m, test)[0])
     assert his["minmax"] == 40.0
     assert his["percentile"] < 10 and his["entropy"] < 10, his
     assert his["percentile"] != his["entropy"], his
@@ -336,7 +329,7 @@ def test_without_calibration_a_transformer_block_is_quantised_dynamically(tmp_pa
         (y,) = cm.run(feeds).values()
         (ref,) = M.ort_run(q, feeds)
         np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
-        assert rel_l2(y, M.ort_run(m, feeds)[0]) < 3e-2
+        assert M.rel_l2(y, M.ort_run(m, feeds)[0]) < 3e-2
 
 
 # ---------------------------------------------------------------- (f) the artifact
@@ -387,7 +380,7 @@ def test_symbolic_rows(calibrated):
     for s in (5, 16):
         x = {"x": rng.standard_normal((1, s, 32)).astype(np.float32)}
         (y,) = cm.run(x).values()
-        assert y.shape == (1, s, 32) and rel_l2(y, M.ort_run(m, x)[0]) < 6e-2
+        assert y.shape == (1, s, 32) and M.rel_l2(y, M.ort_run(m, x)[0]) < 6e-2
 
 
 def test_a_sum_residual_is_fused_like_an_add():
@@ -399,4 +392,4 @@ def test_a_sum_residual_is_fused_like_an_add():
     assert [n.op_type for n in cm.graph.nodes if n.op_type in ("Sum", "Add")] == []
     assert len([n for n in cm.graph.nodes if n.op_type == "QConv" and len(n.inputs) == 5]) == 1
     feeds = M.feeds_for(m, 3)
-    assert rel_l2(cm.run(feeds)["y"], M.ort_run(m, feeds)[0]) < 3e-2
+    assert M.rel_l2(cm.run(feeds)["y"], M.ort_run(m, feeds)[0]) < 3e-2

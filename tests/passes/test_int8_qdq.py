@@ -30,9 +30,7 @@ FLOAT_PRODUCTS = ("Conv", "MatMul", "Gemm", "FusedConv", "Linear", "ConvInteger"
                   "QLinearConv", "QLinearMatMul")
 
 pytest.importorskip("onnxruntime.quantization")
-needs_int8_kernels = pytest.mark.skipif(not (available() and int8_exact()),
-                                        reason="oneDNN's int8 kernels are not exact here (no VNNI / AMX) "
-                                               "or oneDNN does not load: the int8 ops run their reference form")
+needs_int8_kernels = pytest.mark.skipif(not M.int8_kernels_exact(), reason=M.INT8_KERNELS_WHY)
 
 
 def _qdq(tmp_path_factory, name, model, fmt="QDQ"):
@@ -65,9 +63,6 @@ def last_step(q: onnx.ModelProto) -> float:
     assert dq.op_type == "DequantizeLinear"
     return float(inits[dq.input[1]])
 
-
-def rel_l2(a, b) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def int8_calls(cm) -> list:
@@ -107,7 +102,7 @@ def compare(cm, q, fp32, max_steps, mean_steps, seeds=SEEDS, fp32_limit=5e-2):
         diff = np.abs(np.asarray(y, np.float64) - ref) / step
         assert diff.max() <= max_steps + 1e-3, f"seed {seed}: {diff.max()} steps (bound {max_steps})"
         assert diff.mean() <= mean_steps, f"seed {seed}: mean {diff.mean()} steps"
-        assert rel_l2(y, yf) < fp32_limit and rel_l2(y, yf) <= 1.1 * rel_l2(ref, yf) + 5e-3, (rel_l2(y, yf), rel_l2(ref, yf))
+        assert M.rel_l2(y, yf) < fp32_limit and M.rel_l2(y, yf) <= 1.1 * M.rel_l2(ref, yf) + 5e-3, (M.rel_l2(y, yf), M.rel_l2(ref, yf))
 
 
 # ---------------------------------------------------------------- QDQ files

@@ -12,31 +12,21 @@ import pytest
 
 import fusegraph as fg
 from fusegraph.cli.main import main
-from fusegraph.runtime.backends.cpu.dnnl import available
-from fusegraph.runtime.backends.cpu.dnnl.int8_support import int8_exact
 from fusegraph.tools.precision_bisect import precision_bisect
 
 import int8_models as M
 
 pytest.importorskip("onnxruntime")
 CFG = fg.Config(threads=2)
-needs_int8_kernels = pytest.mark.skipif(not (available() and int8_exact()),
-                                        reason="oneDNN's int8 kernels are not exact here (no VNNI / AMX)")
+needs_int8_kernels = pytest.mark.skipif(not M.int8_kernels_exact(), reason=M.INT8_KERNELS_WHY)
 
 
-def calibration(model, n=4):
-    return [M.feeds_for(model, 1000 + i) for i in range(n)]
-
-
-def rel_l2(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.fixture(scope="module")
 def planted():
     model = M.outlier_net(seed=1)
-    return model, precision_bisect(model, "int8", config=CFG, calibration=calibration(model))
+    return model, precision_bisect(model, "int8", config=CFG, calibration=M.calibration_feeds(model))
 
 
 @needs_int8_kernels
@@ -52,10 +42,10 @@ def test_the_planted_sensitive_product_is_ranked_first(planted):
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)}
     only = fg.compile(model, CFG.replace(precision="int8", op_precision={"Conv": "fp32", "Gemm": "fp32",
                                                                         "conv2": "int8"}),
-                      calibration_inputs=calibration(model))
+                      calibration_inputs=M.calibration_feeds(model))
     try:
         assert {r["node"]: r["dtype"] for r in only.report.precision["nodes"]}["conv2"] == "int8"
-        assert first.sensitivity == pytest.approx(rel_l2(only.run(feeds)["y"], M.ort_run(model, feeds)[0]), rel=1e-3)
+        assert first.sensitivity == pytest.approx(M.rel_l2(only.run(feeds)["y"], M.ort_run(model, feeds)[0]), rel=1e-3)
     finally:
         only.close()
     text = result.to_text()
@@ -65,14 +55,14 @@ def test_the_planted_sensitive_product_is_ranked_first(planted):
 @needs_int8_kernels
 def test_without_the_outlier_no_product_stands_out():
     model = M.outlier_net(seed=1, outlier=1.0)
-    result = precision_bisect(model, "int8", config=CFG, calibration=calibration(model))
+    result = precision_bisect(model, "int8", config=CFG, calibration=M.calibration_feeds(model))
     assert result.error < 0.1 and all(r.sensitivity < 0.1 for r in result.ranked)
 
 
 @needs_int8_kernels
 def test_a_symbolic_batch_is_bisected_on_its_one_compile():
     model = M.outlier_net(seed=1, batch="n")
-    feeds = [{"x": f["x"][:1]} for f in calibration(M.outlier_net(seed=1))]
+    feeds = [{"x": f["x"][:1]} for f in M.calibration_feeds(M.outlier_net(seed=1))]
     result = precision_bisect(model, "int8", config=CFG, calibration=feeds)
     assert result.worst.node == "conv2" and result.worst.sensitivity > 0.2
 
@@ -90,7 +80,7 @@ def test_cli_bisect_int8(tmp_path, capsys, monkeypatch):
     onnx.save(model, path)
     cal = tmp_path / "cal"
     cal.mkdir()
-    for i, f in enumerate(calibration(model, 2)):
+    for i, f in enumerate(M.calibration_feeds(model, 2)):
         np.savez(cal / f"{i}.npz", **f)
     assert main(["bisect", str(path), "--precision", "int8", "--calibration", str(cal), "--top", "3"]) == 0
     out = capsys.readouterr().out
