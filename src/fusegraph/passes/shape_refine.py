@@ -11,9 +11,9 @@ Symbols are unified too: where the recorded dim is a symbol the frontend made up
 (a ``Gather`` of an embedding table by ``input_ids [batch, seq]`` is ``[batch, seq, D]``), the
 made-up symbol is that input's dim wherever it appears, and is renamed throughout the graph,
 so equalities it stood for are kept and the ones the rules proved are added (an exported
-decoder's attention output is then provably ``[batch, heads, seq, D]``, and the head merge
-after it fuses). A made-up symbol that the rules tie to two different input symbols keeps
-its name.
+decoder's attention output is then provably ``[batch, heads, seq, D]``, which the fusion
+rules read). A made-up symbol that the rules tie to two different input symbols keeps its
+name.
 """
 from __future__ import annotations
 
