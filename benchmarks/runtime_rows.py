@@ -15,21 +15,11 @@ BERT-base layer by default. 2 threads; take the shared lock::
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 
-
-def _median_ms(fn, runs: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+from fusegraph.tools.timing import measure
 
 
 def main() -> int:
@@ -80,7 +70,7 @@ def main() -> int:
             got = {}
             for name, fn in (("packed", lambda: packed(x, out=y)), ("plain", lambda: plain(x, out=y)),
                              ("sgemm", sgemm)):
-                got[name] = _median_ms(fn, args.runs)
+                got[name] = measure(fn, runs=args.runs, warmup=3).median_ms
                 torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-3)
                 totals[name] += got[name]
             print(f"| {k} x {n} | {m} | {got['packed']:.3f} | ({made['packed']:.2f}) | {got['plain']:.3f} | "

@@ -60,12 +60,13 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from ..ir import Graph
 from ..ir.serialize import copy_graph
 from ..plan.cost import CostModel
 from ..runtime.backends import bf16_declined, int8_declined
 from .accuracy import worst_error
+from .calibrate import calibration_feeds
 
 CALIBRATION_INPUTS = 2
 MIN_BF16_SHARE = 0.2
@@ -170,10 +171,7 @@ def _feeds(graph: Graph, calibration) -> list[dict]:
     if calibration is None:
         from ..runtime.feeds import random_feeds
         return [random_feeds(graph.inputs, seed=i) for i in range(CALIBRATION_INPUTS)]
-    feeds = [calibration] if isinstance(calibration, dict) else list(calibration)
-    if not feeds or not all(isinstance(f, dict) for f in feeds):
-        raise InputError("calibration_inputs must be a feed dict or a non-empty list of them")
-    return feeds
+    return calibration_feeds(graph, calibration)
 
 
 def _error(model, feeds: list[dict], want: list[dict]) -> float:

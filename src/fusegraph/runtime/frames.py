@@ -11,14 +11,14 @@ cache and unpacks the frame into its locals; on a miss it calls ``FrameBuilder``
    else ``InputError`` naming the input, the dim and the range);
 2. evaluates the shape program: the computed values and every activation's shape (the ops'
    rules; a step whose inputs are the last frame's repeats its result);
-4. takes the kept memory plan the shape fits (every activation within its slot, every
+3. takes the kept memory plan the shape fits (every activation within its slot, every
    in-place pair of one shape), or has the planner the compiler handed over make one with
    its slots rounded up (``plan/buckets.py``: a bucket of shapes; the order is fixed, only
    offsets are planned): for this shape, or, where the symbolic dims grew by one amount
    since the newest plan (a decoder's past, a token a step), for a shape ahead of it (the
    largest grown dim at the next power of two), so that a decoder plans a few times, not
    every few tokens;
-5. views the arena at those offsets with those shapes (the arena grows to the largest plan
+4. views the arena at those offsets with those shapes (the arena grows to the largest plan
    in use; growing drops the frames kept, whose views point at the old buffer).
 
 Frames are kept first made, first out (``capacity`` of them, holding at most ``FRAME_BYTES``

@@ -89,13 +89,16 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
         want = MemDesc.of((k, n), compute, (1, k) if by_columns else (n, 1))
     else:
         want = MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
-    try:
-        prim = kernel.make(REFERENCE_ROWS, want)
-    except capi.DnnlError as exc:
-        return Decline(f"oneDNN has no matmul for this node: {exc}", "dnnl")
-    if prim.is_reference:
-        return Decline(f"oneDNN offers only its reference matmul ({prim.impl})", "dnnl")
-    w_md = prim.md(capi.Q_WEIGHTS_MD)
+    if gemv and not by_columns:      # sgemm at every row count: no matmul primitive, the layout as asked
+        w_md = want
+    else:
+        try:
+            prim = kernel.make(REFERENCE_ROWS, want)
+        except capi.DnnlError as exc:
+            return Decline(f"oneDNN has no matmul for this node: {exc}", "dnnl")
+        if prim.is_reference:
+            return Decline(f"oneDNN offers only its reference matmul ({prim.impl})", "dnnl")
+        w_md = prim.md(capi.Q_WEIGHTS_MD)
     plain = w if w.device.type == "meta" else w.to(compute).contiguous()
     plain_md = MemDesc.of((k, n), compute, (1, k) if trans_b else (n, 1))
     packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
