@@ -253,6 +253,43 @@ def test_kv_cache_session_decodes_as_the_plain_runs_and_onnxruntime(decoder, loa
                      "past_0": np.zeros((1, 4, 0, 16), np.float32)})
 
 
+def test_a_kv_session_hands_the_guard_its_caches_magnitude(decoder, monkeypatch):
+    """The guarded kernels' check (the largest ``|x|`` of the float feeds) reads no kept cache:
+    each buffer's magnitude is the most of the rows appended to it, as NumPy finds over the
+    cache, and the run's measurement takes it (NaN in it: NaN, so the exact kernels run). The
+    plain runs, whose pasts come from the caller, are read."""
+    import torch
+    from fusegraph.runtime.backends.cpu import guard
+    model = fg.compile(decoder)
+    state = model._executor.backend.run_state
+    assert state.needed                         # the decoder has guarded kernels
+    read = []
+    grown = guard._grown
+    monkeypatch.setattr(guard, "_grown", lambda seen, t, view: (read.append(tuple(t.shape)), grown(seen, t, view))[1])
+    session = model.kv_cache(capacity=16)
+    prompt = np.random.default_rng(3).integers(0, 1000, (1, 5)).astype(np.int64)
+    ids = prompt
+    for _ in range(4):
+        read.clear()
+        before = [float(np.abs(session.cache(f"present_{i}")).max()) for i in range(4)] if session.length else [0.0] * 4
+        out = session.run({"input_ids": ids, "attention_mask": np.ones((1, session.length + ids.shape[1]), np.int64)})
+        assert not [s for s in read if len(s) == 4], read          # no past [1, 4, L, 16] was read
+        assert state.m >= max(before)
+        for i, b in enumerate(session.buffers):
+            assert b.magnitude == float(np.abs(session.cache(b.pair.output)).max())
+        ids = np.array([[int(out["logits"][0, -1].argmax())]], np.int64)
+    past = {f"past_{i}": session.cache(f"present_{i}") for i in range(4)}
+    read.clear()
+    model.run({"input_ids": ids, "attention_mask": np.ones((1, session.length + 1), np.int64), **past})
+    assert sum(len(s) == 4 for s in read) == 4                   # the caller's pasts are read
+    state.measure([None, None], {0: 2.0, 1: float("nan")})
+    assert np.isnan(state.m)
+    state.measure([torch.tensor([float("nan"), 1.0])], {0: 3.0})   # a known input is not read again
+    assert state.m == 3.0
+    session.reset()
+    assert all(b.magnitude == 0.0 and b.length == 0 for b in session.buffers)
+
+
 def test_bench_decode_prints_ms_per_token_and_the_same_tokens(decoder, capsys):
     """``fusegraph bench DECODER --decode N --vs onnxruntime``: the KV session, the plain runs and
     onnxruntime each run the greedy loop and choose the same tokens (exit 0)."""

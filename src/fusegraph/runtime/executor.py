@@ -176,10 +176,11 @@ class Executor:
         return self._runner
 
     def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None, runner=None,
-                    tokens: tuple[CancelToken, ...] = ()) -> tuple:
+                    tokens: tuple[CancelToken, ...] = (), magnitudes: dict[int, float] | None = None) -> tuple:
         """One run on converted feeds (the caller serialises runs: ``run`` holds the lock), by
         ``runner`` (default the model's); it stops at the next kernel boundary once one of
-        ``tokens`` is cancelled."""
+        ``tokens`` is cancelled. ``magnitudes``: input index -> its largest ``|x|`` where the
+        caller keeps that input and knows it (``Backend.before_run``)."""
         if self._closed:
             raise ModelClosedError(f"{self.model_name}: the model was closed; compile or load it again to run it")
         runner = runner or self._runner
@@ -197,7 +198,7 @@ class Executor:
             if control.stop:
                 control.stopped("before its first kernel")
             with torch.inference_mode(), intra_op_threads(threads):
-                self.backend.before_run(tensors)
+                self.backend.before_run(tensors, magnitudes)
                 return runner(tensors, hook)
         except RunCancelled as exc:
             raise self._located(exc, runner) from None

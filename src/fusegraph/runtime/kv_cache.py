@@ -12,13 +12,18 @@ and the view is the next step's past input as it is. The attention reads the vie
 the buffer's rows are ``capacity`` apart); a step beyond the capacity grows the buffer to twice
 its size (one copy of the cache, amortised over the steps that follow).
 
-A run that fails leaves the cache as it was before it (the lengths are restored; the rows a
-failed step wrote past them are ignored). The buffers are the session's, not the arena's:
+Each buffer keeps the largest ``|x|`` of the rows appended to it (NaN once one held a NaN): a
+step hands it to the backend as its past's magnitude (``Backend.before_run``), so the guarded
+kernels' check does not read the whole cache again every step.
+
+A run that fails leaves the cache as it was before it (the lengths and magnitudes are
+restored; the rows a failed step wrote past them are ignored). The buffers are the session's, not the arena's:
 their bytes are reported apart (``KVSession.nbytes``). Nothing here plans memory or
 generates code.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -67,6 +72,7 @@ class CacheBuffer:
 
     def __init__(self, pair: KVPair, capacity: int):
         self.pair, self.capacity, self.length = pair, int(capacity), 0
+        self.magnitude = 0.0       # the largest |x| of the rows appended (NaN once one held a NaN)
         self.tensor: torch.Tensor | None = None        # made at the first step (its other dims then known)
         self._current: torch.Tensor | None = None       # the view handed out as this step's past
 
@@ -100,6 +106,7 @@ class CacheBuffer:
         if self.length + n > self.capacity:
             self._grow(self.length + n)
         self.tensor.narrow(axis, self.length, n).copy_(new)
+        self.magnitude = _grown_magnitude(self.magnitude, new)
         self.length += n
         self._current = self.tensor.narrow(axis, 0, self.length)
         return self._current
@@ -158,7 +165,7 @@ class KVSession:
     def reset(self) -> None:
         """Start a new sequence (the buffers are kept and reused)."""
         for b in self.buffers:
-            b.length = 0
+            b.length, b.magnitude = 0, 0.0
 
     def run(self, feeds: Mapping[str, Any], past_shapes: Mapping[str, tuple] | None = None) -> dict[str, Any]:
         ex = self.executor
@@ -166,23 +173,33 @@ class KVSession:
         if given:
             raise InputError(f"{ex.model_name}: the KV session feeds {', '.join(map(repr, given))} itself; "
                              f"give only the other inputs")
-        lengths = [b.length for b in self.buffers]
+        kept = [(b.length, b.magnitude) for b in self.buffers]
         with ex.lock:
             tensors = ex.convert_feeds_except(feeds, self.past_names)
+            magnitudes = {}
             for i, v in enumerate(ex.inputs):
                 b = next((b for b in self.buffers if b.pair.input is v), None)
                 if b is not None:
                     shape = None if b.tensor is not None else \
                         (past_shapes or {}).get(v.name) or _template(v, tensors, ex.inputs)
                     tensors[i] = b.past(shape, v.dtype.to_torch())
+                    magnitudes[i] = b.magnitude
             try:
-                outs = ex.run_tensors(tensors, runner=self.runner)
+                outs = ex.run_tensors(tensors, runner=self.runner, magnitudes=magnitudes)
             except BaseException:
-                for b, n in zip(self.buffers, lengths):
-                    b.length = n
+                for b, (n, m) in zip(self.buffers, kept):
+                    b.length, b.magnitude = n, m
                 raise
             keep = [n not in self.present_names for n in ex.output_names]
             return ex.outputs_to_numpy(tensors, outs, keep, self.runner)
+
+
+def _grown_magnitude(seen: float, rows: torch.Tensor) -> float:
+    """``seen`` grown by the largest ``|x|`` of ``rows`` (NaN stays NaN; an infinity is infinite)."""
+    if math.isnan(seen) or not rows.numel() or not rows.is_floating_point():
+        return seen
+    lo, hi = (float(x) for x in torch.aminmax(rows.reshape(-1)))
+    return math.nan if math.isnan(lo) or math.isnan(hi) else max(seen, -lo, hi)
 
 
 def _template(v: Value, tensors: list, inputs: list[Value]) -> tuple[int, ...] | None:

@@ -21,7 +21,7 @@ Knows no op and no device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ class Backend:
     def bind_start(self, graph) -> None:
         """Before the nodes' kernels are asked for: a look at the whole graph."""
 
-    def before_run(self, tensors) -> None:
-        """Before each run, with its input tensors."""
+    def before_run(self, tensors, magnitudes: Mapping[int, float] | None = None) -> None:
+        """Before each run, with its input tensors; ``magnitudes``: input index -> the largest
+        ``|x|`` of that input as the caller already knows it (NaN where it holds a NaN), for
+        inputs it keeps itself (a KV session's cache)."""
 
     def tried(self, node) -> list[Decline]:
         """Kernel families the backend tried for ``node`` and declined before the kernel it gave

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Mapping
 
 import torch
 
@@ -113,9 +114,9 @@ class CpuBackend(Backend):
         self.guards = guard_plan(graph, self._const_fact, MEASURE_BELOW) if self.exact and self.dnnl is not None \
             else GuardPlan({}, {})
 
-    def before_run(self, tensors) -> None:
+    def before_run(self, tensors, magnitudes: Mapping[int, float] | None = None) -> None:
         if self.run_state.needed:
-            self.run_state.measure(tensors)
+            self.run_state.measure(tensors, magnitudes)
 
     def _const_fact(self, value) -> Fact:
         """A constant's fact (``finite.ConstantFacts``): its packed forms' when the backend

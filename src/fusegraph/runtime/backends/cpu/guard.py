@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -40,9 +40,16 @@ class RunState:
         self.needed = False        # a guarded kernel was bound
         self._lock = threading.Lock()
 
-    def measure(self, tensors) -> None:
+    def measure(self, tensors, known: Mapping[int, float] | None = None) -> None:
+        """``m`` of a run's feeds; ``known``: index -> a feed's largest magnitude as its
+        caller keeps it (a KV session's cache: the most of the rows it appended), not read again."""
         self.m = 0.0
-        self.see(tensors)
+        if not known:
+            self.see(tensors)
+            return
+        self.see([t for i, t in enumerate(tensors) if i not in known])
+        for m in known.values():
+            self.grow(m)
 
     def see(self, tensors) -> None:
         """Grow ``m`` by the largest magnitude of ``tensors`` (NaN: NaN from then on); streams
