@@ -37,6 +37,7 @@ from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
 from .layer_norm import layer_norm_kernel
+from .quantize import dequantize_kernel, quantize_kernel
 from .rms_norm import rms_norm_kernel
 from .rotary_gating import gated_kernel, rotary_kernel
 from .guard import Guarded, Measuring, RunState
@@ -51,7 +52,7 @@ from ...kv_cache import kv_pairs
 # where they are made (``guard_plan.py``): images in 0..255 or normalised ones sit well below it
 MEASURE_BELOW = 1e4
 _PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memory (attention.py, layer_norm.py,
-              # rms_norm.py, rotary_gating.py)
+              # rms_norm.py, rotary_gating.py, quantize.py)
     ("fusegraph", "ScaledDotProductAttention"): attention_kernel,
     ("", "Gather"): lambda ctx, opdef, ws: embedding_kernel(ctx),
     ("fusegraph", "LayerNorm"): lambda ctx, opdef, ws: layer_norm_kernel(ctx, ws),
@@ -60,6 +61,8 @@ _PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memor
     ("fusegraph", "SkipRMSNorm"): lambda ctx, opdef, ws: rms_norm_kernel(ctx, ws),
     ("fusegraph", "RotaryEmbedding"): lambda ctx, opdef, ws: rotary_kernel(ctx, ws),
     ("fusegraph", "GatedActivation"): lambda ctx, opdef, ws: gated_kernel(ctx, ws),
+    ("", "QuantizeLinear"): lambda ctx, opdef, ws: quantize_kernel(ctx, ws),
+    ("", "DequantizeLinear"): lambda ctx, opdef, ws: dequantize_kernel(ctx),
 }
 FORM_KEY = "dnnl"      # the packed-form key of this backend's weights in an artifact
 
