@@ -45,6 +45,13 @@ def _scalar(ctx, index: int, what: str, dtypes: tuple[DType, ...]):
     return float(t.reshape(())) if dt == DType.FLOAT else int(t.reshape(()))
 
 
+def _parameters(ctx, int_type: DType):
+    """(scale, zero point) of the node (``_scalar``'s values), or the first one's Decline."""
+    scale = _scalar(ctx, 1, "the scale", (DType.FLOAT,))
+    zero = _scalar(ctx, 2, "the zero point", (int_type,))
+    return next((p for p in (scale, zero) if isinstance(p, Decline)), (scale, zero))
+
+
 def _like(buf: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x.numel()`` elements of ``buf`` as a ``dtype`` tensor laid out as ``x`` (its strides
     where its bytes are dense in some axis order, a channels-last activation; else row-major)."""
@@ -69,11 +76,10 @@ def quantize_kernel(ctx, workspace):
     out_type = ctx.node.outputs[0].dtype
     if out_type not in RANGES:
         return Decline(f"output type {out_type}, not int8 / uint8", "cpu")
-    scale = _scalar(ctx, 1, "the scale", (DType.FLOAT,))
-    zero = _scalar(ctx, 2, "the zero point", (out_type,))
-    for got in (scale, zero):
-        if isinstance(got, Decline):
-            return got
+    params = _parameters(ctx, out_type)
+    if isinstance(params, Decline):
+        return params
+    scale, zero = params
     lo, hi = RANGES[out_type]
     torch_type = out_type.to_torch()
 
@@ -106,11 +112,10 @@ def dequantize_kernel(ctx):
         return Decline(f"input type {in_type}, not int8 / uint8", "cpu")
     if ctx.node.outputs[0].dtype != DType.FLOAT:
         return Decline(f"output type {ctx.node.outputs[0].dtype}, not float32", "cpu")
-    scale = _scalar(ctx, 1, "the scale", (DType.FLOAT,))
-    zero = _scalar(ctx, 2, "the zero point", (in_type,))
-    for got in (scale, zero):
-        if isinstance(got, Decline):
-            return got
+    params = _parameters(ctx, in_type)
+    if isinstance(params, Decline):
+        return params
+    scale, zero = params
 
     def dequantize(x, s, zp=None, out=None):
         if out is None:
