@@ -176,7 +176,7 @@ class Executor:
         return self._runner
 
     def run_tensors(self, tensors: list[torch.Tensor], hook: Callable | None = None, runner=None,
-                    tokens: tuple[CancelToken, ...] = (), magnitudes: dict[int, float] | None = None) -> tuple:
+                    tokens: tuple[CancelToken, ...] = (), magnitudes: Mapping[int, float] | None = None) -> tuple:
         """One run on converted feeds (the caller serialises runs: ``run`` holds the lock), by
         ``runner`` (default the model's); it stops at the next kernel boundary once one of
         ``tokens`` is cancelled. ``magnitudes``: input index -> its largest ``|x|`` where the

@@ -32,6 +32,7 @@ import torch
 
 from ..errors import ConfigError, InputError
 from ..ir import Graph, Node, Value
+from ..ops.value_range import tensor_fact
 
 
 SHAPE_READERS = ("Shape", "Size")     # read a past's shape, not its data: the view serves them
@@ -196,10 +197,10 @@ class KVSession:
 
 def _grown_magnitude(seen: float, rows: torch.Tensor) -> float:
     """``seen`` grown by the largest ``|x|`` of ``rows`` (NaN stays NaN; an infinity is infinite)."""
-    if math.isnan(seen) or not rows.numel() or not rows.is_floating_point():
+    if math.isnan(seen) or not rows.is_floating_point():
         return seen
-    lo, hi = (float(x) for x in torch.aminmax(rows.reshape(-1)))
-    return math.nan if math.isnan(lo) or math.isnan(hi) else max(seen, -lo, hi)
+    fact = tensor_fact(rows)
+    return math.nan if fact.nan else max(seen, fact.bound)
 
 
 def _template(v: Value, tensors: list, inputs: list[Value]) -> tuple[int, ...] | None:

@@ -57,7 +57,7 @@ class RunState:
         seen = 0.0
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-                seen = _grown(seen, t, _dense_view(t))
+                seen = _grown(seen, t, dense_view(t))
                 if math.isnan(seen):
                     break
         self.grow(seen)
@@ -69,15 +69,15 @@ class RunState:
 
 def _grown(seen: float, t: torch.Tensor, view: torch.Tensor | None) -> float:
     """``seen`` grown by ``t``'s largest magnitude (NaN in it: NaN), read through its one-axis
-    ``view`` (``_dense_view``), or a flattened copy where it has none."""
+    ``view`` (``dense_view``), or a flattened copy where it has none."""
     lo, hi = torch.aminmax(t.reshape(-1) if view is None else view)
     lo, hi = lo.item(), hi.item()
     return max(seen, -lo, hi) if not (math.isnan(lo) or math.isnan(hi)) else math.nan
 
 
-def _dense_view(t: torch.Tensor) -> torch.Tensor | None:
+def dense_view(t: torch.Tensor) -> torch.Tensor | None:
     """``t``'s elements as a one-axis view when its bytes are dense in some axis order (a
-    channels-last activation), else None."""
+    channels-last activation), else None (``quantize.py`` lays its workspace out by it too)."""
     if t.is_contiguous():
         return t.view(-1)
     dims = sorted(range(t.dim()), key=lambda d: t.stride(d))
@@ -165,7 +165,7 @@ class _Outputs:
             if last is None or last[0] is not t:
                 if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
                     continue
-                last = (t, _dense_view(t))
+                last = (t, dense_view(t))
                 self._seen[j] = last if kept else None
             seen = _grown(seen, t, last[1])
         state.grow(seen)

@@ -24,6 +24,7 @@ import torch
 
 from ....ir import DType
 from ..protocol import Decline
+from .guard import dense_view
 
 RANGES = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
 
@@ -55,15 +56,9 @@ def _parameters(ctx, int_type: DType):
 def _like(buf: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x.numel()`` elements of ``buf`` as a ``dtype`` tensor laid out as ``x`` (its strides
     where its bytes are dense in some axis order, a channels-last activation; else row-major)."""
-    flat = buf[:x.numel() * torch.empty((), dtype=dtype).element_size()].view(dtype)
-    if x.is_contiguous():
+    flat = buf[:x.numel() * dtype.itemsize].view(dtype)
+    if x.is_contiguous() or dense_view(x) is None:
         return flat.view(x.shape)
-    order = sorted(range(x.dim()), key=lambda d: x.stride(d))
-    step = 1
-    for d in order:
-        if x.size(d) != 1 and x.stride(d) != step:
-            return flat.view(x.shape)
-        step *= x.size(d)
     return flat.as_strided(x.shape, x.stride())
 
 
