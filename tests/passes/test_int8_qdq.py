@@ -167,6 +167,33 @@ def test_single_product_bias_bound(tmp_path):
     compare(cm, q, fp32, max_steps=bound, mean_steps=0.5, fp32_limit=1e-1)
 
 
+def test_gemm_biases_shared_through_identity(tmp_path):
+    """Exporters share equal initialisers through ``Identity`` nodes (a zero-initialised
+    GPT-2's biases): a Gemm whose bias is ``Identity(DQ(int32 bias))`` of another Gemm, and one
+    whose bias is ``Identity`` of a float initialiser, are int8 products like the first."""
+    rng = np.random.default_rng(11)
+    d = 32
+    inits = {f"w{i}": M._he(rng, (d, d), d) for i in range(3)}
+    inits["b0"] = (rng.standard_normal(d) * 0.1).astype(np.float32)
+    inits["c"] = (rng.standard_normal(d) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["g0"]), helper.make_node("Relu", ["g0"], ["r0"]),
+             helper.make_node("Identity", ["b0"], ["b1"]),
+             helper.make_node("Gemm", ["r0", "w1", "b1"], ["g1"]), helper.make_node("Relu", ["g1"], ["r1"]),
+             helper.make_node("Identity", ["c"], ["b2"]),
+             helper.make_node("Gemm", ["r1", "w2", "b2"], ["y"])]
+    fp32 = M._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, d])],
+                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, d])], inits, "shared_bias")
+    q = M.quantize(fp32, tmp_path, "shared_bias")
+    by_out = {o: n for n in q.graph.node for o in n.output}
+    gemms = [n for n in q.graph.node if n.op_type == "Gemm"]
+    bias_sources = [by_out[g.input[2]].op_type if g.input[2] in by_out else "initializer" for g in gemms]
+    assert bias_sources.count("Identity") == 2, bias_sources    # the file still says what the test is about
+    cm = fg.compile(q, CFG)
+    check_ops(cm, 3)
+    # three products quantised from 8 calibration inputs: onnxruntime's own error is ~7e-2
+    compare(cm, q, fp32, max_steps=4, mean_steps=0.75, fp32_limit=1e-1)
+
+
 @needs_int8_kernels
 def test_int8_products_run_on_onednn_int8(conv_gemm, block):
     """Every QConv / QLinear of both models runs a oneDNN VNNI int8 implementation, listed in

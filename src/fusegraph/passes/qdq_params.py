@@ -9,6 +9,8 @@ says, as plain numbers, for the rules of ``quantize_qdq.py`` and ``qdq_propagate
   per ``channel_axis``: the int8 weight and its float32 scales, or a ``Decline``.
 - ``constant_bias(value)``: a constant float bias, or a DQ of a constant (int32) one
   dequantised here exactly as ``DequantizeLinear`` does (float32), or None.
+- ``through_identity(value)``: the value an ``Identity`` chain passes on (exporters share
+  equal initialisers, and so equal biases, through ``Identity`` nodes).
 Nothing here changes the graph.
 """
 from __future__ import annotations
@@ -37,6 +39,13 @@ class QParams(NamedTuple):
 
 def is_op(node: Node | None, *ops: str) -> bool:
     return node is not None and node.domain == "" and node.op_type in ops
+
+
+def through_identity(v: Value | None) -> Value | None:
+    """The value at the start of the ``Identity`` chain that ends at ``v``."""
+    while v is not None and is_op(v.producer, "Identity"):
+        v = v.producer.input(0)
+    return v
 
 
 def _block(node: Node) -> bool:
@@ -129,6 +138,7 @@ def scalar(v: Value | None, default=None):
 def constant_bias(v: Value | None, n) -> torch.Tensor | Decline | None:
     """A bias of ``n`` values as float32: a constant, or the DQ of a constant (per tensor or
     along its only axis) computed as ``DequantizeLinear`` does; None when absent."""
+    v = through_identity(v)
     if v is None:
         return None
     p = v.producer

@@ -7,6 +7,7 @@ groups, as onnxruntime's ``quantize_static`` (QDQ format) writes them, become on
   an optional Relu, ``x`` an 8-bit activation quantised per tensor, ``w`` a constant int8
   weight quantised per tensor or per output channel with zero point 0 (``qdq_params.py``:
   uint8 weights shifted where that is exact), ``b`` absent, constant, or the DQ of a constant
+  (each DQ and the bias possibly behind ``Identity`` nodes)
   -> ``QConv`` / ``QLinear`` writing the Q's type, scale and zero point. The product's and
   the activation's outputs are read by nothing else.
 - ``qdq_product_float`` (root the product): the same product whose result a float op reads
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from ..ir import DType, Node
 from .facts import only_use
-from .qdq_params import QParams, activation_params, constant_bias, is_op, weight_params
+from .qdq_params import QParams, activation_params, constant_bias, is_op, through_identity, weight_params
 from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
 
 PRODUCTS = ("Conv", "MatMul", "Gemm")
@@ -31,6 +32,7 @@ CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides
 
 
 def _dq(v) -> Node | None:
+    v = through_identity(v)
     p = v.producer if v is not None else None
     return p if is_op(p, "DequantizeLinear") else None
 
