@@ -12,7 +12,10 @@ Models: the light models named in ``--models`` (``zoo.light_model_path``, random
 ``zoo.randomize_weights`` seed 0, logits exposed by ``zoo.expose_logits``, converted to
 opset 13 (per-channel QDQ needs DequantizeLinear's axis), feeds ``zoo.random_feeds``) and ``bert``: a 4-layer hidden-768 BERT with random weights exported by
 ``tests/model_builders.py`` (called with keyword arguments), fixed to batch 1, sequence 128
-(feeds ``transformer_feeds``), and ``gpt2``: its 4-layer hidden-768 GPT-2 the same way. Each is quantised once into ``--cache`` (default
+(feeds ``transformer_feeds``), and ``gpt2``: its 4-layer hidden-768 GPT-2 the same way; a
+name of the architecture zoo (``fusegraph.testing.architectures``, e.g. ``mobilenet_v2``:
+MobileNetV2 as ``transformers`` builds it, 224 x 224) is its cached export (``--zoo-cache``)
+with ``architectures.feeds``. Each is quantised once into ``--cache`` (default
 ``~/.cache/fusegraph/int8``; reused when present) by onnxruntime's ``quantize_static``: QDQ,
 per-channel int8 weights, uint8 activations, MinMax over ``--calibration`` inputs (seeds
 1000..), after onnxruntime's ``quant_pre_process`` (its recommended first step: shape
@@ -70,7 +73,7 @@ from onnx import version_converter
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import precision_table as pt                      # noqa: E402 - the sibling benchmark's helpers
 
-from fusegraph.testing import zoo                 # noqa: E402
+from fusegraph.testing import architectures, zoo  # noqa: E402
 from fusegraph.tools.bench import alternate, ort_runner   # noqa: E402
 
 THREADS = 2
@@ -91,9 +94,13 @@ CHILD_ENGINE = {"ort_fp32": ("ort", "fp32"), "fg_fp32": ("fg_fp32", "fp32"), "or
 
 # ----- models and their quantisation --------------------------------------------------------------
 
-def fp32_model(name: str, cache: Path) -> tuple[Path, callable]:
+def fp32_model(name: str, cache: Path, zoo_cache: str | None = None) -> tuple[Path, callable]:
     """(path of the fp32 model in ``cache``, feeds of a seed)."""
     path = cache / f"{name}_fp32.onnx"
+    if name not in zoo.LIGHT_MODELS and name in architectures.zoo_names():
+        if not path.exists():
+            onnx.save(onnx.load(str(architectures.build(name, zoo_cache))), str(path))
+        return path, lambda seed: architectures.feeds(name, seed)
     if name in TRANSFORMERS:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         import model_builders as mb
@@ -105,6 +112,13 @@ def fp32_model(name: str, cache: Path) -> tuple[Path, callable]:
     proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0))
     if proto.opset_import[0].version < QDQ_OPSET:   # per-channel QDQ needs DequantizeLinear's axis
         proto = version_converter.convert_version(proto, QDQ_OPSET)
+    # IR 3 lists every initialiser as a graph input; onnxruntime's pre-processing merges equal
+    # initialisers and leaves the dropped ones as inputs nobody feeds (shufflenet's Reshape shapes)
+    inits = {i.name for i in proto.graph.initializer}
+    real = [i for i in proto.graph.input if i.name not in inits]
+    del proto.graph.input[:]
+    proto.graph.input.extend(real)
+    proto.ir_version = max(proto.ir_version, 4)
     if not path.exists():
         onnx.save(proto, str(path))
     return path, lambda seed: zoo.random_feeds(proto, seed=seed)
@@ -146,6 +160,24 @@ def quantised_model(name: str, fp32: Path, feeds_of, cache: Path, calibration: i
 
 # ----- engines ----------------------------------------------------------------------------------------
 
+_OV_CHILD = """
+import sys, numpy as np, openvino as ov
+feeds = dict(np.load(sys.argv[2]))
+ov.Core().compile_model(sys.argv[1], "CPU", {"INFERENCE_NUM_THREADS": 2}).create_infer_request().infer(feeds)
+"""
+
+
+def ov_survives(path: str, feeds: dict) -> None:
+    """Raise when OpenVINO crashes the process compiling or running ``path`` (tried in a child
+    process first: its segfault would end the whole table)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(f"{tmp}/feeds.npz", **feeds)
+        out = subprocess.run([sys.executable, "-c", _OV_CHILD, path, f"{tmp}/feeds.npz"],
+                             capture_output=True, text=True, check=False)
+    if out.returncode < 0:
+        raise RuntimeError(f"OpenVINO killed its process (signal {-out.returncode}) compiling or running this file")
+
+
 def build(engine: str, fp32: Path, qdq: Path, feeds: dict, output: str, index: int, calibration=None):
     """(timed runner, function giving output ``output`` (the ``index``-th) as an array, the same
     for other feeds)."""
@@ -160,6 +192,7 @@ def build(engine: str, fp32: Path, qdq: Path, feeds: dict, output: str, index: i
         return run, lambda: np.asarray(run()[index]), lambda f: np.asarray(run(f)[index]), None
     if engine.startswith("ov"):
         import openvino as ov
+        ov_survives(path, feeds)
         compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": THREADS, "NUM_STREAMS": 1,
                                                          "PERFORMANCE_HINT": "LATENCY"})
         request = compiled.create_infer_request()
@@ -279,6 +312,8 @@ def main(argv=None) -> None:
     ap.add_argument("--quantisation", choices=("static", "dynamic", "ptq"), default="static")
     ap.add_argument("--agreement", type=int, default=16, help="ptq: fresh inputs for the top-1 agreement")
     ap.add_argument("--per-channel", action="store_true", help="dynamic: int8 weights per column")
+    ap.add_argument("--zoo-cache", default=None, help="the architecture zoo's export cache (default "
+                                                     "$FUSEGRAPH_ZOO_CACHE or ~/.cache/fusegraph/zoo)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
@@ -288,11 +323,15 @@ def main(argv=None) -> None:
     rows, failures = {}, {}
     engines = PTQ_ENGINES if args.quantisation == "ptq" else ENGINES
     for name in [m for m in args.models.split(",") if m]:
-        fp32, feeds_of = fp32_model(name, cache)
-        if args.quantisation == "dynamic":
-            qdq = dynamic_model(name, fp32, cache, args.per_channel)
-        else:
-            qdq = quantised_model(name, fp32, feeds_of, cache, args.calibration)
+        try:
+            fp32, feeds_of = fp32_model(name, cache, args.zoo_cache)
+            if args.quantisation == "dynamic":
+                qdq = dynamic_model(name, fp32, cache, args.per_channel)
+            else:
+                qdq = quantised_model(name, fp32, feeds_of, cache, args.calibration)
+        except Exception as exc:   # noqa: BLE001 - a model that cannot be quantised is reported, not fatal
+            failures[(name, "quantisation")] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            continue
         feeds = feeds_of(0)
         (ref,) = pt.ort_references(str(fp32), [feeds])
         names = list(ref)

@@ -208,6 +208,42 @@ def test_int8_products_run_on_onednn_int8(conv_gemm, block):
                 assert c.node.outputs[0].layout == "nhwc", c.node.name
 
 
+MAX_POOLS = {
+    "3x3_s2": dict(kernel_shape=[3, 3], strides=[2, 2]),
+    "pads": dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+    "ceil": dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    "asymmetric_pads": dict(kernel_shape=[2, 2], strides=[2, 2], pads=[0, 1, 1, 0]),
+}
+
+
+@needs_int8_kernels
+@pytest.mark.parametrize("name", MAX_POOLS)
+def test_uint8_max_pool_on_onednn(name, tmp_path):
+    """A max pool between two int8 convolutions pools the uint8 values themselves on oneDNN's
+    integer jit pooling (channels-last; not the portable kernel): the largest integer of a
+    window is exact, so the outputs stay within the convolutions' own bound of onnxruntime."""
+    rng = np.random.default_rng(5)
+    inits = {"w0": M._he(rng, (16, 4, 3, 3), 36), "b0": (rng.standard_normal(16) * 0.1).astype(np.float32),
+             "w1": M._he(rng, (8, 16, 3, 3), 144), "b1": (rng.standard_normal(8) * 0.1).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("MaxPool", ["r0"], ["p"], **MAX_POOLS[name]),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["y"], pads=[1, 1, 1, 1])]
+    side = {"3x3_s2": 6, "pads": 7, "ceil": 7, "asymmetric_pads": 7}[name]
+    fp32 = M._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 13, 13])],
+                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, side, side])], inits, "conv_pool")
+    q = M.quantize(fp32, tmp_path, "conv_pool")
+    cm = fg.compile(q, CFG)
+    check_ops(cm, 2)
+    from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+    (pool,) = [c for c in cm._executor.binding.calls if c.node.op_type == "MaxPool"]
+    assert pool.node.inputs[0].dtype.name == "UINT8" and pool.node.inputs[0].layout == "nhwc"
+    kernel = getattr(pool.kernel, "fast", pool.kernel)       # the fast side of a guarded call
+    assert isinstance(kernel, DnnlKernel) and not kernel.impl.startswith("ref"), \
+        (type(kernel).__name__, cm.report.kernels["declined"])
+    compare(cm, q, fp32, max_steps=1, mean_steps=0.25, fp32_limit=1e-1)
+
+
 # ---------------------------------------------------------------- QOperator files
 
 def test_qoperator_qlinearconv(tmp_path):

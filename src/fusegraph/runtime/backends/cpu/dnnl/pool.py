@@ -1,7 +1,9 @@
 """MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool as oneDNN pooling primitives.
 
 2-D float32 / bfloat16 pools with static shapes, read and written in the layouts the layout
-pass chose. The ONNX geometry (auto_pad, asymmetric pads, dilations, ceil mode) comes from
+pass chose, and max pools of uint8 / int8 values (a QDQ model's pools between two int8
+convolutions: the largest integer of each window is exact, and oneDNN pads with the type's
+lowest value, which never wins over a real one). The ONNX geometry (auto_pad, asymmetric pads, dilations, ceil mode) comes from
 the op's own ``PoolGeometry``: oneDNN's end padding is the one the last window reaches, and
 padded positions never count for max, nor (``count_include_pad`` 0) in an average's divisor.
 An average with ``count_include_pad`` whose last window overhangs the explicit pads (ceil
@@ -30,6 +32,7 @@ from .memory import MemDesc, Memory
 from .primitive import Attr, create
 
 TYPES = (torch.float32, torch.bfloat16)
+INTEGER_MAX_TYPES = (torch.uint8, torch.int8)
 
 
 def _geometry(ctx, kind: str, xs, ys):
@@ -57,8 +60,8 @@ def pool_kernel(ctx, opdef, resources, exact: bool = True):
     x_v, y_v = node.inputs[0], node.outputs[0]
     xs, ys = static_shape(x_v), static_shape(y_v)
     dtype = dtype_of(x_v)
-    if xs is None or ys is None or len(xs) != 4 or dtype not in TYPES:
-        return Decline("needs a 2-D float32 / bfloat16 pool with static shapes", "dnnl")
+    if xs is None or ys is None or len(xs) != 4 or not (dtype in TYPES or (kind == "max" and dtype in INTEGER_MAX_TYPES)):
+        return Decline("needs a 2-D float32 / bfloat16 pool, or a uint8 / int8 max pool, with static shapes", "dnnl")
     if kind == "avg" and _whole_image(ctx, xs, ys):   # GlobalAveragePool, or an AveragePool over the image
         return _global_mean(x_v, y_v, xs, ys, dtype, resources)
     geo = _geometry(ctx, kind, xs, ys)
@@ -81,7 +84,7 @@ def pool_kernel(ctx, opdef, resources, exact: bool = True):
         return Decline(f"oneDNN has no pooling for this node: {exc}", "dnnl")
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference pooling ({prim.impl})", "dnnl")
-    after = _exact_max(opdef.build(ctx)) if kind == "max" and exact else None
+    after = _exact_max(opdef.build(ctx)) if kind == "max" and exact and dtype in TYPES else None
     return DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, strides_of(x_v), dtype, x_md)],
                       Slot(capi.ARG_DST, ys, strides_of(y_v), dtype, y_md), [], resources, (0,), after=after)
 
