@@ -1,8 +1,9 @@
-"""The CPU backend's per-tensor ``QuantizeLinear`` / ``DequantizeLinear`` kernels
-(``runtime/backends/cpu/quantize.py``): through the public API against ``onnx.reference`` (the
-ONNX formulas: true division, ties to even, saturation, infinities), bit for bit; NaN as the
-op's own kernel gives it (``cpu_kernels="portable"``); channels-last and strided inputs;
-written into the ``out=`` buffer; and what they decline."""
+"""The CPU backend's per-tensor ``QuantizeLinear`` / ``DequantizeLinear`` kernels and its
+``QAdd`` / ``Requantize`` ones (``runtime/backends/cpu/quantize.py``): through the public API
+against ``onnx.reference`` (the ONNX formulas: true division, ties to even, saturation,
+infinities; a QDQ sum or requantisation as the DQ / Add / Q nodes compute it), bit for bit;
+NaN as the op's own kernel gives it (``cpu_kernels="portable"``); channels-last and strided
+inputs; written into the ``out=`` buffer; and what they decline."""
 from __future__ import annotations
 
 import numpy as np
@@ -144,3 +145,77 @@ def test_what_they_decline():
     assert "not int8 / uint8" in quantize_kernel(
         _node("QuantizeLinear", DType.FLOAT, DType.INT16, torch.tensor(0.1)), Workspace()).reason
     assert isinstance(dequantize_kernel(wide), Decline)
+
+
+# ---------------------------------------------------------------- QAdd and Requantize
+
+def _qadd_model(qtype: int, scales, zeros, relu: bool, const_side: int | None) -> onnx.ModelProto:
+    """Q(x_i) -> DQ, added (one side a per-channel constant when ``const_side`` is 0 or 1),
+    optionally ReLU, Q -> q (an output); fusegraph makes the middle one ``QAdd``."""
+    np_type = {T.UINT8: np.uint8, T.INT8: np.int8}[qtype]
+    inits = [numpy_helper.from_array(np.array(v, np.float32), f"s{k}") for k, v in zip("aby", scales)]
+    inits += [numpy_helper.from_array(np.array(v, np_type), f"z{k}") for k, v in zip("aby", zeros)]
+    nodes, inputs, sides = [], [], []
+    for k in "ab":
+        if const_side is not None and "ab"[const_side] == k:
+            c = np.random.default_rng(3).integers(-128, 128, (8, 1, 1)) + (128 if qtype == T.UINT8 else 0)
+            inits.append(numpy_helper.from_array(c.astype(np_type), f"c{k}"))
+            nodes.append(H.make_node("DequantizeLinear", [f"c{k}", f"s{k}", f"z{k}"], [f"d{k}"]))
+        else:
+            inputs.append(H.make_tensor_value_info(f"x{k}", T.FLOAT, [1, 8, 5, 7]))
+            nodes += [H.make_node("QuantizeLinear", [f"x{k}", f"s{k}", f"z{k}"], [f"q{k}"]),
+                      H.make_node("DequantizeLinear", [f"q{k}", f"s{k}", f"z{k}"], [f"d{k}"])]
+        sides.append(f"d{k}")
+    nodes.append(H.make_node("Add", sides, ["sum"]))
+    if relu:
+        nodes.append(H.make_node("Relu", ["sum"], ["act"]))
+    nodes.append(H.make_node("QuantizeLinear", ["act" if relu else "sum", "sy", "zy"], ["q"]))
+    graph = H.make_graph(nodes, "qadd", inputs, [H.make_tensor_value_info("q", qtype, [1, 8, 5, 7])], inits)
+    return H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])
+
+
+def _kernel_names(compiled) -> dict:
+    """op -> the qualified name of the kernel it runs."""
+    return {c.node.op_type: f"{getattr(c.kernel, '__module__', '')}.{getattr(c.kernel, '__name__', '')}"
+            for c in compiled._executor.binding.calls}
+
+
+BACKEND = "fusegraph.runtime.backends.cpu.quantize"
+
+
+@pytest.mark.parametrize("qtype,zeros", [(T.UINT8, (128, 3, 7)), (T.INT8, (-5, 0, 2))])
+@pytest.mark.parametrize("scales", [(0.25, 0.125, 0.5), (0.0371, 0.0213, 0.0442)])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("const_side", [None, 0, 1])
+def test_qadd_matches_onnx_reference(qtype, zeros, scales, relu, const_side):
+    """Dequantise, add, (ReLU,) quantise, bit for bit as ONNX writes it: scales of powers of two
+    make sums that fall on ties; a per-channel constant on either side broadcasts."""
+    model = _qadd_model(qtype, scales, zeros, relu, const_side)
+    rng = np.random.default_rng(0)
+    feeds = {i.name: (rng.standard_normal((1, 8, 5, 7)) * 40 * scales[0]).astype(np.float32) for i in model.graph.input}
+    compiled = fg.compile(model, fg.Config(threads=2))
+    assert _kernel_names(compiled).get("QAdd") == f"{BACKEND}.qadd", _kernel_names(compiled)
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    got = compiled.run(feeds)["q"]
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("qtype,zeros", [(T.UINT8, (128, 3)), (T.INT8, (-5, 9))])
+@pytest.mark.parametrize("scales", [(0.25, 0.5), (0.0371, 0.0442)])
+def test_requantize_matches_onnx_reference(qtype, zeros, scales):
+    """Q -> DQ -> Q with other parameters: fusegraph's ``Requantize``, bit for bit."""
+    np_type = {T.UINT8: np.uint8, T.INT8: np.int8}[qtype]
+    inits = [numpy_helper.from_array(np.array(s, np.float32), f"s{i}") for i, s in enumerate(scales)]
+    inits += [numpy_helper.from_array(np.array(z, np_type), f"z{i}") for i, z in enumerate(zeros)]
+    nodes = [H.make_node("QuantizeLinear", ["x", "s0", "z0"], ["q0"]),
+             H.make_node("DequantizeLinear", ["q0", "s0", "z0"], ["d0"]),
+             H.make_node("QuantizeLinear", ["d0", "s1", "z1"], ["q"])]
+    graph = H.make_graph(nodes, "requantize", [H.make_tensor_value_info("x", T.FLOAT, [1, 8, 5, 7])],
+                         [H.make_tensor_value_info("q", qtype, [1, 8, 5, 7])], inits)
+    model = H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])
+    x = (np.random.default_rng(1).standard_normal((1, 8, 5, 7)) * 60 * scales[0]).astype(np.float32)
+    compiled = fg.compile(model, fg.Config(threads=2))
+    assert _kernel_names(compiled).get("Requantize") == f"{BACKEND}.requantize", _kernel_names(compiled)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    got = compiled.run({"x": x})["q"]
+    assert got.dtype == want.dtype and np.array_equal(got, want)

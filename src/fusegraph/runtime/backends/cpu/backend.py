@@ -37,7 +37,7 @@ from ..protocol import Backend, Decline
 from . import host_memory
 from .attention import attention_kernel, embedding_kernel
 from .layer_norm import layer_norm_kernel
-from .quantize import dequantize_kernel, quantize_kernel
+from .quantize import dequantize_kernel, qadd_kernel, quantize_kernel, requantize_kernel
 from .rms_norm import rms_norm_kernel
 from .rotary_gating import gated_kernel, rotary_kernel
 from .guard import Guarded, Measuring, RunState
@@ -63,6 +63,8 @@ _PLANNED = {   # (domain, op) -> the torch kernel that writes into planned memor
     ("fusegraph", "GatedActivation"): lambda ctx, opdef, ws: gated_kernel(ctx, ws),
     ("", "QuantizeLinear"): lambda ctx, opdef, ws: quantize_kernel(ctx, ws),
     ("", "DequantizeLinear"): lambda ctx, opdef, ws: dequantize_kernel(ctx),
+    ("fusegraph", "QAdd"): lambda ctx, opdef, ws: qadd_kernel(ctx, ws),
+    ("fusegraph", "Requantize"): lambda ctx, opdef, ws: requantize_kernel(ctx, ws),
 }
 FORM_KEY = "dnnl"      # the packed-form key of this backend's weights in an artifact
 

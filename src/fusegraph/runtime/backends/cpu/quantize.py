@@ -12,6 +12,12 @@ output's bytes. Dequantising: the integers converted into the output's float32 b
 the zero point, times the scale, in the reference's order (``(x - zp) * scale`` in float32).
 NaN and infinities go where the op's own kernel sends them (an infinity saturates).
 
+fusegraph's own ``QAdd`` (two int8 / uint8 tensors dequantised, added, an optional ReLU,
+quantised) and ``Requantize`` (``Q(DQ(x))`` from one scale to another) run the same steps in
+the same order in that workspace: each dequantised in float32 as above, the sum, then the
+quantising steps. A constant second input of ``QAdd`` (a per-channel shift) is dequantised
+once, when the kernel is made.
+
 Per-axis or blocked scales, other types, a ``precision`` or ``output_dtype`` other than the
 default, or a scale that is not one float32 value decline with the reason (the op's own kernel
 runs).
@@ -82,20 +88,111 @@ def quantize_kernel(ctx, workspace):
         n = x.numel()
         buf = workspace.at_least(8 * max(n, 1))
         y = _like(buf, x, torch.float32)
-        whole = _like(buf[4 * n:], x, torch.int32)
         torch.div(x, float(s) if scale == "run" else scale, out=y)
-        y.round_()
         z = (0 if zp is None else int(zp)) if zero == "run" else (zero or 0)
-        if z:
-            y.add_(z)
-        y.clamp_(lo, hi)
-        whole.copy_(y)
-        if out is None:
-            out = torch.empty_like(whole, dtype=torch_type)
-        out.copy_(whole)
-        return out
+        return _round_saturate_into(y, _like(buf[4 * n:], x, torch.int32), z, lo, hi, torch_type, out)
     quantize.writes_out = True
     return quantize
+
+
+def _round_saturate_into(y, whole, zero: int, lo: int, hi: int, torch_type, out):
+    """The rest of ``QuantizeLinear`` after the division, in place in float32 ``y``: rounded
+    half to even, the zero point added, saturated; through int32 ``whole`` into ``out``."""
+    y.round_()
+    if zero:
+        y.add_(zero)
+    y.clamp_(lo, hi)
+    whole.copy_(y)
+    if out is None:
+        out = torch.empty_like(whole, dtype=torch_type)
+    out.copy_(whole)
+    return out
+
+
+def _dequantize_into(y, x, scale: float, zero: int):
+    """``DequantizeLinear`` of ``x`` into float32 ``y`` (``y`` may broadcast ``x``)."""
+    y.copy_(x)
+    if zero:
+        y.sub_(zero)
+    y.mul_(scale)
+    return y
+
+
+def _requantized_type(ctx):
+    """(output DType, its range) of a QAdd / Requantize, or a Decline."""
+    out_type = DType(int(ctx.attr("y_type", int(DType.UINT8))))
+    if out_type not in RANGES or ctx.node.outputs[0].dtype != out_type:
+        return Decline(f"output type {out_type.name}, not int8 / uint8", "cpu")
+    return out_type, RANGES[out_type]
+
+
+def requantize_kernel(ctx, workspace):
+    """fusegraph's ``Requantize``: ``Q(DQ(x))`` into planned memory, or a Decline."""
+    got = _requantized_type(ctx)
+    if isinstance(got, Decline):
+        return got
+    out_type, (lo, hi) = got
+    if ctx.dtype(0) not in RANGES:
+        return Decline(f"input type {ctx.dtype(0)}, not int8 / uint8", "cpu")
+    xs, xz = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
+    ys, yz = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+    torch_type = out_type.to_torch()
+
+    def requantize(x, out=None):
+        n = x.numel()
+        buf = workspace.at_least(8 * max(n, 1))
+        y = _dequantize_into(_like(buf, x, torch.float32), x, xs, xz)
+        y.div_(ys)
+        return _round_saturate_into(y, _like(buf[4 * n:], x, torch.int32), yz, lo, hi, torch_type, out)
+    requantize.writes_out = True
+    return requantize
+
+
+def qadd_kernel(ctx, workspace):
+    """fusegraph's ``QAdd``: ``Q(act(DQ(a) + DQ(b)))`` into planned memory, or a Decline. One
+    input has the output's shape; the other may broadcast."""
+    got = _requantized_type(ctx)
+    if isinstance(got, Decline):
+        return got
+    out_type, (lo, hi) = got
+    if ctx.dtype(0) not in RANGES or ctx.dtype(1) not in RANGES:
+        return Decline("inputs that are not int8 / uint8", "cpu")
+    whole_shape = tuple(ctx.node.outputs[0].shape or ())
+    full = [ctx.shape(i) is not None and tuple(ctx.shape(i)) == whole_shape for i in (0, 1)]
+    if not any(full):
+        return Decline("both inputs broadcast to the output's shape", "cpu")
+    first = 0 if full[0] else 1          # the sum is the same either way round: the full-shaped one first
+    second = 1 - first
+    a_s, a_z = float(ctx.attr("ab"[first] + "_scale")), int(ctx.attr("ab"[first] + "_zero_point", 0))
+    b_s, b_z = float(ctx.attr("ab"[second] + "_scale")), int(ctx.attr("ab"[second] + "_zero_point", 0))
+    ys, yz = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+    act = str(ctx.attr("activation", ""))
+    if act not in ("", "relu"):
+        return Decline(f"activation {act!r}", "cpu")
+    torch_type = out_type.to_torch()
+    b_const = ctx.const(second)
+    shift = None
+    if b_const is not None:       # dequantised once, as the op's own kernel does it every run
+        shift = _dequantize_into(torch.empty(b_const.shape, dtype=torch.float32), b_const, b_s, b_z)
+
+    def qadd(*inputs, out=None):
+        a, b = inputs[first], inputs[second]
+        n = a.numel()
+        wide = shift is None and b.numel() == n
+        buf = workspace.at_least((12 if wide else 8) * max(n, 1))
+        y = _dequantize_into(_like(buf, a, torch.float32), a, a_s, a_z)
+        if shift is not None:
+            y.add_(shift)
+        elif wide:
+            y.add_(_dequantize_into(_like(buf[8 * n:], b, torch.float32), b, b_s, b_z))
+        else:
+            y.add_(_dequantize_into(torch.empty(b.shape, dtype=torch.float32), b, b_s, b_z))
+        if act:
+            y.relu_()
+        y.div_(ys)
+        return _round_saturate_into(y, _like(buf[4 * n:], a, torch.int32), yz, lo, hi, torch_type, out)
+    qadd.writes_out = True
+    return qadd
 
 
 def dequantize_kernel(ctx):
