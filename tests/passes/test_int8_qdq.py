@@ -244,6 +244,35 @@ def test_uint8_max_pool_on_onednn(name, tmp_path):
     compare(cm, q, fp32, max_steps=1, mean_steps=0.25, fp32_limit=1e-1)
 
 
+@needs_int8_kernels
+def test_uint8_channel_shuffle_on_onednn(tmp_path):
+    """ShuffleNet's Reshape-Transpose-Reshape between two int8 convolutions moves the uint8
+    values themselves in one oneDNN reorder (not the portable kernel); a pure data movement."""
+    rng = np.random.default_rng(6)
+    g, c = 2, 8
+    inits = {"w0": M._he(rng, (c, 4, 3, 3), 36), "b0": (rng.standard_normal(c) * 0.1).astype(np.float32),
+             "w1": M._he(rng, (c, c, 3, 3), 9 * c), "b1": (rng.standard_normal(c) * 0.1).astype(np.float32),
+             "split": np.array([1, g, c // g, 9, 9], np.int64), "merge": np.array([1, c, 9, 9], np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Reshape", ["r0", "split"], ["s0"]),
+             helper.make_node("Transpose", ["s0"], ["t0"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t0", "merge"], ["m0"]),
+             helper.make_node("Conv", ["m0", "w1", "b1"], ["y"], pads=[1, 1, 1, 1])]
+    fp32 = M._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9, 9])],
+                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 9, 9])], inits, "conv_shuffle")
+    q = M.quantize(fp32, tmp_path, "conv_shuffle")
+    cm = fg.compile(q, CFG)
+    check_ops(cm, 2)
+    from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+    (shuffle,) = [c for c in cm._executor.binding.calls if c.node.op_type == "ChannelShuffle"]
+    kernel = getattr(shuffle.kernel, "fast", shuffle.kernel)
+    assert shuffle.node.inputs[0].dtype.name == "UINT8"
+    assert isinstance(kernel, DnnlKernel) and not kernel.impl.startswith("ref"), \
+        (type(kernel).__name__, cm.report.kernels["declined"])
+    compare(cm, q, fp32, max_steps=1, mean_steps=0.25, fp32_limit=1e-1)
+
+
 # ---------------------------------------------------------------- QOperator files
 
 def test_qoperator_qlinearconv(tmp_path):

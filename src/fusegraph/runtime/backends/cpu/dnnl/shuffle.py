@@ -1,6 +1,7 @@
 """``fusegraph::ChannelShuffle`` as one oneDNN reorder between two strided views: the channel
 axis seen as ``[groups, C / groups]`` in the input and as its transpose in the output
-(ShuffleNet's Reshape-Transpose-Reshape), in the tensors' own layouts, into the planned output.
+(ShuffleNet's Reshape-Transpose-Reshape), in the tensors' own layouts, into the planned output;
+float32, bfloat16, and the uint8 / int8 values of a quantised model.
 oneDNN's shuffle primitive has only its reference kernel for channels-last data; its JIT
 reorder moves the same bytes several times faster than ATen's channel shuffle here
 (benchmarks/RESULTS.md, "Figures moved out of docstrings"). A pure data
@@ -19,6 +20,8 @@ from .layouts import dtype_of, static_shape, strides_of
 from .memory import MemDesc
 from .primitive import Attr, Primitive
 
+TYPES = (torch.float32, torch.bfloat16, torch.uint8, torch.int8)    # the 8-bit ones: a QDQ model's shuffles
+
 
 def _split(shape, strides, g: int, transposed: bool):
     """``shape`` / ``strides`` with the channel axis split into ``[g, C / g]``: channel
@@ -35,8 +38,8 @@ def shuffle_kernel(ctx, resources):
     xs = static_shape(x_v)
     dtype = dtype_of(x_v)
     g = int(ctx.attr("groups"))
-    if xs is None or len(xs) < 2 or static_shape(y_v) != xs or dtype not in (torch.float32, torch.bfloat16):
-        return Decline("needs a float32 / bfloat16 input of static shape", "dnnl")
+    if xs is None or len(xs) < 2 or static_shape(y_v) != xs or dtype not in TYPES:
+        return Decline("needs a float32 / bfloat16 / uint8 / int8 input of static shape", "dnnl")
     if g < 1 or xs[1] % g:
         return Decline(f"{xs[1]} channels do not split into {g} groups", "dnnl")
     x_strides, y_strides = strides_of(x_v), strides_of(y_v)
