@@ -21,7 +21,7 @@ import math
 from collections import ChainMap
 from dataclasses import dataclass
 
-from ....ir import Graph, Node, Value
+from ....ir import DType, Graph, Node, Value
 from ....ir.shape import numel
 from ....ops import Movement, movement_ops
 from ....ops.value_range import UNKNOWN, Fact, chain_fact, pre_activation_fact, sum_fact
@@ -31,11 +31,13 @@ from .finite import GRID, ConstantFacts, op_facts, propagate_init, record_facts
 # exact elu with alpha 0 costs 5-10 % on conv nets)
 GUARDED_ACTS = {"relu", "hardtanh", "hardsigmoid", "gelu", "gelu_tanh"}
 NORMS = ("LayerNorm", "SkipLayerNorm")
+INTEGERS = (DType.UINT8, DType.INT8)
 
 
 def _guarded(node: Node) -> bool:
-    """A node whose fast kernel differs from the exact one on NaN / Inf only."""
-    return (node.op_type == "MaxPool" and len(node.outputs) == 1) or \
+    """A node whose fast kernel differs from the exact one on NaN / Inf only (a max pool of
+    integers has neither)."""
+    return (node.op_type == "MaxPool" and len(node.outputs) == 1 and node.inputs[0].dtype not in INTEGERS) or \
         (node.op_type in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS) or \
         (node.domain == "fusegraph" and node.op_type in NORMS) or _relu_chain(node)
 
