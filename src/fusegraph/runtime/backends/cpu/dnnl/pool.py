@@ -3,9 +3,10 @@
 2-D float32 / bfloat16 pools with static shapes, read and written in the layouts the layout
 pass chose, and max pools of uint8 / int8 values (a QDQ model's pools between two int8
 convolutions: the largest integer of each window is exact, and oneDNN pads with the type's
-lowest value, which never wins over a real one). The ONNX geometry (auto_pad, asymmetric pads, dilations, ceil mode) comes from
-the op's own ``PoolGeometry``: oneDNN's end padding is the one the last window reaches, and
-padded positions never count for max, nor (``count_include_pad`` 0) in an average's divisor.
+lowest value, which never wins over a real one). The ONNX geometry (auto_pad, asymmetric
+pads, dilations, ceil mode) comes from the op's own ``PoolGeometry``: oneDNN's end padding
+is the one the last window reaches, and padded positions never count for max, nor
+(``count_include_pad`` 0) in an average's divisor.
 An average with ``count_include_pad`` whose last window overhangs the explicit pads (ceil
 mode) declines: ONNX counts the explicit pads there but not the overhang.
 
