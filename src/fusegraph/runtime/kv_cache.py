@@ -17,9 +17,9 @@ step hands it to the backend as its past's magnitude (``Backend.before_run``), s
 kernels' check does not read the whole cache again every step.
 
 A run that fails leaves the cache as it was before it (the lengths and magnitudes are
-restored; the rows a failed step wrote past them are ignored). The buffers are the session's, not the arena's:
-their bytes are reported apart (``KVSession.nbytes``). Nothing here plans memory or
-generates code.
+restored; the rows a failed step wrote past them are ignored). The buffers are the
+session's, not the arena's: their bytes are reported apart (``KVSession.nbytes``). Nothing
+here plans memory or generates code.
 """
 from __future__ import annotations
 

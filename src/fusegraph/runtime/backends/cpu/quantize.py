@@ -212,11 +212,7 @@ def dequantize_kernel(ctx):
     def dequantize(x, s, zp=None, out=None):
         if out is None:
             out = torch.empty_like(x, dtype=torch.float32)
-        out.copy_(x)
         z = (0 if zp is None else int(zp)) if zero == "run" else (zero or 0)
-        if z:
-            out.sub_(z)
-        out.mul_(float(s) if scale == "run" else scale)
-        return out
+        return _dequantize_into(out, x, float(s) if scale == "run" else scale, z)
     dequantize.writes_out = True
     return dequantize
