@@ -82,6 +82,17 @@ def int8_calls(cm) -> list:
     return calls
 
 
+def onednn_call(cm, op: str):
+    """The one ``op`` call of ``cm``, checked to run a oneDNN implementation that is not a
+    reference one (a guarded call's fast side)."""
+    from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+    (call,) = [c for c in cm._executor.binding.calls if c.node.op_type == op]
+    kernel = getattr(call.kernel, "fast", call.kernel)
+    assert isinstance(kernel, DnnlKernel) and not kernel.impl.startswith("ref"), \
+        (type(kernel).__name__, cm.report.kernels["declined"])
+    return call
+
+
 def check_ops(cm, n_products: int) -> None:
     """Every product of the quantised model is an int8 op: ``n_products`` of them, no float one."""
     ops = collections.Counter(n.op_type for n in cm.graph.nodes)
@@ -235,12 +246,8 @@ def test_uint8_max_pool_on_onednn(name, tmp_path):
     q = M.quantize(fp32, tmp_path, "conv_pool")
     cm = fg.compile(q, CFG)
     check_ops(cm, 2)
-    from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
-    (pool,) = [c for c in cm._executor.binding.calls if c.node.op_type == "MaxPool"]
+    pool = onednn_call(cm, "MaxPool")
     assert pool.node.inputs[0].dtype.name == "UINT8" and pool.node.inputs[0].layout == "nhwc"
-    kernel = getattr(pool.kernel, "fast", pool.kernel)       # the fast side of a guarded call
-    assert isinstance(kernel, DnnlKernel) and not kernel.impl.startswith("ref"), \
-        (type(kernel).__name__, cm.report.kernels["declined"])
     compare(cm, q, fp32, max_steps=1, mean_steps=0.25, fp32_limit=1e-1)
 
 
@@ -264,12 +271,7 @@ def test_uint8_channel_shuffle_on_onednn(tmp_path):
     q = M.quantize(fp32, tmp_path, "conv_shuffle")
     cm = fg.compile(q, CFG)
     check_ops(cm, 2)
-    from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
-    (shuffle,) = [c for c in cm._executor.binding.calls if c.node.op_type == "ChannelShuffle"]
-    kernel = getattr(shuffle.kernel, "fast", shuffle.kernel)
-    assert shuffle.node.inputs[0].dtype.name == "UINT8"
-    assert isinstance(kernel, DnnlKernel) and not kernel.impl.startswith("ref"), \
-        (type(kernel).__name__, cm.report.kernels["declined"])
+    assert onednn_call(cm, "ChannelShuffle").node.inputs[0].dtype.name == "UINT8"
     compare(cm, q, fp32, max_steps=1, mean_steps=0.25, fp32_limit=1e-1)
 
 
