@@ -1,5 +1,7 @@
-"""The CPU backend's per-tensor ``QuantizeLinear`` / ``DequantizeLinear`` kernels and its
-``QAdd`` / ``Requantize`` ones (``runtime/backends/cpu/quantize.py``): through the public API
+"""The CPU backend's per-tensor ``QuantizeLinear`` / ``DequantizeLinear`` kernels (oneDNN's
+where the parameters are constants and the shapes static, ``dnnl/quantize.py``; the torch
+ones into planned memory otherwise) and its ``QAdd`` / ``Requantize`` ones
+(``runtime/backends/cpu/quantize.py``): through the public API
 against ``onnx.reference`` (the ONNX formulas: true division, ties to even, saturation,
 infinities; a QDQ sum or requantisation as the DQ / Add / Q nodes compute it), bit for bit;
 NaN as the op's own kernel gives it (``cpu_kernels="portable"``); channels-last and strided
@@ -16,6 +18,9 @@ from onnx.reference import ReferenceEvaluator
 import fusegraph as fg
 from fusegraph.ir import DType, Graph
 from fusegraph.ops.registry import NodeContext
+from fusegraph.runtime.backends.cpu import dnnl
+from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+from fusegraph.runtime.backends.cpu.dnnl.quantize import QAddKernel
 from fusegraph.runtime.backends.cpu.quantize import dequantize_kernel, quantize_kernel
 from fusegraph.runtime.backends.cpu.workspace import Workspace
 from fusegraph.runtime.backends.protocol import Decline
@@ -40,6 +45,23 @@ def _qdq_model(qtype: int, scale: float, zero: int | None, inputs: bool) -> onnx
                          [H.make_tensor_value_info("q", qtype, [2, 3, 5, 7]),
                           H.make_tensor_value_info("y", T.FLOAT, [2, 3, 5, 7])], initializer=params)
     return H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])
+
+
+def _implementations(compiled) -> dict[str, str]:
+    """op type -> "onednn" for a oneDNN primitive, else the kernel function's name."""
+    return {c.node.op_type: "onednn" if isinstance(c.kernel, (DnnlKernel, QAddKernel))
+            else getattr(c.kernel, "__name__", "") for c in compiled._executor.binding.calls}
+
+
+@pytest.fixture(params=["onednn", "torch"])
+def kernels(request, monkeypatch):
+    """Which family runs the quantisation nodes: oneDNN's where it takes them (the default), or,
+    with oneDNN's declining, the torch kernels into planned memory (what symbolic shapes and
+    run-time parameters get)."""
+    if request.param == "torch":
+        for name in ("quantize_kernel", "dequantize_kernel", "qadd_kernel", "requantize_kernel"):
+            monkeypatch.setattr(dnnl, name, lambda ctx, resources: Decline("the test asks for the torch kernel", "dnnl"))
+    return request.param
 
 
 HUGE = slice(12, 16)      # +-inf, +-1e30: onnx.reference casts them to int32 before saturating
@@ -75,7 +97,7 @@ def _data(scale: float) -> tuple[np.ndarray, int]:
 @pytest.mark.parametrize("qtype,zero", [(T.UINT8, 128), (T.UINT8, 3), (T.INT8, -5), (T.INT8, 0), (T.UINT8, None)])
 @pytest.mark.parametrize("scale", [0.25, 3.0, 0.0371])
 @pytest.mark.parametrize("inputs", [False, True])
-def test_quantize_and_dequantize_match_onnx_reference(qtype, zero, scale, inputs):
+def test_quantize_and_dequantize_match_onnx_reference(qtype, zero, scale, inputs, kernels):
     model = _qdq_model(qtype, scale, zero, inputs)
     x, near = _data(scale)
     assert near > 0 or scale == 0.25          # a power of two: its reciprocal is exact
@@ -89,19 +111,25 @@ def test_quantize_and_dequantize_match_onnx_reference(qtype, zero, scale, inputs
     want_q.reshape(-1)[HUGE] = [hi, lo, hi, lo]        # ONNX: saturate (as onnxruntime does)
     want_y.reshape(-1)[HUGE] = (want_q.reshape(-1)[HUGE].astype(np.float32) - np.float32(zero or 0)) * np.float32(scale)
     compiled = fg.compile(model, fg.Config(threads=2))
-    names = {c.node.op_type: getattr(c.kernel, "__name__", "") for c in compiled._executor.binding.calls}
-    assert names == {"QuantizeLinear": "quantize", "DequantizeLinear": "dequantize"}, names
+    # constants: oneDNN's (a uint8 quantisation, any dequantisation); read at run time: the torch kernels
+    torch_only = inputs or kernels == "torch"
+    want_q_impl = "quantize" if torch_only or qtype == T.INT8 and zero is not None else "onednn"
+    want_dq_impl = "dequantize" if torch_only else "onednn"
+    assert _implementations(compiled) == {"QuantizeLinear": want_q_impl, "DequantizeLinear": want_dq_impl}
     got = compiled.run(feeds)
     assert got["q"].dtype == want_q.dtype and np.array_equal(got["q"], want_q)
     assert np.array_equal(got["y"], want_y)
 
 
-@pytest.mark.parametrize("qtype,zero", [(T.UINT8, 128), (T.INT8, -5)])
-def test_nan_quantises_as_the_ops_own_kernel(qtype, zero):
+@pytest.mark.parametrize("qtype,zero", [(T.UINT8, 128), (T.UINT8, None), (T.INT8, -5), (T.INT8, 0)])
+def test_nan_quantises_as_the_ops_own_kernel(qtype, zero, kernels):
     model = _qdq_model(qtype, 0.5, zero, False)
     x = _data(0.5)[0]
     x.reshape(-1)[20:24] = np.nan
-    got = fg.compile(model).run({"x": x})
+    compiled = fg.compile(model)
+    assert _implementations(compiled)["QuantizeLinear"] == \
+        ("onednn" if qtype == T.UINT8 and kernels == "onednn" else "quantize")
+    got = compiled.run({"x": x})
     want = fg.compile(model, fg.Config(cpu_kernels="portable")).run({"x": x})
     assert np.array_equal(got["q"], want["q"])
     np.testing.assert_array_equal(got["y"], want["y"])
@@ -174,27 +202,18 @@ def _qadd_model(qtype: int, scales, zeros, relu: bool, const_side: int | None) -
     return H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])
 
 
-def _kernel_names(compiled) -> dict:
-    """op -> the qualified name of the kernel it runs."""
-    return {c.node.op_type: f"{getattr(c.kernel, '__module__', '')}.{getattr(c.kernel, '__name__', '')}"
-            for c in compiled._executor.binding.calls}
-
-
-BACKEND = "fusegraph.runtime.backends.cpu.quantize"
-
-
 @pytest.mark.parametrize("qtype,zeros", [(T.UINT8, (128, 3, 7)), (T.INT8, (-5, 0, 2))])
 @pytest.mark.parametrize("scales", [(0.25, 0.125, 0.5), (0.0371, 0.0213, 0.0442)])
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("const_side", [None, 0, 1])
-def test_qadd_matches_onnx_reference(qtype, zeros, scales, relu, const_side):
+def test_qadd_matches_onnx_reference(qtype, zeros, scales, relu, const_side, kernels):
     """Dequantise, add, (ReLU,) quantise, bit for bit as ONNX writes it: scales of powers of two
     make sums that fall on ties; a per-channel constant on either side broadcasts."""
     model = _qadd_model(qtype, scales, zeros, relu, const_side)
     rng = np.random.default_rng(0)
     feeds = {i.name: (rng.standard_normal((1, 8, 5, 7)) * 40 * scales[0]).astype(np.float32) for i in model.graph.input}
     compiled = fg.compile(model, fg.Config(threads=2))
-    assert _kernel_names(compiled).get("QAdd") == f"{BACKEND}.qadd", _kernel_names(compiled)
+    assert _implementations(compiled)["QAdd"] == ("onednn" if kernels == "onednn" else "qadd")
     (want,) = ReferenceEvaluator(model).run(None, feeds)
     got = compiled.run(feeds)["q"]
     assert got.dtype == want.dtype and np.array_equal(got, want)
@@ -202,7 +221,7 @@ def test_qadd_matches_onnx_reference(qtype, zeros, scales, relu, const_side):
 
 @pytest.mark.parametrize("qtype,zeros", [(T.UINT8, (128, 3)), (T.INT8, (-5, 9))])
 @pytest.mark.parametrize("scales", [(0.25, 0.5), (0.0371, 0.0442)])
-def test_requantize_matches_onnx_reference(qtype, zeros, scales):
+def test_requantize_matches_onnx_reference(qtype, zeros, scales, kernels):
     """Q -> DQ -> Q with other parameters: fusegraph's ``Requantize``, bit for bit."""
     np_type = {T.UINT8: np.uint8, T.INT8: np.int8}[qtype]
     inits = [numpy_helper.from_array(np.array(s, np.float32), f"s{i}") for i, s in enumerate(scales)]
@@ -215,7 +234,52 @@ def test_requantize_matches_onnx_reference(qtype, zeros, scales):
     model = H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])
     x = (np.random.default_rng(1).standard_normal((1, 8, 5, 7)) * 60 * scales[0]).astype(np.float32)
     compiled = fg.compile(model, fg.Config(threads=2))
-    assert _kernel_names(compiled).get("Requantize") == f"{BACKEND}.requantize", _kernel_names(compiled)
+    assert _implementations(compiled)["Requantize"] == ("onednn" if kernels == "onednn" else "requantize")
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
     got = compiled.run({"x": x})["q"]
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("qtype,zeros", [(T.UINT8, (128, 3)), (T.INT8, (-5, 9))])
+@pytest.mark.parametrize("steps", [("Mul",), ("Mul", "Add"), ("Sub", "Div")])
+def test_requantize_with_affine_steps_matches_onnx_reference(qtype, zeros, steps, kernels):
+    """Q -> DQ -> per-channel Mul / Add / Sub / Div -> Q (a pre-activation BatchNorm between two
+    int8 convolutions): one ``Requantize`` with steps, bit for bit."""
+    np_type = {T.UINT8: np.uint8, T.INT8: np.int8}[qtype]
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(np.array(s, np.float32), f"s{i}") for i, s in enumerate((0.0371, 0.0442))]
+    inits += [numpy_helper.from_array(np.array(z, np_type), f"z{i}") for i, z in enumerate(zeros)]
+    nodes = [H.make_node("QuantizeLinear", ["x", "s0", "z0"], ["q0"]),
+             H.make_node("DequantizeLinear", ["q0", "s0", "z0"], ["v0"])]
+    for k, op in enumerate(steps):
+        c = rng.uniform(0.5, 2.0, (8, 1, 1)).astype(np.float32) * rng.choice([-1, 1], (8, 1, 1)).astype(np.float32)
+        inits.append(numpy_helper.from_array(c, f"c{k}"))
+        nodes.append(H.make_node(op, [f"v{k}", f"c{k}"], [f"v{k + 1}"]))
+    nodes.append(H.make_node("QuantizeLinear", [f"v{len(steps)}", "s1", "z1"], ["q"]))
+    graph = H.make_graph(nodes, "affine", [H.make_tensor_value_info("x", T.FLOAT, [1, 8, 5, 7])],
+                         [H.make_tensor_value_info("q", qtype, [1, 8, 5, 7])], inits)
+    model = H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])
+    x = (rng.standard_normal((1, 8, 5, 7)) * 60 * 0.0371).astype(np.float32)
+    # the simplifier turns x / c into x * (1 / c) (within an ulp): kept as a division here
+    compiled = fg.compile(model, fg.Config(threads=2, disabled_passes=("div_const",)))
+    (node,) = [n for n in compiled._executor.graph.nodes if n.op_type == "Requantize"]
+    assert [s.split()[0] for s in node.attrs["steps"]] == list(steps)
+    assert (_implementations(compiled)["Requantize"] == "onednn") == (kernels == "onednn")
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    got = compiled.run({"x": x})["q"]
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_requantize_steps_decline_a_constant_first_in_a_division():
+    """``c / DQ(x)`` is not a step on the running value: the float ops stay as they are."""
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"), numpy_helper.from_array(np.array(3, np.uint8), "z"),
+             numpy_helper.from_array(np.full((8, 1, 1), 2.0, np.float32), "c")]
+    nodes = [H.make_node("QuantizeLinear", ["x", "s", "z"], ["q0"]), H.make_node("DequantizeLinear", ["q0", "s", "z"], ["v"]),
+             H.make_node("Div", ["c", "v"], ["w"]), H.make_node("QuantizeLinear", ["w", "s", "z"], ["q"])]
+    graph = H.make_graph(nodes, "div", [H.make_tensor_value_info("x", T.FLOAT, [1, 8, 5, 7])],
+                         [H.make_tensor_value_info("q", T.UINT8, [1, 8, 5, 7])], inits)
+    compiled = fg.compile(H.make_model(graph, opset_imports=[H.make_opsetid("", 19)]))
+    assert not [n for n in compiled._executor.graph.nodes if n.op_type == "Requantize"]
+    x = np.random.default_rng(0).uniform(0.5, 5, (1, 8, 5, 7)).astype(np.float32)
+    (want,) = ReferenceEvaluator(H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])).run(None, {"x": x})
+    assert np.array_equal(compiled.run({"x": x})["q"], want)

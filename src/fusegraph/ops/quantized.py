@@ -12,8 +12,12 @@
   scale, no bias, no residual).
 - ``QLinear(x, w, w_scale, b?)``: the same over a product ``x @ w`` (``w`` [K, N], or [N, K]
   with ``trans_b``; ``w_scale`` one per column N or one), ``x`` of any rank >= 1.
-- ``Requantize(x)``: ``Q(DQ(x))`` from (``x_scale``, ``x_zero_point``) to (``y_scale``,
-  ``y_zero_point``, ``y_type``).
+- ``Requantize(x, c1?, c2? ...)``: ``Q(DQ(x))`` from (``x_scale``, ``x_zero_point``) to
+  (``y_scale``, ``y_zero_point``, ``y_type``); with ``steps`` (``"Mul 1"``, ``"Add 2"`` ...:
+  an op of ``AFFINE_STEPS`` and the input holding its float32 constant), ``Q(DQ(x) op c1 op
+  c2 ...)``, each step in float32 in order with the running value first (a pre-activation
+  BatchNorm between two int8 convolutions); the constants broadcast over ``x`` without
+  enlarging it.
 - ``QAdd(a, b)``: ``Q(act(DQ(a) + DQ(b)))`` (numpy broadcasting), ``a_*`` / ``b_*`` / ``y_*``.
 
 Each op's own kernel is its reference form, portable ATen: dequantise in float32 as
@@ -232,10 +236,33 @@ def _requantize(ctx: NodeContext):
         raise ctx.unsupported(f"Requantize to {yt.name}")
     xs, xzp = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
     ys, yzp = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+    try:
+        steps = affine_steps(ctx.attr("steps", []), ctx.n_inputs)
+    except ValueError as exc:
+        raise ctx.unsupported(str(exc)) from None
 
-    def requantize(x, out=None):
-        return _write(quantize(dequantize(x, xs, xzp), ys, yzp, yt), out)
+    def requantize(x, *constants, out=None):
+        y = dequantize(x, xs, xzp)
+        for op, k in steps:
+            y = AFFINE_STEPS[op](y, constants[k - 1].to(torch.float32))
+        return _write(quantize(y, ys, yzp, yt), out)
     return requantize
+
+
+AFFINE_STEPS = {"Mul": torch.mul, "Add": torch.add, "Sub": torch.sub, "Div": torch.div}
+
+
+def affine_steps(steps, n_inputs: int) -> list[tuple[str, int]]:
+    """``Requantize``'s ``steps`` as (op, input index) pairs; ``ValueError`` naming a step
+    that is not an op of ``AFFINE_STEPS`` and an input index in 1..n_inputs - 1."""
+    out = []
+    for step in steps:
+        parts = str(step).split()
+        if len(parts) != 2 or parts[0] not in AFFINE_STEPS or not parts[1].isdigit() \
+                or not 1 <= int(parts[1]) < n_inputs:
+            raise ValueError(f"Requantize step {step!r}: expected '<{'|'.join(AFFINE_STEPS)}> <input 1..{n_inputs - 1}>'")
+        out.append((parts[0], int(parts[1])))
+    return out
 
 
 def _qadd_shape(ctx: NodeContext):

@@ -48,9 +48,10 @@ RULE_FAMILIES = {
     "dynamic_quant": dynamic_quant.RULES,
     "qlinear_ops": qlinear_ops.RULES,
     "qdq_propagate": qdq_propagate.RULES,
+    "qdq_affine": qdq_propagate.AFFINE_RULES,
 }
 REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce", "replace_rnn", "quantize_qdq",
-                                "dynamic_quant", "qlinear_ops", "qdq_propagate"})
+                                "dynamic_quant", "qlinear_ops", "qdq_propagate", "qdq_affine"})
 OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "aggressive_fusion", "layout", "fold_casts")
 # passes that run only when their option is on (``PassOptions`` field of the same name)
 OPTIONAL_PASSES = frozenset({"aggressive_fusion"})
@@ -90,6 +91,7 @@ FUSE = Group("fuse", (
     "fusion",               # after simplify / replace: rules match the canonical forms they leave
     "aggressive_fusion",    # Config.aggressive_fusion only: after the default rules, whose fused
                             # forms it packs and recomputes (the group repeats: they see its result)
+    "qdq_affine",           # Q(DQ(x) op c ...) -> Requantize with steps: after BatchNorm became a chain
     "dce",                  # drops what fused patterns left dead
 ))
 

@@ -21,6 +21,11 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   parameters; any other ``Q(act(Add(DQ(a), DQ(b))))`` -> ``QAdd(a, b)``.
 - ``requantize_product`` (root Requantize): ``Requantize(QConv / QLinear(...))`` -> the
   product writing the Requantize's parameters.
+- ``qdq_affine`` (root QuantizeLinear, its own pass after fusion, once BatchNorm became
+  ``Mul`` / ``Add`` and those an ``ElementwiseChain``): ``Q(DQ(x) op c1 op c2 ...)`` with
+  float32 constants that broadcast over ``x`` (a pre-activation BatchNorm) ->
+  ``Requantize(x, c1, c2 ...)`` with those ``steps``. Exact: the same float32 steps in the
+  same order, in one node.
 
 ``qdq_bias``, ``qdq_residual`` and ``requantize_product`` round once where the model
 rounds twice: the product's result ``v`` was quantised to ``q1 = round(v / s1)`` (its own
@@ -38,6 +43,7 @@ import math
 
 from ..ir import DType, Node
 from ..ops import Movement, movement_ops
+from ..ops.quantized import AFFINE_STEPS
 from .facts import only_use
 from .qdq_params import QParams, activation_params, constant_bias, is_op
 from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
@@ -268,6 +274,75 @@ def _rewrite_requantize_product(r: Node, p, ctx):
     attrs = dict(p.attrs, y_type=int(a["y_type"]), y_scale=a["y_scale"], y_zero_point=a["y_zero_point"])
     return ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
 
+
+# ------------------------------------------------------------------------ Q(DQ(x) op c ...)
+
+def _affine_chain(node: Node | None):
+    """(index of the live input, [(op, constant input index)]) of a ``Mul`` / ``Add`` / ``Sub``
+    / ``Div`` by a constant, or an ``ElementwiseChain`` of such steps, the running value first
+    in each; None otherwise."""
+    if node is None or len(node.outputs) != 1:
+        return None
+    live = [i for i, v in enumerate(node.inputs) if v is not None and not v.is_const]
+    if len(live) != 1 or None in node.inputs:
+        return None
+    if node.domain == "" and node.op_type in AFFINE_STEPS and len(node.inputs) == 2:
+        if live[0] == 1 and node.op_type in ("Sub", "Div"):
+            return None
+        return live[0], [(node.op_type, 1 - live[0])]
+    if not _fg(node, "ElementwiseChain"):
+        return None
+    steps = []
+    for k, step in enumerate(node.attrs.get("steps", [])):
+        op, *args = str(step).split()
+        running = f"i{live[0]}" if k == 0 else "p"
+        if op not in AFFINE_STEPS or len(args) != 2 or running not in args:
+            return None
+        other = args[1] if args[0] == running else args[0]
+        if other == args[0] and op in ("Sub", "Div"):
+            return None
+        if not (other[:1] == "i" and other[1:].isdigit()) or int(other[1:]) == live[0]:
+            return None
+        steps.append((op, int(other[1:])))
+    return (live[0], steps) if steps else None
+
+
+def _check_affine(q: Node, ctx):
+    node = q.inputs[0].producer
+    chain = _affine_chain(node)
+    if chain is None:
+        return None
+    live, steps = chain
+    dq = _dq(node.inputs[live])
+    if dq is None:
+        return None
+    if not only_use(q.inputs[0]):
+        return Decline(f"{node.name}: its float result is read outside the group")
+    x_shape = dq.inputs[0].shape
+    for _op, k in steps:
+        c = node.inputs[k]
+        if c.dtype != DType.FLOAT or c.shape is None or x_shape is None or len(c.shape) > len(x_shape) or \
+                any(d != 1 and d != x for d, x in zip(reversed(c.shape), reversed(x_shape))):
+            return Decline(f"{node.name}: constant {c.name!r} is not float32 broadcasting over the input")
+    src, dst = activation_params(dq), activation_params(q)
+    for p in (src, dst):
+        if isinstance(p, Decline):
+            return p
+    return dq.inputs[0], [node.inputs[k] for _op, k in steps], [op for op, _k in steps], src, dst
+
+
+def _rewrite_affine(q: Node, found, ctx):
+    x, constants, ops, src, dst = found
+    return ctx.emit("Requantize", [x, *constants],
+                    {"x_scale": src.scale, "x_zero_point": src.zero_point, "y_scale": dst.scale,
+                     "y_zero_point": dst.zero_point, "y_type": int(dst.dtype),
+                     "steps": [f"{op} {k}" for k, op in enumerate(ops, start=1)]}, domain=FUSEGRAPH_DOMAIN)
+
+
+AFFINE_RULES = [
+    Rule("qdq_affine", _check_affine, _rewrite_affine, ops=("QuantizeLinear",), priority=10,
+         doc="Q(DQ(x) op c ...) with per-channel float constants -> Requantize(x, c ...) with steps: exact"),
+]
 
 SINK_ROOTS = tuple(sorted(op for domain, op in movement_ops(*SINK_MOVES) if domain == "")) + ORDER_STATISTICS
 

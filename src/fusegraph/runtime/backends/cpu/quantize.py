@@ -18,8 +18,11 @@ the same order in that workspace: each dequantised in float32 as above, the sum,
 quantising steps. A constant second input of ``QAdd`` (a per-channel shift) is dequantised
 once, when the kernel is made.
 
-Per-axis or blocked scales, other types, a ``precision`` or ``output_dtype`` other than the
-default, or a scale that is not one float32 value decline with the reason (the op's own kernel
+oneDNN's kernels (``dnnl/quantize.py``, one pass each) take these nodes first where their
+shapes are static and their parameters constants; these run the rest (symbolic shapes, a scale
+or zero point computed at run time, a quantisation to int8). Per-axis or blocked scales, other
+types, a ``precision`` or ``output_dtype`` other than the default, a scale that is not one
+float32 value, or a ``Requantize`` with steps decline with the reason (the op's own kernel
 runs).
 """
 from __future__ import annotations
@@ -134,6 +137,8 @@ def requantize_kernel(ctx, workspace):
     out_type, (lo, hi) = got
     if ctx.dtype(0) not in RANGES:
         return Decline(f"input type {ctx.dtype(0)}, not int8 / uint8", "cpu")
+    if ctx.attr("steps", []):
+        return Decline("steps between the dequantisation and the quantisation (the op's own kernel runs them)", "cpu")
     xs, xz = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
     ys, yz = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
     torch_type = out_type.to_torch()

@@ -6,7 +6,8 @@ a few microseconds a call.
 ``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear; ``linear_dynamic_int8.py``:
 QLinearDynamic (an int8 product of an activation quantised at run time);
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
-``shuffle.py``: ChannelShuffle; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm
+``shuffle.py``: ChannelShuffle; ``quantize.py``: per-tensor QuantizeLinear to uint8,
+DequantizeLinear, Requantize and QAdd of static shape; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm
 (``layernorm_runtime.py``: LayerNorm, SkipLayerNorm whose rows are known at run time only);
 GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
@@ -34,6 +35,7 @@ from .layernorm import layer_norm_kernel
 from .layernorm_runtime import runtime_layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
+from .quantize import dequantize_kernel, qadd_kernel, quantize_kernel, requantize_kernel
 from .rmsnorm import rms_norm_kernel
 from .rnn import rnn_kernel
 from .shuffle import shuffle_kernel
@@ -99,6 +101,14 @@ class DnnlKernels:
             return lrn_kernel(ctx, self.resources)
         if key == ("fusegraph", "ChannelShuffle"):
             return shuffle_kernel(ctx, self.resources)
+        if key == ("", "QuantizeLinear"):
+            return quantize_kernel(ctx, self.resources)
+        if key == ("", "DequantizeLinear"):
+            return dequantize_kernel(ctx, self.resources)
+        if key == ("fusegraph", "Requantize"):
+            return requantize_kernel(ctx, self.resources)
+        if key == ("fusegraph", "QAdd"):
+            return qadd_kernel(ctx, self.resources)
         if key in (("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm")) \
                 and static_shape(ctx.node.outputs[0]) is None:     # rows known at run time only
             return runtime_layer_norm_kernel(ctx, opdef, self.resources, exact)
