@@ -213,12 +213,12 @@ def requantize_kernel(ctx, resources):
     except ValueError as exc:
         return Decline(str(exc), "dnnl")
     constants = []
-    for _op, k in steps:
+    for op, k in steps:
         c = ctx.const(k)
         if c is None or c.dtype != torch.float32 or c.dim() > len(xs) or \
                 any(d not in (1, n) for d, n in zip(reversed(tuple(c.shape)), reversed(xs))):
             return Decline(f"step input {k} is not a float32 constant broadcasting over the input", "dnnl")
-        if out_type == DType.INT8 and not bool(torch.isfinite(c).all() and (c != 0).all()):
+        if out_type == DType.INT8 and not bool(torch.isfinite(c).all() and (op != "Div" or (c != 0).all())):
             return Decline("int8 output after steps whose constants could make a NaN (oneDNN converts it to "
                            "the largest int8, the op to 0)", "dnnl")
         c = c.contiguous().reshape((1,) * (len(xs) - c.dim()) + tuple(c.shape))
