@@ -86,6 +86,30 @@ def matmul_block(seed=0, seq=8, d=32, ff=64) -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])], inits, "matmul_block")
 
 
+def attention_block(seed=0, seq=8, d=32, heads=2) -> onnx.ModelProto:
+    """x[1,seq,d] -> q, k, v products, split into heads -> softmax(q @ k^T / sqrt(dh)) @ v ->
+    heads merged -> MatMul -> y[1,seq,d]: two products of activations (what a transformer's
+    attention quantises as MatMul(DQ, DQ))."""
+    rng = np.random.default_rng(seed)
+    dh = d // heads
+    inits = {f"w{t}": _he(rng, (d, d), d) for t in "qkvo"}
+    inits.update({"heads_shape": np.array([1, seq, heads, dh], np.int64), "merged": np.array([1, seq, d], np.int64),
+                  "scale": np.array(1.0 / np.sqrt(dh), np.float32)})
+    nodes = []
+    for t in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", f"w{t}"], [f"{t}0"]),
+                  helper.make_node("Reshape", [f"{t}0", "heads_shape"], [f"{t}1"]),
+                  helper.make_node("Transpose", [f"{t}1"], [f"{t}h"], perm=[0, 2, 3, 1] if t == "k" else [0, 2, 1, 3])]
+    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["scores"]), helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+              helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "vh"], ["ctx"]),
+              helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ctx_t", "merged"], ["ctx_m"]),
+              helper.make_node("MatMul", ["ctx_m", "wo"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, d])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])], inits, "attention_block")
+
+
 def outlier_net(seed=0, outlier=1000.0, batch=1) -> onnx.ModelProto:
     """x[batch,8,16,16] -> conv1 (8->16) + Relu -> conv2 (16->16) + Relu -> conv3 + Relu -> conv4
     -> GlobalAveragePool -> Flatten -> Gemm "head" -> y[batch,10]. conv1's output channel 0 is

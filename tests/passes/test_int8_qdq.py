@@ -155,6 +155,24 @@ def test_matmul_block(block):
     compare(cm, q, fp32, max_steps=4, mean_steps=0.75)
 
 
+@needs_int8_kernels
+def test_products_of_two_activations_run_on_onednn_int8(tmp_path):
+    """An attention block's q @ k^T and probs @ v, quantised on both sides (MatMul(DQ, DQ)),
+    become QMatMul on oneDNN's int8 matmul (a uint8 second operand moved into int8): within one
+    step of onnxruntime ORT_DISABLE_ALL at every int8 output, as close to fp32 as onnxruntime."""
+    from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+    fp32 = M.attention_block()
+    q = M.quantize(fp32, tmp_path, "attention")
+    cm = fg.compile(q, CFG)
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert ops["QMatMul"] == 2 and not any(ops[o] for o in FLOAT_PRODUCTS), ops
+    for c in cm._executor.binding.calls:
+        if c.node.op_type == "QMatMul":
+            kernel = getattr(c.kernel, "kernel", c.kernel)
+            assert isinstance(kernel, DnnlKernel) and "vnni" in kernel.impl, (c.node.name, type(kernel).__name__)
+    compare(cm, q, fp32, max_steps=1, mean_steps=0.05, fp32_limit=0.15)     # 8 steps of a softmax: coarse
+
+
 def test_single_product_bias_bound(tmp_path):
     """One MatMul + Add: the only difference from onnxruntime is ``qdq_bias``'s single
     rounding, so the bound is exactly ``rounding_bound`` and most outputs agree."""
@@ -383,3 +401,44 @@ def test_fgm_round_trip(conv_gemm, block, tmp_path, monkeypatch):
                 (a,) = cm.run(feeds).values()
                 (b,) = loaded.run(feeds).values()
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@needs_int8_kernels
+@pytest.mark.parametrize("form", ["qdq", "qlinear"])
+@pytest.mark.parametrize("a_type,b_type", [(TensorProto.UINT8, TensorProto.UINT8), (TensorProto.INT8, TensorProto.INT8),
+                                           (TensorProto.UINT8, TensorProto.INT8), (TensorProto.INT8, TensorProto.UINT8)])
+def test_qmatmul_types_within_one_step_of_the_reference(a_type, b_type, form):
+    """Q(DQ(a) @ DQ(b)) of two quantised graph inputs (or ONNX's QLinearMatMul of them), each
+    8-bit type on either side (a uint8 ``b`` moved into int8 with its zero point): one
+    ``QMatMul`` on oneDNN, within one step of ``onnx.reference``."""
+    from onnx.reference import ReferenceEvaluator
+    np_of = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
+    zero = {TensorProto.UINT8: 131, TensorProto.INT8: -3}
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "sa"), numpy_helper.from_array(np.array(0.04, np.float32), "sb"),
+             numpy_helper.from_array(np.array(0.3, np.float32), "sy"),
+             numpy_helper.from_array(np.array(zero[a_type], np_of[a_type]), "za"),
+             numpy_helper.from_array(np.array(zero[b_type], np_of[b_type]), "zb"),
+             numpy_helper.from_array(np.array(zero[a_type], np_of[a_type]), "zy")]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["qa"]),
+             helper.make_node("QuantizeLinear", ["b", "sb", "zb"], ["qb"])]
+    if form == "qdq":
+        nodes += [helper.make_node("DequantizeLinear", ["qa", "sa", "za"], ["da"]),
+                  helper.make_node("DequantizeLinear", ["qb", "sb", "zb"], ["db"]),
+                  helper.make_node("MatMul", ["da", "db"], ["m"]), helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["y"])]
+    else:
+        nodes.append(helper.make_node("QLinearMatMul", ["qa", "sa", "za", "qb", "sb", "zb", "sy", "zy"], ["y"]))
+    graph = helper.make_graph(nodes, "qmatmul", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2, 5, 24]),
+                                                 helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 2, 24, 7])],
+                              [helper.make_tensor_value_info("y", a_type, [1, 2, 5, 7])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    rng = np.random.default_rng(7)
+    feeds = {"a": (rng.standard_normal((1, 2, 5, 24)) * 2).astype(np.float32),
+             "b": (rng.standard_normal((1, 2, 24, 7)) * 2).astype(np.float32)}
+    cm = fg.compile(model, CFG)
+    (call,) = [c for c in cm._executor.binding.calls if c.node.op_type == "QMatMul"]
+    assert "vnni" in getattr(call.kernel, "kernel", call.kernel).impl
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    got = cm.run(feeds)["y"]
+    assert got.dtype == want.dtype
+    steps = np.abs(got.astype(np.int32) - want.astype(np.int32))
+    assert steps.max() <= 1 and steps.mean() < 0.05, (steps.max(), steps.mean())

@@ -19,6 +19,8 @@
   BatchNorm between two int8 convolutions); the constants broadcast over ``x`` without
   enlarging it.
 - ``QAdd(a, b)``: ``Q(act(DQ(a) + DQ(b)))`` (numpy broadcasting), ``a_*`` / ``b_*`` / ``y_*``.
+- ``QMatMul(a, b)``: ``Q(DQ(a) @ DQ(b))`` of two quantised activations (attention's scores and
+  its weighted sum in a QDQ transformer), ``a_*`` / ``b_*`` / ``y_*``, an int8 / uint8 output.
 
 Each op's own kernel is its reference form, portable ATen: dequantise in float32 as
 ``DequantizeLinear`` does (``(x - zero point) * scale``), compute in float32, quantise as
@@ -287,3 +289,26 @@ def _qadd(ctx: NodeContext):
             y = y.relu_()
         return _write(y if yt == DType.FLOAT else quantize(y, ys, yzp, yt), out)
     return qadd
+
+
+# ---------------------------------------------------------------- QMatMul
+
+def _qmatmul_shape(ctx: NodeContext):
+    from .linalg import matmul_shape
+    return matmul_shape(ctx.shape(0), ctx.shape(1))
+
+
+@register("QMatMul", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_infer_as(_qmatmul_shape),
+          writes_out=True, value_range=QuantisedRange(inputs=("a", "b")))
+def _qmatmul(ctx: NodeContext):
+    yt = _check_common(ctx, ("a", "b"))
+    if yt not in QUANTISED:
+        raise ctx.unsupported(f"QMatMul to {yt.name}")
+    a_s, a_zp = float(ctx.attr("a_scale")), int(ctx.attr("a_zero_point", 0))
+    b_s, b_zp = float(ctx.attr("b_scale")), int(ctx.attr("b_zero_point", 0))
+    ys, yzp = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+
+    def qmatmul(a, b, out=None):
+        y = torch.matmul(dequantize(a, a_s, a_zp), dequantize(b, b_s, b_zp))
+        return _write(quantize(y, ys, yzp, yt), out)
+    return qmatmul

@@ -139,7 +139,7 @@ def _conv(node, shapes, values):
 
 
 @rule("MatMul", "BatchMatMul")
-@rule("BatchMatMul", domain="fusegraph")
+@rule("BatchMatMul", "QMatMul", domain="fusegraph")
 def _matmul(node, shapes, values):
     a, b = shapes[0], shapes[1]
     if len(a) == 1 and len(b) == 1:

@@ -261,6 +261,8 @@ def _rewrite_residual(q: Node, found, ctx):
 # ------------------------------------------------------------------------ Requantize(product)
 
 def _check_requantize_product(r: Node, ctx):
+    if r.attrs.get("steps"):          # float steps between: not the product's own requantisation
+        return None
     p = r.inputs[0].producer
     if not _fg(p, "QConv", "QLinear") or DType(int(p.attrs.get("y_type", 0))) not in (DType.UINT8, DType.INT8):
         return None

@@ -5,7 +5,8 @@
   ``QConv`` with the float32 bias ``B * x_scale * w_scale`` (``B`` is the int32 sum's bias
   in the product's scale).
 - ``qlinear_matmul``: ``QLinearMatMul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)``
-  with a constant 2-D ``b`` -> ``QLinear``.
+  with a constant 2-D ``b`` -> ``QLinear``; with a ``b`` computed at run time (attention's
+  products in onnxruntime's QOperator files) -> ``QMatMul``.
 - ``conv_integer`` / ``matmul_integer``: ``ConvInteger(x, w, x_zp?, w_zp?)`` /
   ``MatMulInteger(a, b, a_zp?, b_zp?)`` with a constant weight -> ``QConv`` / ``QLinear``
   with an int32 output (the exact sum, scale 1).
@@ -45,6 +46,8 @@ def _check(node: Node, ctx):
     w_i, ws_i, wzp_i = {"QLinearConv": (3, 4, 5), "QLinearMatMul": (3, 4, 5),
                         "ConvInteger": (1, None, 3), "MatMulInteger": (1, None, 3)}[op]
     w_v = node.input(w_i)
+    if op == "QLinearMatMul" and w_v is not None and not w_v.is_const and w_v.dtype in QUANTISED:
+        return _activations_product(node)
     if w_v is None or not w_v.is_const or w_v.shape is None:
         return Decline(f"{node.name}: the weight is not a constant")
     if conv and len(w_v.shape) != 4 or not conv and len(w_v.shape) != 2:
@@ -76,7 +79,20 @@ def _check(node: Node, ctx):
     return conv, weight, bias, attrs
 
 
+def _activations_product(node: Node):
+    """The ``QMatMul`` attributes of a QLinearMatMul of two run-time operands, or a Decline."""
+    params = [_activation(node, s, z, what) for s, z, what in ((1, 2, "a"), (4, 5, "b"), (6, 7, "output"))]
+    bad = next((p for p in params if isinstance(p, Decline)), None)
+    if bad is not None:
+        return bad
+    (a_s, a_z), (b_s, b_z), (y_s, y_z) = params
+    return "QMatMul", {"a_scale": a_s, "a_zero_point": a_z, "b_scale": b_s, "b_zero_point": b_z, "y_scale": y_s,
+                       "y_zero_point": y_z, "y_type": int(node.outputs[0].dtype)}
+
+
 def _rewrite(node: Node, found, ctx):
+    if found[0] == "QMatMul":
+        return ctx.emit("QMatMul", [node.inputs[0], node.inputs[3]], found[1], domain=FUSEGRAPH_DOMAIN)
     conv, (w, ws), bias, attrs = found
     inputs = [node.inputs[0], ctx.const(w, "w"), ctx.const(ws, "w_scale")]
     if bias is not None:
@@ -87,5 +103,5 @@ def _rewrite(node: Node, found, ctx):
 RULES = [
     Rule("qlinear_ops", _check, _rewrite, ops=("QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger"),
          doc="QLinearConv / QLinearMatMul / ConvInteger / MatMulInteger with constant weights and parameters "
-             "-> QConv / QLinear"),
+             "-> QConv / QLinear; QLinearMatMul of two run-time operands -> QMatMul"),
 ]

@@ -10,6 +10,9 @@ groups, as onnxruntime's ``quantize_static`` (QDQ format) writes them, become on
   (each DQ and the bias possibly behind ``Identity`` nodes)
   -> ``QConv`` / ``QLinear`` writing the Q's type, scale and zero point. The product's and
   the activation's outputs are read by nothing else.
+- ``qdq_matmul`` (root QuantizeLinear): ``Q(MatMul(DQ(a), DQ(b)))`` of two activations, each
+  quantised per tensor (attention's scores and weighted sum) -> ``QMatMul(a, b)``. The
+  MatMul's output is read by nothing else.
 - ``qdq_product_float`` (root the product): the same product whose result a float op reads
   (no Q, or other readers) -> the int8 op with a float32 output (the dequantised value).
 Exact up to float32 rounding: the integer products are summed exactly (onnxruntime sums the
@@ -149,9 +152,33 @@ def _rewrite_float_product(p: Node, g, ctx):
     return emit_product(ctx, g, None)
 
 
+def _check_q_matmul(q: Node, ctx):
+    p = q.inputs[0].producer
+    if not is_op(p, "MatMul"):
+        return None
+    a_dq, b_dq = _dq(p.input(0)), _dq(p.input(1))
+    if a_dq is None or b_dq is None or a_dq.inputs[0].is_const or b_dq.inputs[0].is_const:
+        return None                   # a constant weight is qdq_product's
+    if not only_use(q.inputs[0]):
+        return Decline(f"{p.name}: its float result is read outside the group")
+    params = [activation_params(d) for d in (a_dq, b_dq, q)]
+    bad = next((x for x in params if isinstance(x, Decline)), None)
+    return bad if bad is not None else (a_dq.inputs[0], b_dq.inputs[0], params)
+
+
+def _rewrite_q_matmul(q: Node, found, ctx):
+    a, b, (pa, pb, py) = found
+    return ctx.emit("QMatMul", [a, b], {"a_scale": pa.scale, "a_zero_point": pa.zero_point, "b_scale": pb.scale,
+                                        "b_zero_point": pb.zero_point, "y_scale": py.scale,
+                                        "y_zero_point": py.zero_point, "y_type": int(py.dtype)},
+                    domain=FUSEGRAPH_DOMAIN)
+
+
 RULES = [
     Rule("qdq_product", _check_q_product, _rewrite_q_product, ops=("QuantizeLinear",), priority=20,
          doc="Q(act(Conv / MatMul / Gemm(DQ(x), DQ(w), b))) -> QConv / QLinear: exact up to float32 rounding"),
+    Rule("qdq_matmul", _check_q_matmul, _rewrite_q_matmul, ops=("QuantizeLinear",), priority=18,
+         doc="Q(MatMul(DQ(a), DQ(b))) of two activations -> QMatMul(a, b)"),
     Rule("qdq_product_float", _check_float_product, _rewrite_float_product, ops=PRODUCTS, priority=10,
          doc="Conv / MatMul / Gemm(DQ(x), DQ(w), b) read as float -> QConv / QLinear with a float32 output"),
 ]

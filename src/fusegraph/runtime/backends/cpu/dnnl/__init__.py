@@ -3,7 +3,8 @@ into the planned arena, hold their weights once in the blocked layout they run o
 a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
-``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear; ``linear_dynamic_int8.py``:
+``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear; ``matmul_int8.py``: QMatMul
+(an int8 product of two activations); ``linear_dynamic_int8.py``:
 QLinearDynamic (an int8 product of an activation quantised at run time);
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
 ``shuffle.py``: ChannelShuffle; ``quantize.py``: per-tensor QuantizeLinear to uint8,
@@ -30,6 +31,7 @@ from .layouts import static_shape
 from .linear import linear_kernel
 from .linear_dynamic_int8 import linear_dynamic_int8_kernel
 from .linear_int8 import linear_int8_kernel
+from .matmul_int8 import qmatmul_kernel
 from .linear_runtime import runtime_linear_kernel
 from .layernorm import layer_norm_kernel
 from .layernorm_runtime import runtime_layer_norm_kernel
@@ -93,6 +95,8 @@ class DnnlKernels:
             return conv_int8_kernel(ctx, self.store, self.resources)
         if key == ("fusegraph", "QLinear"):
             return linear_int8_kernel(ctx, self.store, self.resources)
+        if key == ("fusegraph", "QMatMul"):
+            return qmatmul_kernel(ctx, self.resources)
         if key == ("fusegraph", "QLinearDynamic"):
             return linear_dynamic_int8_kernel(ctx, self.store, self.resources)
         if key in POOLS:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 
 from .....ir import DType
-from .....ops.quantized import affine_steps
+from .....ops.quantized import QUANTISED, affine_steps
 from ...protocol import Decline
 from . import capi
 from .call import DnnlKernel, Slot
@@ -182,13 +182,10 @@ def dequantize_kernel(ctx, resources):
 
 # ---------------------------------------------------------------- fusegraph's Requantize and QAdd
 
-RANGES = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
-
-
 def _requantized_type(ctx):
     """The output's DType (int8 / uint8, as the node's ``y_type`` says), or a Decline."""
     out_type = DType(int(ctx.attr("y_type", int(DType.UINT8))))
-    if out_type not in RANGES or ctx.node.outputs[0].dtype != out_type:
+    if out_type not in QUANTISED or ctx.node.outputs[0].dtype != out_type:
         return Decline(f"output type {out_type.name}, not int8 / uint8", "dnnl")
     return out_type
 
@@ -201,7 +198,7 @@ def requantize_kernel(ctx, resources):
     out_type = _requantized_type(ctx)
     if isinstance(out_type, Decline):
         return out_type
-    if ctx.dtype(0) not in RANGES:
+    if ctx.dtype(0) not in QUANTISED:
         return Decline(f"input type {ctx.dtype(0)}, not int8 / uint8", "dnnl")
     geometry = _static_geometry(ctx)
     if isinstance(geometry, Decline):
@@ -248,7 +245,7 @@ def qadd_kernel(ctx, resources):
     out_type = _requantized_type(ctx)
     if isinstance(out_type, Decline):
         return out_type
-    if ctx.dtype(0) not in RANGES or ctx.dtype(1) not in RANGES:
+    if ctx.dtype(0) not in QUANTISED or ctx.dtype(1) not in QUANTISED:
         return Decline("inputs that are not int8 / uint8", "dnnl")
     act = str(ctx.attr("activation", ""))
     if act not in ("", "relu"):
