@@ -57,10 +57,12 @@ def _implementations(compiled) -> dict[str, str]:
 def kernels(request, monkeypatch):
     """Which family runs the quantisation nodes: oneDNN's where it takes them (the default), or,
     with oneDNN's declining, the torch kernels into planned memory (what symbolic shapes and
-    run-time parameters get)."""
+    run-time parameters get; DynamicQuantizeLinear's is the op's own)."""
     if request.param == "torch":
         for name in ("quantize_kernel", "dequantize_kernel", "qadd_kernel", "requantize_kernel"):
             monkeypatch.setattr(dnnl, name, lambda ctx, resources: Decline("the test asks for the torch kernel", "dnnl"))
+        monkeypatch.setattr(dnnl, "dynamic_quantize_kernel",
+                            lambda ctx, opdef, resources: Decline("the test asks for the torch kernel", "dnnl"))
     return request.param
 
 
@@ -283,3 +285,48 @@ def test_requantize_steps_decline_a_constant_first_in_a_division():
     x = np.random.default_rng(0).uniform(0.5, 5, (1, 8, 5, 7)).astype(np.float32)
     (want,) = ReferenceEvaluator(H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])).run(None, {"x": x})
     assert np.array_equal(compiled.run({"x": x})["q"], want)
+
+
+def _dynamic_model() -> onnx.ModelProto:
+    graph = H.make_graph([H.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "dql",
+                         [H.make_tensor_value_info("x", T.FLOAT, [2, 3, 5, 7])],
+                         [H.make_tensor_value_info("y", T.UINT8, [2, 3, 5, 7]), H.make_tensor_value_info("s", T.FLOAT, []),
+                          H.make_tensor_value_info("z", T.UINT8, [])])
+    return H.make_model(graph, opset_imports=[H.make_opsetid("", 19)])
+
+
+@pytest.mark.parametrize("case", ["mixed", "ties", "positive", "negative", "constant"])
+def test_dynamic_quantize_linear_on_onednn_matches_onnx_reference(case, kernels):
+    """DynamicQuantizeLinear: its range, scale and zero point as ONNX computes them, then one
+    oneDNN pass (or the torch one), bit for bit against ``onnx.reference``."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32) * np.float32(3)
+    if case == "ties":          # values that land on k + 0.5 quanta of the scale the range gives
+        x = np.linspace(-2.0, 3.0, x.size, dtype=np.float32).reshape(x.shape)
+        s = np.float32(5.0) / np.float32(255)
+        x.reshape(-1)[1:40] = (np.arange(1, 40, dtype=np.float32) + np.float32(0.5)) * s
+    elif case == "positive":
+        x = np.abs(x) + np.float32(0.5)
+    elif case == "negative":
+        x = -np.abs(x) - np.float32(0.5)
+    elif case == "constant":
+        x = np.full_like(x, 0.75)
+    model = _dynamic_model()
+    compiled = fg.compile(model, fg.Config(threads=2))
+    (call,) = compiled._executor.binding.calls
+    assert (type(call.kernel).__name__ == "DynamicQuantizer") == (kernels == "onednn")
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    got = compiled.run({"x": x})
+    for name, w in zip(("y", "s", "z"), want):
+        assert got[name].dtype == w.dtype and np.array_equal(got[name], w), name
+
+
+def test_dynamic_quantize_linear_nan_and_inf_as_the_ops_own_kernel():
+    model = _dynamic_model()
+    x = np.random.default_rng(2).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    for bad in (np.nan, np.inf):
+        x.reshape(-1)[3] = bad
+        got = fg.compile(model).run({"x": x})
+        want = fg.compile(model, fg.Config(cpu_kernels="portable")).run({"x": x})
+        for name in ("y", "s", "z"):
+            assert np.array_equal(got[name], want[name], equal_nan=True), (bad, name)

@@ -8,7 +8,7 @@ a few microseconds a call.
 QLinearDynamic (an int8 product of an activation quantised at run time);
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
 ``shuffle.py``: ChannelShuffle; ``quantize.py``: per-tensor QuantizeLinear to uint8,
-DequantizeLinear, Requantize and QAdd of static shape; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm
+DequantizeLinear, DynamicQuantizeLinear, Requantize and QAdd of static shape; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm
 (``layernorm_runtime.py``: LayerNorm, SkipLayerNorm whose rows are known at run time only);
 GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
@@ -37,7 +37,7 @@ from .layernorm import layer_norm_kernel
 from .layernorm_runtime import runtime_layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
-from .quantize import dequantize_kernel, qadd_kernel, quantize_kernel, requantize_kernel
+from .quantize import dequantize_kernel, dynamic_quantize_kernel, qadd_kernel, quantize_kernel, requantize_kernel
 from .rmsnorm import rms_norm_kernel
 from .rnn import rnn_kernel
 from .shuffle import shuffle_kernel
@@ -109,6 +109,8 @@ class DnnlKernels:
             return quantize_kernel(ctx, self.resources)
         if key == ("", "DequantizeLinear"):
             return dequantize_kernel(ctx, self.resources)
+        if key == ("", "DynamicQuantizeLinear"):
+            return dynamic_quantize_kernel(ctx, opdef, self.resources)
         if key == ("fusegraph", "Requantize"):
             return requantize_kernel(ctx, self.resources)
         if key == ("fusegraph", "QAdd"):

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from .....ir import DType
+from .....ops.quant import dynamic_quantize_params
 from .....ops.quantized import QUANTISED, affine_steps
 from ...protocol import Decline
 from . import capi
@@ -90,14 +91,20 @@ def _quantising_tail(y_scale: float, y_zero: float) -> list:
         ([("eltwise", "linear", 1.0, float(y_zero))] if y_zero else [])
 
 
-def _binary(rank: int, src0: MemDesc, alg: str, operand: float, post: list, dst: MemDesc, what: str):
+def _binary(rank: int, src0: MemDesc, alg: str, operand, post: list, dst: MemDesc, what: str):
     """A binary primitive ``src0 alg operand`` (a scalar) with ``post``: eltwise post-ops as
     ``Attr`` takes them, ``(alg, scalar)`` binary ones by a scalar, ``(alg, MemDesc)`` binary
-    ones by a tensor given at run time. Returns (primitive, its constant arguments, what they
-    point at) or a Decline."""
+    ones by a tensor given at run time. A scalar is a number, or a one-element float32 tensor
+    of ``rank`` dims that the caller may refill between calls. Returns (primitive, its
+    constant arguments, what they point at) or a Decline."""
     scalar_shape = (1,) * rank
     scalar_md = MemDesc.of(scalar_shape, torch.float32)
-    held = [torch.tensor([float(operand)], dtype=torch.float32).reshape(scalar_shape), scalar_md]
+
+    def scalar(v) -> torch.Tensor:
+        if isinstance(v, torch.Tensor):
+            return v
+        return torch.tensor([float(v)], dtype=torch.float32).reshape(scalar_shape)
+    held = [scalar(operand), scalar_md]
     consts = [(capi.ARG_SRC_1, Memory(scalar_md, held[0].data_ptr()))]
     post_ops = []
     for j, op in enumerate(post):
@@ -106,7 +113,7 @@ def _binary(rank: int, src0: MemDesc, alg: str, operand: float, post: list, dst:
         elif isinstance(op[1], MemDesc):
             post_ops.append(("binary", op[0], op[1]))
         else:
-            t = torch.tensor([float(op[1])], dtype=torch.float32).reshape(scalar_shape)
+            t = scalar(op[1])
             held.append(t)
             post_ops.append(("binary", op[0], scalar_md))
             consts.append((capi.arg_post_op_src1(j), Memory(scalar_md, t.data_ptr())))
@@ -178,6 +185,58 @@ def dequantize_kernel(ctx, resources):
     return DnnlKernel(dq.prim, [Slot(capi.ARG_SRC, xs, x_strides, x_dtype, dq.src_md)],
                       Slot(capi.ARG_DST, xs, y_strides, torch.float32, dq.dst_md), dq.consts, resources, (0,),
                       keep=dq.held)
+
+
+def dynamic_quantize_kernel(ctx, opdef, resources):
+    """``DynamicQuantizeLinear`` of a float32 input of static shape: its range by one
+    ``aminmax``, the scale and zero point as the reference computes them
+    (``ops/quant.py``'s ``dynamic_quantize_params``), then one binary primitive whose scalar
+    operands (the scale, the zero point) are refilled each call; or a Decline."""
+    if ctx.dtype(0) != DType.FLOAT:
+        return Decline(f"input is {ctx.dtype(0)}, not float32", "dnnl")
+    geometry = _static_geometry(ctx)
+    if isinstance(geometry, Decline):
+        return geometry
+    xs, x_strides, y_strides = geometry
+    x_md, y_md = MemDesc.of(xs, torch.float32, x_strides), MemDesc.of(xs, torch.uint8, y_strides)
+    scale_t, zero_t = torch.ones((1,) * len(xs)), torch.zeros((1,) * len(xs))
+    made = _binary(len(xs), x_md, "div", scale_t, [("eltwise", "round", 0.0, 0.0), ("add", zero_t)], y_md,
+                   "dynamic quantize")
+    if isinstance(made, Decline):
+        return made
+    prim, consts, held = made
+    kernel = DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, x_strides, torch.float32, x_md)],
+                        Slot(capi.ARG_DST, xs, y_strides, torch.uint8, y_md), consts, resources, (0,), keep=held)
+    return DynamicQuantizer(kernel, scale_t, zero_t, opdef.build(ctx))
+
+
+class DynamicQuantizer:
+    """``DynamicQuantizeLinear``'s kernel: (uint8 values, scale, zero point). A range with a NaN
+    or an infinity runs the op's own kernel for that call (what it gives there is the op's)."""
+    writes_out = True
+
+    def __init__(self, kernel: DnnlKernel, scale_t: torch.Tensor, zero_t: torch.Tensor, portable):
+        self.kernel, self.impl = kernel, kernel.impl
+        self._scale, self._zero, self._portable = scale_t, zero_t, portable
+
+    def __call__(self, x, out=None):
+        lo, hi = (float(v) for v in torch.aminmax(x)) if x.numel() else (0.0, 0.0)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            got = self._portable(x)
+            if out is None:
+                return got
+            for o, g in zip(out, got):
+                o.copy_(g)
+            return out
+        scale, zero = dynamic_quantize_params(lo, hi)
+        self._scale.fill_(float(scale))
+        self._zero.fill_(zero)
+        y, s, z = out if out is not None else (None, torch.empty((), dtype=torch.float32),
+                                               torch.empty((), dtype=torch.uint8))
+        y = self.kernel(x, out=y)
+        s.fill_(float(scale))
+        z.fill_(int(zero))
+        return y, s, z
 
 
 # ---------------------------------------------------------------- fusegraph's Requantize and QAdd
