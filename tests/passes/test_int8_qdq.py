@@ -50,6 +50,12 @@ def conv_matmul(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def attention(tmp_path_factory):
+    m = M.attention_block()
+    return m, _qdq(tmp_path_factory, "attention", m)
+
+
+@pytest.fixture(scope="module")
 def block(tmp_path_factory):
     m = M.matmul_block()
     return m, _qdq(tmp_path_factory, "block", m)
@@ -156,13 +162,12 @@ def test_matmul_block(block):
 
 
 @needs_int8_kernels
-def test_products_of_two_activations_run_on_onednn_int8(tmp_path):
+def test_products_of_two_activations_run_on_onednn_int8(attention):
     """An attention block's q @ k^T and probs @ v, quantised on both sides (MatMul(DQ, DQ)),
     become QMatMul on oneDNN's int8 matmul (a uint8 second operand moved into int8): within one
     step of onnxruntime ORT_DISABLE_ALL at every int8 output, as close to fp32 as onnxruntime."""
     from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
-    fp32 = M.attention_block()
-    q = M.quantize(fp32, tmp_path, "attention")
+    fp32, q = attention
     cm = fg.compile(q, CFG)
     ops = collections.Counter(n.op_type for n in cm.graph.nodes)
     assert ops["QMatMul"] == 2 and not any(ops[o] for o in FLOAT_PRODUCTS), ops
@@ -381,11 +386,11 @@ def test_com_microsoft_qoperator_refused(tmp_path):
 
 # ---------------------------------------------------------------- .fgm
 
-def test_fgm_round_trip(conv_gemm, block, tmp_path, monkeypatch):
+def test_fgm_round_trip(conv_gemm, block, attention, tmp_path, monkeypatch):
     """Saved and loaded: the same ops, the same outputs bit for bit; loading runs no pass and
     (where the int8 kernels run) repacks no weight."""
     from fusegraph.passes import manager
-    for name, (fp32, q) in (("conv", conv_gemm), ("block", block)):
+    for name, (fp32, q) in (("conv", conv_gemm), ("block", block), ("attention", attention)):
         cm = fg.compile(q, CFG)
         path = tmp_path / f"{name}.fgm"
         cm.save(path)

@@ -244,7 +244,7 @@ def test_requantize_matches_onnx_reference(qtype, zeros, scales, kernels):
 
 @pytest.mark.parametrize("qtype,zeros", [(T.UINT8, (128, 3)), (T.INT8, (-5, 9))])
 @pytest.mark.parametrize("steps", [("Mul",), ("Mul", "Add"), ("Sub", "Div")])
-def test_requantize_with_affine_steps_matches_onnx_reference(qtype, zeros, steps, kernels):
+def test_requantize_with_affine_steps_matches_onnx_reference(qtype, zeros, steps, kernels, tmp_path):
     """Q -> DQ -> per-channel Mul / Add / Sub / Div -> Q (a pre-activation BatchNorm between two
     int8 convolutions): one ``Requantize`` with steps, bit for bit."""
     np_type = {T.UINT8: np.uint8, T.INT8: np.int8}[qtype]
@@ -270,6 +270,10 @@ def test_requantize_with_affine_steps_matches_onnx_reference(qtype, zeros, steps
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
     got = compiled.run({"x": x})["q"]
     assert got.dtype == want.dtype and np.array_equal(got, want)
+    if kernels == "onednn" and qtype == T.UINT8:          # saved and loaded: the steps and their constants kept
+        path = tmp_path / "affine.fgm"
+        compiled.save(path)
+        assert np.array_equal(fg.load(path, threads=2).run({"x": x})["q"], want)
 
 
 def test_requantize_steps_decline_a_constant_first_in_a_division():
