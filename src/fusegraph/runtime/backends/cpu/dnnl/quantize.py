@@ -3,9 +3,10 @@ pass over its tensor in the reference's float32 steps and order (the CPU backend
 kernels, ``../quantize.py``, make three to ten; they run what declines here):
 
 - ``QuantizeLinear`` (float32 to uint8): ``x / scale`` by a binary primitive's division (a true
-  division, as ONNX writes it: a reciprocal would round some ties the other way), then eltwise
-  post-ops ``round`` (half to even) and ``linear`` (``1 * q + zero point``: exact on
-  integers), and the conversion to uint8, which saturates (an infinity too). A NaN becomes 0,
+  division, as ONNX writes it: a reciprocal would round some ties the other way), then post-ops
+  ``round`` (half to even) and ``+ zero point`` (exact on integers), and the conversion to
+  uint8, which saturates (an infinity too). ``DynamicQuantizeLinear`` runs the same primitive
+  after its range (one ``aminmax``), its scale and zero point refilled per call. A NaN becomes 0,
   as the op's own kernel gives it. An int8 output declines: oneDNN converts NaN to 127 there,
   the op's own kernel to 0.
 - ``DequantizeLinear`` (uint8 / int8 to float32): a reorder with a source scale and zero point,
@@ -150,13 +151,20 @@ def quantize_kernel(ctx, resources):
     scale, zero = params
     if not 0 <= zero <= 255:
         return Decline(f"zero point {zero} outside uint8", "dnnl")
+    return _uint8_quantiser(ctx, resources, scale, zero)
+
+
+def _uint8_quantiser(ctx, resources, scale, zero):
+    """The node's float32 input quantised into uint8 by one binary primitive: ``x / scale``,
+    rounded half to even, ``+ zero`` (each a number, or a one-element tensor of the input's
+    rank refilled between calls), saturated; a ``DnnlKernel`` or a Decline."""
     geometry = _static_geometry(ctx)
     if isinstance(geometry, Decline):
         return geometry
     xs, x_strides, y_strides = geometry
     x_md, y_md = MemDesc.of(xs, torch.float32, x_strides), MemDesc.of(xs, torch.uint8, y_strides)
-    tail = _quantising_tail(scale, zero)
-    made = _binary(len(xs), x_md, "div", scale, tail[1:], y_md, "quantize")
+    post = [("eltwise", "round", 0.0, 0.0)] + ([("add", zero)] if isinstance(zero, torch.Tensor) or zero else [])
+    made = _binary(len(xs), x_md, "div", scale, post, y_md, "quantize")
     if isinstance(made, Decline):
         return made
     prim, consts, held = made
@@ -194,19 +202,11 @@ def dynamic_quantize_kernel(ctx, opdef, resources):
     operands (the scale, the zero point) are refilled each call; or a Decline."""
     if ctx.dtype(0) != DType.FLOAT:
         return Decline(f"input is {ctx.dtype(0)}, not float32", "dnnl")
-    geometry = _static_geometry(ctx)
-    if isinstance(geometry, Decline):
-        return geometry
-    xs, x_strides, y_strides = geometry
-    x_md, y_md = MemDesc.of(xs, torch.float32, x_strides), MemDesc.of(xs, torch.uint8, y_strides)
-    scale_t, zero_t = torch.ones((1,) * len(xs)), torch.zeros((1,) * len(xs))
-    made = _binary(len(xs), x_md, "div", scale_t, [("eltwise", "round", 0.0, 0.0), ("add", zero_t)], y_md,
-                   "dynamic quantize")
-    if isinstance(made, Decline):
-        return made
-    prim, consts, held = made
-    kernel = DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, x_strides, torch.float32, x_md)],
-                        Slot(capi.ARG_DST, xs, y_strides, torch.uint8, y_md), consts, resources, (0,), keep=held)
+    rank = len(ctx.shape(0) or ())
+    scale_t, zero_t = torch.ones((1,) * rank), torch.zeros((1,) * rank)
+    kernel = _uint8_quantiser(ctx, resources, scale_t, zero_t)
+    if isinstance(kernel, Decline):
+        return kernel
     return DynamicQuantizer(kernel, scale_t, zero_t, opdef.build(ctx))
 
 
