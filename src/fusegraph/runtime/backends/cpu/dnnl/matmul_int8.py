@@ -16,6 +16,8 @@ operands and output; anything else declines with the reason and the op's own ker
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .....ir import DType
@@ -88,14 +90,10 @@ class FlippedWeights:
         self.kernel, self.shape, self.resources = kernel, tuple(shape), resources
         self.impl = kernel.impl
         self._at = -(-kernel.prim.scratchpad_bytes // 64) * 64
-        self._bytes = 1
-        for d in shape:
-            self._bytes *= int(d)
+        self._bytes = math.prod(self.shape)
         resources.need(self._at + self._bytes)
 
     def __call__(self, a, b, out=None):
-        self.resources.for_thread(self._at + self._bytes)
-        buf = self.resources.tensor_for_thread()
-        flipped = buf[self._at:self._at + self._bytes].view(torch.int8).view(self.shape)
+        flipped = self.resources.temporary(self._at, self._bytes).view(torch.int8).view(self.shape)
         torch.bitwise_xor(b.contiguous().view(torch.int8), FLIP, out=flipped)
         return self.kernel(a, flipped, out=out)

@@ -165,6 +165,13 @@ class Resources:
                 mem = loc.mems[nbytes] = Memory(MemDesc.tagged([nbytes], capi.U8, capi.TAG_A), buf.data_ptr())
         return thread_stream(), mem
 
+    def temporary(self, offset: int, nbytes: int) -> torch.Tensor:
+        """Bytes ``offset .. offset + nbytes`` of this thread's buffer, as uint8: a kernel's own
+        temporary between two of its primitives, past their scratchpad bytes (``need(offset +
+        nbytes)`` at kernel creation)."""
+        self.for_thread(offset + nbytes)
+        return self._local.buf[offset:offset + nbytes]
+
     def tensor_for_thread(self) -> torch.Tensor:
         """This thread's buffer (after ``for_thread``), as a uint8 tensor: a kernel's own
         temporaries live past its primitives' scratchpad bytes."""

@@ -16,8 +16,8 @@ kernels, ``../quantize.py``, make three to ten; they run what declines here):
   source, ``x - zp`` (or ``x * scale``), then binary post-ops: the scale, the steps by their
   constants, ``/ y_scale``, and the quantising tail above.
 - fusegraph's ``QAdd`` (``Q(act(DQ(a) + DQ(b)))``): the same over the full-shaped input, the
-  other added as a binary post-op: a constant one dequantised once, a run-time one by a
-  reorder into this thread's buffer first (``QAddKernel``).
+  other added as a binary post-op: a constant one dequantised once, a run-time one by the
+  dequantising reorder into this thread's buffer first (``QAddKernel``).
 
 An integer source makes no NaN, so ``Requantize`` and ``QAdd`` write int8 too (``Requantize``
 unless a step's constant is not finite or divides by zero). Every kernel reads and writes the
@@ -27,10 +27,7 @@ run time, or only oneDNN's reference implementation decline with the reason.
 """
 from __future__ import annotations
 
-import ctypes as C
 import math
-from threading import get_ident
-from typing import NamedTuple
 
 import torch
 
@@ -40,10 +37,10 @@ from .....ops.quantized import QUANTISED, affine_steps
 from ...protocol import Decline
 from . import capi
 from .call import DnnlKernel, Slot
-from .capi import ExecArg
+from .int8_support import QuantArgs
 from .layouts import static_shape, strides_of
 from .memory import MemDesc, Memory
-from .primitive import Attr, Primitive, create
+from .primitive import Attr, create
 
 
 def _constant_scalar(ctx, index: int, what: str):
@@ -186,13 +183,7 @@ def dequantize_kernel(ctx, resources):
     if isinstance(geometry, Decline):
         return geometry
     xs, x_strides, y_strides = geometry
-    x_dtype = ctx.dtype(0).to_torch()
-    dq = _dequantizer(xs, x_strides, x_dtype, y_strides, *params)
-    if isinstance(dq, Decline):
-        return dq
-    return DnnlKernel(dq.prim, [Slot(capi.ARG_SRC, xs, x_strides, x_dtype, dq.src_md)],
-                      Slot(capi.ARG_DST, xs, y_strides, torch.float32, dq.dst_md), dq.consts, resources, (0,),
-                      keep=dq.held)
+    return _dequantizer(xs, x_strides, ctx.dtype(0).to_torch(), y_strides, *params, resources)
 
 
 def dynamic_quantize_kernel(ctx, opdef, resources):
@@ -326,18 +317,17 @@ def qadd_kernel(ctx, resources):
     b_s, b_z = float(ctx.attr("ab"[second] + "_scale")), float(ctx.attr("ab"[second] + "_zero_point", 0))
     y_strides = strides_of(node.outputs[0])
     a_dtype, y_dtype = a_v.dtype.to_torch(), out_type.to_torch()
-    a_md, y_md = MemDesc.of(ys, a_dtype, strides_of(a_v)), MemDesc.of(ys, y_dtype, y_strides)
+    a_strides, b_strides = strides_of(a_v), strides_of(b_v)
+    a_md, y_md = MemDesc.of(ys, a_dtype, a_strides), MemDesc.of(ys, y_dtype, y_strides)
     if b_const is not None:         # dequantised once, as the op's own kernel does it every run
         shift = ((b_const.to(torch.float32) - b_z) * b_s).contiguous()
         shift = shift.reshape((1,) * (len(ys) - shift.dim()) + tuple(shift.shape))
         b_md = MemDesc.of(tuple(shift.shape), torch.float32)
-        dequantise_b = None
     else:
-        shift = None
-        b_md = MemDesc.of(ys, torch.float32, strides_of(b_v))
-        dequantise_b = _dequantizer(ys, strides_of(b_v), b_v.dtype.to_torch(), strides_of(b_v), b_s, b_z)
+        dequantise_b = _dequantizer(ys, b_strides, b_v.dtype.to_torch(), b_strides, b_s, b_z, resources)
         if isinstance(dequantise_b, Decline):
             return dequantise_b
+        b_md = MemDesc.of(ys, torch.float32, b_strides)
     alg, operand, head = _dequantising_head(a_z, a_s)
     post = head + [("add", b_md)] + ([("eltwise", "relu", 0.0, 0.0)] if act else []) + \
         _quantising_tail(float(ctx.attr("y_scale")), float(ctx.attr("y_zero_point", 0)))
@@ -345,121 +335,55 @@ def qadd_kernel(ctx, resources):
     if isinstance(made, Decline):
         return made
     prim, consts, held = made
-    return QAddKernel(prim, consts, held, len(head), (first, second), (ys, strides_of(a_v), a_dtype),
-                      (ys, y_strides, y_dtype), a_md, y_md, b_md, shift, dequantise_b, resources)
+    summand = capi.arg_post_op_src1(len(head))
+    a_slot, y_slot = Slot(capi.ARG_SRC, ys, a_strides, a_dtype, a_md), Slot(capi.ARG_DST, ys, y_strides, y_dtype, y_md)
+    if b_const is not None:
+        return DnnlKernel(prim, [a_slot], y_slot, consts + [(summand, Memory(b_md, shift.data_ptr()))], resources,
+                          (first,), keep=(*held, shift, b_md))
+    add = DnnlKernel(prim, [a_slot, Slot(summand, ys, b_strides, torch.float32, b_md)], y_slot, consts, resources,
+                     (0, 1), keep=held)
+    return QAddKernel(add, dequantise_b, (first, second), b_strides, resources)
 
 
-class Dequantizer(NamedTuple):
-    prim: Primitive
-    consts: list              # (argument, Memory) of the scale and zero point
-    src_md: MemDesc
-    dst_md: MemDesc
-    geometry: tuple           # the source's (shape, strides, dtype)
-    held: tuple               # what the constant arguments point at
-
-
-def _dequantizer(shape, x_strides, x_dtype, y_strides, scale: float, zero: float):
+def _dequantizer(shape, x_strides, x_dtype, y_strides, scale: float, zero: float, resources):
     """The reorder that dequantises an integer tensor into float32 (``(x - zero) * scale``,
-    rounded once), or a Decline."""
+    rounded once), as a ``DnnlKernel``, or a Decline."""
     x_md, y_md = MemDesc.of(shape, x_dtype, x_strides), MemDesc.of(shape, torch.float32, y_strides)
     attr = Attr(scales={capi.ARG_SRC: 0}, zero_points={capi.ARG_SRC: 0} if zero else {})
     lib = capi.load()
-    pd = capi.vp()
-    status = lib.reorder_primitive_desc_create(C.byref(pd), x_md.handle, lib.engine, y_md.handle, lib.engine,
-                                               attr.handle)
-    if status != 0:
-        return Decline(f"oneDNN has no reorder for this dequantisation (status {status})", "dnnl")
-    prim = Primitive(pd, "dequantize")
+    try:
+        prim = create("dequantize", lambda pd: lib.reorder_primitive_desc_create(
+            pd, x_md.handle, lib.engine, y_md.handle, lib.engine, attr.handle))
+    except capi.DnnlError as exc:
+        return Decline(f"oneDNN has no reorder for this dequantisation: {exc}", "dnnl")
     if prim.impl.startswith(("simple", "ref")):
         return Decline(f"oneDNN offers only its generic reorder here ({prim.impl})", "dnnl")
-    scale_t = torch.tensor([scale], dtype=torch.float32)
-    zero_t = torch.tensor([int(zero)], dtype=torch.int32)
-    scale_md, zero_md = MemDesc.of((1,), torch.float32), MemDesc.of((1,), torch.int32)
-    consts = [(capi.ARG_ATTR_SCALES | capi.ARG_SRC, Memory(scale_md, scale_t.data_ptr()))]
+    q = QuantArgs()
+    q.scales(capi.ARG_SRC, [scale])
     if zero:
-        consts.append((capi.ARG_ATTR_ZERO_POINTS | capi.ARG_SRC, Memory(zero_md, zero_t.data_ptr())))
-    return Dequantizer(prim, consts, x_md, y_md, (tuple(shape), tuple(x_strides), x_dtype),
-                       (scale_t, zero_t, scale_md, zero_md, attr))
+        q.zero_point(capi.ARG_SRC, int(zero))
+    return DnnlKernel(prim, [Slot(capi.ARG_SRC, shape, x_strides, x_dtype, x_md)],
+                      Slot(capi.ARG_DST, shape, y_strides, torch.float32, y_md), q.args, resources, (0,),
+                      keep=(attr, *q.keep))
 
 
 class QAddKernel:
-    """The QAdd primitive (and, for a run-time second input, the reorder that dequantises it
-    into this thread's buffer first), called with the node's inputs and its planned output."""
+    """``QAdd`` over a run-time second input: its reorder dequantises it into this thread's
+    buffer (past the two primitives' scratchpad), then the QAdd primitive reads it there as
+    its binary post-op's operand."""
     writes_out = True
 
-    def __init__(self, prim, consts, held, post_index: int, order: tuple[int, int], a_geometry, y_geometry,
-                 a_md: MemDesc, y_md: MemDesc, b_md: MemDesc, shift, dequantise_b, resources):
-        self.prim, self.impl = prim, prim.impl
-        self._order = order
-        self._a_geometry, self._y_geometry = a_geometry, y_geometry        # (shape, strides, dtype)
-        self._a, self._y = Memory(a_md, 0), Memory(y_md, 0)
-        self._b = Memory(b_md, shift.data_ptr() if shift is not None else 0)     # the float32 summand
-        steps = []
-        if dequantise_b is not None:
-            self._b_src = Memory(dequantise_b.src_md, 0)
-            self._b_geometry = dequantise_b.geometry
-            steps.append((dequantise_b.prim, [(capi.ARG_SRC, self._b_src), (capi.ARG_DST, self._b)] +
-                          dequantise_b.consts))
-        steps.append((prim, [(capi.ARG_SRC, self._a), (capi.ARG_DST, self._y)] + consts +
-                      [(capi.arg_post_op_src1(post_index), self._b)]))
-        self._steps = steps
-        self._keep = (held, shift, a_md, y_md, b_md, dequantise_b)
-        self._b_bytes = 0 if shift is not None else 4 * math.prod(y_geometry[0])
-        self._scratch = -(-max(p.scratchpad_bytes for p, _ in steps) // 64) * 64
-        self.resources = resources
-        resources.need(self._scratch + self._b_bytes)
-        self._exec = capi.load().execute
-        self._tid = self._stream = self._calls = None
-
-    def _thread(self) -> None:
-        """This thread's stream, scratchpad and buffer (the dequantised summand after the
-        scratchpad bytes), and the argument arrays over them."""
-        self._tid = get_ident()
-        self._stream, scratch = self.resources.for_thread(self._scratch + self._b_bytes)
-        extra = [(capi.ARG_SCRATCHPAD, scratch)] if self._scratch else []
-        if self._b_bytes:
-            self._b.point(scratch.ptr + self._scratch)
-        self._calls = []
-        for prim, pairs in self._steps:
-            args = [ExecArg(arg, mem.handle) for arg, mem in pairs + extra]
-            self._calls.append((prim.handle, (ExecArg * len(args))(*args), len(args)))
+    def __init__(self, add: DnnlKernel, dequantise: DnnlKernel, order: tuple[int, int], b_strides, resources):
+        self.kernel, self.impl = add, add.impl
+        self._dequantise, self._order, self.resources = dequantise, order, resources
+        self._shape, self._strides = dequantise.output.shape, tuple(b_strides)
+        self._at = -(-max(add.prim.scratchpad_bytes, dequantise.prim.scratchpad_bytes) // 64) * 64
+        self._bytes = 4 * math.prod(self._shape)
+        resources.need(self._at + self._bytes)
 
     def __call__(self, *inputs, out=None):
         a, b = inputs[self._order[0]], inputs[self._order[1]]
-        a = _laid_out(a, self._a_geometry)
-        target = out if out is not None and _fits(out, self._y_geometry) else _empty(self._y_geometry)
-        if self._tid != get_ident():
-            self._thread()
-        self._a.point(a.data_ptr())
-        self._y.point(target.data_ptr())
-        if len(self._steps) == 2:
-            self._b_src.point(_laid_out(b, self._b_geometry).data_ptr())
-        for handle, args, n in self._calls:
-            status = self._exec(handle, self._stream, n, args)
-            if status:
-                raise capi.DnnlError("execute qadd", status)
-        if out is not None and target is not out:
-            out.copy_(target)
-            return out
-        return target
-
-
-def _fits(t: torch.Tensor, geometry) -> bool:
-    shape, strides, dtype = geometry
-    return t.dtype == dtype and tuple(t.shape) == tuple(shape) and \
-        all(a == b for a, b, n in zip(t.stride(), strides, shape) if n != 1)
-
-
-def _empty(geometry) -> torch.Tensor:
-    shape, strides, dtype = geometry
-    size = 1 + sum((n - 1) * st for n, st in zip(shape, strides))
-    return torch.empty(max(size, 1), dtype=dtype).as_strided(shape, strides)
-
-
-def _laid_out(t: torch.Tensor, geometry) -> torch.Tensor:
-    """``t`` where it has the layout the primitive was made for, else a copy in that layout."""
-    if _fits(t, geometry):
-        return t
-    fixed = _empty(geometry)
-    fixed.copy_(t)
-    return fixed
+        summand = self.resources.temporary(self._at, self._bytes).view(torch.float32).as_strided(
+            self._shape, self._strides)
+        self._dequantise(b, out=summand)
+        return self.kernel(a, summand, out=out)
