@@ -13,6 +13,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import fusegraph as fg
+from fusegraph.errors import InputError
 from oracle import assert_outputs_close, ort_run
 
 D, HEADS = 8, 2
@@ -105,10 +106,40 @@ def test_a_growing_past_plans_ahead(prompt):
         past += feeds["x"].shape[1]
         feeds = {"x": _feeds(1, 0, step + 1)["x"], "past": got["present"]}
     frames = model._executor.frame_runner.frames
-    assert frames.stats["frames"] == steps
+    assert frames.stats["frames"] + frames.stats["frames_ahead"] >= steps
     assert frames.stats["plans"] <= 1 + past.bit_length(), frames.stats       # one per power of two
     for bucket in model.memory_buckets():
         assert 0 < bucket["arena_bytes"] <= 2 * bucket["lower_bound_bytes"], bucket
+
+
+def test_a_growing_past_makes_its_next_frames_ahead():
+    """Past a token a step: after two misses that grew the dims by one amount, a miss makes the
+    next steps' frames too (while the kept plan serves them), and the steps after it find them;
+    the outputs are onnxruntime's at every step. Frames ahead stop silently at a declared
+    range's end: the last step inside it runs, the first outside is refused as before. Lengths
+    that do not grow by one amount make none ahead."""
+    m = _decoder_step()
+    model = fg.compile(m, fg.Config(threads=1, shapes={"past": (0, 40)}))
+    frames = model._executor.frame_runner.frames
+    feeds, past, made_at_miss = _feeds(3, 0, 0), 0, []
+    for step in range(38):
+        before = frames.stats["frames"]
+        got = model.run(feeds)
+        made_at_miss.append(frames.stats["frames"] - before)
+        assert_outputs_close(got, ort_run(m, feeds))
+        past += feeds["x"].shape[1]
+        feeds = {"x": _feeds(1, 0, step + 1)["x"], "past": got["present"]}
+    assert past == 40 and frames.stats["frames_ahead"] > 0
+    assert sum(made_at_miss) < len(made_at_miss) // 2, made_at_miss
+    assert all(k[1][1] <= 40 for k in frames.frames)          # no frame made outside the range
+    assert_outputs_close(model.run(feeds), ort_run(m, feeds))   # past 40: the range's last length
+    with pytest.raises(InputError, match="declared range"):
+        model.run({"x": feeds["x"], "past": np.concatenate([feeds["past"], feeds["past"][:, :1]], axis=1)})
+
+    lengths = fg.compile(m, fg.Config(threads=1))
+    for seq in (3, 9, 4, 11, 2, 17, 5):
+        lengths.run(_feeds(seq, 2 * seq, seq))
+    assert lengths._executor.frame_runner.frames.stats["frames_ahead"] == 0
 
 
 def test_a_repeated_step_reuses_its_last_result():

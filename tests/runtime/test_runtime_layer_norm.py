@@ -6,6 +6,8 @@ them; NaN, Inf and a row whose float32 sums overflow against a float64 computati
 graph; and the kernel itself (bfloat16 output, the bound on the primitives it keeps)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import onnx
 import pytest
@@ -203,5 +205,55 @@ def test_the_primitives_kept_are_bounded(monkeypatch):
         x = torch.randn(rows, D)
         y = kernel(x, gamma, beta, out=torch.empty(rows, D))
         torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, [D], gamma, beta, EPS), rtol=1e-4, atol=1e-4)
-        assert len(kernel._rows) <= 3
-    assert list(kernel._rows) == [5, 2, 9]           # the most recently used row counts
+        assert len(kernel._calls[threading.get_ident()].rows) <= 3
+    assert list(kernel._calls[threading.get_ident()].rows) == [5, 2, 9]     # the most recently used row counts
+
+
+@needs_dnnl
+@pytest.mark.parametrize("exact", [True, False])
+def test_layer_norms_of_one_configuration_share_their_row_counts(exact):
+    """The layers of a model make one primitive per never-seen row count between them, not
+    one each; every node still normalises with its own gamma and beta (the shared call's
+    parameter memories are pointed at them), in either order, on another thread too; a node
+    of another epsilon shares nothing with them."""
+    resources = Resources()
+    nodes = []
+    for seed in (1, 2, 3):
+        node, _, _ = _node("SkipLayerNorm", both=True)
+        rng = np.random.default_rng(seed)
+        gamma = torch.from_numpy((1 + 0.3 * rng.standard_normal(D)).astype(np.float32))
+        beta = torch.from_numpy((0.2 * rng.standard_normal(D)).astype(np.float32))
+        node.inputs[2].const, node.inputs[3].const = gamma, beta
+        nodes.append((runtime_layer_norm_kernel(NodeContext(node), opdef_for(node), resources, exact), gamma, beta))
+    other, g_other, b_other = _node("LayerNorm")
+    other.attrs["epsilon"] = 1e-3
+    other_kernel = runtime_layer_norm_kernel(NodeContext(other), opdef_for(other), resources, exact)
+    assert nodes[0][0]._calls is nodes[2][0]._calls and other_kernel._calls is not nodes[0][0]._calls
+
+    def run_all(rows_list):
+        for rows in rows_list:
+            for kernel, gamma, beta in nodes[::-1] if rows % 2 else nodes:
+                a, b = torch.randn(rows, D), torch.randn(rows, D)
+                y, s = kernel(a, b, gamma, beta, out=(torch.empty(rows, D), torch.empty(rows, D)))
+                torch.testing.assert_close(s, a + b)
+                torch.testing.assert_close(y, torch.nn.functional.layer_norm(a + b, [D], gamma, beta, EPS),
+                                           rtol=1e-4, atol=1e-4)
+            x = torch.randn(rows, D)
+            y = other_kernel(x, g_other, b_other, out=torch.empty(rows, D))
+            torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, [D], g_other, b_other, 1e-3),
+                                       rtol=1e-4, atol=1e-4)
+
+    run_all([7, 12, 7, 30])
+    assert list(nodes[1][0]._calls[threading.get_ident()].rows) == [12, 7, 30]   # one prepared call per row count
+    failed = []
+
+    def on_another_thread():
+        try:
+            run_all([12, 5])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+    worker = threading.Thread(target=on_another_thread)
+    worker.start()
+    worker.join()
+    assert not failed, failed
+    assert len(nodes[0][0]._calls) == 2                                    # the other thread: its own calls

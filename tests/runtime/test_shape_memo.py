@@ -107,7 +107,8 @@ def test_memo_is_bounded():
         got = model.run({"x": x})
         np.testing.assert_array_equal(got["sr"], [n])
         assert 1 <= len(frames.frames) <= 8
-    assert frames.stats["frames"] == 19
+    # a length growing by one: after two such misses, the next lengths' frames are made ahead
+    assert frames.stats["frames"] < 19 <= frames.stats["frames"] + frames.stats["frames_ahead"]
 
 
 

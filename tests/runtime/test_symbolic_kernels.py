@@ -5,6 +5,8 @@ and the layer norms writing into planned memory (``layer_norm.py``), checked aga
 computing the same thing on its own."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -58,6 +60,30 @@ def test_run_time_rows_match_torch_at_every_row_count(one_row_steps, activation,
         got = kernel(x, out=out)
         assert got is out
         torch.testing.assert_close(got, _want(x, w, b, activation, trans_b), rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_products_of_one_configuration_share_their_row_counts():
+    """A decoder's prompt rows run a matmul primitive per row count: the layers' products of one
+    configuration make one between them, and each still multiplies by its own weight and adds
+    its own bias (the shared call's memories are pointed at them); another configuration
+    (another activation) shares nothing with them."""
+    rng = np.random.default_rng(3)
+    resources, store = Resources(), WeightStore()
+    made = []
+    for i in range(3):
+        node, w, b = _linear_node(64, 96, "relu", True, True, rng)
+        node.inputs[1].name, node.inputs[2].name = f"w{i}", f"b{i}"
+        made.append((runtime_linear_kernel(NodeContext(node), store, resources, True, True), w, b, "relu"))
+    node, w, b = _linear_node(64, 96, "none", True, True, rng)
+    other = (runtime_linear_kernel(NodeContext(node), store, resources, True, True), w, b, "none")
+    assert made[0][0]._calls is made[2][0]._calls and other[0]._calls is not made[0][0]._calls
+    for rows in (GEMV_ROWS + 1, 9, GEMV_ROWS + 1, 33):
+        for kernel, w, b, activation in made[::-1] + [other] if rows % 2 else [other] + made:
+            x = torch.from_numpy(rng.standard_normal((rows, 64)).astype(np.float32))
+            got = kernel(x, out=torch.full((rows, 96), float("nan")))
+            torch.testing.assert_close(got, _want(x, w, b, activation, True), rtol=1e-4, atol=1e-4)
+    assert list(made[1][0]._calls[threading.get_ident()].rows) == [9, GEMV_ROWS + 1, 33]   # one per row count
 
 
 @needs_dnnl

@@ -19,12 +19,18 @@ cache and unpacks the frame into its locals; on a miss it calls ``FrameBuilder``
    largest grown dim at the next power of two), so that a decoder plans a few times, not
    every few tokens;
 4. views the arena at those offsets with those shapes (the arena grows to the largest plan
-   in use; growing drops the frames kept, whose views point at the old buffer).
+   in use; growing drops the frames kept, whose views point at the old buffer);
+5. where the dims grew by the same amount at the last two misses (a decoder's past, a token
+   a step), makes the frames of the next ``FRAMES_AHEAD`` steps of that growth too, while a
+   kept plan serves them: right after a frame the shape program's objects are in the CPU's
+   caches, and a decoder's step evicts them by streaming its weights, so a frame made at the
+   next step's start would pay their misses again.
 
 Frames are kept first made, first out (``capacity`` of them, holding at most ``FRAME_BYTES``
 of computed tensors), plans least recently used first out (``PLANS_KEPT``).
-``stats`` counts frames and plans made and the seconds they took, for the report. Nothing
-here runs a kernel on the model's activations or chooses an order.
+``stats`` counts frames (made at a miss, and made ahead) and plans made and the seconds they
+took, for the report. Nothing here runs a kernel on the model's activations or chooses an
+order.
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ FRAMES_KEPT = 256
 FRAME_BYTES = 8 << 20        # the computed tensors the kept frames may hold, together (a frame made again
                              # costs a shape evaluation; kept ones cost private memory)
 PLANS_KEPT = 64
+FRAMES_AHEAD = 4             # a decoder's next frames made with one (``FrameBuilder._make_ahead``)
 
 
 @dataclass
@@ -62,7 +69,8 @@ class MemoryBucket:
     arena_bytes: int
     capacity_lower_bound_bytes: int
     seconds: float
-    served: dict[str, int] = field(default_factory=dict)     # the largest size of each dim run in it
+    served: dict[str, int] = field(default_factory=dict)     # the largest size of each dim framed in it
+                                                             # (run, or made ahead for a decoder's next steps)
     largest: dict[int, tuple] | None = None       # the shapes of the largest run (by its planned bytes)
     largest_bytes: int = -1
     runs: int = 0
@@ -164,7 +172,10 @@ class FrameBuilder:
         self.plans: OrderedDict[int, MemoryBucket] = OrderedDict()
         self.on_plan: Callable | None = None         # called with each new memory plan (the model's report)
         self.memo_storages: dict[int, int] = {}      # storage -> kept frames holding a shape-only tensor there
-        self.stats = {"frames": 0, "frame_seconds": 0.0, "plans": 0, "plan_seconds": 0.0, "planned_alone": 0}
+        self.stats = {"frames": 0, "frames_ahead": 0, "frame_seconds": 0.0, "plans": 0, "plan_seconds": 0.0,
+                      "planned_alone": 0}
+        self._last_dims: dict[str, int] | None = None     # the dims of the last frame made
+        self._last_step: dict[str, int] | None = None     # how they grew from the frame before
         self._symbols = _input_symbols(graph)
         self.shape_only_nodes: set[str] = set()     # the nodes the frame computes (set after codegen)
         self._plan_ids = itertools.count()
@@ -187,16 +198,26 @@ class FrameBuilder:
     # -- the generated code's entry on a cache miss
     def __call__(self, *inputs) -> tuple:
         t0 = time.perf_counter()
-        key = tuple(t.shape for t in inputs)
         dims = self.dims(inputs)
+        frame = self._make(tuple(t.shape for t in inputs), dims, inputs, may_plan=True)
+        self.stats["frames"] += 1
+        self.stats["frame_seconds"] += time.perf_counter() - t0
+        self._make_ahead(dims, inputs)
+        return frame
+
+    def _make(self, key: tuple, dims: dict[str, int], inputs, may_plan: bool) -> tuple | None:
+        """The frame of inputs of shapes ``key``, kept; None where ``may_plan`` is False and no
+        kept plan serves the shape."""
         memo: dict[int, torch.Tensor] = {}
         try:
-            shapes = self.program.evaluate([tuple(t.shape) for t in inputs], {}, computed=memo)
+            shapes = self.program.evaluate([tuple(s) for s in key], {}, computed=memo)
         except ValueError as exc:
             raise InputError(f"{self.name}: the model cannot run at input shapes "
                              f"{_describe_inputs(self.graph, inputs)}"
-                             f"{empty_symbolic_dims(self.graph.inputs, [tuple(t.shape) for t in inputs])}: {exc}") from None
-        plan = self._plan_for(dims, shapes, inputs)
+                             f"{empty_symbolic_dims(self.graph.inputs, [tuple(s) for s in key])}: {exc}") from None
+        plan = self._plan_for(dims, shapes, inputs, may_plan)
+        if plan is None:
+            return None
         views = self._views(plan, shapes)
         held = tuple(memo[id(v)] for v in self.memo_results)
         frame = held + tuple(views)
@@ -218,9 +239,48 @@ class FrameBuilder:
                         self.memo_storages.pop(ptr, None)
                     else:
                         self.memo_storages[ptr] -= 1
-        self.stats["frames"] += 1
-        self.stats["frame_seconds"] += time.perf_counter() - t0
         return frame
+
+    def _make_ahead(self, dims: dict[str, int], inputs) -> None:
+        """A decoder's next frames, made now: where the symbolic dims grew by one amount since
+        the last frame made, as they did the time before (a past and a mask a token a step),
+        the frames of the next ``FRAMES_AHEAD`` steps of that growth, while a kept plan serves
+        them. The program's objects are in the caches right after a frame; a decoder's step
+        then streams its weights through them, and the next step's frame would find them cold.
+        A shape the model cannot take, or outside a declared range, ends it silently (a run
+        there raises as before)."""
+        last, self._last_dims = self._last_dims, dims
+        step = None
+        if last is not None and last.keys() == dims.keys():
+            grown = {k: n - last[k] for k, n in dims.items() if n != last[k]}
+            if grown and len(set(grown.values())) == 1 and next(iter(grown.values())) > 0:
+                step = grown
+        previous, self._last_step = self._last_step, step
+        if step is None or step != previous:
+            return
+        t0 = time.perf_counter()
+        made = 0
+        ahead = dict(dims)
+        for _ in range(min(FRAMES_AHEAD, self.capacity // 4)):
+            ahead = {k: n + step.get(k, 0) for k, n in ahead.items()}
+            fakes = []
+            for (symbols, _v), t in zip(self._symbols, inputs):
+                shape = list(t.shape)
+                for axis, sym in symbols:
+                    shape[axis] = ahead[sym]
+                fakes.append(torch.empty(shape, dtype=t.dtype, device="meta"))
+            key = tuple(t.shape for t in fakes)
+            if key not in self.frames:
+                try:
+                    self.dims(fakes)
+                    if self._make(key, ahead, fakes, may_plan=False) is None:
+                        break
+                except InputError:
+                    break
+                made += 1
+            self._last_dims = ahead
+        self.stats["frames_ahead"] += made
+        self.stats["frame_seconds"] += time.perf_counter() - t0
 
     def _views(self, plan: MemoryBucket, shapes: dict[int, tuple]) -> list[torch.Tensor]:
         """The arena views of the planned values at ``shapes`` in ``plan``: the last frame's
@@ -271,10 +331,12 @@ class FrameBuilder:
         return dims
 
     # -- plans
-    def _plan_for(self, dims: dict[str, int], shapes: dict[int, tuple], inputs) -> MemoryBucket:
+    def _plan_for(self, dims: dict[str, int], shapes: dict[int, tuple], inputs,
+                  may_plan: bool = True) -> MemoryBucket | None:
         """The kept plan this shape fits (the most recently used first), else a new one:
         made for a larger shape where the dims are growing (``_projected``), else for this
-        one, with every slot rounded up to its size's boundary."""
+        one, with every slot rounded up to its size's boundary (None instead where
+        ``may_plan`` is False: a new plan may grow the arena, which drops the kept frames)."""
         need = self._planned_bytes(shapes)
         for key in reversed(self.plans):
             plan = self.plans[key]
@@ -282,6 +344,8 @@ class FrameBuilder:
                 self.plans.move_to_end(key)
                 break
         else:
+            if not may_plan:
+                return None
             plan = None
             projected = self._projected(dims, inputs)
             if projected is not None:

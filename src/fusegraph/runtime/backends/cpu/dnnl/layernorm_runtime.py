@@ -5,10 +5,13 @@ node whose shapes are static.
 
 oneDNN's layer normalisation takes no run-time dims, so each row count gets its primitive at
 its first call (its JIT code: a fraction of a millisecond, less where oneDNN's own primitive
-cache already holds an identical one, as the layers of a model sharing a shape do); the
-primitives of the last ``ROWS_KEPT`` row counts are kept with their prepared argument arrays,
-and a call points their memories at the tensors' data and executes. Rows are independent, so
-a row count's primitive is exactly the static kernel's for that shape.
+cache already holds an identical one). The nodes of a model with one configuration (width,
+output type, parameters present, epsilon, mode) share it (``Resources.shared``): a
+never-seen length makes one primitive and one prepared call, not one per layer. The calls of
+the last ``ROWS_KEPT`` row counts are kept, per thread (its scratchpad), with their argument
+arrays; a call points their memories at the node's tensors and parameters and executes.
+Rows are independent, so a row count's primitive is exactly the static kernel's for that
+shape.
 
 Semantics as ``layernorm.py``: SkipLayerNorm's sum ``s = a + b`` (broadcast by ATen) is
 written into the second output when the node gives the residual stream, else into the
@@ -44,7 +47,7 @@ from .layernorm import scale_and_shift
 from .memory import MemDesc, Memory
 from .primitive import Attr, Primitive, call_arguments, create, thread_stream
 
-ROWS_KEPT = 16                   # primitives kept, one per row count (the most recently used)
+ROWS_KEPT = 32                   # row counts whose prepared call a configuration keeps (the most recently used)
 REFERENCE_ROWS = 64              # the row count of the bind-time primitive (its implementation is reported)
 SERIAL_ELEMENTS = 1 << 13        # below this many elements a primitive is made for one thread
 OUTPUT_TYPES = (torch.float32, torch.bfloat16)
@@ -101,12 +104,12 @@ class RuntimeLayerNorm:
         self._result_bounded = reach < torch.finfo(torch.float32).max    # finite statistics: a finite result
         self._params = tuple(t for t in (gamma, beta) if t is not None)     # kept alive: oneDNN reads them
         self._flags = (capi.USE_SCALE if gamma is not None else 0) | (capi.USE_SHIFT if beta is not None else 0)
-        stat = MemDesc.of((d,), torch.float32)
-        self._consts = [(arg, Memory(stat, t.data_ptr())) for arg, t in
-                        ((capi.ARG_SCALE, gamma), (capi.ARG_SHIFT, beta)) if t is not None]
+        self._param_ptrs = tuple(t.data_ptr() for t in (gamma, beta) if t is not None)
         self._resources = resources
-        self._rows: OrderedDict[int, tuple] = OrderedDict()    # rows -> (prim, x mem, y mem, args, nargs, stats)
-        self._tid = None
+        # row count -> prepared call, shared by the model's layer norms of this configuration
+        # (``RowCalls``: one per thread, each node points the parameters at its own)
+        self._calls: dict[int, RowCalls] = resources.shared.setdefault(
+            ("layer_normalization", d, y_dtype, self._prop, self._flags, eps), {})
         self._lib = capi.load()
         self._exec = self._lib.execute
         self.impl = "portable"
@@ -122,28 +125,10 @@ class RuntimeLayerNorm:
                 attr.handle))
 
     def _for_rows(self, rows: int) -> tuple:
-        got = self._rows.get(rows)
-        if got is not None:
-            self._rows.move_to_end(rows)
-            return got
-        prim = self.make(rows)
-        if prim.is_reference:
-            raise RuntimeError(f"oneDNN has only its reference layer normalisation for {rows} rows of {self.d}")
-        x = Memory(MemDesc.of((rows, self.d), torch.float32), 0)
-        y = Memory(MemDesc.of((rows, self.d), self.y_dtype), 0)
-        pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y)] + list(self._consts)
-        stats = keep = None
-        if self._prop == capi.FORWARD_TRAINING:        # each row's mean and variance, for the exactness check
-            with torch.inference_mode(False):
-                stats = torch.empty(2, rows)
-            keep = [Memory(MemDesc.of((rows,), torch.float32), stats[i].data_ptr()) for i in (0, 1)]
-            pairs += [(capi.ARG_MEAN, keep[0]), (capi.ARG_VARIANCE, keep[1])]
-        args, nargs, scratch = call_arguments(prim, pairs, self._resources)
-        got = (prim, x, y, args, nargs, stats, scratch, keep)
-        self._rows[rows] = got
-        while len(self._rows) > ROWS_KEPT:
-            self._rows.popitem(last=False)
-        return got
+        calls = self._calls.get(get_ident())
+        if calls is None:                               # this thread's own scratchpad and memories
+            calls = self._calls[get_ident()] = RowCalls(self)
+        return calls.get(rows)
 
     def _normalise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The norm of ``x``'s rows written into ``y`` (in place where they are one tensor);
@@ -156,12 +141,11 @@ class RuntimeLayerNorm:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         target = y if y.is_contiguous() and y.dtype == self.y_dtype else torch.empty(y.shape, dtype=self.y_dtype)
-        if self._tid != get_ident():                     # another thread: its own scratchpad
-            self._tid = get_ident()
-            self._rows.clear()
-        prim, xm, ym, args, nargs, stats, _scratch, _keep = self._for_rows(rows)
+        prim, xm, ym, params, args, nargs, stats, _kept = self._for_rows(rows)
         xm.point(x.data_ptr())
         ym.point(target.data_ptr())
+        for mem, ptr in zip(params, self._param_ptrs):
+            mem.point(ptr)
         status = self._exec(prim.handle, thread_stream(), nargs, args)
         if status:
             raise capi.DnnlError("execute layer normalisation", status)
@@ -198,6 +182,47 @@ class RuntimeLayerNorm:
         variances = self._normalise(s, y)   # in place over s when the node has one output
         self._exact(y, variances, (a, b, *params))
         return (y, s) if self.both else y
+
+
+class RowCalls:
+    """One thread's prepared calls of a layer-norm configuration, by row count: the primitive
+    (kept for the last ``ROWS_KEPT`` row counts), its source, destination and parameter
+    memories (pointed at a node's tensors before each call), the argument array, and in
+    training mode the rows' mean and variance."""
+
+    def __init__(self, kernel: "RuntimeLayerNorm"):
+        self.kernel = kernel          # the node that made it: its width, types and flags are the configuration's
+        self.rows: OrderedDict[int, tuple] = OrderedDict()
+        self.stat = MemDesc.of((kernel.d,), torch.float32)
+
+    def get(self, rows: int) -> tuple:
+        got = self.rows.get(rows)
+        if got is not None:
+            self.rows.move_to_end(rows)
+            return got
+        k = self.kernel
+        prim = k.make(rows)
+        if prim.is_reference:
+            raise RuntimeError(f"oneDNN has only its reference layer normalisation for {rows} rows of {k.d}")
+        x = Memory(MemDesc.of((rows, k.d), torch.float32), 0)
+        y = Memory(MemDesc.of((rows, k.d), k.y_dtype), 0)
+        params = tuple(Memory(self.stat, ptr) for ptr in k._param_ptrs)
+        pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y)]
+        pairs += [(arg, mem) for arg, mem in zip(
+            [a for a, flag in ((capi.ARG_SCALE, capi.USE_SCALE), (capi.ARG_SHIFT, capi.USE_SHIFT)) if k._flags & flag],
+            params)]
+        stats = None
+        if k._prop == capi.FORWARD_TRAINING:        # each row's mean and variance, for the exactness check
+            with torch.inference_mode(False):
+                stats = torch.empty(2, rows)
+            pairs += [(capi.ARG_MEAN, Memory(MemDesc.of((rows,), torch.float32), stats[0].data_ptr())),
+                      (capi.ARG_VARIANCE, Memory(MemDesc.of((rows,), torch.float32), stats[1].data_ptr()))]
+        args, nargs, scratch = call_arguments(prim, pairs, k._resources)
+        got = (prim, x, y, params, args, nargs, stats, (scratch, pairs))
+        self.rows[rows] = got
+        while len(self.rows) > ROWS_KEPT:
+            self.rows.popitem(last=False)
+        return got
 
 
 def _largest(t: torch.Tensor | None, absent: float) -> float:

@@ -22,11 +22,15 @@ every row count.
   the faster one for it) and runs sgemm at every row count.
 - **bfloat16**: sgemm has no bf16 form; the weight is packed once into the brgemm matmul's
   blocked layout (the same ``WeightStore`` as the static kernels), from a primitive made at
-  bind time, and each new M gets a primitive made with that layout given explicitly
-  (identical ones come from oneDNN's own primitive cache, so the layers of a model that
-  share a shape share the work). The primitives of the last ``ROWS_KEPT`` row counts are
-  kept. (A row count for which oneDNN would offer only its reference implementation with that
-  layout is an error naming the node; brgemm takes every M.)
+  bind time, and each new M gets a primitive made with that layout given explicitly. (A row
+  count for which oneDNN would offer only its reference implementation with that layout is
+  an error naming the node; brgemm takes every M.)
+
+Where a row count gets a matmul primitive (these, and a decoder's prompt), the products of one
+configuration (sizes, type, weight layout, post-ops, bias) share it and its prepared call
+(``Resources.shared``, per thread: ``RowCalls``): a never-seen M makes one per configuration,
+not one per layer; the last ``ROWS_KEPT`` row counts' are kept, and a call points the
+memories at the node's own input, output, weight and bias.
 
 The activation is a post-op where oneDNN's eltwise is exact on NaN / Inf and the
 implementation's epilogue was checked for it (``primitive.exact_post_ops``); otherwise it runs
@@ -56,7 +60,7 @@ EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwi
          "tanh": [("eltwise", "tanh", 0.0, 0.0)], "silu": [("eltwise", "swish", 1.0, 0.0)]}
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
-ROWS_KEPT = 16                    # primitives kept, one per row count (the most recently used)
+ROWS_KEPT = 16                    # row counts whose prepared call a configuration keeps (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
@@ -139,11 +143,10 @@ class RuntimeLinear:
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
         self._post, self._exact = post, exact
         self._resources = resources
-        self._rows: OrderedDict[int, tuple] = OrderedDict()   # M -> (prim, x mem, y mem, args, nargs, after)
-        self._tid = None
+        self._calls: dict[int, RowCalls] = {}      # thread -> its prepared calls (``set_weight``: shared)
         self._exec = capi.load().execute
         self._lib = capi.load()
-        self._consts: list = []
+        self._const_ptrs: tuple = ()
         self.impl = "portable"
         self._w_md = self._packed = self._act = None
 
@@ -160,9 +163,12 @@ class RuntimeLinear:
 
     def set_weight(self, packed: torch.Tensor, w_md: MemDesc, activation) -> None:
         self._packed, self._w_md, self._act = packed, w_md, activation
-        self._consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
-        if self._bias is not None:
-            self._consts.append((capi.ARG_BIAS, Memory(self._b_md, self._bias.data_ptr())))
+        self._const_ptrs = (packed.data_ptr(),) + (() if self._bias is None else (self._bias.data_ptr(),))
+        # the products of one configuration share their primitive and prepared call per row count
+        layout = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in w_md.describe().items()))
+        self._calls = self._resources.shared.setdefault(
+            ("matmul", self.k, self.n, self.dtype, layout, tuple(map(tuple, self._post or ())),
+             self._bias is not None, self._exact), {})
         if not self.gemv_rows:
             self.impl = self.make(REFERENCE_ROWS, w_md).impl
         elif self.by_columns:
@@ -171,24 +177,10 @@ class RuntimeLinear:
             self.impl = "sgemm"
 
     def _for_rows(self, m: int) -> tuple:
-        got = self._rows.get(m)
-        if got is not None:
-            self._rows.move_to_end(m)
-            return got
-        prim, after = self.make(m, self._w_md), self._post is None
-        if self._exact and self._post and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
-            prim, after = self.make(m, self._w_md, []), True
-        if prim.is_reference:
-            raise RuntimeError(f"oneDNN has no matmul of {m} x {self.k} x {self.n} for the packed weight")
-        x = Memory(MemDesc.of((m, self.k), self.dtype), 0)
-        y = Memory(MemDesc.of((m, self.n), self.dtype), 0)
-        args, nargs, scratch = call_arguments(prim, [(capi.ARG_SRC, x), (capi.ARG_DST, y)] + self._consts,
-                                              self._resources)
-        got = (prim, x, y, args, nargs, after, scratch)
-        self._rows[m] = got
-        while len(self._rows) > ROWS_KEPT:
-            self._rows.popitem(last=False)
-        return got
+        calls = self._calls.get(get_ident())
+        if calls is None:                               # this thread's own scratchpad and memories
+            calls = self._calls[get_ident()] = RowCalls(self)
+        return calls.get(m)
 
     def __call__(self, x: torch.Tensor, *_unused, out: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[-1] != self.k:
@@ -205,12 +197,11 @@ class RuntimeLinear:
                             f"{self.dtype}")
         if m <= self.gemv_rows or (self.gemv_rows and not self.by_columns):
             return self._gemv(x, m, out)          # a K x N weight: sgemm at any row count
-        if self._tid != get_ident():                     # another thread: its own scratchpad
-            self._tid = get_ident()
-            self._rows.clear()
-        prim, xm, ym, args, nargs, after, _scratch = self._for_rows(m)
+        prim, xm, ym, consts, args, nargs, after, _kept = self._for_rows(m)
         xm.point(x.data_ptr())
         ym.point(out.data_ptr())
+        for mem, ptr in zip(consts, self._const_ptrs):
+            mem.point(ptr)
         status = self._exec(prim.handle, thread_stream(), nargs, args)
         if status:
             raise capi.DnnlError("execute matmul", status)
@@ -224,7 +215,7 @@ class RuntimeLinear:
         (``beta`` 1), else ``beta`` 0 overwrites whatever ``out`` held."""
         beta = 0.0
         if self._bias is not None:
-            out.view(m, self.n).copy_(self._bias.expand(m, self.n))
+            out.view(m, self.n).copy_(self._bias)          # broadcast over the rows
             beta = 1.0
         if self.by_columns:
             status = self._lib.sgemm(b"N", b"T", m, self.n, self.k, 1.0, x.data_ptr(), self.k,
@@ -237,3 +228,39 @@ class RuntimeLinear:
         if self._act is not None:
             self._act(out)
         return out
+
+
+class RowCalls:
+    """One thread's prepared calls of a product configuration (sizes, type, weight layout,
+    post-ops, bias), by row count: the matmul primitive (kept for the last ``ROWS_KEPT`` row
+    counts), whether the activation runs after it, its source, destination, weight and bias
+    memories (pointed at a node's tensors before each call) and the argument array."""
+
+    def __init__(self, kernel: RuntimeLinear):
+        self.kernel = kernel          # the node that made it: its sizes, types and post-ops are the configuration's
+        self.rows: OrderedDict[int, tuple] = OrderedDict()
+
+    def get(self, m: int) -> tuple:
+        got = self.rows.get(m)
+        if got is not None:
+            self.rows.move_to_end(m)
+            return got
+        k = self.kernel
+        prim, after = k.make(m, k._w_md), k._post is None
+        if k._exact and k._post and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
+            prim, after = k.make(m, k._w_md, []), True
+        if prim.is_reference:
+            raise RuntimeError(f"oneDNN has no matmul of {m} x {k.k} x {k.n} for the packed weight")
+        x = Memory(MemDesc.of((m, k.k), k.dtype), 0)
+        y = Memory(MemDesc.of((m, k.n), k.dtype), 0)
+        consts = (Memory(k._w_md, k._const_ptrs[0]),) + \
+            (() if k._b_md is None else (Memory(k._b_md, k._const_ptrs[1]),))
+        pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y), (capi.ARG_WEIGHTS, consts[0])]
+        if len(consts) > 1:
+            pairs.append((capi.ARG_BIAS, consts[1]))
+        args, nargs, scratch = call_arguments(prim, pairs, k._resources)
+        got = (prim, x, y, consts, args, nargs, after, scratch)
+        self.rows[m] = got
+        while len(self.rows) > ROWS_KEPT:
+            self.rows.popitem(last=False)
+        return got

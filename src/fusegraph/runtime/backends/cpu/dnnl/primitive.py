@@ -145,6 +145,8 @@ class Resources:
         self.bytes = 0
         self._local = threading.local()
         self._held: list[torch.Tensor] = []      # every buffer handed out (kernels keep pointers)
+        self.shared: dict = {}      # what the model's kernels share across nodes, by the kernels' own keys
+                                    # (primitives that depend on a shape alone: thread-safe to execute)
 
     def need(self, nbytes: int) -> None:
         self.bytes = max(self.bytes, int(nbytes))
