@@ -79,8 +79,11 @@ def _split_infer(ctx: NodeContext):
 
 
 @register("Split", since=1, fusion=FusionKind.INJECTIVE, infer=_split_infer, layout_sensitive=True,
-          movement=Movement.SELECT)
+          movement=Movement.SELECT, writes_out=True)
 def _split(ctx: NodeContext):
+    """Views of the input's parts, or (``out=``: the outputs' own buffers, one tensor or a
+    tuple of them) the parts copied into them: a run whose plan gives the parts their own bytes
+    then neither copies them out of the input's bytes afterwards nor keeps those alive."""
     axis = int(ctx.attr("axis", 0))
     known, split = ints_input_or_attr(ctx, 1, "split", 13)
     num = ctx.attr("num_outputs", None) if ctx.version >= 18 else None
@@ -89,9 +92,14 @@ def _split(ctx: NodeContext):
     n_out = ctx.n_outputs
     num = None if num is None else int(num)
 
-    def kernel(x, s=None):
+    def kernel(x, s=None, out=None):
         sp = split if known else runtime_ints(s)
         sizes = _split_sizes(x.shape[axis], sp, n_out, num)
         parts = torch.split(x, sizes, dim=axis)
+        if out is not None:
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            for o, p in zip(outs, parts):
+                o.copy_(p)
+            return tuple(outs) if n_out > 1 else outs[0]
         return tuple(parts) if n_out > 1 else parts[0]
     return kernel

@@ -32,7 +32,6 @@ import torch
 
 from ..errors import ConfigError, InputError
 from ..ir import Graph, Node, Value
-from ..ops.value_range import tensor_fact
 
 
 SHAPE_READERS = ("Shape", "Size")     # read a past's shape, not its data: the view serves them
@@ -91,7 +90,9 @@ class CacheBuffer:
             shape[axis] = self.capacity
             with torch.inference_mode(False):
                 self.tensor = torch.empty(shape, dtype=dtype)
-        self._current = self.tensor.narrow(axis, 0, self.length)
+        current = self._current
+        if current is None or current.shape[axis] != self.length or current.data_ptr() != self.tensor.data_ptr():
+            self._current = self.tensor.narrow(axis, 0, self.length)     # else the last append's grown view
         return self._current
 
     def append(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -197,10 +198,11 @@ class KVSession:
 
 def _grown_magnitude(seen: float, rows: torch.Tensor) -> float:
     """``seen`` grown by the largest ``|x|`` of ``rows`` (NaN stays NaN; an infinity is infinite)."""
-    if math.isnan(seen) or not rows.is_floating_point():
+    if math.isnan(seen) or not rows.is_floating_point() or not rows.numel():
         return seen
-    fact = tensor_fact(rows)
-    return math.nan if fact.nan else max(seen, fact.bound)
+    lo, hi = torch.aminmax(rows)          # one pass; NaN propagates into both
+    lo, hi = float(lo), float(hi)
+    return math.nan if math.isnan(lo) or math.isnan(hi) else max(seen, -lo, hi)
 
 
 def _template(v: Value, tensors: list, inputs: list[Value]) -> tuple[int, ...] | None:
