@@ -250,11 +250,7 @@ class FrameBuilder:
         A shape the model cannot take, or outside a declared range, ends it silently (a run
         there raises as before)."""
         last, self._last_dims = self._last_dims, dims
-        step = None
-        if last is not None and last.keys() == dims.keys():
-            grown = {k: n - last[k] for k, n in dims.items() if n != last[k]}
-            if grown and len(set(grown.values())) == 1 and next(iter(grown.values())) > 0:
-                step = grown
+        step = None if last is None else _grown_by_one_amount(last, dims)
         previous, self._last_step = self._last_step, step
         if step is None or step != previous:
             return
@@ -263,12 +259,7 @@ class FrameBuilder:
         ahead = dict(dims)
         for _ in range(min(FRAMES_AHEAD, self.capacity // 4)):
             ahead = {k: n + step.get(k, 0) for k, n in ahead.items()}
-            fakes = []
-            for (symbols, _v), t in zip(self._symbols, inputs):
-                shape = list(t.shape)
-                for axis, sym in symbols:
-                    shape[axis] = ahead[sym]
-                fakes.append(torch.empty(shape, dtype=t.dtype, device="meta"))
+            fakes = self._meta_inputs(inputs, ahead)
             key = tuple(t.shape for t in fakes)
             if key not in self.frames:
                 try:
@@ -366,27 +357,30 @@ class FrameBuilder:
         shapes on the ``meta`` device (no data, no memory) give the projected frame's shapes."""
         if not self.plans:
             return None
-        last = self.plans[next(reversed(self.plans))].made_for
-        if last.keys() != dims.keys():
-            return None
-        grown = {k: n - last[k] for k, n in dims.items() if n != last[k]}
-        if not grown or len(set(grown.values())) != 1 or next(iter(grown.values())) < 0:
+        grown = _grown_by_one_amount(self.plans[next(reversed(self.plans))].made_for, dims)
+        if grown is None:
             return None
         top = max(dims[k] for k in grown)
         ahead = (1 << top.bit_length()) - top           # the largest grown dim to the next power of two
         projected = {k: n + ahead if k in grown else n for k, n in dims.items()}
-        fakes = []
-        for (symbols, _v), t in zip(self._symbols, inputs):
-            shape = list(t.shape)
-            for axis, sym in symbols:
-                shape[axis] = projected[sym]
-            fakes.append(torch.empty(shape, dtype=t.dtype, device="meta"))
+        fakes = self._meta_inputs(inputs, projected)
         try:
             self.dims(fakes)
             shapes = self.program.evaluate([tuple(t.shape) for t in fakes], {})
         except (InputError, ValueError, RuntimeError, TypeError, NotImplementedError):
             return None
         return projected, shapes
+
+    def _meta_inputs(self, inputs, dims: dict[str, int]) -> list[torch.Tensor]:
+        """Tensors on the ``meta`` device (no data, no memory) shaped as ``inputs`` with their
+        symbolic dims at ``dims``: the inputs of a shape not run yet."""
+        fakes = []
+        for (symbols, _v), t in zip(self._symbols, inputs):
+            shape = list(t.shape)
+            for axis, sym in symbols:
+                shape[axis] = dims[sym]
+            fakes.append(torch.empty(shape, dtype=t.dtype, device="meta"))
+        return fakes
 
     def _plan_shapes(self, dims: dict[str, int], shapes: dict[int, tuple]) -> MemoryBucket:
         sizes = self._sizes(shapes)
@@ -467,6 +461,17 @@ class FrameBuilder:
     def lower_bound(self, sizes: dict[str, int | None]) -> int:
         """The most bytes live at once in the fixed order, with activations of ``sizes``."""
         return self.planner(sizes, None).lifetimes.lower_bound_bytes
+
+
+def _grown_by_one_amount(last: dict[str, int], dims: dict[str, int]) -> dict[str, int] | None:
+    """The dims that grew from ``last`` to ``dims``, by how much, where all that changed grew
+    by one positive amount (a decoder's past and mask, a token a step); None otherwise."""
+    if last.keys() != dims.keys():
+        return None
+    grown = {k: n - last[k] for k, n in dims.items() if n != last[k]}
+    if not grown or len(set(grown.values())) != 1 or next(iter(grown.values())) <= 0:
+        return None
+    return grown
 
 
 def _input_symbols(graph: Graph) -> list[tuple[list[tuple[int, str]], Value]]:

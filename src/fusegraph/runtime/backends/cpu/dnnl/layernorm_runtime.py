@@ -34,7 +34,6 @@ Primitives of few elements are made for one thread (``threading_policy``), per r
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from threading import get_ident
 
 import torch
@@ -45,7 +44,7 @@ from ..threading_policy import threads_for
 from . import capi
 from .layernorm import scale_and_shift
 from .memory import MemDesc, Memory
-from .primitive import Attr, Primitive, call_arguments, create, thread_stream
+from .primitive import Attr, PreparedCalls, Primitive, call_arguments, create, thread_stream
 
 ROWS_KEPT = 32                   # row counts whose prepared call a configuration keeps (the most recently used)
 REFERENCE_ROWS = 64              # the row count of the bind-time primitive (its implementation is reported)
@@ -106,9 +105,9 @@ class RuntimeLayerNorm:
         self._flags = (capi.USE_SCALE if gamma is not None else 0) | (capi.USE_SHIFT if beta is not None else 0)
         self._param_ptrs = tuple(t.data_ptr() for t in (gamma, beta) if t is not None)
         self._resources = resources
-        # row count -> prepared call, shared by the model's layer norms of this configuration
-        # (``RowCalls``: one per thread, each node points the parameters at its own)
-        self._calls: dict[int, RowCalls] = resources.shared.setdefault(
+        # per thread, the prepared calls by row count, shared by the model's layer norms of this
+        # configuration (each node points the parameters at its own)
+        self._calls: dict[int, PreparedCalls] = resources.shared.setdefault(
             ("layer_normalization", d, y_dtype, self._prop, self._flags, eps), {})
         self._lib = capi.load()
         self._exec = self._lib.execute
@@ -127,8 +126,31 @@ class RuntimeLayerNorm:
     def _for_rows(self, rows: int) -> tuple:
         calls = self._calls.get(get_ident())
         if calls is None:                               # this thread's own scratchpad and memories
-            calls = self._calls[get_ident()] = RowCalls(self)
+            calls = self._calls[get_ident()] = PreparedCalls(self._prepare, ROWS_KEPT)
         return calls.get(rows)
+
+    def _prepare(self, rows: int) -> tuple:
+        """A prepared call for ``rows`` rows: the primitive, its source, destination and
+        parameter memories (pointed at a node's tensors before each call), the argument array,
+        and in training mode the rows' mean and variance."""
+        prim = self.make(rows)
+        if prim.is_reference:
+            raise RuntimeError(f"oneDNN has only its reference layer normalisation for {rows} rows of {self.d}")
+        x = Memory(MemDesc.of((rows, self.d), torch.float32), 0)
+        y = Memory(MemDesc.of((rows, self.d), self.y_dtype), 0)
+        stat = MemDesc.of((self.d,), torch.float32)
+        params = tuple(Memory(stat, ptr) for ptr in self._param_ptrs)
+        args = [a for a, flag in ((capi.ARG_SCALE, capi.USE_SCALE), (capi.ARG_SHIFT, capi.USE_SHIFT))
+                if self._flags & flag]
+        pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y)] + list(zip(args, params))
+        stats = None
+        if self._prop == capi.FORWARD_TRAINING:        # each row's mean and variance, for the exactness check
+            with torch.inference_mode(False):
+                stats = torch.empty(2, rows)
+            pairs += [(capi.ARG_MEAN, Memory(MemDesc.of((rows,), torch.float32), stats[0].data_ptr())),
+                      (capi.ARG_VARIANCE, Memory(MemDesc.of((rows,), torch.float32), stats[1].data_ptr()))]
+        arg_array, nargs, scratch = call_arguments(prim, pairs, self._resources)
+        return prim, x, y, params, arg_array, nargs, stats, (scratch, pairs)
 
     def _normalise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The norm of ``x``'s rows written into ``y`` (in place where they are one tensor);
@@ -182,47 +204,6 @@ class RuntimeLayerNorm:
         variances = self._normalise(s, y)   # in place over s when the node has one output
         self._exact(y, variances, (a, b, *params))
         return (y, s) if self.both else y
-
-
-class RowCalls:
-    """One thread's prepared calls of a layer-norm configuration, by row count: the primitive
-    (kept for the last ``ROWS_KEPT`` row counts), its source, destination and parameter
-    memories (pointed at a node's tensors before each call), the argument array, and in
-    training mode the rows' mean and variance."""
-
-    def __init__(self, kernel: "RuntimeLayerNorm"):
-        self.kernel = kernel          # the node that made it: its width, types and flags are the configuration's
-        self.rows: OrderedDict[int, tuple] = OrderedDict()
-        self.stat = MemDesc.of((kernel.d,), torch.float32)
-
-    def get(self, rows: int) -> tuple:
-        got = self.rows.get(rows)
-        if got is not None:
-            self.rows.move_to_end(rows)
-            return got
-        k = self.kernel
-        prim = k.make(rows)
-        if prim.is_reference:
-            raise RuntimeError(f"oneDNN has only its reference layer normalisation for {rows} rows of {k.d}")
-        x = Memory(MemDesc.of((rows, k.d), torch.float32), 0)
-        y = Memory(MemDesc.of((rows, k.d), k.y_dtype), 0)
-        params = tuple(Memory(self.stat, ptr) for ptr in k._param_ptrs)
-        pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y)]
-        pairs += [(arg, mem) for arg, mem in zip(
-            [a for a, flag in ((capi.ARG_SCALE, capi.USE_SCALE), (capi.ARG_SHIFT, capi.USE_SHIFT)) if k._flags & flag],
-            params)]
-        stats = None
-        if k._prop == capi.FORWARD_TRAINING:        # each row's mean and variance, for the exactness check
-            with torch.inference_mode(False):
-                stats = torch.empty(2, rows)
-            pairs += [(capi.ARG_MEAN, Memory(MemDesc.of((rows,), torch.float32), stats[0].data_ptr())),
-                      (capi.ARG_VARIANCE, Memory(MemDesc.of((rows,), torch.float32), stats[1].data_ptr()))]
-        args, nargs, scratch = call_arguments(prim, pairs, k._resources)
-        got = (prim, x, y, params, args, nargs, stats, (scratch, pairs))
-        self.rows[rows] = got
-        while len(self.rows) > ROWS_KEPT:
-            self.rows.popitem(last=False)
-        return got
 
 
 def _largest(t: torch.Tensor | None, absent: float) -> float:

@@ -28,7 +28,7 @@ every row count.
 
 Where a row count gets a matmul primitive (these, and a decoder's prompt), the products of one
 configuration (sizes, type, weight layout, post-ops, bias) share it and its prepared call
-(``Resources.shared``, per thread: ``RowCalls``): a never-seen M makes one per configuration,
+(``Resources.shared``, per thread: ``primitive.PreparedCalls``): a never-seen M makes one per configuration,
 not one per layer; the last ``ROWS_KEPT`` row counts' are kept, and a call points the
 memories at the node's own input, output, weight and bias.
 
@@ -41,7 +41,6 @@ per M as the static kernels are. Anything else declines with a reason (the stati
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from threading import get_ident
 
 import torch
@@ -53,7 +52,7 @@ from . import capi
 from .compute import compute_dtype
 from .linear import product_operands
 from .memory import DTYPES, MemDesc, Memory
-from .primitive import Attr, call_arguments, create, exact_post_ops, thread_stream
+from .primitive import Attr, PreparedCalls, call_arguments, create, exact_post_ops, thread_stream
 
 TYPES = (torch.float32, torch.bfloat16)
 EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwise", "logistic", 0.0, 0.0)],
@@ -143,7 +142,7 @@ class RuntimeLinear:
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
         self._post, self._exact = post, exact
         self._resources = resources
-        self._calls: dict[int, RowCalls] = {}      # thread -> its prepared calls (``set_weight``: shared)
+        self._calls: dict[int, PreparedCalls] = {}     # thread -> its prepared calls (``set_weight``: shared)
         self._exec = capi.load().execute
         self._lib = capi.load()
         self._const_ptrs: tuple = ()
@@ -179,8 +178,25 @@ class RuntimeLinear:
     def _for_rows(self, m: int) -> tuple:
         calls = self._calls.get(get_ident())
         if calls is None:                               # this thread's own scratchpad and memories
-            calls = self._calls[get_ident()] = RowCalls(self)
+            calls = self._calls[get_ident()] = PreparedCalls(self._prepare, ROWS_KEPT)
         return calls.get(m)
+
+    def _prepare(self, m: int) -> tuple:
+        """A prepared call for ``m`` rows: the matmul primitive, whether the activation runs
+        after it, its source, destination, weight and bias memories (pointed at a node's tensors
+        before each call) and the argument array."""
+        prim, after = self.make(m, self._w_md), self._post is None
+        if self._exact and self._post and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
+            prim, after = self.make(m, self._w_md, []), True
+        if prim.is_reference:
+            raise RuntimeError(f"oneDNN has no matmul of {m} x {self.k} x {self.n} for the packed weight")
+        x = Memory(MemDesc.of((m, self.k), self.dtype), 0)
+        y = Memory(MemDesc.of((m, self.n), self.dtype), 0)
+        consts = (Memory(self._w_md, self._const_ptrs[0]),) + \
+            (() if self._b_md is None else (Memory(self._b_md, self._const_ptrs[1]),))
+        pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y)] + list(zip((capi.ARG_WEIGHTS, capi.ARG_BIAS), consts))
+        args, nargs, scratch = call_arguments(prim, pairs, self._resources)
+        return prim, x, y, consts, args, nargs, after, scratch
 
     def __call__(self, x: torch.Tensor, *_unused, out: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[-1] != self.k:
@@ -229,38 +245,3 @@ class RuntimeLinear:
             self._act(out)
         return out
 
-
-class RowCalls:
-    """One thread's prepared calls of a product configuration (sizes, type, weight layout,
-    post-ops, bias), by row count: the matmul primitive (kept for the last ``ROWS_KEPT`` row
-    counts), whether the activation runs after it, its source, destination, weight and bias
-    memories (pointed at a node's tensors before each call) and the argument array."""
-
-    def __init__(self, kernel: RuntimeLinear):
-        self.kernel = kernel          # the node that made it: its sizes, types and post-ops are the configuration's
-        self.rows: OrderedDict[int, tuple] = OrderedDict()
-
-    def get(self, m: int) -> tuple:
-        got = self.rows.get(m)
-        if got is not None:
-            self.rows.move_to_end(m)
-            return got
-        k = self.kernel
-        prim, after = k.make(m, k._w_md), k._post is None
-        if k._exact and k._post and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
-            prim, after = k.make(m, k._w_md, []), True
-        if prim.is_reference:
-            raise RuntimeError(f"oneDNN has no matmul of {m} x {k.k} x {k.n} for the packed weight")
-        x = Memory(MemDesc.of((m, k.k), k.dtype), 0)
-        y = Memory(MemDesc.of((m, k.n), k.dtype), 0)
-        consts = (Memory(k._w_md, k._const_ptrs[0]),) + \
-            (() if k._b_md is None else (Memory(k._b_md, k._const_ptrs[1]),))
-        pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y), (capi.ARG_WEIGHTS, consts[0])]
-        if len(consts) > 1:
-            pairs.append((capi.ARG_BIAS, consts[1]))
-        args, nargs, scratch = call_arguments(prim, pairs, k._resources)
-        got = (prim, x, y, consts, args, nargs, after, scratch)
-        self.rows[m] = got
-        while len(self.rows) > ROWS_KEPT:
-            self.rows.popitem(last=False)
-        return got

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import ctypes as C
 import threading
+from collections import OrderedDict
+from typing import Callable
 
 import torch
 
@@ -178,6 +180,28 @@ class Resources:
         """This thread's buffer (after ``for_thread``), as a uint8 tensor: a kernel's own
         temporaries live past its primitives' scratchpad bytes."""
         return self._local.buf
+
+
+class PreparedCalls:
+    """One thread's prepared calls of a kernel configuration whose primitive depends on a row
+    count: ``make(rows)`` prepares one (its primitive, memories, argument array); the last
+    ``kept`` row counts' are kept, the least recently used dropped first. Kernels of one
+    configuration keep one per thread in ``Resources.shared`` and point the memories at their
+    own tensors before each call."""
+
+    def __init__(self, make: Callable[[int], tuple], kept: int):
+        self.make, self.kept = make, kept
+        self.rows: OrderedDict[int, tuple] = OrderedDict()
+
+    def get(self, rows: int) -> tuple:
+        got = self.rows.get(rows)
+        if got is not None:
+            self.rows.move_to_end(rows)
+            return got
+        got = self.rows[rows] = self.make(rows)
+        while len(self.rows) > self.kept:
+            self.rows.popitem(last=False)
+        return got
 
 
 def call_arguments(prim: Primitive, pairs, resources: Resources) -> tuple:
