@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from cpu_isa import BF16_ARITHMETIC
 from fusegraph.ir import DType, Graph, Node, Value
 from fusegraph.ops.registry import NodeContext
 from fusegraph.runtime.backends.cpu.dnnl import available
+from fusegraph.runtime.backends.protocol import Decline
 from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import COLUMN_MAJOR_MAX_N, GEMV_ROWS, runtime_linear_kernel
 from fusegraph.runtime.backends.cpu.dnnl.primitive import Resources
 from fusegraph.runtime.backends.cpu.dnnl.weights import WeightStore
@@ -84,6 +86,46 @@ def test_products_of_one_configuration_share_their_row_counts():
             got = kernel(x, out=torch.full((rows, 96), float("nan")))
             torch.testing.assert_close(got, _want(x, w, b, activation, True), rtol=1e-4, atol=1e-4)
     assert list(made[1][0]._calls[threading.get_ident()].rows) == [9, GEMV_ROWS + 1, 33]   # one per row count
+
+
+def _bf16_node(out: DType, rng) -> tuple[Node, torch.Tensor, torch.Tensor]:
+    g = Graph("linear")
+    w = torch.from_numpy((rng.standard_normal((64, 48)) * 0.2).astype(np.float32)).to(torch.bfloat16)
+    b = torch.from_numpy(rng.standard_normal(48).astype(np.float32))
+    node = Node("LinearAct", [Value("x", DType.BFLOAT16, ("rows", 64)), g.add_constant("w", w),
+                              g.add_constant("b", b)], [Value("y", out, ("rows", 48))],
+                {"activation": "relu", "trans_b": 0}, name="lin", domain="fusegraph")
+    return node, w, b
+
+
+@needs_dnnl
+@pytest.mark.skipif(not BF16_ARITHMETIC, reason="no bfloat16 arithmetic on this CPU")
+def test_a_bfloat16_product_with_a_float32_output_runs_on_onednn_at_every_row_count():
+    """bfloat16 operands written as float32 (a Cast folded into the product): one oneDNN
+    matmul per row count with a float32 destination, not the op's own kernel; each row count's
+    result is the float64 product of the same bfloat16 operands, rounded once."""
+    rng = np.random.default_rng(6)
+    node, w, b = _bf16_node(DType.FLOAT, rng)
+    kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, False)
+    assert not isinstance(kernel, Decline) and kernel.impl.startswith("brg"), kernel
+    for rows in (1, 5, 64, 5):
+        x = torch.from_numpy(rng.standard_normal((rows, 64)).astype(np.float32)).to(torch.bfloat16)
+        got = kernel(x, out=torch.full((rows, 48), float("nan")))
+        assert got.dtype == torch.float32
+        want = torch.relu(x.double() @ w.double() + b.double())
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_dnnl
+def test_a_bfloat16_output_without_bfloat16_arithmetic_declines(monkeypatch):
+    """Where the CPU computes bfloat16 products in float32, a bfloat16 output is not what the
+    matmul writes: the node declines with that reason (before, it was bound and refused its
+    output at run time)."""
+    from fusegraph.runtime.backends.cpu.dnnl import linear_runtime
+    monkeypatch.setattr(linear_runtime, "compute_dtype", lambda stored: torch.float32)
+    node, _, _ = _bf16_node(DType.BFLOAT16, np.random.default_rng(7))
+    got = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, False)
+    assert isinstance(got, Decline) and "no bfloat16 arithmetic" in got.reason
 
 
 @needs_dnnl

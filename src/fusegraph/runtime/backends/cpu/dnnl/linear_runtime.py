@@ -50,7 +50,7 @@ from ...protocol import Decline
 from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .compute import compute_dtype
-from .linear import product_operands
+from .linear import WIDENED, product_operands
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, PreparedCalls, call_arguments, create, exact_post_ops, thread_stream
 
@@ -78,16 +78,22 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
     if x_v.shape is None or not x_v.shape or x_v.layout == "nhwc":
         return Decline("needs a row-major input of known rank", "dnnl")
     dtype = x_v.dtype.to_torch() if x_v.dtype is not None else None
-    if dtype not in TYPES or w.dtype != dtype or y_v.dtype != x_v.dtype:
-        return Decline(f"needs float32 or bfloat16 data, weight and output (got {dtype}, {w.dtype})", "dnnl")
+    y_dtype = y_v.dtype.to_torch() if y_v.dtype is not None else None
+    if dtype not in TYPES or w.dtype != dtype or (y_dtype != dtype and (dtype, y_dtype) != WIDENED):
+        return Decline(f"needs float32 or bfloat16 data and weight, and an output of their type or float32 "
+                       f"(got data {dtype}, weight {w.dtype}, output {y_dtype})", "dnnl")
     compute = compute_dtype(dtype)
+    out_dtype = y_dtype if y_dtype != dtype else compute
+    if out_dtype != y_dtype:
+        return Decline("a bfloat16 output where this CPU has no bfloat16 arithmetic (the product runs in "
+                       "float32 here)", "dnnl")
     n, k = (w.shape[0], w.shape[1]) if trans_b else (w.shape[1], w.shape[0])
     if (isinstance(x_v.shape[-1], int) and x_v.shape[-1] != k) or (b is not None and b.numel() != n):
         return Decline("operand sizes do not match", "dnnl")
     post = (EXACT if exact else {**EXACT, **FAST}).get(activation)
     gemv = compute == torch.float32
     by_columns = gemv and one_row_steps and n <= COLUMN_MAJOR_MAX_N
-    kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv, by_columns)
+    kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv, by_columns, out_dtype)
     if gemv:         # plain: K x N row-major, or its N x K transpose (each column of W one contiguous row)
         want = MemDesc.of((k, n), compute, (1, k) if by_columns else (n, 1))
     else:
@@ -134,8 +140,9 @@ class RuntimeLinear:
     reads = (0,)
 
     def __init__(self, k: int, n: int, dtype: torch.dtype, bias, post: list | None, resources, exact: bool,
-                 gemv: bool = False, by_columns: bool = False):
+                 gemv: bool = False, by_columns: bool = False, out_dtype: torch.dtype | None = None):
         self.k, self.n, self.dtype = k, n, dtype
+        self.out_dtype = out_dtype or dtype           # float32 from bfloat16 operands: a Cast folded in
         self.gemv_rows = GEMV_ROWS if gemv else 0     # the weight is plain: sgemm up to these rows
         self.by_columns = by_columns                  # ... held N x K (W transposed), else K x N
         self._bias = None if bias is None else bias.to(torch.float32).contiguous()
@@ -152,7 +159,7 @@ class RuntimeLinear:
     def make(self, m: int, w_md: MemDesc, post: list | None = None):
         """A matmul primitive for ``m`` rows reading weights laid out as ``w_md``."""
         x_md = MemDesc.of((m, self.k), self.dtype, (self.k, 1))
-        y_md = MemDesc.of((m, self.n), self.dtype, (self.n, 1))
+        y_md = MemDesc.of((m, self.n), self.out_dtype, (self.n, 1))
         attr = Attr((self._post or []) if post is None else post)
         small = m * self.n * self.k < SERIAL_MACS and self.n * self.k < PARALLEL_WEIGHTS
         with threads_for(small):
@@ -166,7 +173,7 @@ class RuntimeLinear:
         # the products of one configuration share their primitive and prepared call per row count
         layout = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in w_md.describe().items()))
         self._calls = self._resources.shared.setdefault(
-            ("matmul", self.k, self.n, self.dtype, layout, tuple(map(tuple, self._post or ())),
+            ("matmul", self.k, self.n, self.dtype, self.out_dtype, layout, tuple(map(tuple, self._post or ())),
              self._bias is not None, self._exact), {})
         if not self.gemv_rows:
             self.impl = self.make(REFERENCE_ROWS, w_md).impl
@@ -191,7 +198,7 @@ class RuntimeLinear:
         if prim.is_reference:
             raise RuntimeError(f"oneDNN has no matmul of {m} x {self.k} x {self.n} for the packed weight")
         x = Memory(MemDesc.of((m, self.k), self.dtype), 0)
-        y = Memory(MemDesc.of((m, self.n), self.dtype), 0)
+        y = Memory(MemDesc.of((m, self.n), self.out_dtype), 0)
         consts = (Memory(self._w_md, self._const_ptrs[0]),) + \
             (() if self._b_md is None else (Memory(self._b_md, self._const_ptrs[1]),))
         pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y)] + list(zip((capi.ARG_WEIGHTS, capi.ARG_BIAS), consts))
@@ -203,14 +210,14 @@ class RuntimeLinear:
             raise ValueError(f"oneDNN matmul: input {tuple(x.shape)} does not end in the weight's {self.k} rows")
         m = x.numel() // self.k if self.k else 0
         if out is None:
-            out = torch.empty((*x.shape[:-1], self.n), dtype=self.dtype)
+            out = torch.empty((*x.shape[:-1], self.n), dtype=self.out_dtype)
         if x.dtype != self.dtype or not x.is_contiguous():
             x = x.to(self.dtype).contiguous()
         if m == 0:
             return out
-        if not out.is_contiguous() or out.dtype != self.dtype:
+        if not out.is_contiguous() or out.dtype != self.out_dtype:
             raise TypeError(f"oneDNN matmul: output is {out.dtype} {tuple(out.stride())}, expected a row-major "
-                            f"{self.dtype}")
+                            f"{self.out_dtype}")
         if m <= self.gemv_rows or (self.gemv_rows and not self.by_columns):
             return self._gemv(x, m, out)          # a K x N weight: sgemm at any row count
         prim, xm, ym, consts, args, nargs, after, _kept = self._for_rows(m)
