@@ -49,3 +49,49 @@ def test_runs_stop_faulting_in_fresh_pages():
 def test_setting_is_made_once():
     first = host_memory.keep_freed_memory()
     assert host_memory.keep_freed_memory() is first and len(host_memory._done) == 1
+
+
+def test_growth_release_releases_once_private_memory_grew_past_its_step(monkeypatch):
+    """``GrowthRelease``: no release while private memory stays within ``growth`` of the last
+    release (or the first run), one once it grew past it, measured again from what the
+    release left; a process whose memory fell below the base takes that as the base."""
+    readings = iter([100, 110, 116, 117, 90, 95, 130, 131])
+    calls = []
+    monkeypatch.setattr(host_memory, "private_resident_bytes", lambda: next(readings))
+    monkeypatch.setattr(host_memory, "release_free_memory", lambda: calls.append(1) or True)
+    release = host_memory.GrowthRelease(growth=15)
+    for _ in range(3):
+        release.after_run()                    # 100 (base), 110, 116 (> 115: release, base 117)
+    assert calls == [1] and release.base == 117
+    release.after_run()                        # 90: below the base, the new base
+    assert release.base == 90 and calls == [1]
+    release.after_run()                        # 95
+    release.after_run()                        # 130 > 105: release, base 131
+    assert calls == [1, 1] and release.base == 131 and release.releases == 2
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_runs_of_symbolic_shapes_are_followed_by_the_growth_check(keep, monkeypatch):
+    """A model with symbolic dims runs the backend's release check after each run (unless
+    ``keep_freed_memory`` asked to keep freed memory); a model of fixed shapes, whose runs
+    allocate the same sizes every time, does not."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    import fusegraph as fg
+    seen = []
+    monkeypatch.setattr(host_memory.GrowthRelease, "after_run", lambda self: seen.append(1))
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: True)    # not this process's malloc for good
+
+    def relu(dim):
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim, 4])])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    dynamic = fg.compile(relu("n"), fg.Config(keep_freed_memory=keep))
+    for n in (2, 3, 2):
+        np.testing.assert_array_equal(dynamic.run({"x": -np.ones((n, 4), np.float32)})["y"], np.zeros((n, 4)))
+    assert len(seen) == (0 if keep else 3)
+    static = fg.compile(relu(2), fg.Config(keep_freed_memory=keep))
+    static.run({"x": np.ones((2, 4), np.float32)})
+    assert len(seen) == (0 if keep else 3)

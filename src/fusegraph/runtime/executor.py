@@ -199,7 +199,10 @@ class Executor:
                 control.stopped("before its first kernel")
             with torch.inference_mode(), intra_op_threads(threads):
                 self.backend.before_run(tensors, magnitudes)
-                return runner(tensors, hook)
+                out = runner(tensors, hook)
+            if getattr(runner, "varying_allocations", False):
+                self.backend.after_run()
+            return out
         except RunCancelled as exc:
             raise self._located(exc, runner) from None
         except FusegraphError:

@@ -31,6 +31,8 @@ from .shape_program import ShapeProgram
 
 
 class FrameRunner:
+    varying_allocations = True       # its runs allocate outputs and temporaries whose sizes follow the shapes
+
     def __init__(self, graph: Graph, binding: Binding, planner: Callable, filename: str, name: str,
                  device, declared: dict | None = None, replaced: dict[int, Callable] | None = None,
                  streams=None, threads: int | None = None):

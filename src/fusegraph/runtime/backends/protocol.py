@@ -91,6 +91,10 @@ class Backend:
     def settle(self) -> None:
         """After binding's one-off work (probe runs, packing): release what it freed."""
 
+    def after_run(self) -> None:
+        """After a run whose allocations change size with its input shapes (a model with
+        symbolic dims): keep the memory those leave free from growing without bound."""
+
     def export_state(self, graph) -> dict:
         return {}
 

@@ -85,6 +85,7 @@ class CpuBackend(Backend):
             raise ConfigError(f"cpu_kernels='onednn' was asked for, but {unavailable_reason()}; "
                               f"use cpu_kernels='auto' or 'portable'")
         self.keep_freed_memory = keep_freed_memory
+        self.growth_release = host_memory.GrowthRelease()     # after runs of shapes that vary
         self.exact = exact       # False (Config.fast_math): oneDNN's own NaN / Inf behaviour
         self.kernels = kernels
         self.store = WeightStore(shared_forms)   # packed weights (made here, provided by an artifact, shared)
@@ -103,6 +104,10 @@ class CpuBackend(Backend):
 
     def settle(self) -> None:
         host_memory.release_free_memory()
+
+    def after_run(self) -> None:
+        if not self.keep_freed_memory:
+            self.growth_release.after_run()
 
     @property
     def freed_memory_kept(self) -> bool:

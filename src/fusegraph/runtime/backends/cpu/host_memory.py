@@ -1,4 +1,4 @@
-"""Host (CPU) memory reuse across runs: glibc malloc told to keep freed memory.
+"""Host (CPU) memory across runs: glibc malloc told to keep freed memory, or to give it back.
 
 A kernel that allocates its result (the portable kernels of a model with dynamic shapes,
 which has no arena) asks malloc for the same sizes on every run. glibc serves requests over
@@ -13,16 +13,28 @@ asks (the CPU backend's planned kernels allocate nothing per run).
 No-op (returns False) off glibc. ``release_free_memory()`` (``malloc_trim``) hands what is
 free now back to the OS, after binding, whose one-off work (the layout probe, packing the
 weights) frees more than a run reuses.
+
+A model with symbolic input dims allocates per run what its planned memory does not hold
+(outputs, ATen temporaries, sgemm's packing buffers), at sizes that change with the shape:
+malloc keeps the freed chunks, fragmented, and the process's private memory creeps up over
+traffic of many lengths. ``GrowthRelease.after_run()`` releases the free memory once the
+process's private resident bytes have grown by ``RELEASE_GROWTH`` since its last release
+(one read of ``/proc/self/statm`` a run; a release costs about a millisecond and returns
+what no live allocation holds, the host program's freed memory included). Not where
+``keep_freed_memory`` asked for the opposite.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 << 20       # glibc's largest allowed value on 64-bit hosts
 TRIM_THRESHOLD = 512 << 20
 _done: list[bool] = []
+RELEASE_GROWTH = 16 << 20       # private resident bytes grown since the last release that trigger one
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def keep_freed_memory() -> bool:
@@ -61,3 +73,36 @@ def _libc():
 def freed_memory_kept() -> bool:
     """Whether ``keep_freed_memory()`` has taken effect in this process."""
     return bool(_done and _done[0])
+
+
+def private_resident_bytes() -> int | None:
+    """The process's resident bytes not backed by a file or shared memory (``/proc/self/statm``:
+    resident minus shared pages), or None where there is no such file."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class GrowthRelease:
+    """Releases malloc's free memory after a run once private memory grew by ``RELEASE_GROWTH``
+    since the last release (or since the first run)."""
+
+    def __init__(self, growth: int = RELEASE_GROWTH):
+        self.growth = growth
+        self.base: int | None = None
+        self.releases = 0
+
+    def after_run(self) -> None:
+        now = private_resident_bytes()
+        if now is None:
+            return
+        if self.base is None or now < self.base:
+            self.base = now
+            return
+        if now - self.base > self.growth:
+            if release_free_memory():
+                self.releases += 1
+            self.base = private_resident_bytes() or now
