@@ -182,3 +182,28 @@ def test_loaded_artifact_runs_the_same(tmp_path):
     want = ort_run(m, feeds)
     assert_outputs_close(compiled.run(feeds), want)
     assert_outputs_close(loaded.run(feeds), want)
+
+
+@needs_avx512
+def test_channel_layer_norm_checks_channels_last_data_for_overflow():
+    """The exact channel layer norm's overflow check reads channels-last data as it lies: a
+    position whose values may overflow its float32 sum of squares is computed again in float64,
+    a position holding a NaN stays NaN, the rest are the float64 norm's."""
+    import torch
+    c = fg.compile(feature_encoder("layer"), fg.Config(threads=1))
+    call = next(k for k in c._executor.binding.calls if k.node.op_type == "ChannelLayerNorm")
+    assert fast(call.kernel.impl)
+    gamma, beta = (call.node.inputs[i].const.reshape(-1).double() for i in (1, 2))
+    length = call.node.outputs[0].shape[2]
+    x = torch.from_numpy(rnd(1, length, C, seed=9)).transpose(1, 2)      # [N, C, L], each position's channels one row
+    x[0, :, 3] = torch.linspace(-4e19, 4e19, C)                          # its sum of squares overflows float32
+    x[0, 5, 7] = float("nan")
+    with torch.inference_mode():
+        y = call.kernel(x, *(call.node.inputs[i].const for i in (1, 2)),
+                        out=torch.empty(1, length, C).transpose(1, 2))
+    xd = x.double()
+    want = (xd - xd.mean(1, keepdim=True)) / torch.sqrt(xd.var(1, unbiased=False, keepdim=True) + call.node.attrs["epsilon"])
+    want = want * gamma[None, :, None] + beta[None, :, None]
+    assert torch.isnan(y[0, :, 7]).all() and not torch.isnan(y[0, :, [3, 6, 8]]).any()
+    keep = [i for i in range(length) if i != 7]
+    torch.testing.assert_close(y[0][:, keep].double(), want[0][:, keep], rtol=1e-4, atol=1e-4)
