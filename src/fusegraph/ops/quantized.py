@@ -88,6 +88,13 @@ def _write(result: torch.Tensor, out):
     return out
 
 
+def _qparams(ctx: NodeContext, name: str, default_scale: float | None = None) -> tuple[float, int]:
+    """The ``{name}_scale`` / ``{name}_zero_point`` attributes (zero point 0 when absent; the
+    scale ``default_scale`` when given, else required)."""
+    scale = ctx.attr(f"{name}_scale") if default_scale is None else ctx.attr(f"{name}_scale", default_scale)
+    return float(scale), int(ctx.attr(f"{name}_zero_point", 0))
+
+
 def _check_common(ctx: NodeContext, inputs=("x",)) -> DType:
     """The output type, after checking the attributes every quantised op reads."""
     yt = y_type(ctx)
@@ -168,9 +175,7 @@ def _qconv(ctx: NodeContext):
     check_rank(ctx)
     yt = _check_common(ctx)
     geo = ConvGeometry(ctx)
-    xs, xzp = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
-    ys, yzp = float(ctx.attr("y_scale", 1.0)), int(ctx.attr("y_zero_point", 0))
-    zs, zzp = float(ctx.attr("z_scale", 1.0)), int(ctx.attr("z_zero_point", 0))
+    (xs, xzp), (ys, yzp), (zs, zzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0), _qparams(ctx, "z", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
     weight = _weight_cache()
 
@@ -207,8 +212,7 @@ def _qlinear_shape(ctx: NodeContext):
 def _qlinear(ctx: NodeContext):
     yt = _check_common(ctx)
     trans_b = bool(ctx.attr("trans_b", 0))
-    xs, xzp = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
-    ys, yzp = float(ctx.attr("y_scale", 1.0)), int(ctx.attr("y_zero_point", 0))
+    (xs, xzp), (ys, yzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
     weight = _weight_cache()
 
@@ -236,8 +240,7 @@ def _requantize(ctx: NodeContext):
     yt = _check_common(ctx)
     if yt not in QUANTISED:
         raise ctx.unsupported(f"Requantize to {yt.name}")
-    xs, xzp = float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0))
-    ys, yzp = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+    (xs, xzp), (ys, yzp) = _qparams(ctx, "x"), _qparams(ctx, "y")
     try:
         steps = affine_steps(ctx.attr("steps", []), ctx.n_inputs)
     except ValueError as exc:
@@ -276,9 +279,7 @@ def _qadd_shape(ctx: NodeContext):
           writes_out=True, value_range=QuantisedRange(inputs=("a", "b")))
 def _qadd(ctx: NodeContext):
     yt = _check_common(ctx, ("a", "b"))
-    a_s, a_zp = float(ctx.attr("a_scale")), int(ctx.attr("a_zero_point", 0))
-    b_s, b_zp = float(ctx.attr("b_scale")), int(ctx.attr("b_zero_point", 0))
-    ys, yzp = float(ctx.attr("y_scale", 1.0)), int(ctx.attr("y_zero_point", 0))
+    (a_s, a_zp), (b_s, b_zp), (ys, yzp) = _qparams(ctx, "a"), _qparams(ctx, "b"), _qparams(ctx, "y", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
     if yt == DType.INT32:
         raise ctx.unsupported("QAdd to int32")
@@ -304,9 +305,7 @@ def _qmatmul(ctx: NodeContext):
     yt = _check_common(ctx, ("a", "b"))
     if yt not in QUANTISED:
         raise ctx.unsupported(f"QMatMul to {yt.name}")
-    a_s, a_zp = float(ctx.attr("a_scale")), int(ctx.attr("a_zero_point", 0))
-    b_s, b_zp = float(ctx.attr("b_scale")), int(ctx.attr("b_zero_point", 0))
-    ys, yzp = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+    (a_s, a_zp), (b_s, b_zp), (ys, yzp) = _qparams(ctx, "a"), _qparams(ctx, "b"), _qparams(ctx, "y")
 
     def qmatmul(a, b, out=None):
         y = torch.matmul(dequantize(a, a_s, a_zp), dequantize(b, b_s, b_zp))

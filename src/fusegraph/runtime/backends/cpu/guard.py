@@ -70,9 +70,19 @@ class RunState:
 def _grown(seen: float, t: torch.Tensor, view: torch.Tensor | None) -> float:
     """``seen`` grown by ``t``'s largest magnitude (NaN in it: NaN), read through its one-axis
     ``view`` (``dense_view``), or a flattened copy where it has none."""
-    lo, hi = torch.aminmax(t.reshape(-1) if view is None else view)
-    lo, hi = lo.item(), hi.item()
+    lo, hi = extremes(t, view)
     return max(seen, -lo, hi) if not (math.isnan(lo) or math.isnan(hi)) else math.nan
+
+
+def extremes(t: torch.Tensor, view: torch.Tensor | None = None) -> tuple[float, float]:
+    """``t``'s smallest and largest element in one ``aminmax`` (NaN in both where it holds a
+    NaN), over its bytes as they lie (``view``, else ``dense_view(t)``) or a flattened copy
+    where they are not dense: ATen reduces a permuted tensor (channels-last data) through its
+    strided path, many times slower."""
+    if view is None:
+        view = dense_view(t)
+    lo, hi = torch.aminmax(t.reshape(-1) if view is None else view)
+    return lo.item(), hi.item()
 
 
 def dense_view(t: torch.Tensor) -> torch.Tensor | None:

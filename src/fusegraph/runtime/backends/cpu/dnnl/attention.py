@@ -218,13 +218,12 @@ class DnnlAttention:
         """Point the temporaries at this thread's buffer and prepare the argument arrays."""
         self._tid = threading.get_ident()
         self._stream, scratch = self.resources.for_thread(self.nbytes)
-        buf = self.resources.tensor_for_thread()
         tail = scratch.ptr + self.scratch
         for mem, at in zip((self.q, self.kt, self.v), self.heads_at):
             mem.point(tail + at)
         self.scores.point(tail + self.scores_at)
-        start = self.scratch + self.scores_at
-        self._scores_t = buf[start:start + self.scores_bytes].view(self.dtype).view(self.scores_shape)
+        self._scores_t = self.resources.temporary(self.scratch + self.scores_at, self.scores_bytes) \
+            .view(self.dtype).view(self.scores_shape)
         sp = ExecArg(capi.ARG_SCRATCHPAD, scratch.handle)
         calls = []
         for r in self.reorders:

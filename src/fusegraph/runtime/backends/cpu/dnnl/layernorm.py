@@ -23,7 +23,7 @@ import math
 import torch
 
 from ...protocol import Decline
-from ..guard import dense_view
+from ..guard import extremes
 from . import capi
 from .call import DnnlKernel, Slot
 from .layouts import channels_last, contiguous, static_shape, strides_of
@@ -111,9 +111,8 @@ class _LayerNorm:
         sum decides)."""
         if self.portable is None:
             return False
-        dense = dense_view(data)          # channels-last data as one axis: ATen's strided reduction is far slower
-        lo, hi = torch.aminmax(data.reshape(-1) if dense is None else dense)
-        return max(-float(lo), float(hi)) >= self.risk
+        lo, hi = extremes(data)
+        return max(-lo, hi) >= self.risk
 
     def _exact(self, y, args, first: bool = False, risky: bool = False):
         """``first``: the op's kernel returns (y, s); y is its first output."""

@@ -176,11 +176,6 @@ class Resources:
         self.for_thread(offset + nbytes)
         return self._local.buf[offset:offset + nbytes]
 
-    def tensor_for_thread(self) -> torch.Tensor:
-        """This thread's buffer (after ``for_thread``), as a uint8 tensor: a kernel's own
-        temporaries live past its primitives' scratchpad bytes."""
-        return self._local.buf
-
 
 class PreparedCalls:
     """One thread's prepared calls of a kernel configuration whose primitive depends on a row

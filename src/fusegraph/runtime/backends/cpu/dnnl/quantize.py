@@ -35,6 +35,7 @@ from .....ir import DType
 from .....ops.quant import dynamic_quantize_params
 from .....ops.quantized import QUANTISED, affine_steps
 from ...protocol import Decline
+from ..guard import extremes
 from . import capi
 from .call import DnnlKernel, Slot
 from .int8_support import QuantArgs
@@ -211,7 +212,7 @@ class DynamicQuantizer:
         self._scale, self._zero, self._portable = scale_t, zero_t, portable
 
     def __call__(self, x, out=None):
-        lo, hi = (float(v) for v in torch.aminmax(x)) if x.numel() else (0.0, 0.0)
+        lo, hi = extremes(x) if x.numel() else (0.0, 0.0)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             got = self._portable(x)
             if out is None:
