@@ -26,7 +26,7 @@ E = H * D
 
 
 def _graph(seq=24, kv_seq=None, packed=True, merge=True, mask="f32", nan_to_zero=1, scale=0.25, batch=1,
-           mask_batch=1):
+           mask_batch=1, mask_heads=1):
     """x -> ScaledDotProductAttention -> y, float32 in and out (precision decides the inside)."""
     kv_seq = kv_seq or seq
     g = Graph("attention", opset={"": 17, "fusegraph": 1})
@@ -40,7 +40,10 @@ def _graph(seq=24, kv_seq=None, packed=True, merge=True, mask="f32", nan_to_zero
                g.add_input("v", F32, (batch, H, kv_seq, D))]
         attrs.update(k_transposed=1)
         attrs["merge_heads"] = 0
-    if mask is not None:
+    if mask == "const":          # a relative-position bias: a constant, as a window attention has
+        bias = torch.randn(mask_batch, mask_heads, seq, kv_seq, generator=torch.Generator().manual_seed(5))
+        ins.append(g.add_constant("bias", bias))
+    elif mask is not None:
         ins.append(g.add_input("mask", F32, (mask_batch, 1, seq, kv_seq)))
     node = g.add_node("ScaledDotProductAttention", ins, domain="fusegraph", attrs=attrs, outputs=["y"], name="attn")
     g.outputs.append(node.outputs[0])
@@ -72,6 +75,9 @@ def _reference(g, feeds) -> np.ndarray:
     s = q @ kt * attrs["scale"]
     if "mask" in feeds:
         s = s + feeds["mask"].astype(np.float64)
+    bias = [v for v in g.nodes[-1].inputs[3:] if v is not None and v.is_const]
+    if bias:
+        s = s + bias[0].const.double().numpy()
     s = np.exp(s - s.max(-1, keepdims=True))
     y = (s / s.sum(-1, keepdims=True)) @ v
     if attrs.get("merge_heads"):
@@ -97,7 +103,9 @@ def _rel(got, want) -> float:
 CASES = {"packed-merged": {}, "packed-heads-out": {"merge": False}, "no-mask": {"mask": None},
          "separate-k-transposed": {"packed": False, "kv_seq": 40}, "batch-2": {"batch": 2},
          "batch-2-a-mask-each": {"batch": 2, "mask_batch": 2},
-         "no-nan-to-zero": {"nan_to_zero": 0}}
+         "no-nan-to-zero": {"nan_to_zero": 0},
+         "windows-a-bias-for-all": {"batch": 8, "seq": 16, "mask": "const", "mask_heads": H},
+         "windows-a-bias-each": {"batch": 8, "seq": 16, "mask": "const", "mask_batch": 8, "mask_heads": H}}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -165,3 +173,33 @@ def test_a_broadcast_batch_declines():
     want = torch.softmax(torch.from_numpy(feeds["q"]) @ torch.from_numpy(feeds["kt"]) * 0.25, -1) \
         @ torch.from_numpy(feeds["v"])
     np.testing.assert_allclose(m.run(feeds)["y"], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case,group", [("no-mask", 8), ("batch-2-a-mask-each", 8), ("windows-a-bias-for-all", 8),
+                                        ("windows-a-bias-each", 8), ("batch-2", 1)])
+@pytest.mark.parametrize("group_bytes", [None, 100_000])
+def test_a_batch_runs_in_groups_of_items(case, group, group_bytes, monkeypatch):
+    """Many small attentions (a window attention's windows): one call per group of items, the
+    group the largest divisor of the batch whose buffers fit ``GROUP_BYTES``; a mask that
+    broadcasts over the batch and is given at run time takes one item per call."""
+    from fusegraph.runtime.backends.cpu.dnnl import attention
+    if group_bytes is not None:
+        monkeypatch.setattr(attention, "GROUP_BYTES", group_bytes)
+    params = {**CASES[case], "batch": 8}
+    if params.get("mask_batch", 1) > 1:
+        params["mask_batch"] = 8
+    g = _graph(**params)
+    m, own = _compile(g), _compile(g, kernels="portable")
+    kernel = _attention_kernel(m)
+    assert isinstance(kernel, DnnlAttention) and kernel.impl.startswith("brg"), kernel
+    seq = params.get("seq", 24)
+    item = H * (seq * D * 3 + seq * seq) * 4 + (H * seq * seq * 4 if params.get("mask") == "const"
+                                                 and params.get("mask_batch", 1) == 1 else 0)
+    want_group = group if group_bytes is None or group == 1 else max(
+        n for n in (1, 2, 4, 8) if n * item <= group_bytes or n == 1)
+    assert kernel.group == want_group and kernel.calls_per_run == 8 // want_group
+    feeds = _feeds(g)
+    want = _reference(g, feeds)
+    got, theirs = m.run(feeds)["y"], own.run(feeds)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(got, theirs, rtol=1e-4, atol=1e-5 * np.abs(want).max())

@@ -18,8 +18,13 @@ step 1 fills for every attention, so no repeated k / v exists outside that per-t
 and no kernel is added. (oneDNN 3.2's brgemm matmul that would broadcast k / v over the group
 takes neither the mask post-op nor the merged-heads output; it falls back to ``ref`` / GEMM.)
 
-A batch of several items runs the calls once per item (the primitives are made for one:
-oneDNN's brgemm takes neither a broadcast mask nor merged heads across a batch). NaN and Inf: a
+A batch of several items (a window attention's windows) runs the calls once per *group* of
+items: the primitives are made for ``group`` items, the largest divisor of the batch whose
+buffers fit ``GROUP_BYTES``, so many small attentions make few calls and share the threads.
+oneDNN's brgemm takes a mask that broadcasts over heads or rows but not one that broadcasts
+over the batch (it falls back to its reference matmul), so such a mask, when it is a constant
+(a relative-position bias), is expanded over the group once at bind; a mask that varies per
+run and broadcasts over the batch runs one item per call. NaN and Inf: a
 row with a NaN or +inf score, or only -inf scores, gives NaN, as ONNX's softmax does;
 ``nan_to_zero`` then zeroes NaN in the probabilities with torch, as the op's own kernel does. Made for one thread under ``SERIAL_MACS`` multiply-adds. Anything else declines
 with its reason (dynamic shapes, broadcast batch dims, mixed types, strided operands): the op's
@@ -42,6 +47,7 @@ from .primitive import Attr, create
 
 TYPES = (torch.float32, torch.bfloat16)
 ALIGN = 64
+GROUP_BYTES = 4 << 20      # the most bytes of heads, scores (and an expanded mask) one call's group of items takes
 
 
 def _align(n: int) -> int:
@@ -102,7 +108,7 @@ def attention_kernel(ctx, resources):
     if ys != want or dtype_of(y_v) != dtype or strides_of(y_v) != contiguous(ys):
         return Decline(f"output {ys} is not the row-major {want} of the operands' type", "dnnl")
     mask_v = node.inputs[3] if len(node.inputs) > 3 else None
-    mask = None
+    ms = None
     if mask_v is not None:
         ms = static_shape(mask_v)
         if ms is None or len(ms) > 4 or strides_of(mask_v) != contiguous(ms) \
@@ -111,14 +117,42 @@ def attention_kernel(ctx, resources):
         ms = (1,) * (4 - len(ms)) + tuple(ms)
         if any(m not in (1, t) for m, t in zip(ms, (b, h, length, s_len))):
             return Decline(f"the mask {ms} does not broadcast into the scores", "dnnl")
-        step = ms[1] * ms[2] * ms[3] if ms[0] > 1 else 0          # elements from one item's mask to the next
-        mask = (MemDesc.of((1, *ms[1:]), dtype_of(mask_v)), dtype_of(mask_v), step, ms)
-    try:
-        return DnnlAttention(ctx, resources, ops, dtype, split, (b, h, length, s_len, d, dv), merge, mask, rep)
-    except capi.DnnlError as exc:
-        return Decline(f"oneDNN has no primitives for this attention: {exc}", "dnnl")
-    except NoFastForm as exc:
-        return Decline(str(exc), "dnnl")
+    dims = (b, h, length, s_len, d, dv)
+    reason = None
+    for group in dict.fromkeys((_group(dims, dtype, mask_v, ms), 1)):
+        try:
+            mask = None if mask_v is None else _mask(ctx, dtype_of(mask_v), ms, group)
+            return DnnlAttention(ctx, resources, ops, dtype, split, dims, merge, mask, rep, group)
+        except capi.DnnlError as exc:
+            reason = f"oneDNN has no primitives for this attention: {exc}"
+        except NoFastForm as exc:
+            reason = str(exc)
+    return Decline(reason, "dnnl")
+
+
+def _group(dims, dtype, mask_v, ms) -> int:
+    """How many batch items one call takes: the largest divisor of the batch whose buffers
+    (heads, scores and a mask expanded over the group) fit ``GROUP_BYTES``."""
+    b, h, length, s_len, d, dv = dims
+    es = torch.empty((), dtype=dtype).element_size()
+    item = h * (length * d + s_len * d + s_len * dv + length * s_len) * es
+    if mask_v is not None and ms[0] == 1:
+        item += ms[1] * ms[2] * ms[3] * torch.empty((), dtype=dtype_of(mask_v)).element_size()
+    fits = [g for g in range(1, b + 1) if b % g == 0 and g * item <= GROUP_BYTES]
+    return fits[-1] if fits else 1
+
+
+def _mask(ctx, mask_dtype, ms, group: int):
+    """(memory descriptor for one call, type, elements from one call's mask to the next, the
+    constant expanded over the group or None), or None where the mask cannot take ``group``."""
+    if ms[0] > 1 or group == 1:
+        step = group * ms[1] * ms[2] * ms[3] if ms[0] > 1 else 0
+        return MemDesc.of((group if ms[0] > 1 else 1, *ms[1:]), mask_dtype), mask_dtype, step, None
+    const = ctx.const(3)
+    if const is None or const.device.type != "cpu":
+        raise NoFastForm("a mask that broadcasts over the batch and is not a constant")
+    expanded = const.to(mask_dtype).reshape(ms).expand(group, *ms[1:]).contiguous()
+    return MemDesc.of(tuple(expanded.shape), mask_dtype), mask_dtype, 0, expanded
 
 
 class HeadsCopy(NamedTuple):
@@ -139,20 +173,20 @@ class DnnlAttention:
     """The four calls of one attention node; ``__call__(*inputs it reads, out=)``."""
     writes_out = True
 
-    def __init__(self, ctx, resources, ops, dtype, split, dims, merge: bool, mask, rep: int = 1):
+    def __init__(self, ctx, resources, ops, dtype, split, dims, merge: bool, mask, rep: int = 1, group: int = 1):
         batch, h, length, s_len, d, dv = dims
-        b = 1                 # the primitives take one batch item; a call runs them per item
-        mask_md, self.mask_dtype, mask_step = mask[:3] if mask is not None else (None, None, 0)
+        b = group             # the primitives take ``group`` batch items; a call runs them per group
+        mask_md, self.mask_dtype, mask_step, self.mask_const = mask if mask is not None else (None, None, 0, None)
         lib = capi.load()
         self.es = es = torch.empty((), dtype=dtype).element_size()
         scale = float(ctx.attr("scale", 1.0))
         self.nan_to_zero = bool(ctx.attr("nan_to_zero", 0))
         self.reads = tuple(i for i, v in enumerate(ctx.node.inputs) if v is not None)
         self.out_shape = (batch, length, h * dv) if merge else (batch, h, length, dv)
-        self.batch = batch
+        self.group, self.calls_per_run = group, batch // group
         mask_es = torch.empty((), dtype=self.mask_dtype).element_size() if mask is not None else 0
-        # bytes from one batch item to the next: per operand source, in the output, in the mask
-        self.steps = ([o[3][0] * es for o in ops], length * h * dv * es, mask_step * mask_es)
+        # bytes from one group of items to the next: per operand source, in the output, in the mask
+        self.steps = ([o[3][0] * group * es for o in ops], group * length * h * dv * es, mask_step * mask_es)
         self.dtype, self.resources = dtype, resources
         shapes = [(b, h, length, d), (b, h, s_len, d), (b, h, s_len, dv)]
         sizes = [_align(b * h * x * y * es) for _, _, x, y in shapes]
@@ -168,9 +202,10 @@ class DnnlAttention:
         post = [("eltwise", "linear", scale, 0.0)] if scale != 1.0 else []
         self.mask_arg = capi.arg_post_op_src1(len(post)) if mask_md is not None else None
         post += [("binary", "add", mask_md)] if mask_md is not None else []
-        packed = split is not None and len(set(split)) == 1
+        # q, k and v side by side in one reorder, when their buffers are as long as they are aligned
+        packed = split is not None and len(set(split)) == 1 and sizes[0] == b * h * length * d * es
         attrs = [Attr(post), Attr(), Attr()]
-        with threads_for(h * length * s_len * (d + dv) < SERIAL_MACS):
+        with threads_for(b * h * length * s_len * (d + dv) < SERIAL_MACS):
             self.reorders = [self._reorder(lib, ops, dtype, first, n)
                              for first, n in ([(0, 3)] if packed else [(0, 1), (1, 1), (2, 1)])]
             self.qk = create("attention scores", lambda pd: lib.matmul_primitive_desc_create(
@@ -202,11 +237,11 @@ class DnnlAttention:
     def _reorder(self, lib, ops, dtype, first: int, n: int) -> HeadsCopy:
         """The copy of ``n`` operands' heads (three side by side when packed) into their buffers."""
         index, offset, shape, strides = ops[first]
-        shape = (1, *shape[1:])          # one batch item
+        shape = (self.group, *shape[1:])          # one call's batch items
         if n == 3:          # q, k, v as one more leading axis, ``split[0]`` elements apart
             shape, strides = (3, *shape), (ops[1][1] - ops[0][1], *strides)
         if first and self.rep > 1:       # each k / v head read rep times (stride 0) into rep query heads' places
-            shape = (1, shape[1], self.rep, *shape[2:])
+            shape = (shape[0], shape[1], self.rep, *shape[2:])
             strides = (strides[0], strides[1], 0, *strides[2:])
         src, dst = MemDesc.of(shape, dtype, strides), MemDesc.of(shape, dtype)
         attr = Attr()
@@ -253,7 +288,8 @@ class DnnlAttention:
             self._thread()
         given = dict(zip(self.reads, ts))
         sources = [self._check(given[r.index], "an operand", self.dtype).data_ptr() + r.offset for r in self.reorders]
-        mask = self._check(given[3], "the mask", self.mask_dtype).data_ptr() if self.mask is not None else 0
+        mask = 0 if self.mask is None else self.mask_const.data_ptr() if self.mask_const is not None else \
+            self._check(given[3], "the mask", self.mask_dtype).data_ptr()
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.dtype)
         elif tuple(out.shape) != self.out_shape or out.dtype != self.dtype or not out.is_contiguous():
@@ -261,7 +297,7 @@ class DnnlAttention:
                             f"{self.dtype} {self.out_shape}")
         steps_in, step_out, step_mask = self.steps
         dst = out.data_ptr()
-        for item in range(self.batch):
+        for item in range(self.calls_per_run):
             for r, src in zip(self.reorders, sources):
                 r.src.point(src + item * steps_in[r.first])
             if self.mask is not None:
