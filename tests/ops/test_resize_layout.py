@@ -65,3 +65,35 @@ def test_settled_strides_changes_only_the_strides_of_size_one_dims():
     assert y.stride(0) == y.stride(2) == max(s * n for s, n in zip(x.stride(), x.shape) if n > 1)
     z = torch.ones(3, 4)
     assert settled_strides(z) is z
+
+
+@pytest.mark.parametrize("mode,coord", [("linear", "half_pixel"), ("cubic", "align_corners"),
+                                        ("nearest", "asymmetric"), ("linear", "tf_crop_and_resize")])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_out_receives_what_the_kernel_returns(mode, coord, channels_last, monkeypatch):
+    """With ``out=`` (a planned buffer) the kernel writes the very values it returns without it:
+    through ATen's out form of the upsampling kernel where ``interpolate`` runs, else a copy."""
+    from fusegraph.ops import resize
+    used = []
+
+    def spy(plan, x, out):
+        used.append(real(plan, x, out))
+        return used[-1]
+    real = resize.interpolate_into
+    monkeypatch.setattr(resize, "interpolate_into", spy)
+    c, h, out = 8, 6, 12
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((1, c, h, h)).astype(np.float32))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    node = _resize_node(c, h, out, mode, coord)
+    if coord == "tf_crop_and_resize":      # an roi: the tables path, no interpolate
+        node.inputs[1].const = torch.tensor([0, 0, 0.1, 0.2, 1, 1, 0.9, 0.8], dtype=torch.float32)
+    kernel = opdef_for(node).build(NodeContext(node, "cpu"))
+    args = (node.inputs[1].const, torch.zeros(0), torch.tensor([1, c, out, out]))
+    want = kernel(x, *args)
+    buffer = torch.full((1, c, out, out), float("nan"))
+    if channels_last:
+        buffer = buffer.contiguous(memory_format=torch.channels_last)
+    got = kernel(x, *args, out=buffer)
+    assert got is buffer and torch.equal(buffer, want)
+    assert used == [coord != "tf_crop_and_resize"]

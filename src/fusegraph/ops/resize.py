@@ -12,6 +12,10 @@ rounding can shift by one at coordinates within 1e-16 of an integer).
 Where torch's ``interpolate`` computes the same thing the kernel calls it instead: linear /
 cubic without antialias in half-pixel or align-corners mode on trailing spatial axes, and
 nearest whenever a probe run at build time shows torch picks exactly the spec's pixels.
+Given ``out=`` (a planned buffer), that path writes into it through ATen's ``out`` form of the
+same upsampling kernel (``interpolate`` has none), so a run allocates nothing there: a fresh
+multi-megabyte result per run is a fresh ``mmap`` whose pages fault in again on every run.
+Other paths compute the result and copy it into ``out``.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 from ._resize_tables import Opts, axis_table, full_roi, output_geometry
 from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, settled_strides, unsigned_safe
 from .common import normalize_axis
-from .registry import NodeContext, register
+from .registry import NodeContext, no_out, register
 from .run_limits import check_tensor
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -122,6 +126,33 @@ def _compute_dtype(dtype):
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
+_ATEN_OUT = {   # interpolate's mode -> ATen's out form, by spatial rank
+    "linear": {1: "upsample_linear1d"}, "bilinear": {2: "upsample_bilinear2d"},
+    "trilinear": {3: "upsample_trilinear3d"}, "bicubic": {2: "upsample_bicubic2d"},
+    "nearest": {1: "upsample_nearest1d", 2: "upsample_nearest2d", 3: "upsample_nearest3d"},
+    "nearest-exact": {1: "_upsample_nearest_exact1d", 2: "_upsample_nearest_exact2d", 3: "_upsample_nearest_exact3d"},
+}
+
+
+def interpolate_into(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> bool:
+    """``F.interpolate(x, **plan.interp)`` written into ``out`` by the ATen kernel it calls, with
+    the arguments it passes (the output size, and the scales when given as factors); False
+    where that form does not apply (another dtype, an ``out`` of another type or shape)."""
+    interp = plan.interp
+    if interp is None or x.dtype not in (torch.float32, torch.float64) or out.dtype != x.dtype \
+            or tuple(out.shape) != tuple(plan.out) or x.device != out.device:
+        return False
+    name = _ATEN_OUT.get(interp["mode"], {}).get(x.dim() - 2)
+    if name is None:
+        return False
+    size = list(plan.out[2:])
+    factors = interp.get("scale_factor")
+    scales = list(factors) if factors is not None else [None] * len(size)
+    args = (size,) + ((bool(interp["align_corners"]),) if "align_corners" in interp else ()) + tuple(scales)
+    getattr(torch.ops.aten, name).out(settled_strides(x), *args, out=settled_strides(out))
+    return True
+
+
 def run_plan(plan: Plan, x: torch.Tensor, extrap_value: float) -> torch.Tensor:
     if plan.empty or x.numel() == 0:
         return torch.empty(plan.out, dtype=x.dtype, device=x.device)
@@ -204,11 +235,17 @@ def _make_kernel(ctx: NodeContext, o: Opts, scales_in: int | None, sizes_in: int
             plan = cache[key] = Plan(o, shape, sc, sz, ro)
         return plan
 
-    def kernel(x, *args):
+    def kernel(x, *args, out=None):
         args = (x,) + args + (None,) * 4
-        return run_plan(plan_for(x.shape, args), x, extrap)
+        plan = plan_for(x.shape, args)
+        if out is None:
+            return run_plan(plan, x, extrap)
+        if not (x.numel() and interpolate_into(plan, x, out)):
+            out.copy_(run_plan(plan, x, extrap))
+        return out
     if o.mode == "nearest":
-        kernel = unsigned_safe(ctx, kernel)
+        safe = unsigned_safe(ctx, kernel)       # wide unsigned data as signed views: no out form there
+        kernel = kernel if safe is kernel else no_out(safe)
     return kernel, (scales if s_known else None), (sizes if z_known else None)
 
 
@@ -277,7 +314,7 @@ def _resize_infer(ctx: NodeContext):
     return _resize_infer_from(ctx, o, scales, sizes)
 
 
-@register("Resize", since=10, infer=_resize_infer, layout_sensitive=True)
+@register("Resize", since=10, infer=_resize_infer, layout_sensitive=True, writes_out=True)
 def _resize(ctx: NodeContext):
     o = _opts(ctx)
     si, zi, ri = _resize_inputs(ctx)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import ConfigError
-from . import algebra, batchnorm, collapse, conv_affine, noop, replace_linear, replace_matmul
+from . import algebra, batchnorm, collapse, conv_affine, conv_before_resize, noop, replace_linear, replace_matmul
 from . import dynamic_quant, qdq_propagate, qlinear_ops, quantize_qdq, replace_reduce, replace_rnn, shape_chain
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
@@ -40,6 +40,7 @@ RULE_FAMILIES = {
     "collapse_chains": collapse.RULES,
     "batchnorm_to_affine": batchnorm.RULES,
     "conv_affine_fold": conv_affine.RULES,
+    "conv_before_resize": conv_before_resize.RULES,
     "replace_linear": replace_linear.RULES,
     "replace_matmul": replace_matmul.RULES,
     "replace_reduce": replace_reduce.RULES,
@@ -50,7 +51,7 @@ RULE_FAMILIES = {
     "qdq_propagate": qdq_propagate.RULES,
     "qdq_affine": qdq_propagate.AFFINE_RULES,
 }
-REPLACEMENT_PASSES = frozenset({"replace_linear", "replace_matmul", "replace_reduce", "replace_rnn", "quantize_qdq",
+REPLACEMENT_PASSES = frozenset({"conv_before_resize", "replace_linear", "replace_matmul", "replace_reduce", "replace_rnn", "quantize_qdq",
                                 "dynamic_quant", "qlinear_ops", "qdq_propagate", "qdq_affine"})
 OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "aggressive_fusion", "layout", "fold_casts")
 # passes that run only when their option is on (``PassOptions`` field of the same name)
@@ -78,6 +79,7 @@ SIMPLIFY = Group("simplify", (
 ))
 
 REPLACE = Group("replace", (
+    "conv_before_resize",   # after simplify folded BatchNorm into the convolutions it splits
     "replace_reduce",       # Expand+Reduce, one-input Sum -> Identity ...
     "replace_linear",       # before replace_matmul: Reshape(Linear(Reshape)) needs the Linear
     "replace_matmul",
