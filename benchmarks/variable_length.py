@@ -26,6 +26,11 @@ on the same inputs: the largest |difference| over the largest |value| per output
 ``numpy.allclose`` at rtol 1e-4, atol 1e-5 x max(1, largest |value|) (tests/oracle.py's
 measure). Any miss makes the script exit 1 after the tables, naming the engine and length.
 
+``--warm-lengths 8,32,128,384``: after that, each engine runs each of these lengths warm (two
+runs, then the median of ``--warm-runs`` more) and a second table gives the warm latency per
+length beside onnxruntime's: where the totals average over lengths, this shows which lengths
+an engine is slow at (a product of few rows is bound by reading its weights).
+
 ``--repeat N`` runs the engines N times, taking turns (forwards, then backwards), and the table
 gives each figure's median over the rounds. 2 threads throughout. Take the shared lock::
 
@@ -208,7 +213,20 @@ def engine_child(spec: dict) -> dict:
         stalls.append({"length": feeds["input_ids"].shape[1], "first_ms": first, "warm_ms": statistics.median(warm)})
     end = memory_status()
 
+    warm_by_length = {}
+    for i, n in enumerate(spec.get("warm_lengths", [])):
+        feeds = request_feeds(seed, 20_000 + i, n, vocab)
+        for _ in range(2):
+            run(feeds)
+        warm = []
+        for _ in range(spec["warm_runs"]):
+            t = time.perf_counter()
+            run(feeds)
+            warm.append((time.perf_counter() - t) * 1e3)
+        warm_by_length[str(n)] = statistics.median(warm)
+
     result = {"engine": engine, "build_s": build_s, "request_ms": times, "stalls": stalls,
+              "warm_by_length_ms": warm_by_length,
               "memory": memory_delta(base, after, max(anon)),
               "rss_anon_after_each_request_mib": [round(a - base["RssAnon"], 1) for a in anon],
               "rss_anon_after_stalls_mib": end["RssAnon"] - base["RssAnon"],
@@ -269,7 +287,8 @@ def measure_model(onnx_path: Path, args, engines: list[str], log) -> dict:
     sample_requests = sorted({0, 1, *range(20, args.requests, 20)} & set(range(args.requests)))
     spec = {"onnx": str(onnx_path), "threads": args.threads, "vocab": args.vocab, "seed": args.seed,
             "lengths": lengths, "stall_lengths": stalls, "warm_runs": args.warm_runs,
-            "sample_requests": sample_requests, "sample_stalls": list(range(0, len(stalls), 6))}
+            "sample_requests": sample_requests, "sample_stalls": list(range(0, len(stalls), 6)),
+            "warm_lengths": args.warm_lengths}
     runs: dict[str, list[dict]] = {e: [] for e in engines}
     with tempfile.TemporaryDirectory(prefix="fg-varlen-") as tmp:
         save_dir = Path(tmp)
@@ -285,8 +304,24 @@ def measure_model(onnx_path: Path, args, engines: list[str], log) -> dict:
                 runs[engine].append(run_child(__file__, child, CHILD_TIMEOUT_S))
             order.reverse()
         checks = check_outputs(str(onnx_path), engines, spec, save_dir)
+    warm = {e: {str(n): statistics.median(r["warm_by_length_ms"][str(n)] for r in runs[e]) for n in args.warm_lengths}
+            for e in engines}
     return {"model": str(onnx_path), "lengths": lengths, "stall_lengths": stalls, "fgm": fgm_info,
-            "summary": {e: summarise(runs[e]) for e in engines}, "runs": runs, "checks": checks}
+            "summary": {e: summarise(runs[e]) for e in engines}, "warm_by_length_ms": warm, "runs": runs,
+            "checks": checks}
+
+
+def warm_table(result: dict, engines: list[str], lengths: list[int]) -> str:
+    """Warm latency per length (ms), each engine beside onnxruntime's."""
+    warm = result["warm_by_length_ms"]
+    ort = warm.get("onnxruntime")
+    head = "| length | " + " | ".join(f"{e} ms" + (" (x ORT)" if ort and e != "onnxruntime" else "") for e in engines) + " |"
+    lines = [head, "|---:|" + "---:|" * len(engines)]
+    for n in lengths:
+        cells = [f"{warm[e][str(n)]:.2f}" + (f" ({warm[e][str(n)] / ort[str(n)]:.2f})" if ort and e != "onnxruntime" else "")
+                 for e in engines]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(result: dict, engines: list[str]) -> str:
@@ -327,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=30522)
     ap.add_argument("--positions", type=int, default=512, help="max_position_embeddings (the longest request)")
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--warm-lengths", default="", help="lengths run warm after the traffic, comma-separated "
+                                                       "(a per-length table)")
     ap.add_argument("--min-len", type=int, default=4)
     ap.add_argument("--max-len", type=int, default=384)
     ap.add_argument("--seed", type=int, default=0)
@@ -347,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests < 1 or args.repeat < 1 or args.warm_runs < 1 or args.stall_lengths < 0:
         ap.error("--requests, --repeat and --warm-runs must be >= 1, --stall-lengths >= 0")
     layers = [int(n) for n in args.layers.split(",") if n]
+    args.warm_lengths = [int(n) for n in args.warm_lengths.split(",") if n]
+    if any(not 1 <= n <= args.positions for n in args.warm_lengths):
+        ap.error(f"--warm-lengths must lie in 1..{args.positions}")
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -372,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; .fgm saved in {result['fgm']['save_s']:.2f} s ({result['fgm']['fgm_mib']:.0f} MiB)"
                  if result["fgm"] else ""))
         print(table(result, engines))
+        if args.warm_lengths:
+            print(f"\nwarm latency per length (2 runs, then the median of {args.warm_runs}; medians over rounds):")
+            print(warm_table(result, engines, args.warm_lengths))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     if failed:

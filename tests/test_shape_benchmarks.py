@@ -57,7 +57,8 @@ def test_variable_length_end_to_end(exports, tmp_path):
     out = tmp_path / "varlen.json"
     got = subprocess.run([sys.executable, str(BENCH / "variable_length.py"), *_flags(TINY_ENCODER), "--requests", "5",
                           "--min-len", "4", "--max-len", "24", "--stall-lengths", "2", "--warm-runs", "1",
-                          "--engines", "fusegraph-fgm,onnxruntime", "--cache", str(folder), "--json", str(out)],
+                          "--warm-lengths", "3,20", "--engines", "fusegraph-fgm,onnxruntime", "--cache", str(folder),
+                          "--json", str(out)],
                          capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stdout + got.stderr
     assert "| fusegraph-fgm |" in got.stdout and "| onnxruntime |" in got.stdout
@@ -71,6 +72,8 @@ def test_variable_length_end_to_end(exports, tmp_path):
         assert result["summary"][engine]["total_s"] > 0
     checked = {(c["engine"], c["case"]) for c in result["checks"] if c["ok"]}
     assert len(checked) == len(result["checks"]) == 2 * 3      # requests 0, 1 and the first stall length
+    assert set(result["warm_by_length_ms"]["fusegraph-fgm"]) == {"3", "20"}
+    assert "warm latency per length" in got.stdout and "| 20 |" in got.stdout
 
 
 def test_variable_length_engines_in_process(exports, tmp_path):
