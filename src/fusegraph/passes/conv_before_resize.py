@@ -14,7 +14,8 @@ product shrinks by the upsampling factor of every part.
 Condition: the convolution pointwise (every kernel dim 1, strides 1, no padding, one group)
 with a constant weight (and bias); its input a ``Concat`` over channels used only by it, of
 parts with static shapes; at least one part a ``Resize`` used only by the concatenation that
-upsamples (more output pixels than input ones), keeps batch and channels, stretches
+upsamples (more output pixels than input ones), keeps batch and channels (a factor of
+exactly 1 there, or sizes that keep them), stretches
 (``keep_aspect_ratio_policy`` stretch), is not ``tf_crop_and_resize`` (whose extrapolation
 value makes it affine, not linear) and whose scales or sizes are constants; and the
 convolution's output channels at most that part's channels (the interpolation then touches no
@@ -61,6 +62,12 @@ def _upsampling(part, out_channels: int):
     scales, sizes = resize.input(2), resize.input(3)
     if (scales is not None and const_of(scales) is None) or (sizes is not None and const_of(sizes) is None):
         return None
+    factors = const_of(scales)
+    if factors is not None and factors.numel():
+        axes = resize.attrs.get("axes") if resize.version >= 18 else None
+        axes = range(len(src)) if axes is None else [int(a) % len(src) for a in axes]
+        if any(a in (0, 1) and float(f) != 1.0 for a, f in zip(axes, factors.reshape(-1).tolist())):
+            return None       # a batch or channel factor other than 1 interpolates across channels
     return resize
 
 

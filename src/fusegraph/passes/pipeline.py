@@ -51,8 +51,9 @@ RULE_FAMILIES = {
     "qdq_propagate": qdq_propagate.RULES,
     "qdq_affine": qdq_propagate.AFFINE_RULES,
 }
-REPLACEMENT_PASSES = frozenset({"conv_before_resize", "replace_linear", "replace_matmul", "replace_reduce", "replace_rnn", "quantize_qdq",
-                                "dynamic_quant", "qlinear_ops", "qdq_propagate", "qdq_affine"})
+REPLACEMENT_PASSES = frozenset({"conv_before_resize", "replace_linear", "replace_matmul", "replace_reduce",
+                                "replace_rnn", "quantize_qdq", "dynamic_quant", "qlinear_ops", "qdq_propagate",
+                                "qdq_affine"})
 OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "aggressive_fusion", "layout", "fold_casts")
 # passes that run only when their option is on (``PassOptions`` field of the same name)
 OPTIONAL_PASSES = frozenset({"aggressive_fusion"})

@@ -144,7 +144,8 @@ def _group(dims, dtype, mask_v, ms) -> int:
 
 def _mask(ctx, mask_dtype, ms, group: int):
     """(memory descriptor for one call, type, elements from one call's mask to the next, the
-    constant expanded over the group or None), or None where the mask cannot take ``group``."""
+    constant expanded over the group or None); ``NoFastForm`` where a mask of batch one that is
+    not a constant would have to broadcast over the group."""
     if ms[0] > 1 or group == 1:
         step = group * ms[1] * ms[2] * ms[3] if ms[0] > 1 else 0
         return MemDesc.of((group if ms[0] > 1 else 1, *ms[1:]), mask_dtype), mask_dtype, step, None
@@ -160,7 +161,7 @@ class HeadsCopy(NamedTuple):
     prim: object            # the reorder primitive
     index: int              # the node input it reads
     offset: int             # bytes into that input (q, k or v of a packed input)
-    src: Memory             # the input's heads, one batch item (pointed per call)
+    src: Memory             # the input's heads, one call's batch items (pointed per call)
     dst: Memory             # the contiguous buffer (pointed per thread)
     first: int              # the first operand it copies: 0 / 1 / 2 (q / k / v)
 
@@ -297,12 +298,12 @@ class DnnlAttention:
                             f"{self.dtype} {self.out_shape}")
         steps_in, step_out, step_mask = self.steps
         dst = out.data_ptr()
-        for item in range(self.calls_per_run):
+        for call in range(self.calls_per_run):
             for r, src in zip(self.reorders, sources):
-                r.src.point(src + item * steps_in[r.first])
+                r.src.point(src + call * steps_in[r.first])
             if self.mask is not None:
-                self.mask.point(mask + item * step_mask)
-            self.out.point(dst + item * step_out)
+                self.mask.point(mask + call * step_mask)
+            self.out.point(dst + call * step_out)
             for prim, args in self._calls:
                 self._execute(prim, args)
             if self.nan_to_zero:
