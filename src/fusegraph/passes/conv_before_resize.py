@@ -64,9 +64,8 @@ def _upsampling(part, out_channels: int):
         return None
     factors = const_of(scales)
     if factors is not None and factors.numel():
-        axes = resize.attrs.get("axes") if resize.version >= 18 else None
-        axes = range(len(src)) if axes is None else [int(a) % len(src) for a in axes]
-        if any(a in (0, 1) and float(f) != 1.0 for a, f in zip(axes, factors.reshape(-1).tolist())):
+        if any(a in (0, 1) and float(f) != 1.0
+               for a, f in zip(_resized_axes(resize, len(src)), factors.reshape(-1).tolist())):
             return None       # a batch or channel factor other than 1 interpolates across channels
     return resize
 
@@ -90,11 +89,16 @@ def _check(conv, ctx):
     return concat, resizes
 
 
+def _resized_axes(resize, rank: int) -> list[int]:
+    """The axes a resize's scales / sizes entries are for (its ``axes``, opset 18+; else all)."""
+    axes = resize.attrs.get("axes") if resize.version >= 18 else None
+    return list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+
+
 def _sizes(resize, channels: int, rank: int) -> torch.Tensor:
     """The resize's constant ``sizes`` with the channel entry set to ``channels``."""
     sizes = const_of(resize.input(3)).clone()
-    axes = resize.attrs.get("axes") if resize.version >= 18 else None
-    axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+    axes = _resized_axes(resize, rank)
     if 1 in axes:
         sizes[axes.index(1)] = channels
     return sizes

@@ -34,8 +34,6 @@ Primitives of few elements are made for one thread (``threading_policy``), per r
 from __future__ import annotations
 
 import math
-from threading import get_ident
-
 import torch
 
 from .....ir.shape import broadcast_shapes
@@ -124,10 +122,7 @@ class RuntimeLayerNorm:
                 attr.handle))
 
     def _for_rows(self, rows: int) -> tuple:
-        calls = self._calls.get(get_ident())
-        if calls is None:                               # this thread's own scratchpad and memories
-            calls = self._calls[get_ident()] = PreparedCalls(self._prepare, ROWS_KEPT)
-        return calls.get(rows)
+        return PreparedCalls.of_thread(self._calls, self._prepare, ROWS_KEPT).get(rows)
 
     def _prepare(self, rows: int) -> tuple:
         """A prepared call for ``rows`` rows: the primitive, its source, destination and

@@ -41,8 +41,6 @@ per M as the static kernels are. Anything else declines with a reason (the stati
 """
 from __future__ import annotations
 
-from threading import get_ident
-
 import torch
 
 from .....ops.fused_transformer import ACTIVATIONS
@@ -183,10 +181,7 @@ class RuntimeLinear:
             self.impl = "sgemm"
 
     def _for_rows(self, m: int) -> tuple:
-        calls = self._calls.get(get_ident())
-        if calls is None:                               # this thread's own scratchpad and memories
-            calls = self._calls[get_ident()] = PreparedCalls(self._prepare, ROWS_KEPT)
-        return calls.get(m)
+        return PreparedCalls.of_thread(self._calls, self._prepare, ROWS_KEPT).get(m)
 
     def _prepare(self, m: int) -> tuple:
         """A prepared call for ``m`` rows: the matmul primitive, whether the activation runs
@@ -251,4 +246,3 @@ class RuntimeLinear:
         if self._act is not None:
             self._act(out)
         return out
-

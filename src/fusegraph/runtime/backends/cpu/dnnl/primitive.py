@@ -198,6 +198,15 @@ class PreparedCalls:
             self.rows.popitem(last=False)
         return got
 
+    @staticmethod
+    def of_thread(table: dict, make: Callable[[int], tuple], kept: int) -> "PreparedCalls":
+        """This thread's prepared calls in a configuration's ``table`` (thread -> calls), made
+        at its first call there: each thread has its own scratchpad and memories."""
+        calls = table.get(threading.get_ident())
+        if calls is None:
+            calls = table[threading.get_ident()] = PreparedCalls(make, kept)
+        return calls
+
 
 def call_arguments(prim: Primitive, pairs, resources: Resources) -> tuple:
     """The execution arguments of ``prim`` prepared once, for a kernel that points some of their
