@@ -203,3 +203,9 @@ def int8_kernels_exact() -> bool:
 
 INT8_KERNELS_WHY = ("oneDNN's int8 kernels are not exact here (no VNNI / AMX) or oneDNN does not load: "
                     "the int8 ops run their reference form")
+
+
+def int8_dot_products(impl: str) -> bool:
+    """Whether a oneDNN implementation name is one of its int8 dot-product kernels (VNNI or
+    AMX), not a reference one."""
+    return bool(impl) and not impl.startswith("ref") and ("vnni" in impl or "amx" in impl)

@@ -13,6 +13,7 @@ import collections
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph as fg
@@ -83,7 +84,7 @@ def int8_calls(cm) -> list:
         k = getattr(k, "fast", k)
         assert c.node.name not in declined, f"{c.node.name} declined: {declined[c.node.name]}"
         assert isinstance(k, DnnlKernel), f"{c.node.name} runs {type(k).__name__}"
-        assert k.impl and "vnni" in k.impl and not k.impl.startswith("ref"), (c.node.name, k.impl)
+        assert M.int8_dot_products(k.impl), (c.node.name, k.impl)
         assert impls.get(k.impl, 0) >= 1, (k.impl, impls)
     return calls
 
@@ -174,7 +175,7 @@ def test_products_of_two_activations_run_on_onednn_int8(attention):
     for c in cm._executor.binding.calls:
         if c.node.op_type == "QMatMul":
             kernel = getattr(c.kernel, "kernel", c.kernel)
-            assert isinstance(kernel, DnnlKernel) and "vnni" in kernel.impl, (c.node.name, type(kernel).__name__)
+            assert isinstance(kernel, DnnlKernel) and M.int8_dot_products(kernel.impl), (c.node.name, kernel.impl)
     compare(cm, q, fp32, max_steps=1, mean_steps=0.05, fp32_limit=0.15)     # 8 steps of a softmax: coarse
 
 
@@ -441,9 +442,79 @@ def test_qmatmul_types_within_one_step_of_the_reference(a_type, b_type, form):
              "b": (rng.standard_normal((1, 2, 24, 7)) * 2).astype(np.float32)}
     cm = fg.compile(model, CFG)
     (call,) = [c for c in cm._executor.binding.calls if c.node.op_type == "QMatMul"]
-    assert "vnni" in getattr(call.kernel, "kernel", call.kernel).impl
+    assert M.int8_dot_products(getattr(call.kernel, "kernel", call.kernel).impl)
     (want,) = ReferenceEvaluator(model).run(None, feeds)
     got = cm.run(feeds)["y"]
     assert got.dtype == want.dtype
     steps = np.abs(got.astype(np.int32) - want.astype(np.int32))
     assert steps.max() <= 1 and steps.mean() < 0.05, (steps.max(), steps.mean())
+
+
+# ---------------------------------------------------------------- a fused Relu's NaN
+
+def test_fused_relu_is_onednn_relu_only_where_nan_cannot_reach_it():
+    """oneDNN's relu maps NaN to 0; ``elu`` with alpha 0 keeps it (and costs an exponential
+    per value). The int8 epilogue's inputs are integers: NaN can come only from a constant
+    (a scale, the bias) or an overflow, which the bind-time bound rules out."""
+    from fusegraph.runtime.backends.cpu.dnnl.int8_support import relu_post_op
+    ws, bias = torch.full((8,), 2e-3), torch.randn(8)
+    assert relu_post_op(576, 0.02, ws, bias)[1] == "relu"
+    assert relu_post_op(576, 0.02, ws, None, z_scale=0.05)[1] == "relu"
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        b = bias.clone()
+        b[3] = bad
+        assert relu_post_op(576, 0.02, ws, b)[1] == "elu", bad
+        w = ws.clone()
+        w[1] = bad
+        assert relu_post_op(576, 0.02, w, bias)[1] == "elu", bad
+        assert relu_post_op(576, bad, ws, bias)[1] == "elu", bad
+        assert relu_post_op(576, 0.02, ws, bias, z_scale=bad)[1] == "elu", bad
+    # finite constants whose sums can reach float32's range: an infinity minus another is NaN
+    assert relu_post_op(576, 1e34, ws, bias)[1] == "elu"
+    assert relu_post_op(576, 0.02, ws, torch.full((8,), 3e38))[1] == "elu"
+
+
+def _conv_relu_model(bias: np.ndarray, y_zero: int) -> onnx.ModelProto:
+    """DQ(x), DQ(w), Conv with a float bias, Relu, Q to uint8 with zero point ``y_zero``: one
+    QConv whose Relu is fused (a non-zero output zero point keeps it from being the clamp)."""
+    rng = np.random.default_rng(0)
+    c = bias.size
+    inits = {"w": rng.integers(-100, 100, size=(c, c, 3, 3), dtype=np.int8), "ws": np.full(c, 2e-3, np.float32),
+             "wz": np.zeros(c, np.int8), "xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "ys": np.array(0.05, np.float32), "yz": np.array(y_zero, np.uint8), "b": bias}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "b"], ["cv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["cv"], ["r"]), helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["y"])]
+    g = helper.make_graph(nodes, "conv_relu", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, c, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, c, 8, 8])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    return m
+
+
+@needs_int8_kernels
+@pytest.mark.parametrize("bad", [None, np.nan])
+def test_fused_relu_of_an_int8_conv(bad, monkeypatch):
+    """A QConv's fused Relu runs oneDNN's relu when its bias is finite and ``elu`` where a NaN
+    bias makes NaN: bit for bit onnxruntime ORT_DISABLE_ALL and the op's own (reference)
+    kernel either way, the NaN channel included (relu would quantise it to the zero point)."""
+    import fusegraph.runtime.backends.cpu.dnnl.conv_int8 as conv_int8
+    chosen = []
+    real = conv_int8.relu_post_op
+    monkeypatch.setattr(conv_int8, "relu_post_op", lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
+    bias = (np.random.default_rng(1).standard_normal(16) * 0.1).astype(np.float32)
+    if bad is not None:
+        bias[3], bias[5], bias[7] = bad, np.inf, -np.inf
+    m = _conv_relu_model(bias, y_zero=3)
+    feeds = {"x": np.random.default_rng(2).integers(0, 256, (1, 16, 8, 8), dtype=np.uint8)}
+    cm = fg.compile(m, CFG)
+    onednn_call(cm, "QConv")
+    assert [op[1] for op in chosen] == ["elu" if bad is not None else "relu"]
+    got = cm.run(feeds)["y"]
+    (ref,) = M.ort_run(m, feeds)
+    own = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable")).run(feeds)["y"]
+    assert np.array_equal(got, ref) and np.array_equal(got, own)
+    if bad is not None:
+        assert (got[0, 3] == 0).all() and (got[0, 5] == 255).all() and (got[0, 7] == 3).all()

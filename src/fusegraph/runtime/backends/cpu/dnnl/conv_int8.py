@@ -11,7 +11,8 @@ the source scale and the per-channel weight scales (``Attr(scales=...)``: a mask
 output channels), the float32 bias added, then the post-ops: the residual as a ``sum``
 post-op reading the destination's bytes as quantised values (``z_scale * (dst - z_zp)``,
 the planner puts the output in place over ``z``, else it is copied there first), the Relu
-(as ``elu`` with alpha 0: a NaN bias stays NaN), and the output scale and zero point, rounded
+(``int8_support.relu_post_op``: oneDNN's relu where the constants rule NaN out, else ``elu``
+with alpha 0, which keeps a NaN bias's NaN), and the output scale and zero point, rounded
 half to even and saturated to uint8 / int8 (or a float32 result; or, ConvInteger's form, the
 exact int32 sum). Input and output in the layouts the layout pass chose (channels-last in
 conv nets: the brgemm VNNI kernels; an NCHW graph input is staged). Small convolutions are
@@ -29,7 +30,7 @@ from ..threading_policy import PARALLEL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .capi import Dims
-from .int8_support import NOT_EXACT, QuantArgs, int8_exact
+from .int8_support import NOT_EXACT, QuantArgs, int8_exact, relu_post_op
 from .layouts import channels_last, contiguous, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create
@@ -123,7 +124,8 @@ def conv_int8_kernel(ctx, store, resources):
     if z_v is not None:
         post.append(("sum", float(ctx.attr("z_scale")), int(ctx.attr("z_zero_point", 0)), DTYPES[out]))
     if activation == "relu":
-        post.append(("eltwise", "elu", 0.0, 0.0))
+        post.append(relu_post_op(cig * kh * kw, float(ctx.attr("x_scale", 1.0)), ctx.const(2), bias,
+                                 float(ctx.attr("z_scale")) if z_v is not None else 0.0))
     w_mask = 0 if ctx.const(2).numel() == 1 else (1 if g == 1 else 3)
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     lib = capi.load()

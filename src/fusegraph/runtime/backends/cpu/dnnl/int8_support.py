@@ -14,10 +14,18 @@ reference form runs (float32 arithmetic on the dequantised values: ``ops/quantiz
 ``QuantArgs``: the execution arguments of a primitive made with ``Attr(scales=...,
 zero_points=...)``: float32 scales and int32 zero points, each a memory over a tensor it
 keeps alive.
+
+``relu_post_op``: a fused Relu as oneDNN's ``relu`` (one max per value) where the kernel's
+float epilogue cannot hold NaN, else as ``elu`` with alpha 0, which keeps NaN (oneDNN's relu
+maps it to 0) at the price of an exponential per value. The epilogue's inputs are integers,
+so it can hold NaN only through its constants (a NaN scale or bias) or an overflow; both are
+ruled out at bind time from the constants themselves. Where it cannot, the two agree on every
+value but a negative one, where ``relu`` gives ONNX's +0 and ``elu`` gives -0.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -114,3 +122,24 @@ class QuantArgs:
         self.args.append((arg, Memory(md, t.data_ptr())))
         self.keep.extend([t, md])
 
+
+
+EPILOGUE_LIMIT = 1e37       # a float32 magnitude the epilogue's sums stay under, with room to round
+
+
+def relu_post_op(terms: int, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 z_scale: float = 0.0) -> tuple:
+    """The eltwise post-op of a Relu fused into an int8 convolution or product over ``terms``
+    products a sum (input channels x kernel taps, or K): ``relu`` where
+    ``x_scale * w_scale * sum + bias + z_scale * (z - z_zp)`` is finite for every integer
+    input (the constants finite, the largest reachable magnitude under ``EPILOGUE_LIMIT``),
+    ``elu`` with alpha 0 otherwise (NaN stays NaN)."""
+    ws = w_scales.detach().to(torch.float64).abs()
+    b = bias.detach().to(torch.float64).abs() if bias is not None and bias.numel() else torch.zeros(1, dtype=torch.float64)
+    constants = (x_scale, z_scale, float(ws.max()) if ws.numel() else 0.0, float(b.max()))
+    if all(math.isfinite(c) for c in constants):
+        # |x - x_zp| <= 255 and |w| <= 128: the int32 sum's bound; |z - z_zp| <= 255
+        bound = abs(x_scale) * constants[2] * terms * 255 * 128 + constants[3] + abs(z_scale) * 255
+        if bound < EPILOGUE_LIMIT:
+            return ("eltwise", "relu", 0.0, 0.0)
+    return ("eltwise", "elu", 0.0, 0.0)

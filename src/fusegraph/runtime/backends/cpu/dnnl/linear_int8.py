@@ -5,8 +5,8 @@
 or ``[N, K]`` with ``trans_b``; zero point 0) is reordered once into the blocked layout the
 primitive picks and not read from the graph at run time. The integer products are summed
 exactly in int32, scaled by the source scale and the per-column weight scales (a mask over
-N), the float32 bias added (a row broadcast over M), the Relu applied (``elu`` with alpha 0),
-and the result quantised with the output scale and zero point (rounded half to even,
+N), the float32 bias added (a row broadcast over M), the Relu applied
+(``int8_support.relu_post_op``), and the result quantised with the output scale and zero point (rounded half to even,
 saturated), or written as float32, or (MatMulInteger's form) as the exact int32 sum. Only on
 a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``); elsewhere the node
 declines and its reference form runs. Products under ``SERIAL_MACS`` multiply-adds with
@@ -23,6 +23,7 @@ from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .conv_int8 import INPUTS, int8_attr, int8_node, weight_scales_ok
+from .int8_support import relu_post_op
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import create
@@ -59,12 +60,12 @@ def linear_int8_kernel(ctx, store, resources):
     why = weight_scales_ok(ctx, n)
     if why is not None:
         return why
-    post = [("eltwise", "elu", 0.0, 0.0)] if activation == "relu" else []
+    bias = None if b is None else b.to(torch.float32).contiguous()
+    post = [relu_post_op(k, float(ctx.attr("x_scale", 1.0)), ctx.const(2), bias)] if activation == "relu" else []
     w_mask = 0 if ctx.const(2).numel() == 1 else 2          # per column N of the [K, N] operand
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     x_md, y_md = MemDesc.of((m, k), x_dtype), MemDesc.of((m, n), out)
     w_any = MemDesc.tagged([k, n], capi.S8, capi.TAG_ANY)
-    bias = None if b is None else b.to(torch.float32).contiguous()
     b_md = MemDesc.of((1, n), torch.float32) if bias is not None else None
     lib = capi.load()
     try:
