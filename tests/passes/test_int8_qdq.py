@@ -518,3 +518,73 @@ def test_fused_relu_of_an_int8_conv(bad, monkeypatch):
     assert np.array_equal(got, ref) and np.array_equal(got, own)
     if bad is not None:
         assert (got[0, 3] == 0).all() and (got[0, 5] == 255).all() and (got[0, 7] == 3).all()
+
+
+# ---------------------------------------------------------------- a product read through a DQ
+
+def _gemm_dq_model(view: bool, bias: np.ndarray | None = None, y_type=TensorProto.UINT8, y_zero=120) -> onnx.ModelProto:
+    """DQ(x) -> Gemm(DQ(w), b) -> Q [-> Reshape] -> DQ -> y: a product whose quantised output
+    a float consumer (here the graph output) reads through its DequantizeLinear."""
+    rng = np.random.default_rng(4)
+    zero = np.array(y_zero, np.uint8 if y_type == TensorProto.UINT8 else np.int8)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "w": rng.integers(-127, 128, (16, 8), dtype=np.int8), "ws": (rng.uniform(0.5, 1.5, 8) * 0.01).astype(np.float32),
+             "wz": np.zeros(8, np.int8), "b": bias if bias is not None else rng.standard_normal(8).astype(np.float32),
+             "ys": np.array(0.05, np.float32), "yz": zero, "shape": np.array([2, 16], np.int64)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("Gemm", ["xd", "wd", "b"], ["g"]),
+             helper.make_node("QuantizeLinear", ["g", "ys", "yz"], ["q"])]
+    if view:
+        nodes.append(helper.make_node("Reshape", ["q", "shape"], ["qv"]))
+    nodes.append(helper.make_node("DequantizeLinear", ["qv" if view else "q", "ys", "yz"], ["y"]))
+    g = helper.make_graph(nodes, "gemm_dq", [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16] if view else [4, 8])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("view", [False, True])
+@pytest.mark.parametrize("y_type,y_zero", [(TensorProto.UINT8, 120), (TensorProto.INT8, -3)])
+def test_product_read_through_a_dequantize_writes_float_on_its_grid(view, y_type, y_zero):
+    """``qdq_grid_output``: the QLinear writes float32 on its output's quantisation grid (the
+    DequantizeLinear, and the Reshape's uint8 copy, are gone): every value is ``(q - zp) *
+    scale`` for a q of the grid's type, within one step of onnxruntime ORT_DISABLE_ALL on the
+    same file, on oneDNN's int8 kernel where this CPU has one."""
+    m = _gemm_dq_model(view, y_type=y_type, y_zero=y_zero)
+    cm = fg.compile(m, CFG)
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert ops["QLinear"] == 1 and not ops["DequantizeLinear"] and not ops["QuantizeLinear"], ops
+    (p,) = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
+    assert int(p.attrs["y_grid"]) == int(fg.ir.DType.UINT8 if y_type == TensorProto.UINT8 else fg.ir.DType.INT8)
+    if M.int8_kernels_exact():
+        onednn_call(cm, "QLinear")
+    lo, hi = (0, 255) if y_type == TensorProto.UINT8 else (-128, 127)
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
+        y = cm.run(feeds)["y"]
+        (ref,) = M.ort_run(m, feeds)
+        k = np.round(y.astype(np.float64) / np.float32(0.05))         # q - zp
+        assert np.array_equal(y, k.astype(np.float32) * np.float32(0.05))
+        assert (k + y_zero).min() >= lo and (k + y_zero).max() <= hi
+        assert y.shape == ref.shape and np.abs(y.astype(np.float64) - ref).max() <= 0.05 * 1.001
+
+
+def test_product_grid_declines_where_its_epilogue_could_hold_nan():
+    """A NaN bias: the grid's post-ops would carry NaN where the reference quantises it; the
+    int8 kernel declines and the reference form runs, as onnxruntime computes it."""
+    bias = np.random.default_rng(5).standard_normal(8).astype(np.float32)
+    bias[2] = np.nan
+    m = _gemm_dq_model(False, bias)
+    cm = fg.compile(m, CFG)
+    assert any(n.op_type == "QLinear" and int(n.attrs.get("y_grid", 0)) for n in cm.graph.nodes)
+    if M.int8_kernels_exact():
+        declined = {d["node"]: d["reason"] for d in cm.report.kernels["declined"]}
+        assert any("grid" in r and "NaN" in r for r in declined.values()), declined
+    feeds = {"x": np.random.default_rng(0).integers(0, 256, (4, 16), dtype=np.uint8)}
+    y = cm.run(feeds)["y"]
+    (ref,) = M.ort_run(m, feeds)
+    finite = np.isfinite(ref)
+    assert np.abs(y[finite].astype(np.float64) - ref[finite]).max() <= 0.05 * 1.001

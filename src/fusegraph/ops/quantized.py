@@ -9,7 +9,10 @@
   "relu"). The ONNX Conv attributes. The output type ``y_type`` (a ``DType`` code): uint8 /
   int8 quantised with ``y_scale`` / ``y_zero_point``; float32 (the dequantised result, for a
   float consumer); int32 (ConvInteger: the exact accumulator ``(x - x_zero_point) * w``, no
-  scale, no bias, no residual).
+  scale, no bias, no residual). With ``y_grid`` (the DType code of uint8 / int8; 0 or absent:
+  none) a float32 output is the result snapped to that type's quantisation grid,
+  ``DQ(Q(y))`` with ``y_scale`` / ``y_zero_point``: what a product quantised for a float
+  consumer's ``DequantizeLinear`` gives that consumer, in one node.
 - ``QLinear(x, w, w_scale, b?)``: the same over a product ``x @ w`` (``w`` [K, N], or [N, K]
   with ``trans_b``; ``w_scale`` one per column N or one), ``x`` of any rank >= 1.
 - ``Requantize(x, c1?, c2? ...)``: ``Q(DQ(x))`` from (``x_scale``, ``x_zero_point``) to
@@ -81,6 +84,14 @@ def quantize(y: torch.Tensor, scale: float, zero_point: int, dt: DType) -> torch
     return q.clamp_(lo, hi).to(dt.to_torch())
 
 
+def _output(y: torch.Tensor, yt: DType, grid: DType | None, scale: float, zero_point: int) -> torch.Tensor:
+    """A product's float32 result ``y`` as the node's output: quantised to ``yt``, snapped to
+    ``grid``'s quantisation grid (``DQ(Q(y))``), or as it is."""
+    if grid is not None:
+        return dequantize(quantize(y, scale, zero_point, grid), scale, zero_point)
+    return y if yt == DType.FLOAT else quantize(y, scale, zero_point, yt)
+
+
 def _write(result: torch.Tensor, out):
     if out is None:
         return result
@@ -95,22 +106,34 @@ def _qparams(ctx: NodeContext, name: str, default_scale: float | None = None) ->
     return float(scale), int(ctx.attr(f"{name}_zero_point", 0))
 
 
-def _check_common(ctx: NodeContext, inputs=("x",)) -> DType:
-    """The output type, after checking the attributes every quantised op reads."""
+def y_grid(ctx_or_attrs) -> DType | None:
+    """The integer type whose quantisation grid a float32 output is snapped to, or None."""
+    attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
+    code = int(attrs.get("y_grid", 0))
+    return DType(code) if code in [int(t) for t in QUANTISED] else None
+
+
+def _check_common(ctx: NodeContext, inputs=("x",), grid_ok: bool = False) -> DType:
+    """The output type, after checking the attributes every quantised op reads (``y_grid``
+    only where ``grid_ok``: the products)."""
     yt = y_type(ctx)
     if yt not in OUT_TYPES:
         raise ctx.unsupported(f"y_type {yt.name} (uint8, int8, float32 or int32)")
+    grid = int(ctx.attr("y_grid", 0))
+    if grid and (not grid_ok or yt != DType.FLOAT or y_grid(ctx) is None):
+        raise ctx.unsupported(f"y_grid {grid} (the code of uint8 or int8, on a product's float32 output)")
     for name in inputs:
         s = float(ctx.attr(f"{name}_scale"))
         if not (math.isfinite(s) and s > 0):
             raise ctx.unsupported(f"{name}_scale {s} is not a positive finite number")
-    if yt in QUANTISED:
+    qt = y_grid(ctx) or yt
+    if qt in QUANTISED:
         s = float(ctx.attr("y_scale"))
         if not (math.isfinite(s) and s > 0):
             raise ctx.unsupported(f"y_scale {s} is not a positive finite number")
-        lo, hi = RANGE[yt]
+        lo, hi = RANGE[qt]
         if not lo <= int(ctx.attr("y_zero_point", 0)) <= hi:
-            raise ctx.unsupported(f"y_zero_point outside {yt.name}")
+            raise ctx.unsupported(f"y_zero_point outside {qt.name}")
     if str(ctx.attr("activation", "")) not in ACTIVATIONS:
         raise ctx.unsupported(f"activation {ctx.attr('activation')!r} (known: {ACTIVATIONS})")
     return yt
@@ -132,7 +155,11 @@ class QuantisedRange:
         self.terms, self.inputs = terms, inputs
 
     def __call__(self, node, ins):
-        yt = y_type(node.attrs)
+        yt, grid = y_type(node.attrs), y_grid(node.attrs)
+        if grid in RANGE:        # a float32 output on the grid: the grid's extreme points
+            lo, hi = RANGE[grid]
+            zp = int(node.attrs.get("y_zero_point", 0))
+            return [Fact(float(max(abs(lo - zp), abs(hi - zp))) * float(node.attrs.get("y_scale", math.inf)))]
         if yt in RANGE:
             lo, hi = RANGE[yt]
             return [Fact(float(max(abs(lo), abs(hi))))]
@@ -173,10 +200,11 @@ def _qconv_infer(ctx: NodeContext):
           writes_out=True, inplace=((4, 0),), value_range=QuantisedRange(conv_terms))
 def _qconv(ctx: NodeContext):
     check_rank(ctx)
-    yt = _check_common(ctx)
+    yt = _check_common(ctx, grid_ok=True)
     geo = ConvGeometry(ctx)
     (xs, xzp), (ys, yzp), (zs, zzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0), _qparams(ctx, "z", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
+    grid = y_grid(ctx)
     weight = _weight_cache()
 
     def qconv(x, w, w_scale, b=None, z=None, out=None):
@@ -192,7 +220,7 @@ def _qconv(ctx: NodeContext):
             y = y + dequantize(z, zs, zzp)
         if relu:
             y = y.relu_()
-        return _write(y if yt == DType.FLOAT else quantize(y, ys, yzp, yt), out)
+        return _write(_output(y, yt, grid, ys, yzp), out)
     return qconv
 
 
@@ -210,10 +238,11 @@ def _qlinear_shape(ctx: NodeContext):
 @register("QLinear", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_infer_as(_qlinear_shape),
           writes_out=True, value_range=QuantisedRange(linear_terms))
 def _qlinear(ctx: NodeContext):
-    yt = _check_common(ctx)
+    yt = _check_common(ctx, grid_ok=True)
     trans_b = bool(ctx.attr("trans_b", 0))
     (xs, xzp), (ys, yzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
+    grid = y_grid(ctx)
     weight = _weight_cache()
 
     def qlinear(x, w, w_scale, b=None, out=None):
@@ -227,7 +256,7 @@ def _qlinear(ctx: NodeContext):
             y = y + b.to(torch.float32)
         if relu:
             y = y.relu_()
-        return _write(y if yt == DType.FLOAT else quantize(y, ys, yzp, yt), out)
+        return _write(_output(y, yt, grid, ys, yzp), out)
     return qlinear
 
 

@@ -50,10 +50,11 @@ RULE_FAMILIES = {
     "qlinear_ops": qlinear_ops.RULES,
     "qdq_propagate": qdq_propagate.RULES,
     "qdq_affine": qdq_propagate.AFFINE_RULES,
+    "qdq_grid_output": qdq_propagate.GRID_RULES,
 }
 REPLACEMENT_PASSES = frozenset({"conv_before_resize", "replace_linear", "replace_matmul", "replace_reduce",
                                 "replace_rnn", "quantize_qdq", "dynamic_quant", "qlinear_ops", "qdq_propagate",
-                                "qdq_affine"})
+                                "qdq_affine", "qdq_grid_output"})
 OTHER_PASSES = ("constant_fold", "shape_refine", "dce", "cse", "fusion", "aggressive_fusion", "layout", "fold_casts")
 # passes that run only when their option is on (``PassOptions`` field of the same name)
 OPTIONAL_PASSES = frozenset({"aggressive_fusion"})
@@ -95,6 +96,7 @@ FUSE = Group("fuse", (
     "aggressive_fusion",    # Config.aggressive_fusion only: after the default rules, whose fused
                             # forms it packs and recomputes (the group repeats: they see its result)
     "qdq_affine",           # Q(DQ(x) op c ...) -> Requantize with steps: after BatchNorm became a chain
+    "qdq_grid_output",      # DQ(QConv / QLinear) -> the product writing float32 on its grid: after qdq_affine
     "dce",                  # drops what fused patterns left dead
 ))
 

@@ -26,6 +26,12 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   float32 constants that broadcast over ``x`` (a pre-activation BatchNorm) ->
   ``Requantize(x, c1, c2 ...)`` with those ``steps``. Exact: the same float32 steps in the
   same order, in one node.
+- ``qdq_grid_output`` (root DequantizeLinear, its own pass after ``qdq_affine``: the
+  quantised-to-quantised rules have had their turn): ``DQ(P(...))`` for a ``QConv`` /
+  ``QLinear`` ``P`` whose quantised output only this DQ reads (through views: reshapes that
+  move no value), with its parameters -> ``P`` writing float32 on that grid (``y_grid``),
+  then the views: the product's epilogue quantises and dequantises in place of a pass over
+  the tensor. Exact: the same two roundings.
 
 ``qdq_bias``, ``qdq_residual`` and ``requantize_product`` round once where the model
 rounds twice: the product's result ``v`` was quantised to ``q1 = round(v / s1)`` (its own
@@ -340,6 +346,47 @@ def _rewrite_affine(q: Node, found, ctx):
                      "y_zero_point": dst.zero_point, "y_type": int(dst.dtype),
                      "steps": [f"{op} {k}" for k, op in enumerate(ops, start=1)]}, domain=FUSEGRAPH_DOMAIN)
 
+
+# ------------------------------------------------------------------------ DQ(product)
+
+GRID_VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")     # move no value: any type passes through
+
+
+def _check_grid(dq: Node, ctx):
+    views, v = [], dq.inputs[0]
+    while v.producer is not None and v.producer.domain == "" and v.producer.op_type in GRID_VIEWS and only_use(v):
+        views.append(v.producer)
+        v = v.producer.inputs[0]
+    p = v.producer
+    if not _fg(p, "QConv", "QLinear"):
+        return None
+    yt = DType(int(p.attrs.get("y_type", int(DType.UINT8))))
+    if yt not in (DType.UINT8, DType.INT8) or int(p.attrs.get("y_grid", 0)):
+        return None
+    if not only_use(v):
+        return Decline(f"{p.name}: its quantised output has other readers")
+    params = activation_params(dq)
+    if isinstance(params, Decline):
+        return params
+    if params.dtype != yt or params.scale != float(p.attrs["y_scale"]) or \
+            params.zero_point != int(p.attrs.get("y_zero_point", 0)):
+        return Decline(f"{dq.name}: dequantises with other parameters than {p.name} quantised with")
+    return p, yt, views[::-1]
+
+
+def _rewrite_grid(dq: Node, found, ctx):
+    p, yt, views = found
+    attrs = dict(p.attrs, y_type=int(DType.FLOAT), y_grid=int(yt))
+    out = ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
+    for view in views:          # the same views, now over the float32 values
+        out = ctx.emit(view.op_type, [out, *view.inputs[1:]], dict(view.attrs))
+    return out
+
+
+GRID_RULES = [
+    Rule("qdq_grid_output", _check_grid, _rewrite_grid, ops=("DequantizeLinear",), priority=10,
+         doc="DQ(QConv / QLinear) -> the product writing float32 on its quantisation grid: exact"),
+]
 
 AFFINE_RULES = [
     Rule("qdq_affine", _check_affine, _rewrite_affine, ops=("QuantizeLinear",), priority=10,

@@ -13,8 +13,9 @@ post-op reading the destination's bytes as quantised values (``z_scale * (dst - 
 the planner puts the output in place over ``z``, else it is copied there first), the Relu
 (``int8_support.relu_post_op``: oneDNN's relu where the constants rule NaN out, else ``elu``
 with alpha 0, which keeps a NaN bias's NaN), and the output scale and zero point, rounded
-half to even and saturated to uint8 / int8 (or a float32 result; or, ConvInteger's form, the
-exact int32 sum). Input and output in the layouts the layout pass chose (channels-last in
+half to even and saturated to uint8 / int8 (or a float32 result, on the quantisation grid
+with ``y_grid``: ``int8_support.grid_post_ops``; or, ConvInteger's form, the exact int32
+sum). Input and output in the layouts the layout pass chose (channels-last in
 conv nets: the brgemm VNNI kernels; an NCHW graph input is staged). Small convolutions are
 made for one thread (``threading_policy.py``). Anything else declines with the reason.
 """
@@ -30,7 +31,7 @@ from ..threading_policy import PARALLEL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .capi import Dims
-from .int8_support import NOT_EXACT, QuantArgs, int8_exact, relu_post_op
+from .int8_support import EPILOGUE_LIMIT, NOT_EXACT, QuantArgs, epilogue_bound, grid_post_ops, int8_exact, relu_post_op
 from .layouts import channels_last, contiguous, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create
@@ -123,9 +124,13 @@ def conv_int8_kernel(ctx, store, resources):
     post = []
     if z_v is not None:
         post.append(("sum", float(ctx.attr("z_scale")), int(ctx.attr("z_zero_point", 0)), DTYPES[out]))
+    terms, z_scale = cig * kh * kw, float(ctx.attr("z_scale")) if z_v is not None else 0.0
     if activation == "relu":
-        post.append(relu_post_op(cig * kh * kw, float(ctx.attr("x_scale", 1.0)), ctx.const(2), bias,
-                                 float(ctx.attr("z_scale")) if z_v is not None else 0.0))
+        post.append(relu_post_op(terms, float(ctx.attr("x_scale", 1.0)), ctx.const(2), bias, z_scale))
+    grid, grid_args, grid_keep = grid_post_ops(ctx, 4, len(post))
+    if grid and epilogue_bound(terms, float(ctx.attr("x_scale")), ctx.const(2), bias, z_scale) >= EPILOGUE_LIMIT:
+        return Decline("a result on a quantisation grid whose epilogue could hold NaN", "dnnl")
+    post += grid
     w_mask = 0 if ctx.const(2).numel() == 1 else (1 if g == 1 else 3)
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     lib = capi.load()
@@ -144,8 +149,8 @@ def conv_int8_kernel(ctx, store, resources):
     plain_md = MemDesc.tagged(wdims, capi.S8, capi.TAG_ABCD if g == 1 else capi.TAG_ABCDE)
     packed = store.form(node.inputs[1].name, w if w.device.type == "meta" else w.contiguous(), range(4),
                         plain_md, w_md)
-    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args
-    keep = [packed, w_md, attr, *qargs.keep]
+    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args + grid_args
+    keep = [packed, w_md, attr, *qargs.keep, *grid_keep]
     if bias is not None:
         consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
         keep.append(bias)

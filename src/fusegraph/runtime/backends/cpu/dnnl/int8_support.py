@@ -15,6 +15,9 @@ reference form runs (float32 arithmetic on the dequantised values: ``ops/quantiz
 zero_points=...)``: float32 scales and int32 zero points, each a memory over a tensor it
 keeps alive.
 
+``grid_post_ops``: the steps that put a product's float32 result on its quantisation grid
+(``DQ(Q(y))`` in the epilogue: ``y_grid``), taken only where the epilogue cannot hold NaN.
+
 ``relu_post_op``: a fused Relu as oneDNN's ``relu`` (one max per value) where the kernel's
 float epilogue cannot hold NaN, else as ``elu`` with alpha 0, which keeps NaN (oneDNN's relu
 maps it to 0) at the price of an exponential per value. The epilogue's inputs are integers,
@@ -29,6 +32,8 @@ import math
 
 import torch
 
+from .....ir import DType
+from .....ops.quantized import y_grid
 from . import capi
 from .capi import Dims
 from .memory import MemDesc, Memory
@@ -127,19 +132,47 @@ class QuantArgs:
 EPILOGUE_LIMIT = 1e37       # a float32 magnitude the epilogue's sums stay under, with room to round
 
 
-def relu_post_op(terms: int, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
-                 z_scale: float = 0.0) -> tuple:
-    """The eltwise post-op of a Relu fused into an int8 convolution or product over ``terms``
-    products a sum (input channels x kernel taps, or K): ``relu`` where
-    ``x_scale * w_scale * sum + bias + z_scale * (z - z_zp)`` is finite for every integer
-    input (the constants finite, the largest reachable magnitude under ``EPILOGUE_LIMIT``),
-    ``elu`` with alpha 0 otherwise (NaN stays NaN)."""
+def epilogue_bound(terms: int, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
+                   z_scale: float = 0.0) -> float:
+    """The largest magnitude ``x_scale * w_scale * sum + bias + z_scale * (z - z_zp)`` of an
+    int8 convolution or product over ``terms`` products a sum (input channels x kernel taps,
+    or K) can reach for any integer inputs; inf where a constant is not finite."""
     ws = w_scales.detach().to(torch.float64).abs()
     b = bias.detach().to(torch.float64).abs() if bias is not None and bias.numel() else torch.zeros(1, dtype=torch.float64)
     constants = (x_scale, z_scale, float(ws.max()) if ws.numel() else 0.0, float(b.max()))
-    if all(math.isfinite(c) for c in constants):
-        # |x - x_zp| <= 255 and |w| <= 128: the int32 sum's bound; |z - z_zp| <= 255
-        bound = abs(x_scale) * constants[2] * terms * 255 * 128 + constants[3] + abs(z_scale) * 255
-        if bound < EPILOGUE_LIMIT:
-            return ("eltwise", "relu", 0.0, 0.0)
+    if not all(math.isfinite(c) for c in constants):
+        return math.inf
+    # |x - x_zp| <= 255 and |w| <= 128: the int32 sum's bound; |z - z_zp| <= 255
+    return abs(x_scale) * constants[2] * terms * 255 * 128 + constants[3] + abs(z_scale) * 255
+
+
+def relu_post_op(terms: int, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 z_scale: float = 0.0) -> tuple:
+    """The eltwise post-op of a Relu fused into an int8 convolution or product: ``relu`` where
+    its epilogue is finite for every integer input (``epilogue_bound`` under
+    ``EPILOGUE_LIMIT``), ``elu`` with alpha 0 otherwise (NaN stays NaN)."""
+    if epilogue_bound(terms, x_scale, w_scales, bias, z_scale) < EPILOGUE_LIMIT:
+        return ("eltwise", "relu", 0.0, 0.0)
     return ("eltwise", "elu", 0.0, 0.0)
+
+
+GRID_RANGE = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
+
+
+def grid_post_ops(ctx, rank: int, first: int) -> tuple[list, list, list]:
+    """The post-ops that snap an int8 kernel's float32 result to its node's quantisation grid
+    (``y_grid``: ``DQ(Q(y))`` with ``y_scale`` / ``y_zero_point``), starting at post-op index
+    ``first``: a binary ``div`` by the scale (a true division, as QuantizeLinear's), rounded
+    half to even, clipped to the grid type's range less the zero point (saturation), times the
+    scale (DequantizeLinear's product of the exact integer ``q - zp``). Returns (post-ops,
+    constant execution arguments, what they point at); ([], [], []) without a grid."""
+    grid = y_grid(ctx)
+    if grid is None:
+        return [], [], []
+    scale, zero = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+    lo, hi = GRID_RANGE[grid]
+    scalar_md = MemDesc.of((1,) * rank, torch.float32)
+    divisor = torch.tensor([scale], dtype=torch.float32).reshape((1,) * rank)
+    post = [("binary", "div", scalar_md), ("eltwise", "round", 0.0, 0.0),
+            ("eltwise", "clip", float(lo - zero), float(hi - zero)), ("eltwise", "linear", scale, 0.0)]
+    return post, [(capi.arg_post_op_src1(first), Memory(scalar_md, divisor.data_ptr()))], [divisor, scalar_md]

@@ -6,10 +6,11 @@ or ``[N, K]`` with ``trans_b``; zero point 0) is reordered once into the blocked
 primitive picks and not read from the graph at run time. The integer products are summed
 exactly in int32, scaled by the source scale and the per-column weight scales (a mask over
 N), the float32 bias added (a row broadcast over M), the Relu applied
-(``int8_support.relu_post_op``), and the result quantised with the output scale and zero point (rounded half to even,
-saturated), or written as float32, or (MatMulInteger's form) as the exact int32 sum. Only on
-a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``); elsewhere the node
-declines and its reference form runs. Products under ``SERIAL_MACS`` multiply-adds with
+(``int8_support.relu_post_op``), and the result quantised with the output scale and zero
+point (rounded half to even, saturated), or written as float32 (on the quantisation grid
+with ``y_grid``: ``int8_support.grid_post_ops``), or (MatMulInteger's form) as the exact
+int32 sum. Only on a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``);
+elsewhere the node declines and its reference form runs. Products under ``SERIAL_MACS`` multiply-adds with
 weights under ``PARALLEL_WEIGHTS`` elements are made for one thread.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .conv_int8 import INPUTS, int8_attr, int8_node, weight_scales_ok
-from .int8_support import relu_post_op
+from .int8_support import EPILOGUE_LIMIT, epilogue_bound, grid_post_ops, relu_post_op
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import create
@@ -62,6 +63,10 @@ def linear_int8_kernel(ctx, store, resources):
         return why
     bias = None if b is None else b.to(torch.float32).contiguous()
     post = [relu_post_op(k, float(ctx.attr("x_scale", 1.0)), ctx.const(2), bias)] if activation == "relu" else []
+    grid, grid_args, grid_keep = grid_post_ops(ctx, 2, len(post))
+    if grid and epilogue_bound(k, float(ctx.attr("x_scale")), ctx.const(2), bias) >= EPILOGUE_LIMIT:
+        return Decline("a result on a quantisation grid whose epilogue could hold NaN", "dnnl")
+    post += grid
     w_mask = 0 if ctx.const(2).numel() == 1 else 2          # per column N of the [K, N] operand
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     x_md, y_md = MemDesc.of((m, k), x_dtype), MemDesc.of((m, n), out)
@@ -81,8 +86,8 @@ def linear_int8_kernel(ctx, store, resources):
     plain = w if w.device.type == "meta" else w.contiguous()
     plain_md = MemDesc.of((k, n), torch.int8, (1, k) if trans_b else (n, 1))   # the operand is W^T under trans_b
     packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
-    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args
-    keep = [packed, w_md, attr, *qargs.keep]
+    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args + grid_args
+    keep = [packed, w_md, attr, *qargs.keep, *grid_keep]
     if bias is not None:
         consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
         keep.append(bias)
