@@ -1,6 +1,7 @@
 """Which kernels may run their fast form: the largest input magnitude under which a kernel whose
-only difference from ONNX is NaN / Inf (a fused relu, clip, GELU or hard sigmoid, a chain's
-final Relu, a max pool without its finiteness check, a layer norm without its overflow check)
+only difference from ONNX is NaN / Inf (a fused relu, clip, GELU or hard sigmoid, a standalone
+GELU, a chain's final Relu, a max pool without its finiteness check, a layer norm without its
+overflow check)
 computes exactly what the exact kernel does, from the bounds of ``finite.py``.
 
 A kernel is *guarded* when its fast form is exact as long as its input (or pre-activation) is
@@ -38,6 +39,8 @@ def _guarded(node: Node) -> bool:
     """A node whose fast kernel differs from the exact one on NaN / Inf only (a max pool of
     integers has neither)."""
     return (node.op_type == "MaxPool" and len(node.outputs) == 1 and node.inputs[0].dtype not in INTEGERS) or \
+        (node.op_type == "Gelu" and len([v for v in node.inputs if v is not None]) == 1
+         and node.inputs[0].dtype == DType.FLOAT) or \
         (node.op_type in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS) or \
         (node.domain == "fusegraph" and node.op_type in NORMS) or _relu_chain(node)
 
@@ -53,7 +56,7 @@ def _guard_fact(node: Node, ins: list[Fact]) -> Fact:
     """The fact a guarded node's fast kernel needs finite, from its inputs' facts: a max pool's
     input, a convolution's or product's pre-activation, a chain's value (its Relu keeps NaN in
     the analysis), a layer norm's sum of squared deviations per row."""
-    if node.op_type == "MaxPool":
+    if node.op_type in ("MaxPool", "Gelu"):
         return ins[0]
     if node.op_type == "ElementwiseChain":
         return chain_fact(node.attrs.get("steps", ()), ins)

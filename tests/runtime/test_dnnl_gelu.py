@@ -1,0 +1,57 @@
+"""A standalone GELU (ONNX's ``Gelu``; fusegraph's without a bias) runs oneDNN's eltwise
+primitive as the fast form of a guarded node (``dnnl/eltwise.py``, ``guard_plan.py``): within
+float32 rounding of onnxruntime ORT_DISABLE_ALL while the run's inputs are finite, and the op's
+own kernel, NaN and infinities where onnxruntime puts them, when they are not."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import fusegraph as fg
+from fusegraph.runtime.backends.cpu.dnnl import available
+from oracle import ort_run
+
+pytestmark = pytest.mark.skipif(not available(), reason="oneDNN does not load here")
+
+
+def _gelu_model(approximate: str) -> onnx.ModelProto:
+    g = helper.make_graph([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], "gelu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 96])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64, 96])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    m.ir_version = 9
+    return m
+
+
+def _gelu_call(cm):
+    (call,) = [c for c in cm._executor.binding.calls if c.node.op_type == "Gelu"]
+    return call.kernel
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_standalone_gelu_runs_onednn_while_inputs_are_finite(approximate):
+    m = _gelu_model(approximate)
+    cm = fg.compile(m, fg.Config(threads=2))
+    kernel = _gelu_call(cm)
+    assert type(kernel).__name__ == "Guarded" and kernel.limit >= 1e32     # every input a run could hold but huge ones
+    assert kernel.fast.impl.startswith("jit"), kernel.fast.impl
+    x = (np.random.default_rng(0).standard_normal((2, 64, 96)) * 4).astype(np.float32)
+    got = cm.run({"x": x})["y"]
+    want = ort_run(m, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+def test_standalone_gelu_of_a_non_finite_input_is_the_ops_own(approximate, special):
+    m = _gelu_model(approximate)
+    cm = fg.compile(m, fg.Config(threads=2))
+    x = np.random.default_rng(1).standard_normal((2, 64, 96)).astype(np.float32)
+    x.reshape(-1)[::97] = special
+    got = cm.run({"x": x})["y"]
+    own = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable")).run({"x": x})["y"]
+    assert np.array_equal(got, own, equal_nan=True)
+    want = ort_run(m, {"x": x})["y"]
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-6)
