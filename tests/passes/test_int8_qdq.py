@@ -588,3 +588,22 @@ def test_product_grid_declines_where_its_epilogue_could_hold_nan():
     (ref,) = M.ort_run(m, feeds)
     finite = np.isfinite(ref)
     assert np.abs(y[finite].astype(np.float64) - ref[finite]).max() <= 0.05 * 1.001
+
+
+@pytest.mark.parametrize("bad", [7, int(fg.ir.DType.UINT8)])
+def test_a_grid_the_op_cannot_have_is_refused(bad):
+    """``y_grid`` naming no 8-bit type, or on an output that is not float32 (as a re-sealed
+    artifact could say): refused with the reason, never ignored."""
+    from fusegraph.ir import DType, Graph
+    g = Graph("grid")
+    x = g.add_input("x", DType.UINT8, (4, 16))
+    w = g.add_constant("w", torch.ones(16, 8, dtype=torch.int8))
+    ws = g.add_constant("ws", torch.full((8,), 0.01))
+    y_type = int(DType.FLOAT) if bad == 7 else int(DType.UINT8)
+    n = g.add_node("QLinear", [x, w, ws], outputs=1, domain="fusegraph", version=1,
+                   attrs={"x_scale": 0.02, "x_zero_point": 128, "y_scale": 0.05, "y_zero_point": 3,
+                          "y_type": y_type, "y_grid": bad})
+    n.outputs[0].dtype, n.outputs[0].shape = DType(y_type), (4, 8)
+    g.outputs.append(n.outputs[0])
+    with pytest.raises(fg.errors.FusegraphError, match="y_grid"):
+        fg.compile(g, CFG).run({"x": np.zeros((4, 16), np.uint8)})

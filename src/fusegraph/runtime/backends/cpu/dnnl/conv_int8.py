@@ -26,6 +26,7 @@ import torch
 from .....ir import DType
 from .....ops.conv import ConvGeometry
 from .....ops.fused_cnn import conv_macs
+from .....ops.quantized import y_grid
 from ...protocol import Decline
 from ..threading_policy import PARALLEL_MACS, threads_for
 from . import capi
@@ -49,6 +50,8 @@ def int8_node(ctx):
     yt = DType(int(ctx.attr("y_type", int(DType.UINT8))))
     if yt not in OUTPUTS:
         return Decline(f"an output of type {yt.name}", "dnnl")
+    if int(ctx.attr("y_grid", 0)) and (yt != DType.FLOAT or y_grid(ctx) is None):
+        return Decline(f"y_grid {ctx.attr('y_grid')} (uint8's or int8's code, on a float32 output)", "dnnl")
     activation = str(ctx.attr("activation", ""))
     if activation not in ACTIVATIONS:
         return Decline(f"activation {activation!r}", "dnnl")

@@ -32,8 +32,7 @@ import math
 
 import torch
 
-from .....ir import DType
-from .....ops.quantized import y_grid
+from .....ops.quantized import RANGE, y_grid
 from . import capi
 from .capi import Dims
 from .memory import MemDesc, Memory
@@ -128,7 +127,6 @@ class QuantArgs:
         self.keep.extend([t, md])
 
 
-
 EPILOGUE_LIMIT = 1e37       # a float32 magnitude the epilogue's sums stay under, with room to round
 
 
@@ -156,9 +154,6 @@ def relu_post_op(terms: int, x_scale: float, w_scales: torch.Tensor, bias: torch
     return ("eltwise", "elu", 0.0, 0.0)
 
 
-GRID_RANGE = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
-
-
 def grid_post_ops(ctx, rank: int, first: int) -> tuple[list, list, list]:
     """The post-ops that snap an int8 kernel's float32 result to its node's quantisation grid
     (``y_grid``: ``DQ(Q(y))`` with ``y_scale`` / ``y_zero_point``), starting at post-op index
@@ -170,7 +165,7 @@ def grid_post_ops(ctx, rank: int, first: int) -> tuple[list, list, list]:
     if grid is None:
         return [], [], []
     scale, zero = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
-    lo, hi = GRID_RANGE[grid]
+    lo, hi = RANGE[grid]
     scalar_md = MemDesc.of((1,) * rank, torch.float32)
     divisor = torch.tensor([scale], dtype=torch.float32).reshape((1,) * rank)
     post = [("binary", "div", scalar_md), ("eltwise", "round", 0.0, 0.0),
