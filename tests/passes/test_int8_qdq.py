@@ -607,3 +607,34 @@ def test_a_grid_the_op_cannot_have_is_refused(bad):
     g.outputs.append(n.outputs[0])
     with pytest.raises(fg.errors.FusegraphError, match="y_grid"):
         fg.compile(g, CFG).run({"x": np.zeros((4, 16), np.uint8)})
+
+
+def test_scores_read_through_a_dequantize_are_written_on_their_grid():
+    """``Softmax(DQ(Q(DQ(a) @ DQ(b))))``: the QMatMul writes its scores as float32 on their
+    grid (no DequantizeLinear left), on oneDNN's int8 matmul where this CPU has one; the
+    softmax of them as onnxruntime ORT_DISABLE_ALL computes it on the same file."""
+    rng = np.random.default_rng(6)
+    inits = {"as": np.array(0.03, np.float32), "az": np.array(120, np.uint8), "bs": np.array(0.02, np.float32),
+             "bz": np.array(130, np.uint8), "ys": np.array(0.1, np.float32), "yz": np.array(128, np.uint8)}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "as", "az"], ["ad"]),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"]),
+             helper.make_node("MatMul", ["ad", "bd"], ["s"]), helper.make_node("QuantizeLinear", ["s", "ys", "yz"], ["sq"]),
+             helper.make_node("DequantizeLinear", ["sq", "ys", "yz"], ["sd"]), helper.make_node("Softmax", ["sd"], ["y"], axis=-1)]
+    g = helper.make_graph(nodes, "scores", [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 16, 32]),
+                                            helper.make_tensor_value_info("b", TensorProto.UINT8, [2, 32, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 16])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    cm = fg.compile(m, CFG)
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert ops["QMatMul"] == 1 and not ops["DequantizeLinear"] and not ops["QuantizeLinear"], ops
+    (p,) = [n for n in cm.graph.nodes if n.op_type == "QMatMul"]
+    assert int(p.attrs["y_grid"]) == int(fg.ir.DType.UINT8)
+    if M.int8_kernels_exact():       # (a uint8 second operand: moved into int8 before oneDNN's matmul)
+        (call,) = [c for c in cm._executor.binding.calls if c.node.op_type == "QMatMul"]
+        assert M.int8_dot_products(getattr(call.kernel, "kernel", call.kernel).impl)
+    for seed in range(3):
+        r = np.random.default_rng(seed)
+        feeds = {"a": r.integers(0, 256, (2, 16, 32), dtype=np.uint8), "b": r.integers(0, 256, (2, 32, 16), dtype=np.uint8)}
+        np.testing.assert_allclose(cm.run(feeds)["y"], M.ort_run(m, feeds)[0], rtol=1e-5, atol=1e-7)

@@ -23,7 +23,8 @@
   enlarging it.
 - ``QAdd(a, b)``: ``Q(act(DQ(a) + DQ(b)))`` (numpy broadcasting), ``a_*`` / ``b_*`` / ``y_*``.
 - ``QMatMul(a, b)``: ``Q(DQ(a) @ DQ(b))`` of two quantised activations (attention's scores and
-  its weighted sum in a QDQ transformer), ``a_*`` / ``b_*`` / ``y_*``, an int8 / uint8 output.
+  its weighted sum in a QDQ transformer), ``a_*`` / ``b_*`` / ``y_*``, an int8 / uint8 output,
+  or float32 on a grid (``y_grid``, as the products).
 
 Each op's own kernel is its reference form, portable ATen: dequantise in float32 as
 ``DequantizeLinear`` does (``(x - zero point) * scale``), compute in float32, quantise as
@@ -331,12 +332,13 @@ def _qmatmul_shape(ctx: NodeContext):
 @register("QMatMul", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_infer_as(_qmatmul_shape),
           writes_out=True, value_range=QuantisedRange(inputs=("a", "b")))
 def _qmatmul(ctx: NodeContext):
-    yt = _check_common(ctx, ("a", "b"))
-    if yt not in QUANTISED:
-        raise ctx.unsupported(f"QMatMul to {yt.name}")
+    yt = _check_common(ctx, ("a", "b"), grid_ok=True)
+    grid = y_grid(ctx)
+    if yt not in QUANTISED and grid is None:
+        raise ctx.unsupported(f"QMatMul to {yt.name} (uint8 / int8, or float32 on a grid)")
     (a_s, a_zp), (b_s, b_zp), (ys, yzp) = _qparams(ctx, "a"), _qparams(ctx, "b"), _qparams(ctx, "y")
 
     def qmatmul(a, b, out=None):
         y = torch.matmul(dequantize(a, a_s, a_zp), dequantize(b, b_s, b_zp))
-        return _write(quantize(y, ys, yzp, yt), out)
+        return _write(_output(y, yt, grid, ys, yzp), out)
     return qmatmul

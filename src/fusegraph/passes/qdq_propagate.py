@@ -28,7 +28,7 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   same order, in one node.
 - ``qdq_grid_output`` (root DequantizeLinear, its own pass after ``qdq_affine``: the
   quantised-to-quantised rules have had their turn): ``DQ(P(...))`` for a ``QConv`` /
-  ``QLinear`` ``P`` whose quantised output only this DQ reads (through views: reshapes that
+  ``QLinear`` / ``QMatMul`` ``P`` whose quantised output only this DQ reads (through views: reshapes that
   move no value), with its parameters -> ``P`` writing float32 on that grid (``y_grid``),
   then the views: the product's epilogue quantises and dequantises in place of a pass over
   the tensor. Exact: the same two roundings.
@@ -358,7 +358,7 @@ def _check_grid(dq: Node, ctx):
         views.append(v.producer)
         v = v.producer.inputs[0]
     p = v.producer
-    if not _fg(p, "QConv", "QLinear"):
+    if not _fg(p, "QConv", "QLinear", "QMatMul"):
         return None
     yt = DType(int(p.attrs.get("y_type", int(DType.UINT8))))
     if yt not in (DType.UINT8, DType.INT8) or int(p.attrs.get("y_grid", 0)):
@@ -385,7 +385,7 @@ def _rewrite_grid(dq: Node, found, ctx):
 
 GRID_RULES = [
     Rule("qdq_grid_output", _check_grid, _rewrite_grid, ops=("DequantizeLinear",), priority=10,
-         doc="DQ(QConv / QLinear) -> the product writing float32 on its quantisation grid: exact"),
+         doc="DQ(QConv / QLinear / QMatMul) -> the product writing float32 on its quantisation grid: exact"),
 ]
 
 AFFINE_RULES = [

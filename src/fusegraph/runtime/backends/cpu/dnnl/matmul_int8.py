@@ -8,7 +8,8 @@ point lowered by 128 to match, so ``(a - a_zp) @ (b - b_zp)`` is the same intege
 sum is exact in int32, then scaled by ``a_scale * b_scale``, divided by the output scale,
 rounded half to even, the output zero point added and saturated: within one quantisation step
 of the reference, which sums the dequantised float32 products (its order of summation moves
-the last bit of the sum; the int8 kernels of ``linear_int8.py`` make the same trade). Only on
+the last bit of the sum; the int8 kernels of ``linear_int8.py`` make the same trade). With
+``y_grid`` a float32 output on that grid (``int8_support.grid_post_ops``). Only on
 a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``).
 
 Static shapes of one rank (batch dims broadcast as oneDNN's matmul broadcasts them), row-major
@@ -21,11 +22,11 @@ import math
 import torch
 
 from .....ir import DType
-from .....ops.quantized import QUANTISED
+from .....ops.quantized import QUANTISED, y_grid
 from ...protocol import Decline
 from . import capi
 from .call import DnnlKernel, Slot
-from .int8_support import NOT_EXACT, QuantArgs, int8_exact
+from .int8_support import EPILOGUE_LIMIT, NOT_EXACT, QuantArgs, grid_post_ops, int8_exact
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc
 from .primitive import Attr, create
@@ -38,8 +39,11 @@ def qmatmul_kernel(ctx, resources):
     if not int8_exact():
         return Decline(NOT_EXACT, "dnnl")
     out_type = DType(int(ctx.attr("y_type", int(DType.UINT8))))
-    if out_type not in QUANTISED:
+    on_grid = out_type == DType.FLOAT and y_grid(ctx) is not None
+    if out_type not in QUANTISED and not on_grid:
         return Decline(f"an output of type {out_type.name}", "dnnl")
+    if int(ctx.attr("y_grid", 0)) and not on_grid:
+        return Decline(f"y_grid {ctx.attr('y_grid')} (uint8's or int8's code, on a float32 output)", "dnnl")
     node = ctx.node
     (a_v, b_v), y_v = node.inputs[:2], node.outputs[0]
     shapes = [static_shape(v) for v in (a_v, b_v, y_v)]
@@ -53,17 +57,26 @@ def qmatmul_kernel(ctx, resources):
     a_shape, b_shape, y_shape = shapes
     flip = types[1] == DType.UINT8
     b_zero = int(ctx.attr("b_zero_point", 0)) + (FLIP if flip else 0)
+    a_scale, b_scale = float(ctx.attr("a_scale")), float(ctx.attr("b_scale"))
     q = QuantArgs()
-    q.scales(capi.ARG_SRC, [float(ctx.attr("a_scale"))])
-    q.scales(capi.ARG_WEIGHTS, [float(ctx.attr("b_scale"))])
-    q.scales(capi.ARG_DST, [float(ctx.attr("y_scale"))])
+    q.scales(capi.ARG_SRC, [a_scale])
+    q.scales(capi.ARG_WEIGHTS, [b_scale])
+    scales = {capi.ARG_SRC: 0, capi.ARG_WEIGHTS: 0}
+    post, grid_args, grid_keep = grid_post_ops(ctx, len(y_shape), 0)
+    if on_grid:         # |a - a_zp|, |b - b_zp| <= 255: the epilogue's largest value, NaN-free below the limit
+        bound = abs(a_scale * b_scale) * a_shape[-1] * 255 * 255
+        if not (math.isfinite(bound) and bound < EPILOGUE_LIMIT):
+            return Decline("a result on a quantisation grid whose epilogue could hold NaN", "dnnl")
+    else:
+        q.scales(capi.ARG_DST, [float(ctx.attr("y_scale"))])
+        scales[capi.ARG_DST] = 0
     zero_points = {}
     for arg, zp in ((capi.ARG_SRC, int(ctx.attr("a_zero_point", 0))), (capi.ARG_WEIGHTS, b_zero),
-                    (capi.ARG_DST, int(ctx.attr("y_zero_point", 0)))):
+                    (capi.ARG_DST, 0 if on_grid else int(ctx.attr("y_zero_point", 0)))):
         if zp:
             zero_points[arg] = 0
             q.zero_point(arg, zp)
-    attr = Attr([], scales={capi.ARG_SRC: 0, capi.ARG_WEIGHTS: 0, capi.ARG_DST: 0}, zero_points=zero_points)
+    attr = Attr(post, scales=scales, zero_points=zero_points)
     a_dtype, y_dtype = types[0].to_torch(), out_type.to_torch()
     a_md, b_md, y_md = MemDesc.of(a_shape, a_dtype), MemDesc.of(b_shape, torch.int8), MemDesc.of(y_shape, y_dtype)
     lib = capi.load()
@@ -76,8 +89,8 @@ def qmatmul_kernel(ctx, resources):
         return Decline(f"oneDNN offers only its reference int8 matmul ({prim.impl})", "dnnl")
     kernel = DnnlKernel(prim, [Slot(capi.ARG_SRC, a_shape, contiguous(a_shape), a_dtype, a_md),
                                Slot(capi.ARG_WEIGHTS, b_shape, contiguous(b_shape), torch.int8, b_md)],
-                        Slot(capi.ARG_DST, y_shape, contiguous(y_shape), y_dtype, y_md), q.args, resources, (0, 1),
-                        keep=(attr, *q.keep))
+                        Slot(capi.ARG_DST, y_shape, contiguous(y_shape), y_dtype, y_md), q.args + grid_args,
+                        resources, (0, 1), keep=(attr, *q.keep, *grid_keep))
     return FlippedWeights(kernel, b_shape, resources) if flip else kernel
 
 
