@@ -613,7 +613,6 @@ def test_scores_read_through_a_dequantize_are_written_on_their_grid():
     """``Softmax(DQ(Q(DQ(a) @ DQ(b))))``: the QMatMul writes its scores as float32 on their
     grid (no DequantizeLinear left), on oneDNN's int8 matmul where this CPU has one; the
     softmax of them as onnxruntime ORT_DISABLE_ALL computes it on the same file."""
-    rng = np.random.default_rng(6)
     inits = {"as": np.array(0.03, np.float32), "az": np.array(120, np.uint8), "bs": np.array(0.02, np.float32),
              "bz": np.array(130, np.uint8), "ys": np.array(0.1, np.float32), "yz": np.array(128, np.uint8)}
     nodes = [helper.make_node("DequantizeLinear", ["a", "as", "az"], ["ad"]),
