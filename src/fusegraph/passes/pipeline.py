@@ -96,7 +96,7 @@ FUSE = Group("fuse", (
     "aggressive_fusion",    # Config.aggressive_fusion only: after the default rules, whose fused
                             # forms it packs and recomputes (the group repeats: they see its result)
     "qdq_affine",           # Q(DQ(x) op c ...) -> Requantize with steps: after BatchNorm became a chain
-    "qdq_grid_output",      # DQ(QConv / QLinear) -> the product writing float32 on its grid: after qdq_affine
+    "qdq_grid_output",      # DQ(QConv / QLinear / QMatMul) -> the product writing float32 on its grid: after qdq_affine
     "dce",                  # drops what fused patterns left dead
 ))
 

@@ -1,15 +1,15 @@
-"""A standalone ``Gelu`` (ONNX's, or fusegraph's without a bias) as oneDNN's eltwise primitive (``gelu_erf`` / ``gelu_tanh``): its fast
-form, for the guard.
+"""A standalone ``Gelu`` (ONNX's, or fusegraph's without a bias) as oneDNN's eltwise primitive
+(``gelu_erf`` / ``gelu_tanh``): its fast form, for the guard.
 
-A GELU that stands between two nodes it cannot fuse into (in a QDQ transformer: between the
-product's DequantizeLinear and the next QuantizeLinear) ran as ATen's kernel, whose tanh form
-is several times slower than its erf form. oneDNN computes either in one vectorised pass. It
-agrees with ONNX's formula for finite inputs to float32 rounding (the tanh form's saturation
-gives 0 where the value is below about 1e-6 in magnitude), not on infinities and NaN (the
-exact kernel restores +inf where ATen's erf form would make NaN; oneDNN's polynomial does not
-promise either), so it is only the fast form of a guarded node (``guard_plan.py``): the op's
-own kernel runs whenever a run's inputs could bring a non-finite value to it. Float32, static
-shapes, input and output in one dense layout; made for one thread below ``SERIAL_ELEMENTS``.
+A GELU between two nodes it cannot fuse into (in a QDQ transformer: between a product's
+float32 output and the next QuantizeLinear) ran as ATen's kernel, whose tanh form is several
+times slower than its erf form; oneDNN computes either in one vectorised pass. It agrees with
+ONNX's formula on finite inputs to float32 rounding (the tanh form's saturation gives 0 where
+the exact value is below about 1e-6 in magnitude), not on infinities and NaN, so it is only
+the fast form of a guarded node (``guard_plan.py``): the op's own kernel (which keeps +inf
+and NaN as ONNX says) runs whenever a run's inputs could bring a non-finite value to it.
+Float32, static shapes, input and output in one dense layout; made for one thread below
+``SERIAL_ELEMENTS``.
 """
 from __future__ import annotations
 
