@@ -64,8 +64,8 @@ def _upsampling(part, out_channels: int):
         return None
     factors = const_of(scales)
     if factors is not None and factors.numel():
-        if any(a in (0, 1) and float(f) != 1.0
-               for a, f in zip(_resized_axes(resize, len(src)), factors.reshape(-1).tolist())):
+        if any(axis in (0, 1) and float(f) != 1.0
+               for axis, f in zip(_resized_axes(resize, len(src)), factors.reshape(-1).tolist())):
             return None       # a batch or channel factor other than 1 interpolates across channels
     return resize
 

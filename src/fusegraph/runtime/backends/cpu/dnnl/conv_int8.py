@@ -26,13 +26,13 @@ import torch
 from .....ir import DType
 from .....ops.conv import ConvGeometry
 from .....ops.fused_cnn import conv_macs
-from .....ops.quantized import y_grid
 from ...protocol import Decline
 from ..threading_policy import PARALLEL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .capi import Dims
-from .int8_support import EPILOGUE_LIMIT, NOT_EXACT, QuantArgs, epilogue_bound, grid_post_ops, int8_exact, relu_post_op
+from .int8_support import (NOT_EXACT, QuantArgs, epilogue_bound, grid_declines, grid_post_ops, int8_exact,
+                           relu_post_op)
 from .layouts import channels_last, contiguous, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create
@@ -50,8 +50,9 @@ def int8_node(ctx):
     yt = DType(int(ctx.attr("y_type", int(DType.UINT8))))
     if yt not in OUTPUTS:
         return Decline(f"an output of type {yt.name}", "dnnl")
-    if int(ctx.attr("y_grid", 0)) and (yt != DType.FLOAT or y_grid(ctx) is None):
-        return Decline(f"y_grid {ctx.attr('y_grid')} (uint8's or int8's code, on a float32 output)", "dnnl")
+    why = grid_declines(ctx, yt)
+    if why is not None:
+        return why
     activation = str(ctx.attr("activation", ""))
     if activation not in ACTIVATIONS:
         return Decline(f"activation {activation!r}", "dnnl")
@@ -127,13 +128,15 @@ def conv_int8_kernel(ctx, store, resources):
     post = []
     if z_v is not None:
         post.append(("sum", float(ctx.attr("z_scale")), int(ctx.attr("z_zero_point", 0)), DTYPES[out]))
-    terms, z_scale = cig * kh * kw, float(ctx.attr("z_scale")) if z_v is not None else 0.0
+    terms, x_scale = cig * kh * kw, float(ctx.attr("x_scale", 1.0))
+    z_scale = float(ctx.attr("z_scale")) if z_v is not None else 0.0
     if activation == "relu":
-        post.append(relu_post_op(terms, float(ctx.attr("x_scale", 1.0)), ctx.const(2), bias, z_scale))
-    grid, grid_args, grid_keep = grid_post_ops(ctx, 4, len(post))
-    if grid and epilogue_bound(terms, float(ctx.attr("x_scale")), ctx.const(2), bias, z_scale) >= EPILOGUE_LIMIT:
-        return Decline("a result on a quantisation grid whose epilogue could hold NaN", "dnnl")
-    post += grid
+        post.append(relu_post_op(terms, x_scale, ctx.const(2), bias, z_scale))
+    grid = grid_post_ops(ctx, 4, len(post), epilogue_bound(terms, x_scale, ctx.const(2), bias, z_scale))
+    if isinstance(grid, Decline):
+        return grid
+    grid_ops, grid_args, grid_keep = grid
+    post += grid_ops
     w_mask = 0 if ctx.const(2).numel() == 1 else (1 if g == 1 else 3)
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     lib = capi.load()

@@ -32,7 +32,9 @@ import math
 
 import torch
 
+from .....ir import DType
 from .....ops.quantized import RANGE, y_grid
+from ...protocol import Decline
 from . import capi
 from .capi import Dims
 from .memory import MemDesc, Memory
@@ -131,17 +133,18 @@ EPILOGUE_LIMIT = 1e37       # a float32 magnitude the epilogue's sums stay under
 
 
 def epilogue_bound(terms: int, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
-                   z_scale: float = 0.0) -> float:
+                   z_scale: float = 0.0, w_range: int = 128) -> float:
     """The largest magnitude ``x_scale * w_scale * sum + bias + z_scale * (z - z_zp)`` of an
     int8 convolution or product over ``terms`` products a sum (input channels x kernel taps,
-    or K) can reach for any integer inputs; inf where a constant is not finite."""
+    or K) can reach for any integer inputs, the second operand's ``|w - w_zp|`` at most
+    ``w_range`` (128: a weight; 255: an activation); inf where a constant is not finite."""
     ws = w_scales.detach().to(torch.float64).abs()
     b = bias.detach().to(torch.float64).abs() if bias is not None and bias.numel() else torch.zeros(1, dtype=torch.float64)
     constants = (x_scale, z_scale, float(ws.max()) if ws.numel() else 0.0, float(b.max()))
     if not all(math.isfinite(c) for c in constants):
         return math.inf
-    # |x - x_zp| <= 255 and |w| <= 128: the int32 sum's bound; |z - z_zp| <= 255
-    return abs(x_scale) * constants[2] * terms * 255 * 128 + constants[3] + abs(z_scale) * 255
+    # |x - x_zp| <= 255 and |w - w_zp| <= w_range: the int32 sum's bound; |z - z_zp| <= 255
+    return abs(x_scale) * constants[2] * terms * 255 * w_range + constants[3] + abs(z_scale) * 255
 
 
 def relu_post_op(terms: int, x_scale: float, w_scales: torch.Tensor, bias: torch.Tensor | None = None,
@@ -154,16 +157,28 @@ def relu_post_op(terms: int, x_scale: float, w_scales: torch.Tensor, bias: torch
     return ("eltwise", "elu", 0.0, 0.0)
 
 
-def grid_post_ops(ctx, rank: int, first: int) -> tuple[list, list, list]:
+def grid_declines(ctx, out_type: DType) -> Decline | None:
+    """Why a node's ``y_grid`` cannot be run (no 8-bit type's code, or on an output that is not
+    float32: the reference form refuses it with the reason), or None."""
+    if int(ctx.attr("y_grid", 0)) and (out_type != DType.FLOAT or y_grid(ctx) is None):
+        return Decline(f"y_grid {ctx.attr('y_grid')} (uint8's or int8's code, on a float32 output)", "dnnl")
+    return None
+
+
+def grid_post_ops(ctx, rank: int, first: int, bound: float) -> tuple[list, list, list] | Decline:
     """The post-ops that snap an int8 kernel's float32 result to its node's quantisation grid
     (``y_grid``: ``DQ(Q(y))`` with ``y_scale`` / ``y_zero_point``), starting at post-op index
     ``first``: a binary ``div`` by the scale (a true division, as QuantizeLinear's), rounded
     half to even, clipped to the grid type's range less the zero point (saturation), times the
     scale (DequantizeLinear's product of the exact integer ``q - zp``). Returns (post-ops,
-    constant execution arguments, what they point at); ([], [], []) without a grid."""
+    constant execution arguments, what they point at); ([], [], []) without a grid; a
+    ``Decline`` where the epilogue's ``bound`` (``epilogue_bound``) lets it hold NaN, which
+    these steps would not quantise as QuantizeLinear does."""
     grid = y_grid(ctx)
     if grid is None:
         return [], [], []
+    if not bound < EPILOGUE_LIMIT:
+        return Decline("a result on a quantisation grid whose epilogue could hold NaN", "dnnl")
     scale, zero = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
     lo, hi = RANGE[grid]
     scalar_md = MemDesc.of((1,) * rank, torch.float32)

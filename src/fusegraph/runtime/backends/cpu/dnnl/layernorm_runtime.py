@@ -34,6 +34,7 @@ Primitives of few elements are made for one thread (``threading_policy``), per r
 from __future__ import annotations
 
 import math
+
 import torch
 
 from .....ir.shape import broadcast_shapes

@@ -24,7 +24,7 @@ from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .conv_int8 import INPUTS, int8_attr, int8_node, weight_scales_ok
-from .int8_support import EPILOGUE_LIMIT, epilogue_bound, grid_post_ops, relu_post_op
+from .int8_support import epilogue_bound, grid_post_ops, relu_post_op
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import create
@@ -62,11 +62,13 @@ def linear_int8_kernel(ctx, store, resources):
     if why is not None:
         return why
     bias = None if b is None else b.to(torch.float32).contiguous()
-    post = [relu_post_op(k, float(ctx.attr("x_scale", 1.0)), ctx.const(2), bias)] if activation == "relu" else []
-    grid, grid_args, grid_keep = grid_post_ops(ctx, 2, len(post))
-    if grid and epilogue_bound(k, float(ctx.attr("x_scale")), ctx.const(2), bias) >= EPILOGUE_LIMIT:
-        return Decline("a result on a quantisation grid whose epilogue could hold NaN", "dnnl")
-    post += grid
+    x_scale = float(ctx.attr("x_scale", 1.0))
+    post = [relu_post_op(k, x_scale, ctx.const(2), bias)] if activation == "relu" else []
+    grid = grid_post_ops(ctx, 2, len(post), epilogue_bound(k, x_scale, ctx.const(2), bias))
+    if isinstance(grid, Decline):
+        return grid
+    grid_ops, grid_args, grid_keep = grid
+    post += grid_ops
     w_mask = 0 if ctx.const(2).numel() == 1 else 2          # per column N of the [K, N] operand
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     x_md, y_md = MemDesc.of((m, k), x_dtype), MemDesc.of((m, n), out)

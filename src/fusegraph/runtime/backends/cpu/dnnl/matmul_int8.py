@@ -26,7 +26,7 @@ from .....ops.quantized import QUANTISED, y_grid
 from ...protocol import Decline
 from . import capi
 from .call import DnnlKernel, Slot
-from .int8_support import EPILOGUE_LIMIT, NOT_EXACT, QuantArgs, grid_post_ops, int8_exact
+from .int8_support import NOT_EXACT, QuantArgs, epilogue_bound, grid_declines, grid_post_ops, int8_exact
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc
 from .primitive import Attr, create
@@ -39,11 +39,12 @@ def qmatmul_kernel(ctx, resources):
     if not int8_exact():
         return Decline(NOT_EXACT, "dnnl")
     out_type = DType(int(ctx.attr("y_type", int(DType.UINT8))))
-    on_grid = out_type == DType.FLOAT and y_grid(ctx) is not None
+    why = grid_declines(ctx, out_type)
+    if why is not None:
+        return why
+    on_grid = y_grid(ctx) is not None
     if out_type not in QUANTISED and not on_grid:
         return Decline(f"an output of type {out_type.name}", "dnnl")
-    if int(ctx.attr("y_grid", 0)) and not on_grid:
-        return Decline(f"y_grid {ctx.attr('y_grid')} (uint8's or int8's code, on a float32 output)", "dnnl")
     node = ctx.node
     (a_v, b_v), y_v = node.inputs[:2], node.outputs[0]
     shapes = [static_shape(v) for v in (a_v, b_v, y_v)]
@@ -62,12 +63,12 @@ def qmatmul_kernel(ctx, resources):
     q.scales(capi.ARG_SRC, [a_scale])
     q.scales(capi.ARG_WEIGHTS, [b_scale])
     scales = {capi.ARG_SRC: 0, capi.ARG_WEIGHTS: 0}
-    post, grid_args, grid_keep = grid_post_ops(ctx, len(y_shape), 0)
-    if on_grid:         # |a - a_zp|, |b - b_zp| <= 255: the epilogue's largest value, NaN-free below the limit
-        bound = abs(a_scale * b_scale) * a_shape[-1] * 255 * 255
-        if not (math.isfinite(bound) and bound < EPILOGUE_LIMIT):
-            return Decline("a result on a quantisation grid whose epilogue could hold NaN", "dnnl")
-    else:
+    grid = grid_post_ops(ctx, len(y_shape), 0,
+                         epilogue_bound(a_shape[-1], a_scale, torch.tensor([b_scale]), w_range=255))
+    if isinstance(grid, Decline):
+        return grid
+    post, grid_args, grid_keep = grid
+    if not on_grid:
         q.scales(capi.ARG_DST, [float(ctx.attr("y_scale"))])
         scales[capi.ARG_DST] = 0
     zero_points = {}
