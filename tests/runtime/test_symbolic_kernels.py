@@ -41,7 +41,8 @@ def _want(x, w, b, activation, trans_b):
     y = x.double() @ (w.double().t() if trans_b else w.double())
     if b is not None:
         y = y + b.double()
-    return {"none": y, "relu": torch.relu(y), "gelu": torch.nn.functional.gelu(y)}[activation].float()
+    return {"none": y, "relu": torch.relu(y), "gelu": torch.nn.functional.gelu(y),
+            "gelu_tanh": torch.nn.functional.gelu(y, approximate="tanh")}[activation].float()
 
 
 @needs_dnnl
@@ -62,6 +63,31 @@ def test_run_time_rows_match_torch_at_every_row_count(one_row_steps, activation,
         got = kernel(x, out=out)
         assert got is out
         torch.testing.assert_close(got, _want(x, w, b, activation, trans_b), rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("one_row_steps", [False, True])
+def test_the_fast_form_runs_a_one_row_activation_on_onednn(activation, one_row_steps):
+    """A guarded product's fast form (``exact`` False) runs one row's activation as oneDNN's
+    eltwise over its output, not as the torch activation after sgemm: same numbers (finite
+    inputs) as the float64 product and the formula, at one row and around it."""
+    rng = np.random.default_rng(5)
+    node, w, b = _linear_node(96, 200, activation, True, True, rng)
+    kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), False, one_row_steps)
+
+    def refused(_t):
+        raise AssertionError("the torch activation ran for one row")
+    torch_activation, kernel._act = kernel._act, refused
+    for rows in (1, 1):
+        x = torch.from_numpy(rng.standard_normal((rows, 96)).astype(np.float32))
+        got = kernel(x, out=torch.full((rows, 200), float("nan")))
+        torch.testing.assert_close(got, _want(x, w, b, activation, True), rtol=1e-4, atol=1e-4)
+    kernel._act = torch_activation
+    for rows in (2, 5):
+        x = torch.from_numpy(rng.standard_normal((rows, 96)).astype(np.float32))
+        got = kernel(x, out=torch.full((rows, 200), float("nan")))
+        torch.testing.assert_close(got, _want(x, w, b, activation, True), rtol=1e-4, atol=1e-4)
 
 
 @needs_dnnl

@@ -41,6 +41,9 @@ per M as the static kernels are. Anything else declines with a reason (the stati
 """
 from __future__ import annotations
 
+import ctypes as C
+import threading
+
 import torch
 
 from .....ops.fused_transformer import ACTIVATIONS
@@ -57,6 +60,8 @@ EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwi
          "tanh": [("eltwise", "tanh", 0.0, 0.0)], "silu": [("eltwise", "swish", 1.0, 0.0)]}
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
+SERIAL_ELEMENTS = 1 << 15        # a one-row activation of fewer elements runs on one thread
+_thread_id = threading.get_ident
 ROWS_KEPT = 16                    # row counts whose prepared call a configuration keeps (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
@@ -144,8 +149,12 @@ class RuntimeLinear:
         self.gemv_rows = GEMV_ROWS if gemv else 0     # the weight is plain: sgemm up to these rows
         self.by_columns = by_columns                  # ... held N x K (W transposed), else K x N
         self._bias = None if bias is None else bias.to(torch.float32).contiguous()
+        self._bias_bytes = 0 if bias is None else self._bias.numel() * 4
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
         self._post, self._exact = post, exact
+        # the fast form (not ``exact``: a guard admits it only where no NaN / Inf can reach it)
+        # runs a one-row product's single activation as a oneDNN eltwise (``_row_activation``)
+        self._row_act: dict | None = {} if gemv and not exact and post and len(post) == 1 else None
         self._resources = resources
         self._calls: dict[int, PreparedCalls] = {}     # thread -> its prepared calls (``set_weight``: shared)
         self._exec = capi.load().execute
@@ -230,10 +239,16 @@ class RuntimeLinear:
     def _gemv(self, x: torch.Tensor, m: int, out: torch.Tensor) -> torch.Tensor:
         """``out = act(x @ W + b)`` by oneDNN's sgemm over the plain weight (row-major: ``W`` is
         ``K x N`` with leading dimension N); the bias is written first and summed onto
-        (``beta`` 1), else ``beta`` 0 overwrites whatever ``out`` held."""
+        (``beta`` 1), else ``beta`` 0 overwrites whatever ``out`` held. A one-row bias is
+        written by ``memmove``: right after a product has streamed its weight through the
+        caches, a torch op's dispatch misses on its own bookkeeping and costs several times
+        the copy (a decoder's step has a product before almost every other call)."""
         beta = 0.0
         if self._bias is not None:
-            out.view(m, self.n).copy_(self._bias)          # broadcast over the rows
+            if m == 1:      # one row (a decoder's step): a byte copy, not a torch op (see _gemv's docstring)
+                C.memmove(out.data_ptr(), self._bias.data_ptr(), self._bias_bytes)
+            else:
+                out.view(m, self.n).copy_(self._bias)          # broadcast over the rows
             beta = 1.0
         if self.by_columns:
             status = self._lib.sgemm(b"N", b"T", m, self.n, self.k, 1.0, x.data_ptr(), self.k,
@@ -244,5 +259,33 @@ class RuntimeLinear:
         if status:
             raise capi.DnnlError("sgemm", status)
         if self._act is not None:
-            self._act(out)
+            if m == 1 and self._row_act is not None:
+                self._row_activation(out)
+            else:
+                self._act(out)
         return out
+
+    def _row_activation(self, out: torch.Tensor) -> None:
+        """The fast form's activation over one row, in place, as oneDNN's eltwise (the
+        post-op the matmul primitive would fuse; sgemm has none): one prepared call per
+        thread, pointed at ``out``, instead of a torch op whose dispatch a product has just
+        evicted from the caches (``_gemv``)."""
+        call = self._row_act.get(_thread_id())
+        if call is None:
+            call = self._row_act[_thread_id()] = self._prepare_row_activation()
+        mem, args, nargs, _prim, _scratch = call
+        mem.point(out.data_ptr())
+        status = self._exec(_prim.handle, thread_stream(), nargs, args)
+        if status:
+            raise capi.DnnlError("execute eltwise", status)
+
+    def _prepare_row_activation(self) -> tuple:
+        _, alg, alpha, beta = self._post[0]
+        md = MemDesc.of((1, self.n), torch.float32)
+        with threads_for(self.n < SERIAL_ELEMENTS):
+            prim = create("eltwise", lambda pd: self._lib.eltwise_forward_primitive_desc_create(
+                pd, self._lib.engine, capi.FORWARD_INFERENCE, capi.ELTWISE[alg], md.handle, md.handle,
+                alpha, beta, None))
+        mem = Memory(md, 0)
+        args, nargs, scratch = call_arguments(prim, [(capi.ARG_SRC, mem), (capi.ARG_DST, mem)], self._resources)
+        return mem, args, nargs, prim, scratch
