@@ -481,6 +481,55 @@ def test_reduced_precision(precision, bound, net):
         assert [fast_of(c.kernel).prefill for c in calls].count(1) == 1     # the residual accumulated in place
 
 
+@pytest.mark.parametrize("cin", [80, 64])
+def test_a_strided_bf16_convolution_is_right_on_every_cpu(cin):
+    """A 2x2 convolution at stride 2 over 80 channels (ConvNeXt-V2's downsampling) under bf16:
+    oneDNN 3.2's AMX brgemm convolution computes it wrongly (relative error about 1), so the
+    bind-time check declines it there (the reason says so) and the op's own kernel runs it;
+    64 channels pass the check. On every CPU: within bf16's error of the fp32 oracle."""
+    n1, i1 = conv("s", "d", "wd", cin, 160, 2, seed=3, strides=[2, 2])
+    n2, i2 = conv("d", "y", "w2", 160, 16, 1, seed=4)
+    m = stem_then(n1 + n2, i1 + i2, cin=cin, hw=28, stems=2)
+    feeds = {"x": rnd(1, 4, 28, 28, seed=7)}
+    cm = fg.compile(m, fg.Config(threads=2, precision="bf16"))
+    assert _rel_l2(cm.run(feeds)["y"], ort_run(m, feeds)["y"]) <= 1e-2
+    strided = next(c for c in cm._executor.binding.calls if c.node.op_type == "FusedConv"
+                   and c.node.attrs.get("strides") == [2, 2])
+    declined = [d for d in cm.report.kernels["declined"] if d["node"] == strided.node.name]
+    if declined:
+        assert "bind-time check" in declined[0]["reason"] and cin == 80, declined
+
+
+CHECK_GEOMETRIES = {    # name -> (input shape, weight shape, (strides, dilations, begin, end, groups))
+    "asymmetric_pads_stride2": ((1, 8, 9, 11), (6, 8, 3, 3), ([2, 2], [1, 1], [0, 1], [2, 1], 1)),
+    "groups2_dilation2": ((1, 8, 12, 12), (8, 4, 3, 3), ([1, 2], [2, 2], [2, 2], [2, 2], 2)),
+    "one_dimensional": ((1, 8, 20), (6, 8, 5), ([1, 3], [1, 1], [0, 1], [0, 1], 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(CHECK_GEOMETRIES))
+def test_the_bind_time_check_accepts_a_right_kernel_and_refuses_a_wrong_one(name):
+    """``conv._checked_error`` against kernels with known answers: ATen's own convolution of the
+    bf16 input (right: the error is bf16's rounding of the output) and the same with the
+    input's first column dropped (wrong by a shift: far above the tolerance)."""
+    from fusegraph.runtime.backends.cpu.dnnl.conv import CHECK_TOLERANCE, _checked_error
+    xs, wshape, (s, d, begin, end, g) = CHECK_GEOMETRIES[name]
+    w = torch.from_numpy(he(*wshape, seed=5)).to(torch.bfloat16)
+    b = torch.from_numpy(rnd(wshape[0], seed=6, scale=0.1))
+    one_d = len(xs) == 3
+
+    def reference(x, shift=0):
+        x4, w4 = (x.float().unsqueeze(2), w.float().unsqueeze(2)) if one_d else (x.float(), w.float())
+        x4 = torch.nn.functional.pad(x4[..., shift:], (begin[1], end[1] + shift, begin[0], end[0]))
+        y = torch.nn.functional.conv2d(x4, w4, b, stride=tuple(s), dilation=tuple(d), groups=g).relu_()
+        return (y.squeeze(2) if one_d else y).to(torch.bfloat16)
+    ys = tuple(reference(torch.zeros(xs, dtype=torch.bfloat16)).shape)
+    strides = torch.empty(xs).stride()
+    args = (xs, ys, strides, False, w, b, (s, d, begin, end, g), "relu", [])
+    assert _checked_error(reference, *args) < 1e-2
+    assert _checked_error(lambda x: reference(x, shift=1), *args) > CHECK_TOLERANCE
+
+
 # --------------------------------------------------------------------------- elementwise chains
 
 BF16 = fg.Config(threads=2, precision="bf16")
