@@ -55,3 +55,40 @@ def test_standalone_gelu_of_a_non_finite_input_is_the_ops_own(approximate, speci
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-6)
+
+
+def _bf16_gelu_model() -> onnx.ModelProto:
+    """MatMul, GELU, MatMul: under bf16 the GELU between the products follows their bfloat16."""
+    rng = np.random.default_rng(2)
+    w1 = helper.make_tensor("w1", TensorProto.FLOAT, [96, 128], (rng.standard_normal((96, 128)) * 0.15).ravel())
+    w2 = helper.make_tensor("w2", TensorProto.FLOAT, [128, 64], (rng.standard_normal((128, 64)) * 0.12).ravel())
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Gelu", ["h"], ["a"]),
+                           helper.make_node("MatMul", ["a", "w2"], ["y"])], "bf16_gelu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 96])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64, 64])], [w1, w2])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    m.ir_version = 9
+    return m
+
+
+def test_a_bfloat16_gelu_runs_onednn_while_inputs_are_finite():
+    """Under bf16 a GELU between two products is guarded too: oneDNN's bf16 eltwise where this
+    CPU has one (the op's own kernel otherwise), within bf16's error of the fp32 oracle, and
+    the op's own kernel's numbers (its float32 arithmetic inside, rounded once) to bf16's
+    rounding of a value; NaN where onnxruntime has it."""
+    m = _bf16_gelu_model()
+    cm = fg.compile(m, fg.Config(threads=2, precision="bf16"))
+    kernel = _gelu_call(cm)
+    assert [c.node.inputs[0].dtype.name for c in cm._executor.binding.calls
+            if c.node.op_type == "Gelu"] == ["BFLOAT16"]
+    assert type(kernel).__name__ == "Guarded"
+    assert "ref" not in getattr(kernel.fast, "impl", ""), kernel.fast.impl
+    x = np.random.default_rng(3).standard_normal((2, 64, 96)).astype(np.float32)
+    got = cm.run({"x": x})["y"]
+    want = ort_run(m, {"x": x})["y"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+    own = fg.compile(m, fg.Config(threads=2, precision="bf16", cpu_kernels="portable")).run({"x": x})["y"]
+    assert np.linalg.norm(got - own) / np.linalg.norm(own) < 1e-2
+    x.reshape(-1)[::101] = np.nan
+    got = cm.run({"x": x})["y"]
+    assert np.array_equal(np.isnan(got), np.isnan(ort_run(m, {"x": x})["y"]))

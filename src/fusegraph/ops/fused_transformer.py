@@ -474,6 +474,26 @@ def chain_source(steps: list[str], n_inputs: int, scalars: dict[int, float]) -> 
     return "\n".join(lines) + "\n"
 
 
+ROUNDED_BLOCK = 1 << 15      # elements of a reduced-type chain computed in float32 at a time
+
+
+def _same_dense_layout(out: torch.Tensor, xs) -> bool:
+    """Whether every input is a 0-d scalar or a tensor of ``out``'s shape and strides, all dense
+    (their elements one block of memory, in one order)."""
+    if not _dense(out):
+        return False
+    return all(x.dim() == 0 or (x.shape == out.shape and x.stride() == out.stride()) for x in xs)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) and t.dim() == 4
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements as one axis, in memory order (a view)."""
+    return t.as_strided((t.numel(),), (1,))
+
+
 @register("ElementwiseChain", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
           infer=_chain_infer, value_range=chain_range,
           precision=(Precision.FOLLOW, "a fused elementwise chain: reads and writes the reduced type, computes every "
@@ -500,7 +520,18 @@ def _chain(ctx: NodeContext):
         return chain(*xs, out=out)
 
     def rounded_once(*xs, out=None):
-        """bf16 / fp16 activations: every step in float32 (with the float32 constants), one rounding."""
+        """bf16 / fp16 activations: every step in float32 (with the float32 constants), one
+        rounding. Inputs laid out as ``out`` is are taken a block at a time (``ROUNDED_BLOCK``
+        elements): float32 copies of whole multi-megabyte tensors would be fresh mappings
+        whose pages fault in on every run."""
+        if out is not None and out.numel() > ROUNDED_BLOCK and _same_dense_layout(out, xs):
+            flat_out = _flat(out)
+            flats = [_flat(x) if x.dim() else x for x in xs]
+            for start in range(0, flat_out.numel(), ROUNDED_BLOCK):
+                part = [f[start:start + ROUNDED_BLOCK] if f.dim() else f for f in flats]
+                flat_out[start:start + ROUNDED_BLOCK].copy_(
+                    chain(*(x.float() if x.dtype == reduced else x for x in part)))
+            return out
         y = chain(*(x.float() if x.dtype == reduced else x for x in xs))
         return y.to(reduced) if out is None else out.copy_(y)
     kernel = rounded_once if reduced is not None else kernel

@@ -40,7 +40,7 @@ def _guarded(node: Node) -> bool:
     integers has neither)."""
     return (node.op_type == "MaxPool" and len(node.outputs) == 1 and node.inputs[0].dtype not in INTEGERS) or \
         (node.op_type == "Gelu" and len([v for v in node.inputs if v is not None]) == 1
-         and node.inputs[0].dtype == DType.FLOAT) or \
+         and node.inputs[0].dtype in (DType.FLOAT, DType.BFLOAT16)) or \
         (node.op_type in ("FusedConv", "LinearAct") and str(node.attrs.get("activation", "")) in GUARDED_ACTS) or \
         (node.domain == "fusegraph" and node.op_type in NORMS) or _relu_chain(node)
 

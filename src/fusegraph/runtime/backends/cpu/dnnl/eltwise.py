@@ -8,8 +8,9 @@ ONNX's formula on finite inputs to float32 rounding (the tanh form's saturation 
 the exact value is below about 1e-6 in magnitude), not on infinities and NaN, so it is only
 the fast form of a guarded node (``guard_plan.py``): the op's own kernel (which keeps +inf
 and NaN as ONNX says) runs whenever a run's inputs could bring a non-finite value to it.
-Float32, static shapes, input and output in one dense layout; made for one thread below
-``SERIAL_ELEMENTS``.
+Float32 or bfloat16 (a mixed-precision model's GELU, computed in float32 inside and rounded
+once, as the op's own bfloat16 kernel is), static shapes, input and output in one dense
+layout; made for one thread below ``SERIAL_ELEMENTS``.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .memory import MemDesc
 from .primitive import Attr, create
 
 ALGORITHMS = {"none": "gelu_erf", "tanh": "gelu_tanh"}
+TYPES = (torch.float32, torch.bfloat16)       # a bfloat16 GELU is computed in float32 inside, rounded once
 SERIAL_ELEMENTS = 1 << 15
 
 
@@ -41,12 +43,13 @@ def gelu_kernel(ctx, resources, exact: bool = True):
     approximate = str(ctx.attr("approximate", "none"))
     if approximate not in ALGORITHMS:
         return Decline(f"approximate={approximate!r}", "dnnl")
-    if xs is None or ys != xs or dtype_of(x_v) != torch.float32 or dtype_of(y_v) != torch.float32:
-        return Decline("needs a float32 input of static shape and an output like it", "dnnl")
+    dtype = dtype_of(x_v)
+    if xs is None or ys != xs or dtype not in TYPES or dtype_of(y_v) != dtype:
+        return Decline("needs a float32 or bfloat16 input of static shape and an output like it", "dnnl")
     strides = strides_of(x_v)
     if strides_of(y_v) != strides:
         return Decline("input and output in different layouts", "dnnl")
-    md = MemDesc.of(xs, torch.float32, strides)
+    md = MemDesc.of(xs, dtype, strides)
     lib = capi.load()
     attr = Attr()
     try:
@@ -58,5 +61,5 @@ def gelu_kernel(ctx, resources, exact: bool = True):
         return Decline(f"oneDNN has no eltwise GELU for this node: {exc}", "dnnl")
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference eltwise GELU ({prim.impl})", "dnnl")
-    return DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, strides, torch.float32, md)],
-                      Slot(capi.ARG_DST, ys, strides, torch.float32, md), [], resources, (0,), keep=(attr,))
+    return DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, strides, dtype, md)],
+                      Slot(capi.ARG_DST, ys, strides, dtype, md), [], resources, (0,), keep=(attr,))
