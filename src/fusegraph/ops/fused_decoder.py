@@ -172,9 +172,13 @@ def _gated_infer(ctx: NodeContext):
 
 
 def gated_into(act, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out = act(x[..., :N]) * x[..., N:]``."""
+    """``out = act(x[..., :N]) * x[..., N:]``: the gate copied into ``out`` first and the
+    activation run there in place, as the CPU backend's kernel does (ATen's vectorised and
+    scalar activation loops can differ in the last bit, and a strided half of short rows takes
+    the scalar one)."""
     n = x.shape[-1] // 2
-    act(x[..., :n], out)
+    out.copy_(x[..., :n])
+    act(out, out)
     return out.mul_(x[..., n:])
 
 
