@@ -26,6 +26,11 @@ in ``slow`` (NCHW data, or a geometry without jit / brgemm kernels), which the b
 beside the declines. Convolutions under ``PARALLEL_MACS`` multiply-adds are made for one thread (oneDNN fixes the
 thread count of its partition when the primitive is made). Anything else declines with a
 reason: the CPU backend's other kernels take the node.
+
+A strided bfloat16 convolution on oneDNN's AMX brgemm kernel is run once when it is made, on
+a fixed random input, and compared with ATen's float32 arithmetic on the same values
+(``_checked_error``): this oneDNN miscomputes some of those geometries (a 2x2 kernel at
+stride 2 over 80 channels), and a kernel that does declines, naming the check.
 """
 from __future__ import annotations
 
