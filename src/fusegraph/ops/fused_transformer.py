@@ -486,7 +486,7 @@ def _same_dense_layout(out: torch.Tensor, xs) -> bool:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) and t.dim() == 4
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,9 @@ memories at the node's own input, output, weight and bias.
 
 The activation is a post-op where oneDNN's eltwise is exact on NaN / Inf and the
 implementation's epilogue was checked for it (``primitive.exact_post_ops``); otherwise it runs
-after the product, in place, with torch (GELU always, unless ``Config.fast_math``). Products
+after the product, in place, with torch (GELU always, unless ``Config.fast_math``). sgemm has
+no post-ops: after it, a guarded node's fast form runs one row's activation as a prepared
+oneDNN eltwise call, and a one-row bias is written by ``memmove`` (``_gemv``). Products
 small enough to gain nothing from a second thread are made for one (``threading_policy``),
 per M as the static kernels are. Anything else declines with a reason (the static kernel of
 ``linear.py`` takes a node whose shapes are static).
@@ -273,9 +275,9 @@ class RuntimeLinear:
         call = self._row_act.get(_thread_id())
         if call is None:
             call = self._row_act[_thread_id()] = self._prepare_row_activation()
-        mem, args, nargs, _prim, _scratch = call
+        mem, args, nargs, prim, _scratch = call
         mem.point(out.data_ptr())
-        status = self._exec(_prim.handle, thread_stream(), nargs, args)
+        status = self._exec(prim.handle, thread_stream(), nargs, args)
         if status:
             raise capi.DnnlError("execute eltwise", status)
 
