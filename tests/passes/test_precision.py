@@ -110,6 +110,16 @@ def _reduce(op):
     return _op(op, ("axes", lambda: _i64([3])), keepdims=1)
 
 
+def _recurrent(op, gates, domain=""):
+    """``op`` over ``a`` seen as 4 steps of 6 rows of 6 features, hidden 5, with W, R and B."""
+    def build(g, a, b):
+        x = g.add_node("Reshape", [a, _c(g, "steps", _i64([4, 6, 6]))], name="to_steps").outputs[0]
+        ins = [x, _c(g, "rw", _w(1, gates * 5, 6, seed=5)), _c(g, "rr", _w(1, gates * 5, 5, seed=6)),
+               _c(g, "rb", _w(1, 2 * gates * 5, seed=7))]
+        return g.add_node(op, ins, attrs={"hidden_size": 5}, domain=domain, name="op")
+    return build
+
+
 _LN = {"epsilon": 1e-5}
 
 # one graph builder per policy entry: (g, a, b) -> the node under test (or (node, value the
@@ -126,6 +136,10 @@ BUILDERS = {
     (FG, "BatchMatMul"): _op2("BatchMatMul", domain=FG, trans_b=1),
     ("", "MatMul"): _op("MatMul", ("mw", lambda: _w(6, 5, seed=5))),
     ("", "Gemm"): _gemm,
+    ("", "RNN"): _recurrent("RNN", 1),
+    ("", "GRU"): _recurrent("GRU", 3),
+    ("", "LSTM"): _recurrent("LSTM", 4),
+    (FG, "LSTM"): _recurrent("LSTM", 4, domain=FG),
     (FG, "ScaledDotProductAttention"): lambda g, a, b: g.add_node(
         "ScaledDotProductAttention", [a, b, a], attrs={"scale": 0.5}, domain=FG, name="op"),
     # FOLLOW: data movement

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import fusegraph as fg
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.dnnl.rnn import RnnKernel
-from cpu_isa import AVX512
+from cpu_isa import AVX512, BF16_ARITHMETIC
 from oracle import assert_outputs_close, ort_run
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -191,6 +192,32 @@ def test_exported_torch_stacks(tmp_path, kind, bidirectional):
     loaded = fg.load(tmp_path / "m.fgm")
     assert loaded.load_info["weight_reorders"] == 0
     assert_outputs_close(loaded.run(feeds), want)
+
+
+@pytest.mark.parametrize("kind,bidirectional", [("lstm", False), ("gru", True)])
+def test_bf16_stacks_compute_in_bf16_within_its_error(tmp_path, kind, bidirectional):
+    """Under bf16 the recurrent nodes read and write bfloat16 (their bias float32): on oneDNN's
+    bf16 cells where the CPU has bf16 arithmetic (the op's own kernel otherwise, in float32
+    inside), within bf16's error of the fp32 oracle (relative L2 of the logits); the op's own
+    kernel too; and a saved model gives the compiled one's numbers."""
+    import onnx
+    path = torch_recurrent_onnx(tmp_path / f"{kind}.onnx", kind, bidirectional=bidirectional, hidden=64)
+    model = onnx.load(path)
+    feeds = {"features": np.random.default_rng(2).standard_normal((1, 9, 12)).astype(np.float32)}
+    want = ort_run(model, feeds)["logits"]
+    bf16 = fg.Config(threads=2, thread_policy="fixed", precision="bf16")
+    cm = fg.compile(model, bf16)
+    calls = [c for c in cm._executor.binding.calls if c.node.op_type in RECURRENT]
+    assert len(calls) == 2 and all(c.node.inputs[0].dtype == fg.ir.DType.BFLOAT16 for c in calls)
+    if BF16_ARITHMETIC:
+        assert all(isinstance(c.kernel, RnnKernel) and c.kernel.dtype == torch.bfloat16 for c in calls)
+    got = cm.run(feeds)["logits"]
+    err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    assert 1e-6 < err < 1e-2, err
+    own = fg.compile(model, fg.Config(threads=2, precision="bf16", cpu_kernels="portable")).run(feeds)["logits"]
+    assert float(np.linalg.norm(own - want) / np.linalg.norm(want)) < 1e-2
+    cm.save(tmp_path / "m.fgm")
+    assert np.array_equal(fg.load(tmp_path / "m.fgm").run(feeds)["logits"], got)
 
 
 def test_symbolic_steps_and_batch(tmp_path):

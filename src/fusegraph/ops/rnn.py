@@ -7,6 +7,10 @@ forward / reverse / bidirectional, the ``activations`` list with ``activation_al
 initial states, ``layout`` 0/1, and every optional output. The input projection of all steps
 is one matmul; the time loop does only the recurrent matmul and the gate math.
 
+Under mixed precision a recurrent layer reads and writes the reduced type (its weights
+stored reduced, its bias float32); this kernel computes such a node in float32 and rounds
+each output once (oneDNN's bf16 cells also round the hidden state at each step).
+
 ``fusegraph::LSTM`` is ONNX's LSTM with the gate blocks of W, R and B in the order
 ``ifco`` (input, forget, cell, output: torch's and oneDNN's order) instead of ``iofc``; the
 peepholes P keep ONNX's ``iof``. ``passes/replace_rnn.py`` rewrites an LSTM with constant
@@ -19,7 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import DType
-from .registry import FusionKind, NodeContext, register
+from .registry import FusionKind, NodeContext, Precision, register
+
+REDUCED = (torch.bfloat16, torch.float16)
 
 # name -> (uses alpha, uses beta, default alpha, default beta, fn(x, alpha, beta))
 _ACTS = {
@@ -100,7 +106,10 @@ def _take_time(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 def _make(op: str, domain: str = "", since: int = 7, gates: tuple = ONNX_LSTM_GATES):
     n_gates = _GATES[op]
 
-    @register(op, since=since, domain=domain, infer=_rnn_infer(op), fusion=FusionKind.OPAQUE)
+    @register(op, since=since, domain=domain, infer=_rnn_infer(op), fusion=FusionKind.OPAQUE,
+              precision=(Precision.REDUCE, "a recurrent layer: its products read the reduced type (oneDNN's round "
+                                           "the hidden state to it at each step, as their input) and accumulate in "
+                                           "float32; the gates and the cell state in float32"))
     def build(ctx: NodeContext):
         direction = ctx.attr("direction", "forward")
         if direction not in ("forward", "reverse", "bidirectional"):
@@ -118,6 +127,12 @@ def _make(op: str, domain: str = "", since: int = 7, gates: tuple = ONNX_LSTM_GA
         cl = (lambda v: v.clamp(-clip, clip)) if clip is not None else (lambda v: v)
 
         def kernel(X, W, R, B=None, seq_lens=None, h0=None, c0=None, P=None):
+            if X.dtype in REDUCED:         # float32 inside, each output rounded once
+                up = [None if t is None else t.float() for t in (X, W, R, B, h0, c0, P)]
+                outs = kernel(up[0], up[1], up[2], up[3], seq_lens, up[4], up[5], up[6])
+                if n_out == 1:
+                    return outs.to(X.dtype)
+                return tuple(None if o is None else o.to(X.dtype) for o in outs)
             if layout:
                 X = X.transpose(0, 1)
                 h0 = h0.transpose(0, 1) if h0 is not None else None

@@ -87,7 +87,8 @@ FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain"), ("fusegraph", 
 # channel the same way, layer after layer (a folded BatchNorm lives there): the probabilities'
 # relative L2 error of inception_v1 2.4e-2 -> 1.3e-2, bvlc_alexnet 2.1e-2 -> 8.5e-3
 # (OpenVINO's bf16, which keeps biases float32: 1.7e-2 / 1.9e-2)
-FLOAT32_BIAS = {("fusegraph", "FusedConv"): 2, ("fusegraph", "LinearAct"): 2, ("fusegraph", "Linear"): 2}
+FLOAT32_BIAS = {("fusegraph", "FusedConv"): 2, ("fusegraph", "LinearAct"): 2, ("fusegraph", "Linear"): 2,
+                ("fusegraph", "LSTM"): 3, ("", "LSTM"): 3, ("", "GRU"): 3, ("", "RNN"): 3}
 CHAIN_KEEP_WHY = "a fused elementwise chain with an exp / log / pow / sqrt step: float32"
 
 

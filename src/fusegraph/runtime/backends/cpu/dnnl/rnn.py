@@ -25,7 +25,8 @@ Operands, per node (``D`` directions, ``G`` gates, ``H`` hidden, ``T`` steps, ``
 Declined with a reason: other activations (and RNN's relu, whose NaN oneDNN maps to 0,
 unless ``Config.fast_math``), ``activation_alpha`` / ``beta``, ``clip``,
 ``input_forget``, a ``sequence_lens`` that is not a constant equal to ``T`` everywhere,
-non-float32 data.
+data other than float32, or than bfloat16 on a CPU with bfloat16 arithmetic (a mixed-precision
+model's: data, weights and states bf16, the bias and peepholes float32).
 
 NaN and infinities: the primitive's GEMMs and its sigmoid / tanh give what ONNX's equations
 give (a NaN input makes NaN outputs downstream of it, an infinite pre-activation saturates):
@@ -46,7 +47,8 @@ from ...protocol import Decline
 from . import capi
 from .call import Slot
 from .layouts import contiguous
-from .memory import TORCH_OF, MemDesc, Memory
+from .compute import compute_dtype
+from .memory import DTYPES, TORCH_OF, MemDesc, Memory
 from .primitive import Attr, Primitive, Resources
 
 FAMILY = "dnnl"
@@ -55,6 +57,7 @@ _DIRECTIONS = {"forward": capi.RNN_LEFT2RIGHT, "reverse": capi.RNN_RIGHT2LEFT,
 _DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 _RNN_ACTS = {"tanh": "tanh", "relu": "relu", "sigmoid": "logistic"}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+TYPES = (torch.float32, torch.bfloat16)
 PEEPHOLE_IFO = (0, 2, 1)       # oneDNN's peephole gates i, f, o from ONNX's i, o, f
 
 
@@ -117,9 +120,15 @@ def rnn_kernel(ctx, store, resources: Resources, exact: bool = True):
     xs = node.inputs[0].shape
     if xs is None or len(xs) != 3 or not isinstance(xs[2], int) or any(o.shape is None for o in node.outputs):
         return _decline("needs the input's rank and feature size")
-    if any(v is not None and v.dtype is not None and v.dtype.is_float and v.dtype.to_torch() != torch.float32
-           for v in list(node.inputs) + list(node.outputs)):
-        return _decline("needs float32 data, weights and states")
+    dtype = node.inputs[0].dtype.to_torch() if node.inputs[0].dtype is not None else None
+    if dtype not in TYPES or compute_dtype(dtype) != dtype:
+        return _decline("needs float32 data, or bfloat16 on a CPU with bfloat16 arithmetic")
+    params = (3, 7)          # the bias and the peepholes: float32 to oneDNN whatever their stored type
+    if any(v is not None and v.dtype is not None and v.dtype.is_float and v.dtype.to_torch() != dtype
+           and not (i in params and v.is_const)
+           for i, v in enumerate(node.inputs)) or \
+            any(v.dtype is not None and v.dtype.is_float and v.dtype.to_torch() != dtype for v in node.outputs):
+        return _decline(f"needs its data, weights, states and outputs in one type ({dtype})")
     steps, batch = (_dim(xs[1]), _dim(xs[0])) if layout else (_dim(xs[0]), _dim(xs[1]))
     w, r = ctx.const(1), ctx.const(2)
     if w is None or r is None:
@@ -144,7 +153,7 @@ def rnn_kernel(ctx, store, resources: Resources, exact: bool = True):
         return _decline("constant initial states with a batch known at run time only")
     lbr = op == "GRU" and bool(int(ctx.attr("linear_before_reset", 0)))
     try:
-        kernel = RnnKernel(ctx, store, resources, op, act, lbr, direction, dirs, layout, inp, hidden)
+        kernel = RnnKernel(ctx, store, resources, op, act, lbr, direction, dirs, layout, inp, hidden, dtype)
         kernel.bound(steps or 1, batch or 1)      # made now: a primitive oneDNN lacks declines here
     except capi.DnnlError as exc:
         return _decline(f"oneDNN has no recurrent primitive for this node: {exc}")
@@ -191,9 +200,11 @@ class RnnKernel:
     ``MAX_SHAPES`` kept); the weights are packed once per layout those primitives want."""
     writes_out = True
 
-    def __init__(self, ctx, store, resources: Resources, op, act, lbr, direction, dirs, layout, inp, hidden):
+    def __init__(self, ctx, store, resources: Resources, op, act, lbr, direction, dirs, layout, inp, hidden,
+                 dtype: torch.dtype = torch.float32):
         node = ctx.node
         f32 = torch.float32
+        self.dtype = dtype           # data, weights and states (the bias and peepholes: float32)
         self.op, self.act, self.lbr, self.layout, self.dirs = op, act, lbr, layout, dirs
         self.direction, self.inp, self.hidden = _DIRECTIONS[direction], inp, hidden
         self.store, self._resources = store, resources
@@ -215,7 +226,7 @@ class RnnKernel:
             if not ctx.has_input(i):
                 self.states[i] = "zeros"
             elif ctx.const(i) is not None:
-                self.states[i] = ctx.const(i).to(f32).contiguous()
+                self.states[i] = ctx.const(i).to(dtype).contiguous()
             else:
                 self.states[i] = None
                 reads.append(i)
@@ -252,20 +263,21 @@ class _Bound:
     def __init__(self, k: RnnKernel, steps: int, batch: int):
         lib = capi.load()
         f32 = torch.float32
+        dt = k.dtype                 # data, weights and states; the bias and peepholes stay f32
         op, dirs, layout, inp, hidden = k.op, k.dirs, k.layout, k.inp, k.hidden
         gates = _GATES[op]
         d_h = dirs * hidden
         self.k = k
         x_shape = (batch, steps, inp) if layout else (steps, batch, inp)
-        x_md = MemDesc.of((steps, batch, inp), f32, (inp, steps * inp, 1) if layout else None)
+        x_md = MemDesc.of((steps, batch, inp), dt, (inp, steps * inp, 1) if layout else None)
         state_dims = (1, dirs, batch, hidden)
         state_shape = (batch, dirs, hidden) if layout else (dirs, batch, hidden)     # ONNX's
         state_strides = _state_strides(layout, dirs, batch, hidden)
-        state_md = MemDesc.of(state_dims, f32, state_strides)
+        state_md = MemDesc.of(state_dims, dt, state_strides)
         # Y [T, D, N, H] (layout 1: [N, T, D, H]) as oneDNN's [T, N, D*H]: a staging buffer
         # where those strides cannot say it
         self.staged_y = not layout and dirs == 2 and batch > 1
-        y_md = MemDesc.of((steps, batch, d_h), f32, (d_h, steps * d_h, 1) if layout else None)
+        y_md = MemDesc.of((steps, batch, d_h), dt, (d_h, steps * d_h, 1) if layout else None)
         b_md = MemDesc.of(tuple(k.bias.shape), f32)
         p_md = MemDesc.of(tuple(k.peep.shape), f32) if k.peep is not None else None
         gives_state = k.n_out > 1
@@ -274,8 +286,8 @@ class _Bound:
         dst_iter = state_md.handle if gives_state else None
 
         def make(tag: int) -> Primitive:
-            wl = MemDesc.tagged([1, dirs, inp, gates, hidden], capi.F32, tag)
-            wi = MemDesc.tagged([1, dirs, hidden, gates, hidden], capi.F32, tag)
+            wl = MemDesc.tagged([1, dirs, inp, gates, hidden], DTYPES[dt], tag)
+            wi = MemDesc.tagged([1, dirs, hidden, gates, hidden], DTYPES[dt], tag)
             pd = capi.vp()
             fwd = capi.FORWARD_INFERENCE
             if op == "LSTM":
@@ -303,8 +315,8 @@ class _Bound:
         consts, keep = [], [attr]
         for index, arg, rows in ((0, capi.ARG_WEIGHTS_LAYER, inp), (1, capi.ARG_WEIGHTS_ITER, hidden)):
             value = k.weights[index]
-            plain = value.const if value.const.device.type == "meta" else value.const.to(f32).contiguous()
-            operand = MemDesc.of((1, dirs, rows, gates, hidden), f32,
+            plain = value.const if value.const.device.type == "meta" else value.const.to(dt).contiguous()
+            operand = MemDesc.of((1, dirs, rows, gates, hidden), dt,
                                  (dirs * gates * hidden * rows, gates * hidden * rows, 1, hidden * rows, rows))
             want = prim.md(capi.Q_WEIGHTS_MD, index)
             packed = k.store.form(value.name, plain, (0, 2, 1), operand, want)
@@ -314,31 +326,31 @@ class _Bound:
         if k.peep is not None:
             consts.append((capi.ARG_WEIGHTS_PEEPHOLE, Memory(p_md, k.peep.data_ptr())))
         # run-time inputs: X, and the initial states not given as constants
-        self.slots = [Slot(capi.ARG_SRC_LAYER, x_shape, contiguous(x_shape), f32, x_md)]
+        self.slots = [Slot(capi.ARG_SRC_LAYER, x_shape, contiguous(x_shape), dt, x_md)]
         for i, arg in ((5, capi.ARG_SRC_ITER), (6, capi.ARG_SRC_ITER_C)):
             if i not in k.states:
                 continue
             c = k.states[i]
             if c is None:
-                self.slots.append(Slot(arg, state_shape, contiguous(state_shape), f32,
-                                       MemDesc.of(state_dims, f32, state_strides)))
+                self.slots.append(Slot(arg, state_shape, contiguous(state_shape), dt,
+                                       MemDesc.of(state_dims, dt, state_strides)))
                 continue
-            t = torch.zeros(state_shape) if isinstance(c, str) else c
+            t = torch.zeros(state_shape, dtype=dt) if isinstance(c, str) else c
             if tuple(t.shape) != state_shape:
                 raise capi.DnnlError(f"initial state {i} has shape {tuple(t.shape)}, not {state_shape}", 2)
-            consts.append((arg, Memory(MemDesc.of(state_dims, f32, state_strides), t.data_ptr())))
+            consts.append((arg, Memory(MemDesc.of(state_dims, dt, state_strides), t.data_ptr())))
             keep.append(t)
         # outputs: Y, Y_h, Y_c (an LSTM's Y_c the node does not give: a buffer of the kernel's)
         y_shape = (batch, steps, dirs, hidden) if layout else (steps, dirs, batch, hidden)
-        self.y_staging = torch.empty(steps, batch, d_h) if self.staged_y else None
-        self.out_slots = [Slot(capi.ARG_DST_LAYER, y_shape, contiguous(y_shape), f32, y_md)]
+        self.y_staging = torch.empty(steps, batch, d_h, dtype=dt) if self.staged_y else None
+        self.out_slots = [Slot(capi.ARG_DST_LAYER, y_shape, contiguous(y_shape), dt, y_md)]
         for j, arg in ((1, capi.ARG_DST_ITER), (2, capi.ARG_DST_ITER_C)):
             if j < k.n_out:
-                self.out_slots.append(Slot(arg, state_shape, contiguous(state_shape), f32,
-                                           MemDesc.of(state_dims, f32, state_strides)))
+                self.out_slots.append(Slot(arg, state_shape, contiguous(state_shape), dt,
+                                           MemDesc.of(state_dims, dt, state_strides)))
             elif j == 2 and op == "LSTM" and gives_state:
-                spare = torch.empty(state_shape)
-                consts.append((arg, Memory(MemDesc.of(state_dims, f32, state_strides), spare.data_ptr())))
+                spare = torch.empty(state_shape, dtype=dt)
+                consts.append((arg, Memory(MemDesc.of(state_dims, dt, state_strides), spare.data_ptr())))
                 keep.append(spare)
         if self.staged_y:
             self.out_slots[0].memory.point(self.y_staging.data_ptr())
