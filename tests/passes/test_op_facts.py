@@ -106,6 +106,10 @@ NEW_POLICY = {
     (FG, "ChannelLayerNorm"): ("keep", "normalisation statistics: float32"),
     (FG, "GroupNorm"): ("keep", "normalisation statistics: float32"),
     (FG, "Roll"): ("follow", _MOVE),
+    # the recurrent layers, reduced since the eleventh session's bf16 cells
+    **{key: ("reduce", "a recurrent layer: its products read the reduced type (oneDNN's round the hidden state "
+                       "to it at each step, as their input) and accumulate in float32; the gates and the cell "
+                       "state in float32") for key in (("", "RNN"), ("", "GRU"), ("", "LSTM"), (FG, "LSTM"))},
 }
 
 
