@@ -2,7 +2,8 @@
 
 Build-time readers of attributes / constant inputs, symbolic-shape arithmetic for ``infer=``
 functions, a per-device cache for index tensors computed once at build time, and seeded
-random generators. No op is registered here.
+random generators. No op is registered here. The two layout views, ``settled_strides`` and
+``dense_view``, are also read by the fused ops and the CPU backend.
 """
 from __future__ import annotations
 
@@ -174,3 +175,18 @@ def unsigned_safe(ctx: NodeContext, kernel, inputs=(0,), outputs=(0,), ordered: 
             return tuple(back(o) if k in outputs else o for k, o in enumerate(out))
         return back(out)
     return wrapped
+
+
+def dense_view(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s elements as a one-axis view when its bytes are dense in some axis order (a
+    channels-last activation), else None (the guard measures through it, the CPU backend's
+    ``quantize.py`` lays its workspace out by it, a reduced-type chain takes its blocks by it)."""
+    if t.is_contiguous():
+        return t.view(-1)
+    dims = sorted(range(t.dim()), key=lambda d: t.stride(d))
+    step = 1
+    for d in dims:
+        if t.size(d) != 1 and t.stride(d) != step:
+            return None
+        step *= t.size(d)
+    return t.as_strided((t.numel(),), (1,))

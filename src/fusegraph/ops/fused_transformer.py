@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from ..ir import DType
 from ..ir.shape import broadcast_shapes
+from ._tensor_util import dense_view
 from .activations import gelu as _gelu_fn
 from .common import bias_like, product_out_dtype, widened, widens
 from .fused_basic import linear_terms
@@ -477,21 +478,14 @@ def chain_source(steps: list[str], n_inputs: int, scalars: dict[int, float]) -> 
 ROUNDED_BLOCK = 1 << 15      # elements of a reduced-type chain computed in float32 at a time
 
 
-def _same_dense_layout(out: torch.Tensor, xs) -> bool:
-    """Whether every input is a 0-d scalar or a tensor of ``out``'s shape and strides, all dense
-    (their elements one block of memory, in one order)."""
-    if not _dense(out):
-        return False
-    return all(x.dim() == 0 or (x.shape == out.shape and x.stride() == out.stride()) for x in xs)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """A dense tensor's elements as one axis, in memory order (a view)."""
-    return t.as_strided((t.numel(),), (1,))
+def _blocks_of(out: torch.Tensor, xs) -> tuple | None:
+    """(``out``, then each input) as one-axis views in memory order, where ``out`` is dense
+    (``dense_view``) and every input is a 0-d scalar (as it is) or has ``out``'s shape and
+    strides; else None."""
+    flat_out = dense_view(out)
+    if flat_out is None or any(x.dim() and (x.shape != out.shape or x.stride() != out.stride()) for x in xs):
+        return None
+    return flat_out, [x.as_strided((x.numel(),), (1,)) if x.dim() else x for x in xs]
 
 
 @register("ElementwiseChain", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, writes_out=True,
@@ -524,9 +518,9 @@ def _chain(ctx: NodeContext):
         rounding. Inputs laid out as ``out`` is are taken a block at a time (``ROUNDED_BLOCK``
         elements): float32 copies of whole multi-megabyte tensors would be fresh mappings
         whose pages fault in on every run."""
-        if out is not None and out.numel() > ROUNDED_BLOCK and _same_dense_layout(out, xs):
-            flat_out = _flat(out)
-            flats = [_flat(x) if x.dim() else x for x in xs]
+        blocks = _blocks_of(out, xs) if out is not None and out.numel() > ROUNDED_BLOCK else None
+        if blocks is not None:
+            flat_out, flats = blocks
             for start in range(0, flat_out.numel(), ROUNDED_BLOCK):
                 part = [f[start:start + ROUNDED_BLOCK] if f.dim() else f for f in flats]
                 flat_out[start:start + ROUNDED_BLOCK].copy_(

@@ -29,6 +29,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from ....ops._tensor_util import dense_view
 from ..protocol import Direct
 
 
@@ -83,20 +84,6 @@ def extremes(t: torch.Tensor, view: torch.Tensor | None = None) -> tuple[float, 
         view = dense_view(t)
     lo, hi = torch.aminmax(t.reshape(-1) if view is None else view)
     return lo.item(), hi.item()
-
-
-def dense_view(t: torch.Tensor) -> torch.Tensor | None:
-    """``t``'s elements as a one-axis view when its bytes are dense in some axis order (a
-    channels-last activation), else None (``quantize.py`` lays its workspace out by it too)."""
-    if t.is_contiguous():
-        return t.view(-1)
-    dims = sorted(range(t.dim()), key=lambda d: t.stride(d))
-    step = 1
-    for d in dims:
-        if t.size(d) != 1 and t.stride(d) != step:
-            return None
-        step *= t.size(d)
-    return t.as_strided((t.numel(),), (1,))
 
 
 class Guarded:

@@ -32,8 +32,8 @@ import math
 import torch
 
 from ....ir import DType
+from ....ops._tensor_util import dense_view
 from ..protocol import Decline
-from .guard import dense_view
 
 RANGES = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
 

@@ -44,7 +44,6 @@ per M as the static kernels are. Anything else declines with a reason (the stati
 from __future__ import annotations
 
 import ctypes as C
-import threading
 
 import torch
 
@@ -63,7 +62,6 @@ EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwi
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
 SERIAL_ELEMENTS = 1 << 15        # a one-row activation of fewer elements runs on one thread
-_thread_id = threading.get_ident
 ROWS_KEPT = 16                    # row counts whose prepared call a configuration keeps (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
@@ -155,8 +153,10 @@ class RuntimeLinear:
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
         self._post, self._exact = post, exact
         # the fast form (not ``exact``: a guard admits it only where no NaN / Inf can reach it)
-        # runs a one-row product's single activation as a oneDNN eltwise (``_row_activation``)
-        self._row_act: dict | None = {} if gemv and not exact and post and len(post) == 1 else None
+        # runs a one-row product's single activation as a oneDNN eltwise (``_row_activation``),
+        # one prepared call per thread shared by the products of one width and activation
+        self._row_act: dict | None = resources.shared.setdefault(("row eltwise", n, tuple(post[0])), {}) \
+            if gemv and not exact and post and len(post) == 1 else None
         self._resources = resources
         self._calls: dict[int, PreparedCalls] = {}     # thread -> its prepared calls (``set_weight``: shared)
         self._exec = capi.load().execute
@@ -270,18 +270,16 @@ class RuntimeLinear:
     def _row_activation(self, out: torch.Tensor) -> None:
         """The fast form's activation over one row, in place, as oneDNN's eltwise (the
         post-op the matmul primitive would fuse; sgemm has none): one prepared call per
-        thread, pointed at ``out``, instead of a torch op whose dispatch a product has just
-        evicted from the caches (``_gemv``)."""
-        call = self._row_act.get(_thread_id())
-        if call is None:
-            call = self._row_act[_thread_id()] = self._prepare_row_activation()
+        thread (``PreparedCalls``), pointed at ``out``, instead of a torch op whose dispatch a
+        product has just evicted from the caches (``_gemv``)."""
+        call = PreparedCalls.of_thread(self._row_act, self._prepare_row_activation, 1).get(1)
         mem, args, nargs, prim, _scratch = call
         mem.point(out.data_ptr())
         status = self._exec(prim.handle, thread_stream(), nargs, args)
         if status:
             raise capi.DnnlError("execute eltwise", status)
 
-    def _prepare_row_activation(self) -> tuple:
+    def _prepare_row_activation(self, _rows: int) -> tuple:
         _, alg, alpha, beta = self._post[0]
         md = MemDesc.of((1, self.n), torch.float32)
         with threads_for(self.n < SERIAL_ELEMENTS):
