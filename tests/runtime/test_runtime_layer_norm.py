@@ -206,7 +206,31 @@ def test_the_primitives_kept_are_bounded(monkeypatch):
         y = kernel(x, gamma, beta, out=torch.empty(rows, D))
         torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, [D], gamma, beta, EPS), rtol=1e-4, atol=1e-4)
         assert len(kernel._calls[threading.get_ident()].rows) <= 3
-    assert list(kernel._calls[threading.get_ident()].rows) == [5, 2, 9]     # the most recently used row counts
+    assert list(kernel._calls[threading.get_ident()].rows) == [2, 8, 1]     # the most recently used pieces (9: 8, 1)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("exact", [True, False])
+def test_every_row_count_runs_on_a_fixed_set_of_primitives(exact, monkeypatch):
+    """Traffic of every length from 1 to 1100 rows makes primitives only for the 30 piece
+    counts of ``row_pieces`` (201 rows: 192, 8 and 1), not one per length; each length's rows
+    are normalised as torch's layer_norm does them, including a row past a piece's end that
+    holds a NaN (exact: that row only is NaN; the check sums the variances of every piece)."""
+    node, gamma, beta = _node("LayerNorm")
+    kernel = runtime_layer_norm_kernel(NodeContext(node), opdef_for(node), Resources(), exact)
+    made = []
+    make = kernel.make
+    monkeypatch.setattr(kernel, "make", lambda rows: made.append(rows) or make(rows))
+    rng = np.random.default_rng(5)
+    for rows in [*range(1, 130), 201, 384, 1025, 1100, *rng.integers(130, 1024, 40).tolist()]:
+        x = torch.from_numpy(rng.standard_normal((rows, D)).astype(np.float32))
+        if exact and rows > 9:
+            x[9, 3] = float("nan")               # in the second piece of 10..15 rows, in the first past 16
+        y = kernel(x, gamma, beta, out=torch.full((rows, D), 7.0))
+        want = torch.nn.functional.layer_norm(x.double(), [D], gamma.double(), beta.double(), EPS).float()
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert len(made) == len(set(made)) <= 30, sorted(made)
+    assert {192, 8, 1} <= set(made) and 201 not in made and 1100 not in made
 
 
 @needs_dnnl
@@ -244,7 +268,7 @@ def test_layer_norms_of_one_configuration_share_their_row_counts(exact):
                                        rtol=1e-4, atol=1e-4)
 
     run_all([7, 12, 7, 30])
-    assert list(nodes[1][0]._calls[threading.get_ident()].rows) == [12, 7, 30]   # one prepared call per row count
+    assert list(nodes[1][0]._calls[threading.get_ident()].rows) == [8, 4, 7, 24, 6]   # one call per piece count (12: 8, 4)
     failed = []
 
     def on_another_thread():

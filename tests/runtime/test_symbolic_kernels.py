@@ -17,7 +17,7 @@ from fusegraph.ops.registry import NodeContext
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.protocol import Decline
 from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import COLUMN_MAJOR_MAX_N, GEMV_ROWS, runtime_linear_kernel
-from fusegraph.runtime.backends.cpu.dnnl.primitive import Resources
+from fusegraph.runtime.backends.cpu.dnnl.primitive import Resources, create
 from fusegraph.runtime.backends.cpu.dnnl.weights import WeightStore
 from fusegraph.runtime.backends.cpu.layer_norm import layer_norm_kernel
 from fusegraph.runtime.backends.cpu.workspace import Workspace
@@ -68,26 +68,56 @@ def test_run_time_rows_match_torch_at_every_row_count(one_row_steps, activation,
 @needs_dnnl
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
 @pytest.mark.parametrize("one_row_steps", [False, True])
-def test_the_fast_form_runs_a_one_row_activation_on_onednn(activation, one_row_steps):
-    """A guarded product's fast form (``exact`` False) runs one row's activation as oneDNN's
-    eltwise over its output, not as the torch activation after sgemm: same numbers (finite
-    inputs) as the float64 product and the formula, at one row and around it."""
+def test_the_fast_form_runs_its_activation_on_onednn_in_row_pieces(activation, one_row_steps, monkeypatch):
+    """A guarded product's fast form (``exact`` False) runs its activation after sgemm as
+    oneDNN's eltwise over the output, not as the torch activation: same numbers (finite
+    inputs) as the float64 product and the formula, at one row and at counts run as several
+    pieces (201 rows: 192, 8, 1), on primitives made once for the piece counts (a decoder's
+    products fuse it into their matmul primitive above ``GEMV_ROWS``)."""
+    from fusegraph.runtime.backends.cpu.dnnl import linear_runtime
     rng = np.random.default_rng(5)
     node, w, b = _linear_node(96, 200, activation, True, True, rng)
     kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), False, one_row_steps)
 
     def refused(_t):
-        raise AssertionError("the torch activation ran for one row")
-    torch_activation, kernel._act = kernel._act, refused
-    for rows in (1, 1):
+        raise AssertionError("the torch activation ran")
+    kernel._act = refused
+    made = []
+    monkeypatch.setattr(linear_runtime, "create", lambda what, f: made.append(what) or create(what, f))
+    for rows in (1, 1, 2, 5, 201, 9, 200):
         x = torch.from_numpy(rng.standard_normal((rows, 96)).astype(np.float32))
         got = kernel(x, out=torch.full((rows, 200), float("nan")))
         torch.testing.assert_close(got, _want(x, w, b, activation, True), rtol=1e-4, atol=1e-4)
-    kernel._act = torch_activation
-    for rows in (2, 5):
+    # sgemm at every count: 201 as 192, 8, 1; 9 as 8, 1; 200 as 192, 8. A decoder's weight held
+    # transposed: sgemm up to GEMV_ROWS, a matmul primitive with the activation fused above
+    pieces = {1, 2} if one_row_steps else {1, 2, 5, 192, 8}
+    assert made.count("eltwise") == len(pieces), made
+
+
+@needs_dnnl
+def test_an_exact_gelu_runs_on_onednn_unless_a_nan_or_inf_is_there():
+    """The exact form's GELU after sgemm runs as oneDNN's eltwise where one max over the
+    output finds no NaN and no +inf; where one is there, the op's own GELU runs (+inf stays
+    +inf, NaN stays NaN, as ONNX's formula says), and the finite rows are the same."""
+    rng = np.random.default_rng(6)
+    node, w, b = _linear_node(96, 200, "gelu", True, True, rng)
+    kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), True, False)
+    ran = []
+    torch_gelu = kernel._act
+    kernel._act = lambda t: ran.append(t.shape[0]) or torch_gelu(t)
+    for rows in (3, 201):
         x = torch.from_numpy(rng.standard_normal((rows, 96)).astype(np.float32))
         got = kernel(x, out=torch.full((rows, 200), float("nan")))
-        torch.testing.assert_close(got, _want(x, w, b, activation, True), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got, _want(x, w, b, "gelu", True), rtol=1e-4, atol=1e-4)
+    assert ran == []
+    x = torch.from_numpy(rng.standard_normal((5, 96)).astype(np.float32))
+    x[1, 0], x[3, 0] = float("inf"), float("nan")
+    got = kernel(x, out=torch.full((5, 200), 7.0))
+    assert ran == [5]
+    want = _want(x, w, b, "gelu", True)
+    y = x.double() @ w.double().t() + b.double()
+    assert torch.equal(torch.isposinf(got), torch.isposinf(y)) and torch.equal(got.isnan(), y.isnan() | want.isnan())
+    torch.testing.assert_close(got[[0, 2, 4]], want[[0, 2, 4]], rtol=1e-4, atol=1e-4)
 
 
 @needs_dnnl

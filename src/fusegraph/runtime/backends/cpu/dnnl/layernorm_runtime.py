@@ -3,15 +3,16 @@ normalisation when the row count is known only at run time (a model with symboli
 a variable-length encoder, a decoder's one-row steps); ``layernorm.py`` is the kernel of a
 node whose shapes are static.
 
-oneDNN's layer normalisation takes no run-time dims, so each row count gets its primitive at
-its first call (its JIT code: a fraction of a millisecond, less where oneDNN's own primitive
-cache already holds an identical one). The nodes of a model with one configuration (width,
-output type, parameters present, epsilon, mode) share it (``Resources.shared``): a
-never-seen length makes one primitive and one prepared call, not one per layer. The calls of
-the last ``ROWS_KEPT`` row counts are kept, per thread (its scratchpad), with their argument
-arrays; a call points their memories at the node's tensors and parameters and executes.
-Rows are independent, so a row count's primitive is exactly the static kernel's for that
-shape.
+oneDNN's layer normalisation takes no run-time dims, and a primitive made for a row count
+costs a fraction of a millisecond of JIT code: made for every count, that was paid by most
+requests of variable-length traffic. Rows are independent, so a call runs its rows as at
+most three pieces of a fixed set of counts (``primitive.row_pieces``: 201 rows as 192, 8
+and 1), each piece exactly the static kernel's rows of that count: the primitives are made
+once, whatever the lengths. The nodes of a model with one configuration (width, output
+type, parameters present, epsilon, mode) share them (``Resources.shared``); the calls of the
+last ``ROWS_KEPT`` piece counts are kept, per thread (its scratchpad), with their argument
+arrays; a call points their memories at the piece's rows and the node's parameters and
+executes.
 
 Semantics as ``layernorm.py``: SkipLayerNorm's sum ``s = a + b`` (broadcast by ATen) is
 written into the second output when the node gives the residual stream, else into the
@@ -21,7 +22,7 @@ NaN or an Inf; a finite row of values near 1e37, whose float32 sum of squares ov
 then gives that row ``beta``, finite, so a check of the result alone misses it) the node is
 computed again by the op's own kernel from the node's inputs, which recomputes such rows in
 float64. The primitive is made in oneDNN's training mode for that: it writes each row's mean
-and variance, and one sum over the variances decides (finite variances bound every result
+and variance (into one per-thread buffer for all pieces), and one sum over the variances decides (finite variances bound every result
 where ``sqrt(d) max|gamma| + max|beta|`` is a finite float32; other parameters add a sum over
 the result). The fast form (``exact`` off: a guarded node whose rows cannot overflow, or
 ``Config.fast_math``) is made for inference and checks nothing. Float32 data, the normalised
@@ -34,6 +35,7 @@ Primitives of few elements are made for one thread (``threading_policy``), per r
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -43,9 +45,9 @@ from ..threading_policy import threads_for
 from . import capi
 from .layernorm import scale_and_shift
 from .memory import MemDesc, Memory
-from .primitive import Attr, PreparedCalls, Primitive, call_arguments, create, thread_stream
+from .primitive import Attr, PreparedCalls, Primitive, call_arguments, create, row_pieces, thread_stream
 
-ROWS_KEPT = 32                   # row counts whose prepared call a configuration keeps (the most recently used)
+ROWS_KEPT = 32                   # piece counts whose prepared call a configuration keeps (``row_pieces`` makes 30 at most)
 REFERENCE_ROWS = 64              # the row count of the bind-time primitive (its implementation is reported)
 SERIAL_ELEMENTS = 1 << 13        # below this many elements a primitive is made for one thread
 OUTPUT_TYPES = (torch.float32, torch.bfloat16)
@@ -106,8 +108,9 @@ class RuntimeLayerNorm:
         self._resources = resources
         # per thread, the prepared calls by row count, shared by the model's layer norms of this
         # configuration (each node points the parameters at its own)
-        self._calls: dict[int, PreparedCalls] = resources.shared.setdefault(
-            ("layer_normalization", d, y_dtype, self._prop, self._flags, eps), {})
+        config = ("layer_normalization", d, y_dtype, self._prop, self._flags, eps)
+        self._calls: dict[int, PreparedCalls] = resources.shared.setdefault(config, {})
+        self._stats: dict[int, torch.Tensor] = resources.shared.setdefault((*config, "statistics"), {})  # per thread
         self._lib = capi.load()
         self._exec = self._lib.execute
         self.impl = "portable"
@@ -122,13 +125,10 @@ class RuntimeLayerNorm:
                 pd, self._lib.engine, self._prop, md.handle, y_md.handle, None, self.eps, self._flags,
                 attr.handle))
 
-    def _for_rows(self, rows: int) -> tuple:
-        return PreparedCalls.of_thread(self._calls, self._prepare, ROWS_KEPT).get(rows)
-
     def _prepare(self, rows: int) -> tuple:
-        """A prepared call for ``rows`` rows: the primitive, its source, destination and
-        parameter memories (pointed at a node's tensors before each call), the argument array,
-        and in training mode the rows' mean and variance."""
+        """A prepared call for a piece of ``rows`` rows: the primitive, its source,
+        destination, parameter memories and in training mode its mean and variance memories
+        (all pointed at a piece's tensors before each call), and the argument array."""
         prim = self.make(rows)
         if prim.is_reference:
             raise RuntimeError(f"oneDNN has only its reference layer normalisation for {rows} rows of {self.d}")
@@ -139,18 +139,26 @@ class RuntimeLayerNorm:
         args = [a for a, flag in ((capi.ARG_SCALE, capi.USE_SCALE), (capi.ARG_SHIFT, capi.USE_SHIFT))
                 if self._flags & flag]
         pairs = [(capi.ARG_SRC, x), (capi.ARG_DST, y)] + list(zip(args, params))
-        stats = None
+        stats = ()
         if self._prop == capi.FORWARD_TRAINING:        # each row's mean and variance, for the exactness check
-            with torch.inference_mode(False):
-                stats = torch.empty(2, rows)
-            pairs += [(capi.ARG_MEAN, Memory(MemDesc.of((rows,), torch.float32), stats[0].data_ptr())),
-                      (capi.ARG_VARIANCE, Memory(MemDesc.of((rows,), torch.float32), stats[1].data_ptr()))]
+            stats = (Memory(MemDesc.of((rows,), torch.float32), 0), Memory(MemDesc.of((rows,), torch.float32), 0))
+            pairs += [(capi.ARG_MEAN, stats[0]), (capi.ARG_VARIANCE, stats[1])]
         arg_array, nargs, scratch = call_arguments(prim, pairs, self._resources)
-        return prim, x, y, params, arg_array, nargs, stats, (scratch, pairs)
+        return prim, x, y, params, stats, arg_array, nargs, (scratch, pairs)
+
+    def _statistics(self, rows: int) -> torch.Tensor:
+        """This thread's buffer of ``rows`` means, then ``rows`` variances (training mode)."""
+        ident = threading.get_ident()
+        buf = self._stats.get(ident)
+        if buf is None or buf.shape[1] < rows:
+            with torch.inference_mode(False):
+                buf = self._stats[ident] = torch.empty(2, max(rows, REFERENCE_ROWS))
+        return buf
 
     def _normalise(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        """The norm of ``x``'s rows written into ``y`` (in place where they are one tensor);
-        returns the rows' variances (training mode; else None)."""
+        """The norm of ``x``'s rows written into ``y`` (in place where they are one tensor), a
+        piece of rows a call (``row_pieces``); returns the rows' variances (training mode;
+        else None)."""
         if x.shape[-1] != self.d:
             raise ValueError(f"oneDNN layer normalisation: input {tuple(x.shape)} does not end in {self.d}")
         rows = x.numel() // self.d if self.d else 0
@@ -159,17 +167,26 @@ class RuntimeLayerNorm:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         target = y if y.is_contiguous() and y.dtype == self.y_dtype else torch.empty(y.shape, dtype=self.y_dtype)
-        prim, xm, ym, params, args, nargs, stats, _kept = self._for_rows(rows)
-        xm.point(x.data_ptr())
-        ym.point(target.data_ptr())
-        for mem, ptr in zip(params, self._param_ptrs):
-            mem.point(ptr)
-        status = self._exec(prim.handle, thread_stream(), nargs, args)
-        if status:
-            raise capi.DnnlError("execute layer normalisation", status)
+        training = self._prop == capi.FORWARD_TRAINING
+        buf = self._statistics(rows) if training else None
+        x_ptr, y_ptr, stride = x.data_ptr(), target.data_ptr(), buf.stride(0) * 4 if training else 0
+        x_row, y_row = self.d * 4, self.d * target.element_size()
+        for start, count in row_pieces(rows):
+            prim, xm, ym, params, stats, args, nargs, _kept = PreparedCalls.of_thread(
+                self._calls, self._prepare, ROWS_KEPT).get(count)
+            xm.point(x_ptr + start * x_row)
+            ym.point(y_ptr + start * y_row)
+            for mem, ptr in zip(params, self._param_ptrs):
+                mem.point(ptr)
+            if training:
+                stats[0].point(buf.data_ptr() + start * 4)
+                stats[1].point(buf.data_ptr() + stride + start * 4)
+            status = self._exec(prim.handle, thread_stream(), nargs, args)
+            if status:
+                raise capi.DnnlError("execute layer normalisation", status)
         if target is not y:
             y.copy_(target)
-        return None if stats is None else stats[1]
+        return buf[1, :rows] if training else None
 
     def _exact(self, y: torch.Tensor, variances: torch.Tensor | None, args: tuple) -> None:
         """The op's own kernel again on ``args`` (the node's inputs) where a row's variance is

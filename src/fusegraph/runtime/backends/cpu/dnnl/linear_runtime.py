@@ -35,8 +35,12 @@ memories at the node's own input, output, weight and bias.
 The activation is a post-op where oneDNN's eltwise is exact on NaN / Inf and the
 implementation's epilogue was checked for it (``primitive.exact_post_ops``); otherwise it runs
 after the product, in place, with torch (GELU always, unless ``Config.fast_math``). sgemm has
-no post-ops: after it, a guarded node's fast form runs one row's activation as a prepared
-oneDNN eltwise call, and a one-row bias is written by ``memmove`` (``_gemv``). Products
+no post-ops: after it, the activation runs as oneDNN's eltwise over the output's rows in
+pieces of a fixed set of counts (``primitive.row_pieces``: prepared calls made once, whatever
+the lengths; torch's own GELU makes oneDNN code for every new shape it meets): a guarded
+node's fast form's activation, and an exact GELU where one max over the output finds neither
+a NaN nor a +inf (torch's GELU computes it with the same eltwise; where one is there, the
+op's own GELU restores +inf). A one-row bias is written by ``memmove`` (``_gemv``). Products
 small enough to gain nothing from a second thread are made for one (``threading_policy``),
 per M as the static kernels are. Anything else declines with a reason (the static kernel of
 ``linear.py`` takes a node whose shapes are static).
@@ -54,18 +58,20 @@ from . import capi
 from .compute import compute_dtype
 from .linear import WIDENED, product_operands
 from .memory import DTYPES, MemDesc, Memory
-from .primitive import Attr, PreparedCalls, call_arguments, create, exact_post_ops, thread_stream
+from .primitive import Attr, PreparedCalls, call_arguments, create, exact_post_ops, row_pieces, thread_stream
 
 TYPES = (torch.float32, torch.bfloat16)
 EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwise", "logistic", 0.0, 0.0)],
          "tanh": [("eltwise", "tanh", 0.0, 0.0)], "silu": [("eltwise", "swish", 1.0, 0.0)]}
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
-SERIAL_ELEMENTS = 1 << 15        # a one-row activation of fewer elements runs on one thread
+SERIAL_ELEMENTS = 1 << 15        # an activation's piece of fewer elements runs on one thread
+PIECES_KEPT = 32                  # an activation's piece counts whose prepared call is kept (``row_pieces``: 30)
 ROWS_KEPT = 16                    # row counts whose prepared call a configuration keeps (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
+_INF = float("inf")
 
 
 def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_steps: bool = False):
@@ -96,7 +102,13 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
     post = (EXACT if exact else {**EXACT, **FAST}).get(activation)
     gemv = compute == torch.float32
     by_columns = gemv and one_row_steps and n <= COLUMN_MAJOR_MAX_N
-    kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv, by_columns, out_dtype)
+    # after sgemm: the fast form's one activation, or an exact GELU (checked for NaN / +inf), on oneDNN
+    rows_eltwise = None
+    if gemv and not exact and post and len(post) == 1:
+        rows_eltwise = post[0]
+    elif gemv and exact and activation == "gelu":
+        rows_eltwise = FAST["gelu"][0]
+    kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv, by_columns, out_dtype, rows_eltwise)
     if gemv:         # plain: K x N row-major, or its N x K transpose (each column of W one contiguous row)
         want = MemDesc.of((k, n), compute, (1, k) if by_columns else (n, 1))
     else:
@@ -143,7 +155,8 @@ class RuntimeLinear:
     reads = (0,)
 
     def __init__(self, k: int, n: int, dtype: torch.dtype, bias, post: list | None, resources, exact: bool,
-                 gemv: bool = False, by_columns: bool = False, out_dtype: torch.dtype | None = None):
+                 gemv: bool = False, by_columns: bool = False, out_dtype: torch.dtype | None = None,
+                 rows_eltwise: tuple | None = None):
         self.k, self.n, self.dtype = k, n, dtype
         self.out_dtype = out_dtype or dtype           # float32 from bfloat16 operands: a Cast folded in
         self.gemv_rows = GEMV_ROWS if gemv else 0     # the weight is plain: sgemm up to these rows
@@ -152,11 +165,13 @@ class RuntimeLinear:
         self._bias_bytes = 0 if bias is None else self._bias.numel() * 4
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
         self._post, self._exact = post, exact
-        # the fast form (not ``exact``: a guard admits it only where no NaN / Inf can reach it)
-        # runs a one-row product's single activation as a oneDNN eltwise (``_row_activation``),
-        # one prepared call per thread shared by the products of one width and activation
-        self._row_act: dict | None = resources.shared.setdefault(("row eltwise", n, tuple(post[0])), {}) \
-            if gemv and not exact and post and len(post) == 1 else None
+        # the activation after sgemm as a oneDNN eltwise over row pieces (``_rows_activation``):
+        # per thread, prepared calls by piece count, shared by the products of one width and
+        # activation; an exact one is a GELU, run there only where the output is checked free
+        # of NaN and +inf (``_gemv``)
+        self._rows_act: dict | None = None if rows_eltwise is None else \
+            resources.shared.setdefault(("rows eltwise", n, tuple(rows_eltwise)), {})
+        self._rows_eltwise = rows_eltwise
         self._resources = resources
         self._calls: dict[int, PreparedCalls] = {}     # thread -> its prepared calls (``set_weight``: shared)
         self._exec = capi.load().execute
@@ -261,28 +276,32 @@ class RuntimeLinear:
         if status:
             raise capi.DnnlError("sgemm", status)
         if self._act is not None:
-            if m == 1 and self._row_act is not None:
-                self._row_activation(out)
+            if self._rows_act is not None and (not self._exact or bool(out.amax() < _INF)):
+                self._rows_activation(out, m)
             else:
                 self._act(out)
         return out
 
-    def _row_activation(self, out: torch.Tensor) -> None:
-        """The fast form's activation over one row, in place, as oneDNN's eltwise (the
-        post-op the matmul primitive would fuse; sgemm has none): one prepared call per
-        thread (``PreparedCalls``), pointed at ``out``, instead of a torch op whose dispatch a
-        product has just evicted from the caches (``_gemv``)."""
-        call = PreparedCalls.of_thread(self._row_act, self._prepare_row_activation, 1).get(1)
-        mem, args, nargs, prim, _scratch = call
-        mem.point(out.data_ptr())
-        status = self._exec(prim.handle, thread_stream(), nargs, args)
-        if status:
-            raise capi.DnnlError("execute eltwise", status)
+    def _rows_activation(self, out: torch.Tensor, m: int) -> None:
+        """The activation over ``m`` rows of ``out``, in place, as oneDNN's eltwise (the
+        post-op the matmul primitive would fuse; sgemm has none), a piece of rows a call
+        (``row_pieces``): prepared calls per thread (``PreparedCalls``), pointed at the piece.
+        Torch's GELU would make oneDNN code for every new row count; and after a one-row
+        product, whose weight streamed through the caches, a torch op's dispatch misses on
+        its own bookkeeping (``_gemv``)."""
+        calls = PreparedCalls.of_thread(self._rows_act, self._prepare_rows_activation, PIECES_KEPT)
+        ptr, row = out.data_ptr(), self.n * 4
+        for start, count in row_pieces(m):
+            mem, args, nargs, prim, _scratch = calls.get(count)
+            mem.point(ptr + start * row)
+            status = self._exec(prim.handle, thread_stream(), nargs, args)
+            if status:
+                raise capi.DnnlError("execute eltwise", status)
 
-    def _prepare_row_activation(self, _rows: int) -> tuple:
-        _, alg, alpha, beta = self._post[0]
-        md = MemDesc.of((1, self.n), torch.float32)
-        with threads_for(self.n < SERIAL_ELEMENTS):
+    def _prepare_rows_activation(self, rows: int) -> tuple:
+        _, alg, alpha, beta = self._rows_eltwise
+        md = MemDesc.of((rows, self.n), torch.float32)
+        with threads_for(rows * self.n < SERIAL_ELEMENTS):
             prim = create("eltwise", lambda pd: self._lib.eltwise_forward_primitive_desc_create(
                 pd, self._lib.engine, capi.FORWARD_INFERENCE, capi.ELTWISE[alg], md.handle, md.handle,
                 alpha, beta, None))

@@ -18,6 +18,10 @@ primitives, and the per-thread resources a primitive runs with.
   never used by two primitives at once.
 - ``call_arguments(prim, pairs, resources)``: the prepared execution arguments of a kernel
   that points its memories at each call's tensors (one primitive per row count).
+- ``row_pieces(rows)``: a row count as at most three pieces of a fixed set of counts, for a
+  kernel whose rows are independent (a layer norm, an activation): it runs any row count on
+  a bounded set of primitives, made once, instead of making code for every count it meets
+  (a variable-length encoder meets a new one with most requests).
 - ``reorder(src, src_ptr, dst, dst_ptr)``: one-off copies between layouts (weight packing and
   unpacking), on the calling thread's stream.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import ctypes as C
 import threading
 from collections import OrderedDict
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -206,6 +211,29 @@ class PreparedCalls:
         if calls is None:
             calls = table[threading.get_ident()] = PreparedCalls(make, kept)
         return calls
+
+
+PIECE_UNITS = (64, 8, 1)         # ``row_pieces``: a row count's digits in base 8 below 64, then its multiple of 64
+PIECE_MOST = 1024                # ... of at most this many rows a piece
+
+
+@lru_cache(maxsize=4096)
+def row_pieces(rows: int) -> tuple[tuple[int, int], ...]:
+    """``(first row, row count)`` pieces that cover ``rows`` rows in order: pieces of
+    ``PIECE_MOST`` rows while more remain, then the rest's multiple of 64, of 8, and the last
+    rows (``rows`` 201: 192, 8, 1). Every count is one of 16 multiples of 64, 7 of 8 or 7 below
+    8, so a kernel of independent rows needs at most 30 primitives for any traffic, and runs
+    a count in at most three calls (more only past ``PIECE_MOST``)."""
+    pieces, start, rest = [], 0, int(rows)
+    while rest > PIECE_MOST:
+        pieces.append((start, PIECE_MOST))
+        start, rest = start + PIECE_MOST, rest - PIECE_MOST
+    for unit in PIECE_UNITS:
+        n = rest - rest % unit
+        if n:
+            pieces.append((start, n))
+            start, rest = start + n, rest - n
+    return tuple(pieces)
 
 
 def call_arguments(prim: Primitive, pairs, resources: Resources) -> tuple:
