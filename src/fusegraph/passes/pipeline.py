@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from . import algebra, batchnorm, collapse, conv_affine, conv_before_resize, noop, replace_linear, replace_matmul
-from . import dynamic_quant, qdq_propagate, qlinear_ops, quantize_qdq, replace_reduce, replace_rnn, shape_chain
+from . import dynamic_quant, qdq_propagate, qlinear_ops, quantize_qdq, replace_reduce, replace_rnn, shape_chain, table_gather
 from .cse import CommonSubexpressionElimination
 from .dce import DeadCodeElimination
 from .fold import ConstantFold, FoldLog
@@ -35,6 +35,7 @@ class Group:
 # name -> rule family, for every pass built from rewrite rules
 RULE_FAMILIES = {
     "shape_chain_fold": shape_chain.RULES,
+    "table_gather": table_gather.RULES,
     "noop_elimination": noop.RULES,
     "algebraic_simplify": algebra.RULES,
     "collapse_chains": collapse.RULES,
@@ -72,6 +73,7 @@ SIMPLIFY = Group("simplify", (
     "constant_fold",        # ... which folding then evaluates, cascading through the chain
     "shape_refine",         # folded constants make downstream shapes static: re-infer them
     "noop_elimination",     # after folding, so Reshape / Expand targets are constants
+    "table_gather",         # embedding rows a constant's ids pick: a view of the table, not a copy
     "algebraic_simplify",
     "collapse_chains",
     "batchnorm_to_affine",  # before conv_affine_fold, which consumes its Mul / Add

@@ -26,8 +26,9 @@ cache and unpacks the frame into its locals; on a miss it calls ``FrameBuilder``
    caches, and a decoder's step evicts them by streaming its weights, so a frame made at the
    next step's start would pay their misses again.
 
-Frames are kept first made, first out (``capacity`` of them, holding at most ``FRAME_BYTES``
-of computed tensors), plans least recently used first out (``PLANS_KEPT``).
+Frames are kept first made, first out (``capacity`` of them, whose computed tensors hold at
+most ``FRAME_BYTES`` of private memory: a view of a constant holds none), plans least recently
+used first out (``PLANS_KEPT``).
 ``stats`` counts frames (made at a miss, and made ahead) and plans made and the seconds they
 took, for the report. Nothing here runs a kernel on the model's activations or chooses an
 order.
@@ -50,8 +51,8 @@ from .shape_program import ShapeProgram
 
 SHAPE_ONLY = "shape-only work, done once per input shape: its result is kept in the frame"
 FRAMES_KEPT = 256
-FRAME_BYTES = 8 << 20        # the computed tensors the kept frames may hold, together (a frame made again
-                             # costs a shape evaluation; kept ones cost private memory)
+FRAME_BYTES = 8 << 20        # the private bytes the kept frames' computed tensors may hold, together (a frame
+                             # made again costs a shape evaluation; kept ones cost private memory)
 PLANS_KEPT = 64
 FRAMES_AHEAD = 4             # a decoder's next frames made with one (``FrameBuilder._make_ahead``)
 
@@ -169,6 +170,7 @@ class FrameBuilder:
         self._last_views = None     # (plan, arena generation, shapes, views) of the last frame made
         self._bytes: dict[tuple, int] = {}         # per kept frame, the bytes of its computed tensors
         self.frame_bytes = 0
+        self._const_ptrs: set[int] | None = None     # the graph constants' storages (``_held_bytes``)
         self.plans: OrderedDict[int, MemoryBucket] = OrderedDict()
         self.on_plan: Callable | None = None         # called with each new memory plan (the model's report)
         self.memo_storages: dict[int, int] = {}      # storage -> kept frames holding a shape-only tensor there
@@ -221,7 +223,7 @@ class FrameBuilder:
         views = self._views(plan, shapes)
         held = tuple(memo[id(v)] for v in self.memo_results)
         frame = held + tuple(views)
-        nbytes = sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+        nbytes = self._held_bytes(held)
         self.frames[key] = frame
         self._bytes[key] = nbytes
         self.frame_bytes += nbytes
@@ -240,6 +242,23 @@ class FrameBuilder:
                     else:
                         self.memo_storages[ptr] -= 1
         return frame
+
+    def _held_bytes(self, held: tuple) -> int:
+        """The private bytes of a frame's computed tensors: each storage once, and none of a
+        constant's (a slice or an expand of a table is a view of it)."""
+        if self._const_ptrs is None:
+            self._const_ptrs = {v.const.untyped_storage().data_ptr() for v in self.graph.constants.values()
+                                if v.const is not None and v.const.device.type != "meta" and v.const.numel()}
+        seen: set[int] = set()
+        nbytes = 0
+        for t in held:
+            if isinstance(t, torch.Tensor) and t.numel():
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if ptr not in seen and ptr not in self._const_ptrs:
+                    seen.add(ptr)
+                    nbytes += storage.nbytes()
+        return nbytes
 
     def _make_ahead(self, dims: dict[str, int], inputs) -> None:
         """A decoder's next frames, made now: where the symbolic dims grew by one amount since
