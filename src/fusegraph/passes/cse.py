@@ -1,7 +1,12 @@
 """Common subexpression elimination, constants included.
 
-Constants of the same dtype, shape and bytes (up to ``MAX_DEDUP_BYTES`` each) are merged
-first, so nodes reading equal constants through different Values become comparable. Then,
+Constants of the same dtype, shape and bytes are merged first, so nodes reading equal
+constants through different Values become comparable, and a weight the model shares between
+layers (ALBERT's one layer run several times) stays one tensor after the rewrites that make
+each node's form of it (a transpose, a concatenation of the three attention products): up to
+``MAX_DEDUP_BYTES`` by their bytes, larger ones by comparing them with the earlier constants
+of their dtype and shape (``SAMPLED`` bytes at fixed places first, all of them where those
+agree: random weights of one shape are told apart without reading them whole). Then,
 in node order, a pure node with the same op, domain, version, attributes and input Values
 as an earlier one is replaced by it. Not merged: impure or unknown ops, nodes with flagged
 outputs, nodes with subgraph attributes, and a duplicate whose output is a graph output when
@@ -19,7 +24,8 @@ from ..ir.subgraphs import subgraphs
 from ..ops import lookup
 from .manager import PassResult, is_locked
 
-MAX_DEDUP_BYTES = 1 << 20
+MAX_DEDUP_BYTES = 1 << 20        # constants up to this size are keyed by their bytes; larger ones compared
+SAMPLED = 256                    # bytes compared first, at fixed places, between two large constants
 
 
 def _tensor_key(t: torch.Tensor):
@@ -88,17 +94,36 @@ class CommonSubexpressionElimination:
     @staticmethod
     def _dedup_constants(graph: Graph) -> int:
         seen: dict[tuple, object] = {}
+        large: dict[tuple, list] = {}          # (dtype, shape) -> the large constants kept
         merged = 0
         for name, v in list(graph.constants.items()):
             if is_locked(v) or not v.uses:
                 continue
             key = _tensor_key(v.const)
             if key[0] == "tensor-id":
-                continue
-            first = seen.setdefault(key, v)
+                first = _equal_large(large.setdefault((str(v.const.dtype), tuple(v.const.shape)), []), v)
+            else:
+                first = seen.setdefault(key, v)
             if first is v:
                 continue
             for node, idx in list(v.uses):
                 node.set_input(idx, first)
             merged += 1
         return merged
+
+
+def _equal_large(kept: list, v):
+    """The first of ``kept`` whose bytes are ``v``'s (``v`` itself, appended, where none is)."""
+    t = v.const
+    if t.device.type == "meta" or not t.is_contiguous():
+        return v
+    raw = t.reshape(-1).view(torch.uint8)
+    n = min(SAMPLED, raw.numel())
+    picks = torch.arange(n) * (raw.numel() - 1) // max(n - 1, 1)
+    sample = raw[picks]
+    for other in kept:
+        o = other.const.reshape(-1).view(torch.uint8)
+        if torch.equal(o[picks], sample) and torch.equal(o, raw):
+            return other
+    kept.append(v)
+    return v

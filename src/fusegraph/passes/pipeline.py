@@ -99,6 +99,7 @@ FUSE = Group("fuse", (
                             # forms it packs and recomputes (the group repeats: they see its result)
     "qdq_affine",           # Q(DQ(x) op c ...) -> Requantize with steps: after BatchNorm became a chain
     "qdq_grid_output",      # DQ(QConv / QLinear / QMatMul) -> the product writing float32 on its grid: after qdq_affine
+    "cse",                  # one tensor for the equal weights the rewrites made per node (a shared layer's)
     "dce",                  # drops what fused patterns left dead
 ))
 
