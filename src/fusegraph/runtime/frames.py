@@ -54,7 +54,7 @@ FRAMES_KEPT = 256
 FRAME_BYTES = 8 << 20        # the private bytes the kept frames' computed tensors may hold, together (a frame
                              # made again costs a shape evaluation; kept ones cost private memory)
 PLANS_KEPT = 64
-FRAMES_AHEAD = 4             # a decoder's next frames made with one (``FrameBuilder._make_ahead``)
+FRAMES_AHEAD = 16            # a decoder's next frames made with one (``FrameBuilder._make_ahead``)
 
 
 @dataclass
