@@ -14,23 +14,23 @@ last ``ROWS_KEPT`` piece counts are kept, per thread (its scratchpad), with thei
 arrays; a call points their memories at the piece's rows and the node's parameters and
 executes.
 
-Semantics as ``layernorm.py``: SkipLayerNorm's sum ``s = a + b`` (broadcast by ATen) is
-written into the second output when the node gives the residual stream, else into the
-normalised output's own bytes, which the primitive normalises in place. Exact as the op's own
-kernel (``ops/norm.layer_norm_exact``): where a row's statistics are not finite (a row with a
-NaN or an Inf; a finite row of values near 1e37, whose float32 sum of squares overflows: oneDNN
-then gives that row ``beta``, finite, so a check of the result alone misses it) the node is
-computed again by the op's own kernel from the node's inputs, which recomputes such rows in
-float64. The primitive is made in oneDNN's training mode for that: it writes each row's mean
-and variance (into one per-thread buffer for all pieces), and one sum over the variances decides (finite variances bound every result
-where ``sqrt(d) max|gamma| + max|beta|`` is a finite float32; other parameters add a sum over
-the result). The fast form (``exact`` off: a guarded node whose rows cannot overflow, or
-``Config.fast_math``) is made for inference and checks nothing. Float32 data, the normalised
-axis last and static, row-major tensors; the normalised output float32, or bfloat16
-(``out_dtype``) where it has its own bytes; gamma / beta float32 constants of the last axis'
-size. Anything else declines with a reason (the planned-memory ATen kernel,
+Semantics as ``layernorm.py``: SkipLayerNorm's sum ``s = a + b`` (broadcast by ATen) is written
+into the second output when the node gives the residual stream, else into the normalised
+output's own bytes, which the primitive normalises in place. Exact as the op's own kernel
+(``ops/norm.layer_norm_exact``): where a row's statistics are not finite (a row with a NaN or
+an Inf; a finite row of values near 1e37, whose float32 sum of squares overflows: oneDNN then
+gives that row ``beta``, finite, so a check of the result alone misses it) the node is computed
+again by the op's own kernel from the node's inputs, which recomputes such rows in float64. The
+primitive is made in oneDNN's training mode for that: it writes each row's mean and variance
+(into one per-thread buffer for all pieces), and one sum over the variances decides (finite
+variances bound every result where ``sqrt(d) max|gamma| + max|beta|`` is a finite float32;
+other parameters add a sum over the result). The fast form (``exact`` off: a guarded node whose
+rows cannot overflow, or ``Config.fast_math``) is made for inference and checks nothing.
+Float32 data, the normalised axis last and static, row-major tensors; the normalised output
+float32, or bfloat16 (``out_dtype``) where it has its own bytes; gamma / beta float32 constants
+of the last axis' size. Anything else declines with a reason (the planned-memory ATen kernel,
 ``cpu/layer_norm.py``, takes float32 nodes then).
-Primitives of few elements are made for one thread (``threading_policy``), per row count.
+Primitives of few elements are made for one thread (``threading_policy``), per piece count.
 """
 from __future__ import annotations
 
@@ -171,9 +171,9 @@ class RuntimeLayerNorm:
         buf = self._statistics(rows) if training else None
         x_ptr, y_ptr, stride = x.data_ptr(), target.data_ptr(), buf.stride(0) * 4 if training else 0
         x_row, y_row = self.d * 4, self.d * target.element_size()
+        calls = PreparedCalls.of_thread(self._calls, self._prepare, ROWS_KEPT)
         for start, count in row_pieces(rows):
-            prim, xm, ym, params, stats, args, nargs, _kept = PreparedCalls.of_thread(
-                self._calls, self._prepare, ROWS_KEPT).get(count)
+            prim, xm, ym, params, stats, args, nargs, _kept = calls.get(count)
             xm.point(x_ptr + start * x_row)
             ym.point(y_ptr + start * y_row)
             for mem, ptr in zip(params, self._param_ptrs):
