@@ -95,3 +95,27 @@ def test_runs_of_symbolic_shapes_are_followed_by_the_growth_check(keep, monkeypa
     static = fg.compile(relu(2), fg.Config(keep_freed_memory=keep))
     static.run({"x": np.ones((2, 4), np.float32)})
     assert len(seen) == (0 if keep else 3)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork") or host_memory.private_resident_bytes() is None,
+                    reason="needs fork and /proc/self/statm")
+def test_the_private_memory_read_is_the_calling_process_s_after_a_fork():
+    """The statm file stays open between reads; a forked child reads its own, not its
+    parent's through the inherited descriptor: 64 MiB it touched show in its reading only."""
+    import os
+    before = host_memory.private_resident_bytes()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # the child: no torch, only the read
+        try:
+            block = bytearray(64 << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            os.write(w, str(host_memory.private_resident_bytes()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    child = int(os.read(r, 64).decode())
+    os.waitpid(pid, 0)
+    after = host_memory.private_resident_bytes()
+    assert child - before > 60 << 20 and abs(after - before) < 32 << 20, (before, child, after)

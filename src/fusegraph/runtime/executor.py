@@ -270,7 +270,7 @@ class Executor:
         """A run's outputs as NumPy arrays (``keep``: which of them), each copied where it lives
         in the arena, a constant, a feed or a kept shape-only value (the next run or the caller
         could otherwise change it); ``runner``: the one that ran (its arena and frames)."""
-        shared = self._const_storages | {_storage(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
+        shared = None           # the constants' and feeds' storages: made only for an output outside the arena
         frames = getattr(runner, "frames", None)
         memo = frames.memo_storages if frames is not None else self._memo_storages
         arena = runner.arena if runner is not None and getattr(runner, "arena", None) is not None else self.arena
@@ -282,9 +282,13 @@ class Executor:
                 result[name] = to_host(t)
                 continue
             try:
-                if t.numel() and ((arena is not None and arena.contains(t)) or _storage(t) in shared
-                                  or _storage(t) in memo):
-                    t = t.clone()
+                if t.numel():
+                    inside = arena is not None and arena.contains(t)
+                    if not inside and shared is None:
+                        shared = self._const_storages | {_storage(x) for x in tensors
+                                                         if isinstance(x, torch.Tensor) and x.numel()}
+                    if inside or _storage(t) in shared or _storage(t) in memo:
+                        t = t.clone()
                 result[name] = to_numpy(t)
             except Exception as exc:   # e.g. an Expand output too large to materialise
                 raise KernelError(f"{self.model_name}: output {name!r} ({tuple(t.shape)}, {t.dtype}, "

@@ -144,6 +144,9 @@ class KVSession:
         self.runner = runner.variant(replaced, "kv")
         self.past_names = {b.pair.input.name for b in self.buffers}
         self.present_names = {b.pair.output for b in self.buffers}
+        # per graph input, the buffer that feeds it (None: the caller does); per output, whether run() returns it
+        self._fed = [next((b for b in self.buffers if b.pair.input is v), None) for v in executor.inputs]
+        self._returned = [n not in self.present_names for n in executor.output_names]
 
     @property
     def length(self) -> int:
@@ -179,8 +182,7 @@ class KVSession:
         with ex.lock:
             tensors = ex.convert_feeds_except(feeds, self.past_names)
             magnitudes = {}
-            for i, v in enumerate(ex.inputs):
-                b = next((b for b in self.buffers if b.pair.input is v), None)
+            for i, (v, b) in enumerate(zip(ex.inputs, self._fed)):
                 if b is not None:
                     shape = None if b.tensor is not None else \
                         (past_shapes or {}).get(v.name) or _template(v, tensors, ex.inputs)
@@ -192,8 +194,7 @@ class KVSession:
                 for b, (n, m) in zip(self.buffers, kept):
                     b.length, b.magnitude = n, m
                 raise
-            keep = [n not in self.present_names for n in ex.output_names]
-            return ex.outputs_to_numpy(tensors, outs, keep, self.runner)
+            return ex.outputs_to_numpy(tensors, outs, self._returned, self.runner)
 
 
 def _grown_magnitude(seen: float, rows: torch.Tensor) -> float:

@@ -19,7 +19,7 @@ A model with symbolic input dims allocates per run what its planned memory does 
 malloc keeps the freed chunks, fragmented, and the process's private memory creeps up over
 traffic of many lengths. ``GrowthRelease.after_run()`` releases the free memory once the
 process's private resident bytes have grown by ``RELEASE_GROWTH`` since its last release
-(one read of ``/proc/self/statm`` a run; a release costs about a millisecond and returns
+(one read of ``/proc/self/statm``, kept open, a run; a release costs about a millisecond and returns
 what no live allocation holds, the host program's freed memory included). Not where
 ``keep_freed_memory`` asked for the opposite.
 """
@@ -75,14 +75,21 @@ def freed_memory_kept() -> bool:
     return bool(_done and _done[0])
 
 
+_STATM: list = []                # [(pid, descriptor of its /proc/self/statm)]: opened once per process
+
+
 def private_resident_bytes() -> int | None:
     """The process's resident bytes not backed by a file or shared memory (``/proc/self/statm``:
-    resident minus shared pages), or None where there is no such file."""
+    resident minus shared pages), or None where there is no such file. The file stays open and
+    is read again at offset 0 (one system call a run, not three); a forked child, whose
+    descriptor would still read its parent, opens its own."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            fields = f.read().split()
+        pid = os.getpid()
+        if not _STATM or _STATM[0][0] != pid:
+            _STATM[:] = [(pid, os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))]
+        fields = os.pread(_STATM[0][1], 128, 0).split()
         return (int(fields[1]) - int(fields[2])) * _PAGE
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, AttributeError):
         return None
 
 
