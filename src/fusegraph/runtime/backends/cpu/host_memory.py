@@ -25,6 +25,7 @@ what no live allocation holds, the host program's freed memory included). Not wh
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -86,6 +87,9 @@ def private_resident_bytes() -> int | None:
     try:
         pid = os.getpid()
         if not _STATM or _STATM[0][0] != pid:
+            if _STATM:                  # the parent's, inherited: this process's copy of it closed
+                with contextlib.suppress(OSError):
+                    os.close(_STATM[0][1])
             _STATM[:] = [(pid, os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))]
         fields = os.pread(_STATM[0][1], 128, 0).split()
         return (int(fields[1]) - int(fields[2])) * _PAGE
