@@ -165,35 +165,29 @@ def _takes(tp: Any, data: Any) -> bool:
     return isinstance(data, str) if tp is str else True
 
 
+# annotation -> (whether a JSON value is one, how it is read: None as it is): ``bool`` is never
+# an ``int``, an ``int`` where a ``float`` is annotated is taken as that float
+_SCALARS: dict[Any, tuple[Callable[[Any], bool], Callable[[Any], Any] | None]] = {
+    type(None): (lambda d: d is None, None),
+    bool: (lambda d: isinstance(d, bool), None),
+    int: (lambda d: isinstance(d, int) and not isinstance(d, bool), None),
+    float: (lambda d: isinstance(d, (int, float)) and not isinstance(d, bool), float),
+    str: (lambda d: isinstance(d, str), None),
+}
+
+
 def _scalar(tp: Any) -> Reader:
-    if tp is type(None) or tp is None:
-        def read(data, path):
-            if data is None:
-                return None
-            raise _refuse(tp, data, path)
-    elif tp is bool:
-        def read(data, path):
-            if isinstance(data, bool):
-                return data
-            raise _refuse(tp, data, path)
-    elif tp is int:
-        def read(data, path):
-            if isinstance(data, int) and not isinstance(data, bool):
-                return data
-            raise _refuse(tp, data, path)
-    elif tp is float:
-        def read(data, path):
-            if isinstance(data, (int, float)) and not isinstance(data, bool):
-                return float(data)
-            raise _refuse(tp, data, path)
-    elif tp is str:
-        def read(data, path):
-            if isinstance(data, str):
-                return data
-            raise _refuse(tp, data, path)
-    else:
-        def read(data, path):
+    form = _SCALARS.get(type(None) if tp is None else tp)
+    if form is None:
+        def unreadable(data, path):
             raise ArtifactError(f"{_path(path)}: a report field of type {_name(tp)} cannot be read from JSON")
+        return unreadable
+    accepts, convert = form
+
+    def read(data, path):
+        if accepts(data):
+            return data if convert is None else convert(data)
+        raise _refuse(tp, data, path)
     return read
 
 
