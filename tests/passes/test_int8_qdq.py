@@ -637,3 +637,121 @@ def test_scores_read_through_a_dequantize_are_written_on_their_grid():
         r = np.random.default_rng(seed)
         feeds = {"a": r.integers(0, 256, (2, 16, 32), dtype=np.uint8), "b": r.integers(0, 256, (2, 32, 16), dtype=np.uint8)}
         np.testing.assert_allclose(cm.run(feeds)["y"], M.ort_run(m, feeds)[0], rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- a product, its GELU, a Q
+
+def _gemm_gelu_model(form: str, bias: np.ndarray | None = None) -> onnx.ModelProto:
+    """DQ(x) -> Gemm(DQ(w), b) -> Q -> DQ -> GELU -> Q -> DQ -> y: a transformer's first FFN
+    product as a QDQ file has it (``form``: "erf", the exporters' decomposition; "none" /
+    "tanh", opset 20's Gelu; "views": that Gelu between two reshapes)."""
+    rng = np.random.default_rng(6)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "w": rng.integers(-127, 128, (32, 24), dtype=np.int8),
+             "ws": (rng.uniform(0.5, 1.5, 24) * 0.004).astype(np.float32), "wz": np.zeros(24, np.int8),
+             "b": bias if bias is not None else (rng.standard_normal(24) * 0.3).astype(np.float32),
+             "s1": np.array(0.011, np.float32), "z1": np.array(131, np.uint8),
+             "s2": np.array(0.007, np.float32), "z2": np.array(20, np.uint8),
+             "sq2": np.array(np.sqrt(2.0), np.float32), "one": np.array(1.0, np.float32),
+             "half": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("Gemm", ["xd", "wd", "b"], ["g"]),
+             helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
+             helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["d1"])]
+    if form == "views":         # reshapes on both sides of the GELU, as GPT-2's file has them
+        nodes += [helper.make_node("Reshape", ["d1", "flat"], ["d1v"]),
+                  helper.make_node("Gelu", ["d1v"], ["av"]), helper.make_node("Reshape", ["av", "back"], ["a"])]
+        inits.update(flat=np.array([384], np.int64), back=np.array([16, 24], np.int64))
+    elif form == "erf":
+        nodes += [helper.make_node("Div", ["d1", "sq2"], ["e0"]), helper.make_node("Erf", ["e0"], ["e1"]),
+                  helper.make_node("Add", ["e1", "one"], ["e2"]), helper.make_node("Mul", ["d1", "e2"], ["e3"]),
+                  helper.make_node("Mul", ["e3", "half"], ["a"])]
+    else:
+        nodes.append(helper.make_node("Gelu", ["d1"], ["a"], approximate=form))
+    nodes += [helper.make_node("QuantizeLinear", ["a", "s2", "z2"], ["q2"]),
+              helper.make_node("DequantizeLinear", ["q2", "s2", "z2"], ["y"])]
+    g = helper.make_graph(nodes, "gemm_gelu", [helper.make_tensor_value_info("x", TensorProto.UINT8, [16, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 24])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    m.ir_version = 9
+    return m
+
+
+@pytest.mark.parametrize("form", ["erf", "none", "tanh", "views"])
+def test_a_product_s_gelu_and_its_quantisation_run_in_its_epilogue(form):
+    """``qdq_grid_gelu``: the product, its grid, the GELU and the QuantizeLinear are one
+    QLinear (``mid_activation``; no Gelu, no Q / DQ left), on oneDNN's int8 kernel where
+    this CPU has one, within one step of onnxruntime ORT_DISABLE_ALL on the same file, and
+    mostly equal to it."""
+    m = _gemm_gelu_model(form)
+    cm = fg.compile(m, CFG)
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert ops["QLinear"] == 1 and not ops["Gelu"] and not ops["Erf"] and not ops["QuantizeLinear"], ops
+    (p,) = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
+    assert p.attrs["mid_activation"] == ("gelu_tanh" if form == "tanh" else "gelu")
+    # the last DequantizeLinear is gone too: the product writes float32 on the Q's grid
+    assert int(p.attrs["mid_grid"]) == int(fg.ir.DType.UINT8) and int(p.attrs["y_grid"]) == int(fg.ir.DType.UINT8)
+    if M.int8_kernels_exact():
+        onednn_call(cm, "QLinear")
+    unequal = 0
+    for seed in range(4):
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, (16, 32), dtype=np.uint8)}
+        y = cm.run(feeds)["y"]
+        (ref,) = M.ort_run(m, feeds)
+        steps = np.abs(y.astype(np.float64) - ref) / np.float32(0.007)
+        assert steps.max() <= 1.001, steps.max()
+        unequal += int((steps > 0.5).sum())
+        k = np.round(y.astype(np.float64) / np.float32(0.007)) + 20          # q, on uint8's grid
+        assert k.min() >= 0 and k.max() <= 255
+    assert unequal <= 4, unequal          # a tie may round the other way; no more
+
+
+def test_a_product_gelu_with_a_nan_bias_declines_to_the_reference():
+    """A NaN bias: the epilogue could carry NaN, which its post-ops would not quantise as
+    QuantizeLinear does; the int8 kernel declines (naming the grid) and the reference form
+    computes what onnxruntime does."""
+    bias = (np.random.default_rng(7).standard_normal(24) * 0.3).astype(np.float32)
+    bias[5] = np.nan
+    m = _gemm_gelu_model("none", bias)
+    cm = fg.compile(m, CFG)
+    assert any(n.op_type == "QLinear" and n.attrs.get("mid_activation") for n in cm.graph.nodes)
+    if M.int8_kernels_exact():
+        declined = {d["node"]: d["reason"] for d in cm.report.kernels["declined"]}
+        assert any("grid" in r and "NaN" in r for r in declined.values()), declined
+    feeds = {"x": np.random.default_rng(0).integers(0, 256, (16, 32), dtype=np.uint8)}
+    y = cm.run(feeds)["y"]
+    (ref,) = M.ort_run(m, feeds)
+    assert np.abs(y.astype(np.float64) - ref).max() <= 0.007 * 1.001
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("QLinear", {"mid_activation": "relu", "mid_grid": 2, "mid_scale": 0.01}),
+    ("QLinear", {"mid_activation": "gelu", "mid_grid": 7, "mid_scale": 0.01}),
+    ("QLinear", {"mid_activation": "gelu", "mid_grid": 2, "mid_scale": -1.0}),
+    ("QLinear", {"mid_grid": 2, "mid_scale": 0.01}),
+    ("QLinear", {"mid_activation": "gelu", "mid_grid": 2, "mid_scale": 0.01, "activation": "relu"}),
+    ("QConv", {"mid_activation": "gelu", "mid_grid": 2, "mid_scale": 0.01}),
+])
+def test_mid_attributes_the_op_cannot_have_are_refused(op, attrs):
+    """``mid_*`` that name no GELU or no 8-bit grid, come without their activation, sit beside a
+    Relu, or sit on a QConv (as a re-sealed artifact could say): refused, never ignored."""
+    from fusegraph.ir import DType, Graph
+    g = Graph("mid")
+    if op == "QLinear":
+        x = g.add_input("x", DType.UINT8, (4, 16))
+        w = g.add_constant("w", torch.ones(16, 8, dtype=torch.int8))
+        shape = (4, 8)
+    else:
+        x = g.add_input("x", DType.UINT8, (1, 16, 4, 4))
+        w = g.add_constant("w", torch.ones(8, 16, 1, 1, dtype=torch.int8))
+        shape = (1, 8, 4, 4)
+    ws = g.add_constant("ws", torch.full((8,), 0.01))
+    n = g.add_node(op, [x, w, ws], outputs=1, domain="fusegraph", version=1,
+                   attrs={"x_scale": 0.02, "x_zero_point": 128, "y_scale": 0.05, "y_zero_point": 3,
+                          "y_type": int(DType.UINT8), **attrs})
+    n.outputs[0].dtype, n.outputs[0].shape = DType.UINT8, shape
+    g.outputs.append(n.outputs[0])
+    with pytest.raises(fg.errors.FusegraphError, match="mid_"):
+        fg.compile(g, CFG).run({"x": np.zeros(tuple(x.shape), np.uint8)})

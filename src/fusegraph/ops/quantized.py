@@ -14,7 +14,13 @@
   ``DQ(Q(y))`` with ``y_scale`` / ``y_zero_point``: what a product quantised for a float
   consumer's ``DequantizeLinear`` gives that consumer, in one node.
 - ``QLinear(x, w, w_scale, b?)``: the same over a product ``x @ w`` (``w`` [K, N], or [N, K]
-  with ``trans_b``; ``w_scale`` one per column N or one), ``x`` of any rank >= 1.
+  with ``trans_b``; ``w_scale`` one per column N or one), ``x`` of any rank >= 1. With
+  ``mid_activation`` ("gelu" / "gelu_tanh", ONNX Gelu's two forms) and a quantised output,
+  the result is first snapped to the grid of ``mid_grid`` (a DType code of uint8 / int8)
+  with ``mid_scale`` / ``mid_zero_point``, that activation applied in float32, and the
+  result quantised with ``y_*`` (or put on their grid, ``y_grid``): ``Q(gelu(DQ(Q_mid(y))))``,
+  a transformer's first FFN product and its GELU between a DequantizeLinear and a
+  QuantizeLinear, in one node.
 - ``Requantize(x, c1?, c2? ...)``: ``Q(DQ(x))`` from (``x_scale``, ``x_zero_point``) to
   (``y_scale``, ``y_zero_point``, ``y_type``); with ``steps`` (``"Mul 1"``, ``"Add 2"`` ...:
   an op of ``AFFINE_STEPS`` and the input holding its float32 constant), ``Q(DQ(x) op c1 op
@@ -57,6 +63,7 @@ DOMAIN = "fusegraph"
 QUANTISED = (DType.UINT8, DType.INT8)
 OUT_TYPES = (DType.UINT8, DType.INT8, DType.FLOAT, DType.INT32)
 ACTIVATIONS = ("", "relu")
+MID_ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}      # mid_activation -> torch's ``approximate``
 RANGE = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
 
 
@@ -114,12 +121,45 @@ def y_grid(ctx_or_attrs) -> DType | None:
     return DType(code) if code in [int(t) for t in QUANTISED] else None
 
 
-def _check_common(ctx: NodeContext, inputs=("x",), grid_ok: bool = False) -> DType:
+def mid_grid(ctx_or_attrs) -> DType | None:
+    """The integer type whose grid a product's result is snapped to before its
+    ``mid_activation`` (``QLinear``), or None."""
+    attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
+    code = int(attrs.get("mid_grid", 0))
+    return DType(code) if code in [int(t) for t in QUANTISED] else None
+
+
+def check_mid(ctx: NodeContext, yt: DType) -> None:
+    """The ``mid_*`` attributes of a QLinear: all or none, on a quantised output (or one on
+    its ``y_grid``) without a Relu, an activation of ``MID_ACTIVATIONS``, a grid of an 8-bit type."""
+    act = str(ctx.attr("mid_activation", ""))
+    if not act and not any(ctx.attr(f"mid_{k}", None) is not None for k in ("grid", "scale", "zero_point")):
+        return
+    if act not in MID_ACTIVATIONS:
+        raise ctx.unsupported(f"mid_activation {act!r} (known: {sorted(MID_ACTIVATIONS)})")
+    if (yt not in QUANTISED and y_grid(ctx) is None) or str(ctx.attr("activation", "")):
+        raise ctx.unsupported("mid_activation on an output neither quantised nor on a grid, or with an activation")
+    grid = mid_grid(ctx)
+    if grid is None:
+        raise ctx.unsupported(f"mid_grid {ctx.attr('mid_grid', None)} (the code of uint8 or int8)")
+    s = float(ctx.attr("mid_scale", math.nan))
+    if not (math.isfinite(s) and s > 0):
+        raise ctx.unsupported(f"mid_scale {s} is not a positive finite number")
+    lo, hi = RANGE[grid]
+    if not lo <= int(ctx.attr("mid_zero_point", 0)) <= hi:
+        raise ctx.unsupported(f"mid_zero_point outside {grid.name}")
+
+
+def _check_common(ctx: NodeContext, inputs=("x",), grid_ok: bool = False, mid_ok: bool = False) -> DType:
     """The output type, after checking the attributes every quantised op reads (``y_grid``
-    only where ``grid_ok``: the products)."""
+    only where ``grid_ok``: the products; ``mid_*`` only where ``mid_ok``: QLinear)."""
     yt = y_type(ctx)
     if yt not in OUT_TYPES:
         raise ctx.unsupported(f"y_type {yt.name} (uint8, int8, float32 or int32)")
+    if mid_ok:
+        check_mid(ctx, yt)
+    elif any(k.startswith("mid_") for k in ctx.node.attrs):
+        raise ctx.unsupported(f"mid_* attributes ({ctx.node.op_type} has no mid_activation)")
     grid = int(ctx.attr("y_grid", 0))
     if grid and (not grid_ok or yt != DType.FLOAT or y_grid(ctx) is None):
         raise ctx.unsupported(f"y_grid {grid} (the code of uint8 or int8, on a product's float32 output)")
@@ -239,11 +279,14 @@ def _qlinear_shape(ctx: NodeContext):
 @register("QLinear", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_infer_as(_qlinear_shape),
           writes_out=True, value_range=QuantisedRange(linear_terms))
 def _qlinear(ctx: NodeContext):
-    yt = _check_common(ctx, grid_ok=True)
+    yt = _check_common(ctx, grid_ok=True, mid_ok=True)
     trans_b = bool(ctx.attr("trans_b", 0))
     (xs, xzp), (ys, yzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
     grid = y_grid(ctx)
+    mid = MID_ACTIVATIONS.get(str(ctx.attr("mid_activation", "")))
+    if mid is not None:
+        (ms, mzp), mgrid = _qparams(ctx, "mid"), mid_grid(ctx)
     weight = _weight_cache()
 
     def qlinear(x, w, w_scale, b=None, out=None):
@@ -257,6 +300,8 @@ def _qlinear(ctx: NodeContext):
             y = y + b.to(torch.float32)
         if relu:
             y = y.relu_()
+        if mid is not None:
+            y = torch.nn.functional.gelu(_output(y, DType.FLOAT, mgrid, ms, mzp), approximate=mid)
         return _write(_output(y, yt, grid, ys, yzp), out)
     return qlinear
 

@@ -32,6 +32,14 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   move no value), with its parameters -> ``P`` writing float32 on that grid (``y_grid``),
   then the views: the product's epilogue quantises and dequantises in place of a pass over
   the tensor. Exact: the same two roundings.
+- ``qdq_grid_gelu`` (root QuantizeLinear, in the same pass, once a product writes on its
+  grid): ``Q(Gelu(P))`` for a ``QLinear`` ``P`` writing float32 on a grid, read by the Gelu
+  alone (through views on either side) -> ``P`` with that grid, the GELU and the Q's
+  parameters (``mid_*``), then the views over its quantised result: its epilogue
+  rounds onto the grid, applies the GELU and quantises, and the FFN's float32 activation is
+  never written. The same roundings in the same order; oneDNN's GELU is the one the Gelu
+  node runs on finite values (the epilogue is finite: the grid post-ops' condition), and its
+  last quantisation may fall the other way on a tie (one step).
 
 ``qdq_bias``, ``qdq_residual`` and ``requantize_product`` round once where the model
 rounds twice: the product's result ``v`` was quantised to ``q1 = round(v / s1)`` (its own
@@ -352,11 +360,18 @@ def _rewrite_affine(q: Node, found, ctx):
 GRID_VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")     # move no value: any type passes through
 
 
-def _check_grid(dq: Node, ctx):
-    views, v = [], dq.inputs[0]
+def _through_views(v) -> tuple:
+    """(the value before the chain of ``GRID_VIEWS`` that ends at ``v``, each read by its next
+    op alone; those views in order)."""
+    views = []
     while v.producer is not None and v.producer.domain == "" and v.producer.op_type in GRID_VIEWS and only_use(v):
         views.append(v.producer)
         v = v.producer.inputs[0]
+    return v, views[::-1]
+
+
+def _check_grid(dq: Node, ctx):
+    v, views = _through_views(dq.inputs[0])
     p = v.producer
     if not _fg(p, "QConv", "QLinear", "QMatMul"):
         return None
@@ -371,7 +386,7 @@ def _check_grid(dq: Node, ctx):
     if params.dtype != yt or params.scale != float(p.attrs["y_scale"]) or \
             params.zero_point != int(p.attrs.get("y_zero_point", 0)):
         return Decline(f"{dq.name}: dequantises with other parameters than {p.name} quantised with")
-    return p, yt, views[::-1]
+    return p, yt, views
 
 
 def _rewrite_grid(dq: Node, found, ctx):
@@ -383,9 +398,45 @@ def _rewrite_grid(dq: Node, found, ctx):
     return out
 
 
+def _check_grid_gelu(q: Node, ctx):
+    v, after = _through_views(q.inputs[0])
+    g = v.producer
+    if g is None or g.op_type != "Gelu" or g.domain not in ("", FUSEGRAPH_DOMAIN) \
+            or len([x for x in g.inputs if x is not None]) != 1:
+        return None
+    u, before = _through_views(g.inputs[0])
+    p = u.producer
+    if not _fg(p, "QLinear") or not int(p.attrs.get("y_grid", 0)) or p.attrs.get("activation", "") \
+            or p.attrs.get("mid_activation"):
+        return None
+    if not (only_use(u) and only_use(g.inputs[0]) and only_use(v) and only_use(q.inputs[0])):
+        return Decline(f"{p.name}: its output or its GELU's has other readers")
+    params = activation_params(q)
+    if isinstance(params, Decline):
+        return params
+    approximate = str(g.attrs.get("approximate", "none"))
+    if approximate not in ("none", "tanh"):
+        return Decline(f"{g.name}: approximate={approximate!r}")
+    return p, params, "gelu" if approximate == "none" else "gelu_tanh", before + after
+
+
+def _rewrite_grid_gelu(q: Node, found, ctx):
+    p, params, activation, views = found
+    attrs = {k: v for k, v in p.attrs.items() if k != "y_grid"}
+    attrs.update(mid_grid=int(p.attrs["y_grid"]), mid_scale=p.attrs["y_scale"],
+                 mid_zero_point=int(p.attrs.get("y_zero_point", 0)), mid_activation=activation,
+                 y_type=int(params.dtype), y_scale=params.scale, y_zero_point=params.zero_point)
+    out = ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
+    for view in views:          # the GELU is elementwise: the views move its quantised result
+        out = ctx.emit(view.op_type, [out, *view.inputs[1:]], dict(view.attrs))
+    return out
+
+
 GRID_RULES = [
     Rule("qdq_grid_output", _check_grid, _rewrite_grid, ops=("DequantizeLinear",), priority=10,
          doc="DQ(QConv / QLinear / QMatMul) -> the product writing float32 on its quantisation grid: exact"),
+    Rule("qdq_grid_gelu", _check_grid_gelu, _rewrite_grid_gelu, ops=("QuantizeLinear",), priority=8,
+         doc="Q(Gelu(QLinear on a grid)) -> the QLinear with the grid, the GELU and the Q's parameters"),
 ]
 
 AFFINE_RULES = [

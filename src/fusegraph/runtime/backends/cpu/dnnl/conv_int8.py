@@ -56,6 +56,8 @@ def int8_node(ctx):
     activation = str(ctx.attr("activation", ""))
     if activation not in ACTIVATIONS:
         return Decline(f"activation {activation!r}", "dnnl")
+    if ctx.node.op_type != "QLinear" and any(k.startswith("mid_") for k in ctx.node.attrs):
+        return Decline(f"mid_* attributes on a {ctx.node.op_type}", "dnnl")
     return OUTPUTS[yt], yt in (DType.UINT8, DType.INT8), activation
 
 

@@ -16,7 +16,8 @@ zero_points=...)``: float32 scales and int32 zero points, each a memory over a t
 keeps alive.
 
 ``grid_post_ops``: the steps that put a product's float32 result on its quantisation grid
-(``DQ(Q(y))`` in the epilogue: ``y_grid``), taken only where the epilogue cannot hold NaN.
+(``DQ(Q(y))`` in the epilogue: ``y_grid``), taken only where the epilogue cannot hold NaN;
+``mid_post_ops``: a QLinear's grid and GELU before its output's quantisation (``mid_*``).
 
 ``relu_post_op``: a fused Relu as oneDNN's ``relu`` (one max per value) where the kernel's
 float epilogue cannot hold NaN, else as ``elu`` with alpha 0, which keeps NaN (oneDNN's relu
@@ -32,8 +33,9 @@ import math
 
 import torch
 
+from .....errors import UnsupportedOpError
 from .....ir import DType
-from .....ops.quantized import RANGE, y_grid
+from .....ops.quantized import RANGE, check_mid, mid_grid, y_grid, y_type
 from ...protocol import Decline
 from . import capi
 from .capi import Dims
@@ -165,24 +167,48 @@ def grid_declines(ctx, out_type: DType) -> Decline | None:
     return None
 
 
-def grid_post_ops(ctx, rank: int, first: int, bound: float) -> tuple[list, list, list] | Decline:
+def grid_post_ops(ctx, rank: int, first: int, bound: float, prefix: str = "y") -> tuple[list, list, list] | Decline:
     """The post-ops that snap an int8 kernel's float32 result to its node's quantisation grid
-    (``y_grid``: ``DQ(Q(y))`` with ``y_scale`` / ``y_zero_point``), starting at post-op index
-    ``first``: a binary ``div`` by the scale (a true division, as QuantizeLinear's), rounded
-    half to even, clipped to the grid type's range less the zero point (saturation), times the
-    scale (DequantizeLinear's product of the exact integer ``q - zp``). Returns (post-ops,
-    constant execution arguments, what they point at); ([], [], []) without a grid; a
-    ``Decline`` where the epilogue's ``bound`` (``epilogue_bound``) lets it hold NaN, which
-    these steps would not quantise as QuantizeLinear does."""
-    grid = y_grid(ctx)
+    (``y_grid``: ``DQ(Q(y))`` with ``y_scale`` / ``y_zero_point``; with ``prefix`` "mid", a
+    QLinear's ``mid_grid`` before its ``mid_activation``, ``mid_post_ops``), starting at
+    post-op index ``first``: a binary ``div`` by the scale (a true division, as
+    QuantizeLinear's), rounded half to even, clipped to the grid type's range less the zero
+    point (saturation), times the scale (DequantizeLinear's product of the exact integer ``q -
+    zp``). Returns (post-ops, constant execution arguments, what they point at); ([], [], [])
+    without a grid; a ``Decline`` where the epilogue's ``bound`` (``epilogue_bound``) lets it
+    hold NaN, which these steps would not quantise as QuantizeLinear does."""
+    grid = y_grid(ctx) if prefix == "y" else mid_grid(ctx)
     if grid is None:
         return [], [], []
     if not bound < EPILOGUE_LIMIT:
         return Decline("a result on a quantisation grid whose epilogue could hold NaN", "dnnl")
-    scale, zero = float(ctx.attr("y_scale")), int(ctx.attr("y_zero_point", 0))
+    scale, zero = float(ctx.attr(f"{prefix}_scale")), int(ctx.attr(f"{prefix}_zero_point", 0))
     lo, hi = RANGE[grid]
     scalar_md = MemDesc.of((1,) * rank, torch.float32)
     divisor = torch.tensor([scale], dtype=torch.float32).reshape((1,) * rank)
     post = [("binary", "div", scalar_md), ("eltwise", "round", 0.0, 0.0),
             ("eltwise", "clip", float(lo - zero), float(hi - zero)), ("eltwise", "linear", scale, 0.0)]
     return post, [(capi.arg_post_op_src1(first), Memory(scalar_md, divisor.data_ptr()))], [divisor, scalar_md]
+
+
+MID_ELTWISE = {"gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}      # mid_activation -> oneDNN's eltwise
+
+
+def mid_post_ops(ctx, rank: int, first: int, bound: float) -> tuple[list, list, list] | Decline:
+    """A QLinear's ``mid_*`` as post-ops from index ``first``: its grid (``grid_post_ops``)
+    and its GELU as oneDNN's eltwise, which computes ATen's GELU on finite values (the grid
+    keeps them finite: it declines where the epilogue could not be); the output's own
+    quantisation (``y_*``) follows as the destination's scale and zero point. ([], [], [])
+    without ``mid_activation``."""
+    act = str(ctx.attr("mid_activation", ""))
+    if not act and not any(k.startswith("mid_") for k in ctx.node.attrs):
+        return [], [], []
+    try:
+        check_mid(ctx, y_type(ctx))
+    except UnsupportedOpError as exc:     # the op's own kernel refuses the node with the reason
+        return Decline(str(exc), "dnnl")
+    grid = grid_post_ops(ctx, rank, first, bound, prefix="mid")
+    if isinstance(grid, Decline):
+        return grid
+    ops, args, keep = grid
+    return ops + [("eltwise", MID_ELTWISE[act], 0.0, 0.0)], args, keep

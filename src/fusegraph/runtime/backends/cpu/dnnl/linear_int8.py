@@ -9,7 +9,8 @@ N), the float32 bias added (a row broadcast over M), the Relu applied
 (``int8_support.relu_post_op``), and the result quantised with the output scale and zero
 point (rounded half to even, saturated), or written as float32 (on the quantisation grid
 with ``y_grid``: ``int8_support.grid_post_ops``), or (MatMulInteger's form) as the exact
-int32 sum. Only on a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``);
+int32 sum. With ``mid_activation`` the result goes onto the ``mid`` grid and through the GELU
+in the epilogue before its quantisation (``int8_support.mid_post_ops``). Only on a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``);
 elsewhere the node declines and its reference form runs. Products under ``SERIAL_MACS``
 multiply-adds with weights under ``PARALLEL_WEIGHTS`` elements are made for one thread.
 """
@@ -24,7 +25,7 @@ from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .conv_int8 import INPUTS, int8_attr, int8_node, weight_scales_ok
-from .int8_support import epilogue_bound, grid_post_ops, relu_post_op
+from .int8_support import epilogue_bound, grid_post_ops, mid_post_ops, relu_post_op
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import create
@@ -64,11 +65,19 @@ def linear_int8_kernel(ctx, store, resources):
     bias = None if b is None else b.to(torch.float32).contiguous()
     x_scale = float(ctx.attr("x_scale", 1.0))
     post = [relu_post_op(k, x_scale, ctx.const(2), bias)] if activation == "relu" else []
-    grid = grid_post_ops(ctx, 2, len(post), epilogue_bound(k, x_scale, ctx.const(2), bias))
+    bound = epilogue_bound(k, x_scale, ctx.const(2), bias)
+    mid = mid_post_ops(ctx, 2, len(post), bound)
+    if isinstance(mid, Decline):
+        return mid
+    if mid[0] and activation:
+        return Decline("mid_activation with an activation", "dnnl")
+    post += mid[0]
+    grid = grid_post_ops(ctx, 2, len(post), bound)       # |gelu(v)| <= |v|: the bound holds after it
     if isinstance(grid, Decline):
         return grid
     grid_ops, grid_args, grid_keep = grid
     post += grid_ops
+    grid_args, grid_keep = mid[1] + grid_args, mid[2] + grid_keep
     w_mask = 0 if ctx.const(2).numel() == 1 else 2          # per column N of the [K, N] operand
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     x_md, y_md = MemDesc.of((m, k), x_dtype), MemDesc.of((m, n), out)
