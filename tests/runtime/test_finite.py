@@ -318,6 +318,53 @@ def test_a_join_is_bounded_by_measuring_its_parts_each_once():
     assert all(plan.limits[f"{kind}{k}"] >= 1e16 for kind in ("chain", "conv") for k in range(4))
 
 
+def test_only_the_values_a_limit_needs_are_measured():
+    """A convolution reads u (from an op the analysis does not know) and a residual s (a
+    sigmoid: within [-1, 1] whatever the feeds). Measuring u alone admits the fast kernel, so
+    s is not measured: a measurement is a pass over the tensor on every run."""
+    g = Graph("g")
+    shape = (1, 16, 128, 128)
+    x = g.add_input("x", DType.FLOAT, shape)
+    u = _out(g.add_node("Elu", [x], name="unknown"), shape)
+    s = _out(g.add_node("Sigmoid", [x], name="bounded"), shape)
+    w, b = g.add_constant("w", torch.full((16, 16, 1, 1), 0.1)), g.add_constant("b", torch.zeros(16))
+    g.outputs.append(_out(g.add_node("FusedConv", [u, w, b, s], attrs={"activation": "relu"}, domain="fusegraph",
+                                     name="conv"), shape))
+    plan = guard_plan(g, measure_below=1e4)
+    assert plan.measured == {"unknown": (0,)}
+    assert plan.limits["conv"] >= 1e16
+
+
+@pytest.mark.parametrize("x_type,zero_point,scale,bound,nan", [
+    (TensorProto.UINT8, 3, 0.1, 255 * 0.1, False),       # |x - zp| <= 255
+    (TensorProto.UINT8, None, 0.1, 255 * 0.1, False),
+    (TensorProto.INT8, None, 0.5, 128 * 0.5, False),
+    (TensorProto.INT32, None, 0.5, 2.0 ** 31 * 0.5, False),
+    (TensorProto.UINT8, 3, float("nan"), math.inf, True),
+    (TensorProto.UINT8, 3, float("inf"), math.inf, True),  # inf * 0 is NaN
+])
+def test_a_dequantized_value_is_bounded_by_its_type_and_scale(x_type, zero_point, scale, bound, nan):
+    """``DequantizeLinear``'s ``(x - zp) * scale``: at most the integer type's width times the
+    scale (a QDQ model's float values need no measurement to be bounded); a NaN or infinite
+    scale makes it NaN-carrying."""
+    from onnx import numpy_helper
+    from fusegraph.frontends.onnx import import_onnx
+    np_type = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8, TensorProto.INT32: np.int32}[x_type]
+    inits = [numpy_helper.from_array(np.array(scale, np.float32), "s")]
+    ins = ["x", "s"]
+    if zero_point is not None:
+        inits.append(numpy_helper.from_array(np.array(zero_point, np_type), "z"))
+        ins.append("z")
+    graph = helper.make_graph([helper.make_node("DequantizeLinear", ins, ["y"])], "dq",
+                              [helper.make_tensor_value_info("x", x_type, [4])],
+                              [helper.make_tensor_value_info("y", F, [4])], inits)
+    g = import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    fact = propagate(g, 1.0)[id(g.outputs[0])]
+    assert fact.nan == nan
+    if math.isfinite(bound):
+        assert fact.bound == pytest.approx(bound, rel=1e-6)
+
+
 @pytest.mark.parametrize("steps", [["Mul ix i1", "Relu p"], ["", "Relu p"], ["Mul i0 i7", "Relu p"]],
                          ids=["operand", "empty", "out_of_range"])
 def test_a_malformed_chain_is_unknown_to_the_analysis_not_a_crash(steps):

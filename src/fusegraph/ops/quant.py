@@ -17,6 +17,7 @@ from ..ir import DType
 from .conv import ConvGeometry, check_rank, int_conv
 from .linalg import matmul_shape, int_matmul
 from .registry import FusionKind, NodeContext, register
+from .value_range import UNKNOWN, Fact
 
 _INT_RANGE = {
     DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.INT16: (-32768, 32767),
@@ -111,7 +112,20 @@ def _dq_infer(ctx: NodeContext):
     return [(_dq_out_type(ctx), ctx.shape(0))]
 
 
-@register("DequantizeLinear", since=10, fusion=FusionKind.OPAQUE, infer=_dq_infer)
+def _dq_range(node, ins: list[Fact]) -> list[Fact]:
+    """``(x - zp) * scale`` of an integer ``x``: at most the type's width (its largest
+    magnitude without a zero point) times the largest scale; NaN where a scale is NaN or
+    infinite (inf times 0). A float8 or 4-bit input: unknown."""
+    span = _INT_RANGE.get(node.inputs[0].dtype)
+    if span is None or len(ins) < 2:
+        return [UNKNOWN]
+    lo, hi = span
+    width = float(hi - lo) if len(node.inputs) > 2 and node.inputs[2] is not None else float(max(-lo, hi))
+    s = ins[1]
+    return [Fact(width * s.bound, s.nan or s.inf, s.inf)]
+
+
+@register("DequantizeLinear", since=10, fusion=FusionKind.OPAQUE, infer=_dq_infer, value_range=_dq_range)
 def _dequantize_linear(ctx: NodeContext):
     axis = int(ctx.attr("axis", 1))
     block = int(ctx.attr("block_size", 0))

@@ -151,6 +151,22 @@ def _trial(nodes: list[Node], lo: int, node: Node, hi: int, sources: dict[int, V
     return _limit(ok)
 
 
+def _fewest(nodes: list[Node], position: dict, node: Node, i: int, sources: dict[int, Value], lo: int,
+            limit: float, facts: list[dict], anchored: dict[int, Value]) -> tuple[dict[int, Value], int]:
+    """``sources`` less each value whose measurement the limit does not need (a product's
+    output on a quantisation grid is bounded already; measuring it costs a pass over it on
+    every run), with the earliest producer position of what is left."""
+    for key in list(sources):
+        if len(sources) == 1:
+            break
+        rest = {k: v for k, v in sources.items() if k != key}
+        first = min(position[id(v.producer)] for v in rest.values())
+        got = _trial(nodes, first + 1, node, i, rest, facts, anchored)
+        if got is not None and got >= limit:
+            sources, lo = rest, first
+    return sources, lo
+
+
 def guard_plan(graph: Graph, const_fact=None, measure_below: float | None = None) -> GuardPlan:
     """Every guarded node's limit, in one walk evaluating the whole grid at once. With
     ``measure_below``, a guarded node admitted only below it (or not at all) has values it
@@ -183,6 +199,7 @@ def guard_plan(graph: Graph, const_fact=None, measure_below: float | None = None
                     lo = min(position[id(v.producer)] for v in new.values())
                     better = _trial(nodes, lo + 1, node, i, new, facts, anchored)
                     if better is not None and (limit is None or better > limit):
+                        new, lo = _fewest(nodes, position, node, i, new, lo, better, facts, anchored)
                         anchored.update(new)
                         restart = lo
                         break
