@@ -755,3 +755,50 @@ def test_mid_attributes_the_op_cannot_have_are_refused(op, attrs):
     g.outputs.append(n.outputs[0])
     with pytest.raises(fg.errors.FusegraphError, match="mid_"):
         fg.compile(g, CFG).run({"x": np.zeros(tuple(x.shape), np.uint8)})
+
+
+def _split_model() -> onnx.ModelProto:
+    """DQ(x) -> Gemm(DQ(w)) -> Q -> DQ -> Split in three -> q * c, k * c, v -> each Q -> DQ: a
+    GPT-2 attention's packed q / k / v product, split and scaled before the scores."""
+    rng = np.random.default_rng(8)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "w": rng.integers(-127, 128, (16, 24), dtype=np.int8),
+             "ws": (rng.uniform(0.5, 1.5, 24) * 0.01).astype(np.float32), "wz": np.zeros(24, np.int8),
+             "s1": np.array(0.05, np.float32), "z1": np.array(120, np.uint8), "c": np.array(0.35355339, np.float32),
+             "sq": np.array(0.02, np.float32), "zq": np.array(125, np.uint8),
+             "sv": np.array(0.07, np.float32), "zv": np.array(118, np.uint8), "parts": np.array([8, 8, 8], np.int64)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("Gemm", ["xd", "wd"], ["g"]),
+             helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
+             helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["d1"]),
+             helper.make_node("Split", ["d1", "parts"], ["a", "b", "vs"], axis=1),
+             helper.make_node("Mul", ["a", "c"], ["ac"]), helper.make_node("Mul", ["b", "c"], ["bc"])]
+    outs = []
+    for name, src, s, z in (("q", "ac", "sq", "zq"), ("k", "bc", "sq", "zq"), ("v", "vs", "sv", "zv")):
+        nodes += [helper.make_node("QuantizeLinear", [src, s, z], [f"{name}q"]),
+                  helper.make_node("DequantizeLinear", [f"{name}q", s, z], [name])]
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [4, 8]))
+    g = helper.make_graph(nodes, "split", [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 16])], outs,
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    return m
+
+
+def test_a_split_of_a_quantised_product_moves_integers():
+    """``dq_sink`` through a Split: the product writes uint8, the Split moves uint8 parts, and
+    each part's scaling and new quantisation is one Requantize (no float32 Split, no Mul): within
+    one step of onnxruntime ORT_DISABLE_ALL at each output."""
+    m = _split_model()
+    cm = fg.compile(m, CFG)
+    (split,) = [n for n in cm.graph.nodes if n.op_type == "Split"]
+    assert split.inputs[0].dtype == fg.ir.DType.UINT8
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert not ops["Mul"] and ops["QLinear"] == 1, ops
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
+        got = cm.run(feeds)
+        refs = M.ort_run(m, feeds)
+        for (name, y), ref, step in zip(got.items(), refs, (0.02, 0.02, 0.07)):
+            assert np.abs(y.astype(np.float64) - ref).max() <= step * 1.001, name

@@ -1,8 +1,8 @@
 """QDQ between int8 ops: the quantised values flow from one int8 op to the next, with no
 dequantise-quantise round trip where the model's arithmetic does not need one.
 
-- ``dq_sink`` (root a data-movement op: view, permutation, selection, replication; or a max
-  pool): ``Op(DQ(x), ...) -> DQ(Op(x, ...))`` for a per-tensor DQ. Exact: such an op moves
+- ``dq_sink`` (root a data-movement op: view, permutation, selection (a Split: each part),
+  replication; or a max pool): ``Op(DQ(x), ...) -> DQ(Op(x, ...))`` for a per-tensor DQ. Exact: such an op moves
   (or, a max pool, picks by order) values, and a per-tensor dequantisation is the same map
   on every element, increasing (scale > 0).
 - ``dq_join`` (root Concat): ``Concat(DQ(a), DQ(b) ...)`` with one set of parameters ->
@@ -95,10 +95,10 @@ def _emit_requantize(ctx, x, src: QParams, dst: QParams):
 # ------------------------------------------------------------------------ dq_sink, dq_join
 
 def _sinkable(node: Node) -> bool:
-    if node.domain != "" or len(node.outputs) != 1:
+    if node.domain != "" or not node.outputs:
         return False
     if node.op_type in ORDER_STATISTICS:
-        return True
+        return len(node.outputs) == 1
     return (node.domain, node.op_type) in movement_ops(*SINK_MOVES)
 
 
@@ -114,8 +114,11 @@ def _check_sink(node: Node, ctx):
 
 def _rewrite_sink(node: Node, found, ctx):
     dq, p = found
-    moved = ctx.emit(node.op_type, [dq.inputs[0]] + list(node.inputs[1:]), dict(node.attrs))
-    return _emit_dq(ctx, moved, p, dq)
+    n = len(node.outputs)
+    moved = ctx.emit(node.op_type, [dq.inputs[0]] + list(node.inputs[1:]), dict(node.attrs), outputs=n)
+    if n == 1:
+        return _emit_dq(ctx, moved, p, dq)
+    return [_emit_dq(ctx, m, p, dq) for m in moved]      # a Split: each part dequantised alike
 
 
 def _check_join(node: Node, ctx):
