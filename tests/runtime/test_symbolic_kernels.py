@@ -202,7 +202,8 @@ def test_the_sgemm_product_keeps_nan_and_inf_of_its_input(one_row_steps, rows):
 def test_a_decoder_holds_its_product_weights_plain_and_once():
     """The weight of a one-row product is the store's only form of it (or the graph's own
     tensor): no blocked copy beside it. A layer's product (up to ``COLUMN_MAJOR_MAX_N``
-    columns) holds it N x K, each column of W one contiguous row; a wider one K x N."""
+    columns) holds it N x K, each column of W one contiguous row; a wider one K x N (a large
+    one copied into 2 MiB pages where the kernel has them, its graph tensor then released)."""
     rng = np.random.default_rng(2)
     node_t, w_t, _ = _linear_node(64, 80, "none", False, True, rng)          # given N x K
     store_t = WeightStore()
@@ -216,7 +217,13 @@ def test_a_decoder_holds_its_product_weights_plain_and_once():
     node_w, w_w, _ = _linear_node(64, COLUMN_MAJOR_MAX_N + 8, "none", False, False, rng)
     store_w = WeightStore()
     wide = runtime_linear_kernel(NodeContext(node_w), store_w, Resources(), True, True)
-    assert not wide.by_columns and wide._packed.data_ptr() == w_w.data_ptr() and not store_w.forms
+    assert not wide.by_columns
+    if store_w.buffers.takes(w_w.numel() * 4):    # its only reader: copied once into 2 MiB pages
+        (form,) = store_w.forms["w"]
+        assert wide._packed.data_ptr() == form.data.data_ptr() and form.desc["strides"] == [COLUMN_MAJOR_MAX_N + 8, 1]
+        assert torch.equal(form.data.view(torch.float32).view(w_w.shape), w_w)
+    else:
+        assert wide._packed.data_ptr() == w_w.data_ptr() and not store_w.forms
 
 
 @needs_dnnl

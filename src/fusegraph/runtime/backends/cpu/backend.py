@@ -199,12 +199,7 @@ class CpuBackend(Backend):
         return {name: len(forms) for name, forms in self.store.forms.items()}
 
     def drop_weight_forms(self, counts: dict[str, int]) -> None:
-        for name in list(self.store.forms):
-            keep = counts.get(name, 0)
-            if keep:
-                del self.store.forms[name][keep:]
-            else:
-                del self.store.forms[name]
+        self.store.drop_forms(counts)
 
     # -- weights
     def release_weights(self, graph, calls) -> int:

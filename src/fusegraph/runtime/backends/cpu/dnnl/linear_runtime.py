@@ -125,7 +125,8 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
         w_md = prim.md(capi.Q_WEIGHTS_MD)
     plain = w if w.device.type == "meta" else w.to(compute).contiguous()
     plain_md = MemDesc.of((k, n), compute, (1, k) if trans_b else (n, 1))
-    packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
+    packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md,
+                        own=len(node.inputs[1].uses) == 1)
     kernel.set_weight(packed, w_md, ACTIVATIONS[activation] if activation != "none" else None)
     if gemv:
         warm_sgemm()

@@ -19,6 +19,9 @@ and ``plain(name, placeholder)`` reads the weight back (``save()`` where no form
 a portable kernel, another device). ``export()`` gives each weight's forms with their
 descriptions and orientation.
 
+New forms are cut from 2 MiB-page mappings where the kernel gives them (``huge_pages.py``: a
+product streams its weight on every call, and 4 KiB pages cost it a TLB miss per page).
+
 ``SharedForms`` lets several stores (the per-shape compiles of one dynamic model,
 ``compiler/specialize.py``) share the packed forms of the weights they all read. A form is keyed by the
 plain weight's contents (a SHA-256 of its bytes), its orientation and its layout, never by
@@ -30,6 +33,7 @@ import weakref
 
 import torch
 
+from ..huge_pages import HugeBuffers
 from .blocked import unpack
 from .memory import DTYPES, TORCH_OF, MemDesc
 from .primitive import reorder
@@ -89,6 +93,19 @@ class WeightStore:
         self.provided: dict[str, list[Packed]] = {}
         self.reorders = 0
         self.shared = shared
+        self.buffers = HugeBuffers()      # new forms' bytes: in 2 MiB pages where the kernel gives them
+
+    def drop_forms(self, counts: dict[str, int]) -> None:
+        """Forget the forms made after each weight's first ``counts[name]`` (a binding's trial),
+        the last made first, their bytes reused where they were the last ones cut."""
+        for name in list(self.forms):
+            keep = counts.get(name, 0)
+            for p in reversed(self.forms[name][keep:]):
+                self.buffers.give_back(p.data)
+            if keep:
+                del self.forms[name][keep:]
+            else:
+                del self.forms[name]
 
     def holds(self, name: str) -> bool:
         return name in self.forms or name in self.provided
@@ -104,12 +121,16 @@ class WeightStore:
         _OWNERS[key] = (weakref.ref(ph, lambda _r: _OWNERS.pop(key, None)), self)
         return ph
 
-    def form(self, name: str, weight: torch.Tensor, perm, operand_md: MemDesc, want: MemDesc) -> torch.Tensor:
+    def form(self, name: str, weight: torch.Tensor, perm, operand_md: MemDesc, want: MemDesc,
+             own: bool = False) -> torch.Tensor:
         """The bytes of weight ``name`` seen through ``perm`` in layout ``want`` (a tensor the
-        caller keeps alive); ``weight`` is the plain tensor, or a placeholder."""
+        caller keeps alive); ``weight`` is the plain tensor, or a placeholder. ``own``: the
+        caller's node is the weight's only reader, so a weight already in layout ``want`` is
+        copied into the store's 2 MiB pages too (where they exist and it is large), and the
+        graph's plain tensor is then released like any packed weight's (held once)."""
         perm = tuple(perm)
         plain = weight.device.type != "meta"
-        if plain and want == operand_md:
+        if plain and want == operand_md and not (own and self.buffers.takes(want.size)):
             return weight
         owner = None if plain else owner_of(weight)
         if owner is not None and owner is not self:          # a rebinding of a released graph
@@ -137,8 +158,7 @@ class WeightStore:
             # (AVX2's bfloat16 -> float32 blocked one is oneDNN's generic loop: RESULTS.md, AVX2 only)
             src = self.plain(name, weight, dtype=TORCH_OF.get(desc.get("dt"))).permute(perm).contiguous()
             src_md = MemDesc.of(_operand_dims(want), src.dtype)
-        with torch.inference_mode(False):
-            data = torch.empty(max(want.size, 1), dtype=torch.uint8)
+        data = self.buffers.empty(want.size)
         reorder(src_md, src.data_ptr(), want, data.data_ptr())
         self.reorders += 1
         if shared_key is not None:
