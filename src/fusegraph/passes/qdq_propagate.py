@@ -2,9 +2,9 @@
 dequantise-quantise round trip where the model's arithmetic does not need one.
 
 - ``dq_sink`` (root a data-movement op: view, permutation, selection (a Split: each part),
-  replication; or a max pool): ``Op(DQ(x), ...) -> DQ(Op(x, ...))`` for a per-tensor DQ. Exact: such an op moves
-  (or, a max pool, picks by order) values, and a per-tensor dequantisation is the same map
-  on every element, increasing (scale > 0).
+  replication; or a max pool): ``Op(DQ(x), ...) -> DQ(Op(x, ...))`` for a per-tensor DQ.
+  Exact: such an op moves (or, a max pool, picks by order) values, and a per-tensor
+  dequantisation is the same map on every element, increasing (scale > 0).
 - ``dq_join`` (root Concat): ``Concat(DQ(a), DQ(b) ...)`` with one set of parameters ->
   ``DQ(Concat(a, b ...))``. Exact.
 - ``qdq_cancel`` (root QuantizeLinear): ``Q(DQ(x))`` -> ``x`` when both have the same

@@ -198,8 +198,9 @@ def mid_post_ops(ctx, rank: int, first: int, bound: float) -> tuple[list, list, 
     """A QLinear's ``mid_*`` as post-ops from index ``first``: its grid (``grid_post_ops``)
     and its GELU as oneDNN's eltwise, which computes ATen's GELU on finite values (the grid
     keeps them finite: it declines where the epilogue could not be); the output's own
-    quantisation (``y_*``) follows as the destination's scale and zero point. ([], [], [])
-    without ``mid_activation``."""
+    quantisation (``y_*``) follows, as the destination's scale and zero point or as its
+    grid's post-ops (``y_grid``). ([], [], []) without ``mid_*`` attributes; a ``Decline``
+    with the op's own reason where they are not ones it runs."""
     act = str(ctx.attr("mid_activation", ""))
     if not act and not any(k.startswith("mid_") for k in ctx.node.attrs):
         return [], [], []

@@ -10,8 +10,9 @@ N), the float32 bias added (a row broadcast over M), the Relu applied
 point (rounded half to even, saturated), or written as float32 (on the quantisation grid
 with ``y_grid``: ``int8_support.grid_post_ops``), or (MatMulInteger's form) as the exact
 int32 sum. With ``mid_activation`` the result goes onto the ``mid`` grid and through the GELU
-in the epilogue before its quantisation (``int8_support.mid_post_ops``). Only on a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``);
-elsewhere the node declines and its reference form runs. Products under ``SERIAL_MACS``
+in the epilogue before its quantisation (``int8_support.mid_post_ops``). Only on a CPU whose
+int8 kernels sum exactly (``int8_support.int8_exact``); elsewhere the node declines and its
+reference form runs. Products under ``SERIAL_MACS``
 multiply-adds with weights under ``PARALLEL_WEIGHTS`` elements are made for one thread.
 """
 from __future__ import annotations
