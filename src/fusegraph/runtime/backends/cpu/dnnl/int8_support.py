@@ -201,13 +201,13 @@ def mid_post_ops(ctx, rank: int, first: int, bound: float) -> tuple[list, list, 
     quantisation (``y_*``) follows, as the destination's scale and zero point or as its
     grid's post-ops (``y_grid``). ([], [], []) without ``mid_*`` attributes; a ``Decline``
     with the op's own reason where they are not ones it runs."""
-    act = str(ctx.attr("mid_activation", ""))
-    if not act and not any(k.startswith("mid_") for k in ctx.node.attrs):
-        return [], [], []
     try:
         check_mid(ctx, y_type(ctx))
     except UnsupportedOpError as exc:     # the op's own kernel refuses the node with the reason
         return Decline(str(exc), "dnnl")
+    act = str(ctx.attr("mid_activation", ""))
+    if not act:                           # (check_mid admits no other mid_* without it)
+        return [], [], []
     grid = grid_post_ops(ctx, rank, first, bound, prefix="mid")
     if isinstance(grid, Decline):
         return grid

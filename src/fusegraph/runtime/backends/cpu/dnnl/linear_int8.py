@@ -76,9 +76,8 @@ def linear_int8_kernel(ctx, store, resources):
     grid = grid_post_ops(ctx, 2, len(post), bound)       # |gelu(v)| <= |v|: the bound holds after it
     if isinstance(grid, Decline):
         return grid
-    grid_ops, grid_args, grid_keep = grid
-    post += grid_ops
-    grid_args, grid_keep = mid[1] + grid_args, mid[2] + grid_keep
+    post += grid[0]
+    post_args, post_keep = mid[1] + grid[1], mid[2] + grid[2]     # the post-ops' constant operands
     w_mask = 0 if ctx.const(2).numel() == 1 else 2          # per column N of the [K, N] operand
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     x_md, y_md = MemDesc.of((m, k), x_dtype), MemDesc.of((m, n), out)
@@ -98,8 +97,8 @@ def linear_int8_kernel(ctx, store, resources):
     plain = w if w.device.type == "meta" else w.contiguous()
     plain_md = MemDesc.of((k, n), torch.int8, (1, k) if trans_b else (n, 1))   # the operand is W^T under trans_b
     packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
-    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args + grid_args
-    keep = [packed, w_md, attr, *qargs.keep, *grid_keep]
+    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args + post_args
+    keep = [packed, w_md, attr, *qargs.keep, *post_keep]
     if bias is not None:
         consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
         keep.append(bias)
