@@ -74,7 +74,7 @@ def test_the_fast_form_runs_its_activation_on_onednn_in_row_pieces(activation, o
     inputs) as the float64 product and the formula, at one row and at counts run as several
     pieces (201 rows: 192, 8, 1), on primitives made once for the piece counts (a decoder's
     products fuse it into their matmul primitive above ``GEMV_ROWS``)."""
-    from fusegraph.runtime.backends.cpu.dnnl import linear_runtime
+    from fusegraph.runtime.backends.cpu.dnnl import linear_runtime, rows_eltwise
     rng = np.random.default_rng(5)
     node, w, b = _linear_node(96, 200, activation, True, True, rng)
     kernel = runtime_linear_kernel(NodeContext(node), WeightStore(), Resources(), False, one_row_steps)
@@ -83,14 +83,16 @@ def test_the_fast_form_runs_its_activation_on_onednn_in_row_pieces(activation, o
         raise AssertionError("the torch activation ran")
     kernel._act = refused
     made = []
-    monkeypatch.setattr(linear_runtime, "create", lambda what, f: made.append(what) or create(what, f))
+    for module in (linear_runtime, rows_eltwise):
+        monkeypatch.setattr(module, "create", lambda what, f: made.append(what) or create(what, f))
     for rows in (1, 1, 2, 5, 201, 9, 200):
         x = torch.from_numpy(rng.standard_normal((rows, 96)).astype(np.float32))
         got = kernel(x, out=torch.full((rows, 200), float("nan")))
         torch.testing.assert_close(got, _want(x, w, b, activation, True), rtol=1e-4, atol=1e-4)
     # sgemm at every count: 201 as 192, 8, 1; 9 as 8, 1; 200 as 192, 8. A decoder's weight held
-    # transposed: sgemm up to GEMV_ROWS, a matmul primitive with the activation fused above
-    pieces = {1, 2} if one_row_steps else {1, 2, 5, 192, 8}
+    # transposed: sgemm up to GEMV_ROWS, a matmul primitive with the activation fused above.
+    # The count of 8 was made with the kernel (``rows_eltwise.PROBE_ROWS``: its implementation's name)
+    pieces = {1, 2} if one_row_steps else {1, 2, 5, 192}
     assert made.count("eltwise") == len(pieces), made
 
 

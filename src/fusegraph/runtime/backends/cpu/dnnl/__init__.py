@@ -12,7 +12,8 @@ DequantizeLinear, DynamicQuantizeLinear, Requantize and QAdd of static shape; ``
 (``layernorm_runtime.py``: LayerNorm, SkipLayerNorm whose rows are known at run time only);
 GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
-``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax; ``eltwise.py``: a standalone Gelu's fast form; ``rnn.py``: RNN, GRU and
+``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax; ``eltwise.py``: a standalone Gelu's fast form; ``gated.py``:
+a GatedActivation's GELU (over rows by ``rows_eltwise.py``, as after sgemm in ``linear_runtime.py``); ``rnn.py``: RNN, GRU and
 fusegraph::LSTM, one recurrent primitive per node), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
@@ -28,6 +29,7 @@ from .concat import concat_kernel
 from .conv import conv_kernel
 from .conv_int8 import conv_int8_kernel
 from .eltwise import gelu_kernel
+from .gated import gated_kernel
 from .layouts import static_shape
 from .linear import linear_kernel
 from .linear_dynamic_int8 import linear_dynamic_int8_kernel
@@ -139,6 +141,8 @@ class DnnlKernels:
             return softmax_kernel(ctx, opdef, self.resources, exact)
         if key in (("", "Gelu"), ("fusegraph", "Gelu")):
             return gelu_kernel(ctx, self.resources, exact)
+        if key == ("fusegraph", "GatedActivation"):
+            return gated_kernel(ctx, self.resources, exact)
         if key in RECURRENT:
             return rnn_kernel(ctx, self.store, self.resources, exact)
         return None

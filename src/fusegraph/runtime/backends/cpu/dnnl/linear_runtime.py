@@ -36,7 +36,7 @@ The activation is a post-op where oneDNN's eltwise is exact on NaN / Inf and the
 implementation's epilogue was checked for it (``primitive.exact_post_ops``); otherwise it runs
 after the product, in place, with torch (GELU always, unless ``Config.fast_math``). sgemm has
 no post-ops: after it, the activation runs as oneDNN's eltwise over the output's rows in
-pieces of a fixed set of counts (``primitive.row_pieces``: prepared calls made once, whatever
+pieces of a fixed set of counts (``rows_eltwise.RowsEltwise``: prepared calls made once, whatever
 the lengths; torch's own GELU makes oneDNN code for every new shape it meets): a guarded
 node's fast form's activation, and an exact GELU where one max over the output finds neither
 a NaN nor a +inf (torch's GELU computes it with the same eltwise; where one is there, the
@@ -58,15 +58,14 @@ from . import capi
 from .compute import compute_dtype
 from .linear import WIDENED, product_operands
 from .memory import DTYPES, MemDesc, Memory
-from .primitive import Attr, PreparedCalls, call_arguments, create, exact_post_ops, row_pieces, thread_stream
+from .primitive import Attr, PreparedCalls, call_arguments, create, exact_post_ops, thread_stream
+from .rows_eltwise import RowsEltwise
 
 TYPES = (torch.float32, torch.bfloat16)
 EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwise", "logistic", 0.0, 0.0)],
          "tanh": [("eltwise", "tanh", 0.0, 0.0)], "silu": [("eltwise", "swish", 1.0, 0.0)]}
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
-SERIAL_ELEMENTS = 1 << 15        # an activation's piece of fewer elements runs on one thread
-PIECES_KEPT = 32                  # an activation's piece counts whose prepared call is kept (``row_pieces``: 30)
 ROWS_KEPT = 16                    # row counts whose prepared call a configuration keeps (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
@@ -166,13 +165,10 @@ class RuntimeLinear:
         self._bias_bytes = 0 if bias is None else self._bias.numel() * 4
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
         self._post, self._exact = post, exact
-        # the activation after sgemm as a oneDNN eltwise over row pieces (``_rows_activation``):
-        # per thread, prepared calls by piece count, shared by the products of one width and
-        # activation; an exact one is a GELU, run there only where the output is checked free
-        # of NaN and +inf (``_gemv``)
-        self._rows_act: dict | None = None if rows_eltwise is None else \
-            resources.shared.setdefault(("rows eltwise", n, tuple(rows_eltwise)), {})
-        self._rows_eltwise = rows_eltwise
+        # the activation after sgemm as a oneDNN eltwise over row pieces (``rows_eltwise.py``);
+        # an exact one is a GELU, run there only where the output is checked free of NaN and
+        # +inf (``_gemv``)
+        self._rows_act = None if rows_eltwise is None else RowsEltwise(n, rows_eltwise, resources)
         self._resources = resources
         self._calls: dict[int, PreparedCalls] = {}     # thread -> its prepared calls (``set_weight``: shared)
         self._exec = capi.load().execute
@@ -278,34 +274,7 @@ class RuntimeLinear:
             raise capi.DnnlError("sgemm", status)
         if self._act is not None:
             if self._rows_act is not None and (not self._exact or bool(out.amax() < _INF)):
-                self._rows_activation(out, m)
+                self._rows_act(out.data_ptr(), m)
             else:
                 self._act(out)
         return out
-
-    def _rows_activation(self, out: torch.Tensor, m: int) -> None:
-        """The activation over ``m`` rows of ``out``, in place, as oneDNN's eltwise (the
-        post-op the matmul primitive would fuse; sgemm has none), a piece of rows a call
-        (``row_pieces``): prepared calls per thread (``PreparedCalls``), pointed at the piece.
-        Torch's GELU would make oneDNN code for every new row count; and after a one-row
-        product, whose weight streamed through the caches, a torch op's dispatch misses on
-        its own bookkeeping (``_gemv``)."""
-        calls = PreparedCalls.of_thread(self._rows_act, self._prepare_rows_activation, PIECES_KEPT)
-        ptr, row = out.data_ptr(), self.n * 4
-        for start, count in row_pieces(m):
-            mem, args, nargs, prim, _scratch = calls.get(count)
-            mem.point(ptr + start * row)
-            status = self._exec(prim.handle, thread_stream(), nargs, args)
-            if status:
-                raise capi.DnnlError("execute eltwise", status)
-
-    def _prepare_rows_activation(self, rows: int) -> tuple:
-        _, alg, alpha, beta = self._rows_eltwise
-        md = MemDesc.of((rows, self.n), torch.float32)
-        with threads_for(rows * self.n < SERIAL_ELEMENTS):
-            prim = create("eltwise", lambda pd: self._lib.eltwise_forward_primitive_desc_create(
-                pd, self._lib.engine, capi.FORWARD_INFERENCE, capi.ELTWISE[alg], md.handle, md.handle,
-                alpha, beta, None))
-        mem = Memory(md, 0)
-        args, nargs, scratch = call_arguments(prim, [(capi.ARG_SRC, mem), (capi.ARG_DST, mem)], self._resources)
-        return mem, args, nargs, prim, scratch
