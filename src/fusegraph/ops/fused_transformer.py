@@ -19,8 +19,12 @@ rules (``passes/fusion/rules_transformer.py``); no frontend creates them.
   must not enlarge the scores (a typed error at run time otherwise, never a silently
   different shape: the output shape is inferred from q, k, v). One query
   row (decoding, L = 1) runs ``F.scaled_dot_product_attention``; longer ones run matmul,
-  one add, in-place softmax, matmul (measured faster on CPU there). Any NaN from the SDPA
-  path falls back to the composed path, so fully-masked and non-finite rows follow the graph.
+  one add, in-place softmax, matmul (measured faster on CPU there); where the scores of all
+  heads would pass ``SCORES_CHUNK_ABOVE`` bytes and a workspace holds them, a group of heads
+  at a time whose scores stay within ``SCORES_CHUNK`` (each head's arithmetic unchanged: the
+  workspace that long sequences grow stays a few MiB, the softmax reads scores still in the
+  cache). Any NaN from the SDPA path falls back to the composed path, so fully-masked and
+  non-finite rows follow the graph.
 - ``ElementwiseChain(inputs...)``: a linear chain of elementwise ops, ``steps`` a list of
   strings ``"Op a b"`` whose operands are ``iN`` (node input N) or ``p`` (previous result).
   The first step writes the output buffer, every later step updates it in place: one
@@ -46,6 +50,8 @@ from .softmax import softmax_range
 from .value_range import Fact, ProductRange, chain_range
 
 DOMAIN = "fusegraph"
+SCORES_CHUNK_ABOVE = 4 << 20    # an attention's scores of more bytes run a group of heads at a time ...
+SCORES_CHUNK = 5 << 19          # ... whose scores take at most these bytes (one head at least)
 
 
 
@@ -370,6 +376,9 @@ def _sdpa(ctx: NodeContext):
                 y = None
             if y is not None and heads_out is not None:
                 heads_out.copy_(y)
+        if y is None and heads_out is not None and scores is not None and q.dim() == 4:
+            if _by_head_groups(q, kt, v, mask, scores, heads_out, composed):
+                return out
         if y is None:
             y = composed(q, kt, v, mask, scores, heads_out)
         if out is not None:
@@ -398,6 +407,26 @@ def _sdpa(ctx: NodeContext):
 
     attention.scores_bytes = lambda: _scores_bytes(ctx, split, qh, kh, k_transposed)
     return attention
+
+
+def _by_head_groups(q, kt, v, mask, scores, heads_out, composed) -> bool:
+    """Attention of 4-D ``q`` ``[B, H, L, D]`` a group of heads at a time into ``heads_out``,
+    where all heads' scores would pass ``SCORES_CHUNK_ABOVE`` bytes: True when done, False
+    (nothing written) where they would not, or where an operand does not split by heads."""
+    b, h, length = q.shape[0], q.shape[1], q.shape[2]
+    per_head = b * length * kt.shape[-1] * q.element_size()
+    if h < 2 or per_head * h <= SCORES_CHUNK_ABOVE or kt.dim() != 4 or v.dim() != 4 \
+            or kt.shape[1] != h or v.shape[1] != h:
+        return False
+    heads_of_mask = mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1
+    if heads_of_mask and (mask.shape[-3] != h or mask.dim() > 4):
+        return False
+    group = max(1, SCORES_CHUNK // per_head)
+    for h0 in range(0, h, group):
+        h1 = min(h, h0 + group)
+        part = mask[..., h0:h1, :, :] if heads_of_mask else mask
+        composed(q[:, h0:h1], kt[:, h0:h1], v[:, h0:h1], part, scores, heads_out[:, h0:h1])
+    return True
 
 
 def _scores_bytes(ctx: NodeContext, split, qh: int, kh: int, k_transposed: bool) -> int | None:
