@@ -212,6 +212,60 @@ def test_layer_norm_runs_without_its_check_while_rows_cannot_overflow():
     np.testing.assert_allclose(got[0, 3], want[0, 3], rtol=1e-4, atol=1e-4)
 
 
+def test_channel_layer_norm_limit_is_where_its_squared_deviations_overflow():
+    """A layer norm over the channels of channels-last data (axis 1: wav2vec2's feature
+    extractor, ConvNeXt) is guarded like one over the last axis."""
+    g = Graph("cln", opset={"": 17, "fusegraph": 1})
+    x = g.add_input("x", DType.FLOAT, (1, 64, 4))
+    n = g.add_node("ChannelLayerNorm", [x, g.add_constant("g", torch.ones(64)), g.add_constant("b", torch.zeros(64))],
+                   domain="fusegraph", attrs={"epsilon": 1e-5}, name="cln")
+    n.outputs[0].dtype, n.outputs[0].shape = DType.FLOAT, (1, 64, 4)
+    g.outputs.append(n.outputs[0])
+    # 4 * 64 * M^2 < 1e38 for M <= 1e16, not for 1e32
+    assert fast_limits(g) == {"cln": 1e16}
+
+
+def _channel_norm_model():
+    """x [1, 8, 40] -> Conv1d -> Transpose -> LayerNormalization -> Transpose -> Conv1d: a layer
+    norm over the channels between two convolutions (the passes make one ChannelLayerNorm on
+    channels-last data)."""
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((32, 8, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((32, 32, 3)) * 0.1).astype(np.float32)
+    gamma, beta = rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    t = lambda n, a: helper.make_tensor(n, F, a.shape, a.flatten())            # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "b"], ["n"], axis=-1, epsilon=1e-5),
+             helper.make_node("Transpose", ["n"], ["u"], perm=[0, 2, 1]),
+             helper.make_node("Conv", ["u", "w2"], ["y"], pads=[1, 1])]
+    graph = helper.make_graph(nodes, "channel_norm", [helper.make_tensor_value_info("x", F, [1, 8, 40])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [t("w1", w1), t("w2", w2), t("g", gamma), t("b", beta)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
+def test_channel_layer_norm_runs_without_its_check_while_rows_cannot_overflow():
+    m = _channel_norm_model()
+    cm = fg.compile(m, fg.Config(threads=2, thread_policy="fixed"))
+    guarded = [c for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
+    assert [(c.node.op_type, c.kernel.limit) for c in guarded] == [("ChannelLayerNorm", 1e16)]
+    kernel = guarded[0].kernel
+    assert kernel.fast.impl != "portable"
+    x = np.random.default_rng(1).standard_normal((1, 8, 40)).astype(np.float32) * 5
+    np.testing.assert_allclose(cm.run({"x": x})["y"], ort_run(m, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+    assert kernel._exact is None
+    x[0, :, 3] = 3e20       # pixels whose float32 sum of squares over the channels overflows
+    x[0, 2, 30] = np.nan    # NaN reaches the pixels around it
+    got = cm.run({"x": x})["y"]
+    assert kernel._exact is not None
+    want = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable", thread_policy="fixed")).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, :, 30]).all() and np.isfinite(got[0, :, 3]).all()
+    np.testing.assert_allclose(got[0, :, 1:6], want[0, :, 1:6], rtol=1e-4, atol=1e-4)
+
+
 def _measured_chain_model(divisor: float):
     """x [1, 8, 128, 128] -> 1x1 conv -> Div by ``divisor`` (folded into the weights) -> Elu (an
     op the bound analysis does not know: no limit follows from the feeds' magnitude past it)

@@ -1,7 +1,7 @@
 """Which kernels may run their fast form: the largest input magnitude under which a kernel whose
 only difference from ONNX is NaN / Inf (a fused relu, clip, GELU or hard sigmoid, a standalone
-GELU, a chain's final Relu, a max pool without its finiteness check, a layer norm without its
-overflow check)
+GELU, a chain's final Relu, a max pool without its finiteness check, a layer norm (over the last
+axis or over channels) without its overflow check)
 computes exactly what the exact kernel does, from the bounds of ``finite.py``.
 
 A kernel is *guarded* when its fast form is exact as long as its input (or pre-activation) is
@@ -31,7 +31,7 @@ from .finite import GRID, ConstantFacts, op_facts, propagate_init, record_facts
 # fast post-op differs from the exact one on NaN / Inf only (relu: oneDNN's maps NaN to 0, the
 # exact elu with alpha 0 costs 5-10 % on conv nets)
 GUARDED_ACTS = {"relu", "hardtanh", "hardsigmoid", "gelu", "gelu_tanh"}
-NORMS = ("LayerNorm", "SkipLayerNorm")
+NORMS = ("LayerNorm", "SkipLayerNorm", "ChannelLayerNorm")
 INTEGERS = (DType.UINT8, DType.INT8)
 
 
@@ -62,7 +62,9 @@ def _guard_fact(node: Node, ins: list[Fact]) -> Fact:
         return chain_fact(node.attrs.get("steps", ()), ins)
     if node.op_type in NORMS:         # the row's sum of squared deviations: at most d * (2 max|x|)^2
         x = sum_fact(*ins[:2]) if node.op_type == "SkipLayerNorm" else ins[0]
-        d = node.outputs[0].shape[-1] if node.outputs[0].shape else None
+        shape = node.outputs[0].shape
+        axis = 1 if node.op_type == "ChannelLayerNorm" else -1       # the normalised axis
+        d = shape[axis] if shape and len(shape) > 1 else None
         if not isinstance(d, int):
             return UNKNOWN
         return Fact(4.0 * d * x.bound * x.bound, x.nan, x.inf)
