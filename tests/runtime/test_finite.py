@@ -180,49 +180,18 @@ def _skip_layer_norm_model(d=64):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_layer_norm_limit_is_where_its_squared_deviations_overflow():
+@pytest.mark.parametrize("op,shape", [("LayerNorm", (1, 4, 64)), ("ChannelLayerNorm", (1, 64, 4))])
+def test_layer_norm_limit_is_where_its_squared_deviations_overflow(op, shape):
+    """Over the last axis, or over the channels (axis 1) of channels-last data: wav2vec2's
+    feature encoder, ConvNeXt."""
     g = Graph("ln", opset={"": 17, "fusegraph": 1})
-    x = g.add_input("x", DType.FLOAT, (1, 4, 64))
-    n = g.add_node("LayerNorm", [x, g.add_constant("g", torch.ones(64)), g.add_constant("b", torch.zeros(64))],
+    x = g.add_input("x", DType.FLOAT, shape)
+    n = g.add_node(op, [x, g.add_constant("g", torch.ones(64)), g.add_constant("b", torch.zeros(64))],
                    domain="fusegraph", attrs={"epsilon": 1e-5}, name="ln")
-    n.outputs[0].dtype, n.outputs[0].shape = DType.FLOAT, (1, 4, 64)
+    n.outputs[0].dtype, n.outputs[0].shape = DType.FLOAT, shape
     g.outputs.append(n.outputs[0])
     # 4 * 64 * M^2 < 1e38 for M <= 1e16, not for 1e32
     assert fast_limits(g) == {"ln": 1e16}
-
-
-@pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
-def test_layer_norm_runs_without_its_check_while_rows_cannot_overflow():
-    m = _skip_layer_norm_model()
-    cm = fg.compile(m, fg.Config(threads=2, thread_policy="fixed"))
-    guarded = [c for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
-    assert [(c.node.op_type, c.kernel.limit) for c in guarded] == [("SkipLayerNorm", 1e16)]
-    kernel = guarded[0].kernel
-    assert kernel.fast.portable is None and kernel.fast.impl != "portable"    # the primitive, no check
-    x = np.random.default_rng(1).standard_normal((1, 16, 64)).astype(np.float32) * 5
-    np.testing.assert_allclose(cm.run({"x": x})["y"], ort_run(m, {"x": x})["y"], rtol=1e-4, atol=1e-4)
-    assert kernel._exact is None
-    x[0, 3] = 3e37          # a row whose float32 sum of squares overflows: the exact kernel's float64 rows
-    x[0, 5, 7] = np.nan     # a row with NaN stays NaN
-    got = cm.run({"x": x})["y"]
-    assert kernel._exact is not None and kernel.exact.portable is not None
-    want = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable", thread_policy="fixed")).run({"x": x})["y"]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    assert np.isnan(got[0, 5]).all() and np.isfinite(got[0, 3]).all()
-    np.testing.assert_allclose(got[0, 3], want[0, 3], rtol=1e-4, atol=1e-4)
-
-
-def test_channel_layer_norm_limit_is_where_its_squared_deviations_overflow():
-    """A layer norm over the channels of channels-last data (axis 1: wav2vec2's feature
-    extractor, ConvNeXt) is guarded like one over the last axis."""
-    g = Graph("cln", opset={"": 17, "fusegraph": 1})
-    x = g.add_input("x", DType.FLOAT, (1, 64, 4))
-    n = g.add_node("ChannelLayerNorm", [x, g.add_constant("g", torch.ones(64)), g.add_constant("b", torch.zeros(64))],
-                   domain="fusegraph", attrs={"epsilon": 1e-5}, name="cln")
-    n.outputs[0].dtype, n.outputs[0].shape = DType.FLOAT, (1, 64, 4)
-    g.outputs.append(n.outputs[0])
-    # 4 * 64 * M^2 < 1e38 for M <= 1e16, not for 1e32
-    assert fast_limits(g) == {"cln": 1e16}
 
 
 def _channel_norm_model():
@@ -245,25 +214,37 @@ def _channel_norm_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+# (model, guarded op, input shape, a row / pixel whose float32 sum of squares overflows and its
+# value, a NaN's place and the row / pixel it makes NaN, the places compared with the exact form)
+LAYER_NORM_CASES = {
+    "last axis": (_skip_layer_norm_model, "SkipLayerNorm", (1, 16, 64), np.s_[0, 3], 3e37, np.s_[0, 5, 7],
+                  np.s_[0, 5], np.s_[0, 3]),
+    "channels": (_channel_norm_model, "ChannelLayerNorm", (1, 8, 40), np.s_[0, :, 3], 3e20, np.s_[0, 2, 30],
+                 np.s_[0, :, 30], np.s_[0, :, 1:6]),
+}
+
+
 @pytest.mark.skipif(not available(), reason="the oneDNN library does not load here")
-def test_channel_layer_norm_runs_without_its_check_while_rows_cannot_overflow():
-    m = _channel_norm_model()
+@pytest.mark.parametrize("case", sorted(LAYER_NORM_CASES))
+def test_layer_norm_runs_without_its_check_while_rows_cannot_overflow(case):
+    build, op, shape, big, value, nan, nan_row, near = LAYER_NORM_CASES[case]
+    m = build()
     cm = fg.compile(m, fg.Config(threads=2, thread_policy="fixed"))
     guarded = [c for c in cm._executor.binding.calls if isinstance(c.kernel, Guarded)]
-    assert [(c.node.op_type, c.kernel.limit) for c in guarded] == [("ChannelLayerNorm", 1e16)]
+    assert [(c.node.op_type, c.kernel.limit) for c in guarded] == [(op, 1e16)]
     kernel = guarded[0].kernel
-    assert kernel.fast.impl != "portable"
-    x = np.random.default_rng(1).standard_normal((1, 8, 40)).astype(np.float32) * 5
+    assert getattr(kernel.fast, "portable", None) is None and kernel.fast.impl != "portable"   # the primitive
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32) * 5
     np.testing.assert_allclose(cm.run({"x": x})["y"], ort_run(m, {"x": x})["y"], rtol=1e-4, atol=1e-4)
     assert kernel._exact is None
-    x[0, :, 3] = 3e20       # pixels whose float32 sum of squares over the channels overflows
-    x[0, 2, 30] = np.nan    # NaN reaches the pixels around it
+    x[big] = value          # its float32 sum of squares overflows: the exact kernel's float64 rows
+    x[nan] = np.nan         # NaN stays NaN where it reaches
     got = cm.run({"x": x})["y"]
     assert kernel._exact is not None
     want = fg.compile(m, fg.Config(threads=2, cpu_kernels="portable", thread_policy="fixed")).run({"x": x})["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    assert np.isnan(got[0, :, 30]).all() and np.isfinite(got[0, :, 3]).all()
-    np.testing.assert_allclose(got[0, :, 1:6], want[0, :, 1:6], rtol=1e-4, atol=1e-4)
+    assert np.isnan(got[nan_row]).all() and np.isfinite(got[big]).all()
+    np.testing.assert_allclose(got[near], want[near], rtol=1e-4, atol=1e-4)
 
 
 def _measured_chain_model(divisor: float):
