@@ -64,7 +64,7 @@ def _guard_fact(node: Node, ins: list[Fact]) -> Fact:
         x = sum_fact(*ins[:2]) if node.op_type == "SkipLayerNorm" else ins[0]
         shape = node.outputs[0].shape
         axis = 1 if node.op_type == "ChannelLayerNorm" else -1       # the normalised axis
-        d = shape[axis] if shape and len(shape) > 1 else None
+        d = shape[axis] if shape and len(shape) > max(axis, 0) else None
         if not isinstance(d, int):
             return UNKNOWN
         return Fact(4.0 * d * x.bound * x.bound, x.nan, x.inf)

@@ -7,8 +7,8 @@ The rows run in pieces of a fixed set of counts (``primitive.row_pieces``: 201 r
 and 1), each piece by a primitive made for that count and prepared once per thread
 (``PreparedCalls``), pointed at the piece before its call: at most 30 primitives per width
 and activation for any traffic, shared by every kernel of the model that asks for the same
-pair (``Resources.shared``). ATen's own activations make oneDNN code for every new shape
-they meet, and its tanh-form GELU is several times slower than this one.
+pair (``Resources.shared``). ATen's own GELU makes oneDNN code for every new shape it meets,
+and its tanh form is several times slower than this eltwise.
 """
 from __future__ import annotations
 
