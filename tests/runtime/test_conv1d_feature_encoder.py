@@ -203,7 +203,7 @@ def test_channel_layer_norm_checks_channels_last_data_for_overflow():
     x[0, 5, 7] = float("nan")
     with torch.inference_mode():
         y = exact(x, *(call.node.inputs[i].const for i in (1, 2)),
-                        out=torch.empty(1, length, C).transpose(1, 2))
+                  out=torch.empty(1, length, C).transpose(1, 2))
     xd = x.double()
     want = (xd - xd.mean(1, keepdim=True)) / torch.sqrt(xd.var(1, unbiased=False, keepdim=True) + call.node.attrs["epsilon"])
     want = want * gamma[None, :, None] + beta[None, :, None]
