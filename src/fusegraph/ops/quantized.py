@@ -114,19 +114,22 @@ def _qparams(ctx: NodeContext, name: str, default_scale: float | None = None) ->
     return float(scale), int(ctx.attr(f"{name}_zero_point", 0))
 
 
+def _grid(ctx_or_attrs, key: str) -> DType | None:
+    """The 8-bit integer type whose code the attribute ``key`` holds, or None."""
+    attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
+    code = int(attrs.get(key, 0))
+    return DType(code) if code in [int(t) for t in QUANTISED] else None
+
+
 def y_grid(ctx_or_attrs) -> DType | None:
     """The integer type whose quantisation grid a float32 output is snapped to, or None."""
-    attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
-    code = int(attrs.get("y_grid", 0))
-    return DType(code) if code in [int(t) for t in QUANTISED] else None
+    return _grid(ctx_or_attrs, "y_grid")
 
 
 def mid_grid(ctx_or_attrs) -> DType | None:
     """The integer type whose grid a product's result is snapped to before its
     ``mid_activation`` (``QLinear``), or None."""
-    attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
-    code = int(attrs.get("mid_grid", 0))
-    return DType(code) if code in [int(t) for t in QUANTISED] else None
+    return _grid(ctx_or_attrs, "mid_grid")
 
 
 def check_mid(ctx: NodeContext, yt: DType) -> None:

@@ -392,13 +392,18 @@ def _check_grid(dq: Node, ctx):
     return p, yt, views
 
 
-def _rewrite_grid(dq: Node, found, ctx):
-    p, yt, views = found
-    attrs = dict(p.attrs, y_type=int(DType.FLOAT), y_grid=int(yt))
+def _emit_over_views(ctx, p: Node, attrs: dict, views: list[Node]):
+    """The product ``p`` again with ``attrs``, then the same ``views`` over its new result
+    (they move values, whatever their type)."""
     out = ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
-    for view in views:          # the same views, now over the float32 values
+    for view in views:
         out = ctx.emit(view.op_type, [out, *view.inputs[1:]], dict(view.attrs))
     return out
+
+
+def _rewrite_grid(dq: Node, found, ctx):
+    p, yt, views = found
+    return _emit_over_views(ctx, p, dict(p.attrs, y_type=int(DType.FLOAT), y_grid=int(yt)), views)
 
 
 def _check_grid_gelu(q: Node, ctx):
@@ -429,10 +434,7 @@ def _rewrite_grid_gelu(q: Node, found, ctx):
     attrs.update(mid_grid=int(p.attrs["y_grid"]), mid_scale=p.attrs["y_scale"],
                  mid_zero_point=int(p.attrs.get("y_zero_point", 0)), mid_activation=activation,
                  y_type=int(params.dtype), y_scale=params.scale, y_zero_point=params.zero_point)
-    out = ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
-    for view in views:          # the GELU is elementwise: the views move its quantised result
-        out = ctx.emit(view.op_type, [out, *view.inputs[1:]], dict(view.attrs))
-    return out
+    return _emit_over_views(ctx, p, attrs, views)     # the GELU is elementwise: the views move its result
 
 
 GRID_RULES = [
