@@ -121,6 +121,23 @@ def test_unpack_equals_original_matmul_weights(m, k, n, trans_b, dtype):
     assert torch.equal(got, w.T if trans_b else w), desc
 
 
+def test_a_plain_weight_with_longer_rows_reads_back_and_is_checked():
+    """A plain ``K x N`` weight held with each row longer than N (``linear_runtime.leading_dimension``)
+    is described by its strides: accepted with exactly its bytes, read back as the weight,
+    refused one row short and with strides that reach past its bytes."""
+    k, n, ld = 8, 256, 272
+    w = torch.randn(k, n, generator=torch.Generator().manual_seed(3))
+    want = MemDesc.of((k, n), torch.float32, (ld, 1))
+    data = pack(w, MemDesc.of((k, n), torch.float32), want)
+    desc = want.describe()
+    assert desc["strides"] == [ld, 1] and data.numel() == k * ld * 4
+    assert check(desc, data.numel()) is None
+    assert torch.equal(unpack(desc, data), w)
+    short = (k - 1) * ld * 4
+    assert isinstance(check({**desc, "size": short}, short), str)
+    assert isinstance(check({**desc, "strides": [ld * 2, 1]}, data.numel()), str)
+
+
 def test_layouts_met_are_blocked_ones():
     """The cases above really exercise blocked layouts: inner blocks, padding (17 / 30 channels),
     and (bf16) a dim split by two blocks, VNNI's pair innermost."""

@@ -16,7 +16,9 @@ from fusegraph.ir import DType, Graph, Node, Value
 from fusegraph.ops.registry import NodeContext
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.protocol import Decline
-from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import COLUMN_MAJOR_MAX_N, GEMV_ROWS, runtime_linear_kernel
+from fusegraph.runtime.backends.cpu.dnnl.blocked import check
+from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import (COLUMN_MAJOR_MAX_N, GEMV_ROWS, SET_ALIASING_BYTES,
+                                                                 runtime_linear_kernel)
 from fusegraph.runtime.backends.cpu.dnnl.primitive import Resources, create
 from fusegraph.runtime.backends.cpu.dnnl.weights import WeightStore
 from fusegraph.runtime.backends.cpu.layer_norm import layer_norm_kernel
@@ -242,6 +244,78 @@ def test_an_encoder_holds_its_float32_product_weights_plain_and_once():
     runtime_linear_kernel(NodeContext(node_t), store_t, Resources(), True, False)
     (form,) = store_t.forms["w"]
     assert form.data.numel() == w_t.numel() * 4 and form.desc["strides"] == [80, 1]
+
+
+@needs_dnnl
+@pytest.mark.parametrize("n,longer", [(256, True), (768, True), (200, False), (260, False)])
+def test_a_weight_whose_rows_fall_into_few_cache_sets_is_held_one_line_longer(n, longer):
+    """sgemm over a K x N weight whose rows are a multiple of ``SET_ALIASING_BYTES`` walks rows
+    that share a few sets of the L1 cache (slower at tens of rows): such a weight is held with
+    each row one 64-byte line longer, the store's only form of it, read back exactly, and the
+    product is the float64 one at every row count; other widths stay as they are."""
+    rng = np.random.default_rng(4)
+    k = 64
+    node, w, b = _linear_node(k, n, "relu", True, False, rng)
+    store = WeightStore()
+    kernel = runtime_linear_kernel(NodeContext(node), store, Resources(), True, False)
+    ld = n + 16 if longer else n
+    assert kernel.ldb == ld and ((n * 4) % SET_ALIASING_BYTES == 0) == longer
+    if longer:
+        (form,) = store.forms["w"]
+        assert form.desc["strides"] == [ld, 1] and form.data.numel() == k * ld * 4
+        assert kernel._packed.data_ptr() == form.data.data_ptr()
+        assert torch.equal(store.plain("w", torch.empty(k, n, device="meta")), w)
+        assert check(form.desc, form.data.numel()) is None
+    else:
+        assert kernel._packed.data_ptr() == w.data_ptr() and not store.forms
+    for rows in (1, 3, 64, 65):
+        x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
+        got = kernel(x, out=torch.full((rows, n), float("nan")))
+        torch.testing.assert_close(got, _want(x, w, b, "relu", False), rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_a_saved_encoder_loads_its_longer_rows_as_stored(tmp_path, monkeypatch):
+    """A model with run-time rows whose product weights are held with longer rows saves those
+    forms and loads them as they are (no reorder), with the compiled model's numbers, which are
+    onnxruntime ORT_DISABLE_ALL's at several lengths."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import fusegraph as fg
+    from fusegraph.runtime.backends.cpu.dnnl import weights
+    from oracle import assert_outputs_close, ort_run
+    rng = np.random.default_rng(8)
+    w1 = (rng.standard_normal((64, 256)) * (2 / 64) ** 0.5).astype(np.float32)
+    w2 = (rng.standard_normal((256, 64)) * (2 / 256) ** 0.5).astype(np.float32)
+    b1 = rng.standard_normal(256).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+         helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])],
+        "encoder", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 64])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    compiled = fg.compile(model, fg.Config(threads=2))
+    forms = compiled._executor.backend.store.forms
+    assert forms and all(p.desc["strides"][0] == p.desc["dims"][1] + 16 for f in forms.values() for p in f)
+    path = tmp_path / "encoder.fgm"
+    compiled.save(path)
+    reorders = []
+    real = weights.reorder
+    monkeypatch.setattr(weights, "reorder", lambda *a: reorders.append(1) or real(*a))
+    loaded = fg.load(path)
+    assert loaded.load_info["weight_reorders"] == 0 and not reorders
+    for seq in (5, 37, 5):
+        feeds = {"x": rng.standard_normal((1, seq, 64)).astype(np.float32)}
+        want = ort_run(model, feeds)
+        got = compiled.run(feeds)
+        assert_outputs_close(got, want)
+        for name, value in loaded.run(feeds).items():
+            np.testing.assert_array_equal(value, got[name])
+    loaded.close()
 
 
 def _layer_norm_node(skip: bool, both: bool, d: int, rng):

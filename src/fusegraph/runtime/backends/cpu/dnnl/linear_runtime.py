@@ -11,7 +11,10 @@ every row count.
   product shape, paid at every never-seen length of variable-length traffic) and runs a
   packed weight a few percent faster once made (the trade is in RESULTS.md). A matmul with
   a *run-time* M (``DNNL_RUNTIME_DIM_VAL``) exists too, but only as oneDNN's plain GEMM,
-  which repacks the weight on every call.
+  which repacks the weight on every call. A weight whose rows are a multiple of
+  ``SET_ALIASING_BYTES`` long (768, 1024, 3072 float32 columns: most transformer widths) is
+  held with each row one cache line longer (``leading_dimension``): sgemm walks a panel of
+  its rows at once, and rows at such a stride fall into the same few sets of the L1 cache.
 - **A decoder's steps** (``one_row_steps``: the model feeds its KV cache back,
   ``runtime/kv_cache.kv_pairs``) have one row, and a product of one row streams its weight
   once: it is bound by memory. A weight of up to ``COLUMN_MAJOR_MAX_N`` columns (a layer's
@@ -69,6 +72,8 @@ FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf"
 ROWS_KEPT = 16                    # row counts whose prepared call a configuration keeps (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
+SET_ALIASING_BYTES = 1024          # a weight row of a multiple of these bytes is held one line longer
+LINE_BYTES = 64
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
 _INF = float("inf")
 
@@ -109,7 +114,7 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
         rows_eltwise = FAST["gelu"][0]
     kernel = RuntimeLinear(k, n, compute, b, post, resources, exact, gemv, by_columns, out_dtype, rows_eltwise)
     if gemv:         # plain: K x N row-major, or its N x K transpose (each column of W one contiguous row)
-        want = MemDesc.of((k, n), compute, (1, k) if by_columns else (n, 1))
+        want = MemDesc.of((k, n), compute, (1, k) if by_columns else (kernel.ldb, 1))
     else:
         want = MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
     if gemv and not by_columns:      # sgemm at every row count: no matmul primitive, the layout as asked
@@ -130,6 +135,14 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
     if gemv:
         warm_sgemm()
     return kernel
+
+
+def leading_dimension(n: int, dtype: torch.dtype) -> int:
+    """The row stride (elements) a plain ``K x N`` weight is held with for sgemm: ``N``, one
+    cache line more where a row's bytes are a multiple of ``SET_ALIASING_BYTES`` (the rows of a
+    panel would otherwise fall into the same few sets of the L1 cache)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    return n + LINE_BYTES // item if (n * item) % SET_ALIASING_BYTES == 0 else n
 
 
 _SGEMM_WARM: list[bool] = []
@@ -161,6 +174,7 @@ class RuntimeLinear:
         self.out_dtype = out_dtype or dtype           # float32 from bfloat16 operands: a Cast folded in
         self.gemv_rows = GEMV_ROWS if gemv else 0     # the weight is plain: sgemm up to these rows
         self.by_columns = by_columns                  # ... held N x K (W transposed), else K x N
+        self.ldb = n if by_columns or not gemv else leading_dimension(n, dtype)   # a K x N weight's row stride
         self._bias = None if bias is None else bias.to(torch.float32).contiguous()
         self._bias_bytes = 0 if bias is None else self._bias.numel() * 4
         self._b_md = MemDesc.of((1, n), torch.float32) if self._bias is not None else None
@@ -269,7 +283,7 @@ class RuntimeLinear:
                                      self._packed.data_ptr(), self.k, beta, out.data_ptr(), self.n)
         else:
             status = self._lib.sgemm(b"N", b"N", m, self.n, self.k, 1.0, x.data_ptr(), self.k,
-                                     self._packed.data_ptr(), self.n, beta, out.data_ptr(), self.n)
+                                     self._packed.data_ptr(), self.ldb, beta, out.data_ptr(), self.n)
         if status:
             raise capi.DnnlError("sgemm", status)
         if self._act is not None:
