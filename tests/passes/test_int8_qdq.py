@@ -799,3 +799,80 @@ def test_a_split_of_a_quantised_product_moves_integers():
         refs = M.ort_run(m, feeds)
         for (name, y), ref, step in zip(got.items(), refs, (0.02, 0.02, 0.07)):
             assert np.abs(y.astype(np.float64) - ref).max() <= step * 1.001, name
+
+
+def _heads_model(c: float, bias: float, s2: float | None = None) -> onnx.ModelProto:
+    """A query projection as a QDQ transformer writes it: DQ(x) -> Gemm(DQ(w)) -> Q1 -> DQ1 ->
+    Add(bias, zero in a freshly initialised model) -> Reshape into heads -> Transpose -> Mul(c)
+    -> Q2 -> DQ2 -> y. Q2's range (scale ``s2``, zero point 125) is within ``c`` times Q1's
+    unless ``s2`` is given larger, as calibration makes it."""
+    s2 = 0.02 * abs(c) if s2 is None else s2
+    rng = np.random.default_rng(9)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "w": rng.integers(-127, 128, (16, 24), dtype=np.int8),
+             "ws": (rng.uniform(0.5, 1.5, 24) * 0.01).astype(np.float32), "wz": np.zeros(24, np.int8),
+             "s1": np.array(0.05, np.float32), "z1": np.array(120, np.uint8), "b": np.full(24, bias, np.float32),
+             "shape": np.array([4, 3, 8], np.int64), "c": np.array(c, np.float32),
+             "s2": np.array(s2, np.float32), "z2": np.array(125, np.uint8)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("Gemm", ["xd", "wd"], ["g"]),
+             helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
+             helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["d1"]),
+             helper.make_node("Add", ["d1", "b"], ["a"]),
+             helper.make_node("Reshape", ["a", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Mul", ["t", "c"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "s2", "z2"], ["q2"]),
+             helper.make_node("DequantizeLinear", ["q2", "s2", "z2"], ["y"])]
+    g = helper.make_graph(nodes, "heads", [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4, 8])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("c", [0.125, 0.35355339])
+def test_a_query_split_into_heads_and_scaled_is_quantised_by_its_product(c):
+    """Once the zero bias is gone, the product's DequantizeLinear sinks through the reshape and
+    transpose (they move uint8), and the scaled requantisation folds into the product
+    (``requantize_product`` through the moves, its scale ``s2 / c``): no float32 between the
+    product and the next quantised op, no Mul, no Requantize; within ``rounding_bound(c s1,
+    s2)`` steps of onnxruntime ORT_DISABLE_ALL (the product rounds once where the file rounds
+    twice), saturated values included (the second range lies within the first)."""
+    s2 = 0.02 * c
+    m = _heads_model(c, 0.0)
+    cm = fg.compile(m, CFG)
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert ops["QLinear"] == 1 and not ops["Mul"] and not ops["Requantize"] and not ops["QuantizeLinear"], ops
+    (p,) = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
+    (t,) = [n for n in cm.graph.nodes if n.op_type == "Transpose"]
+    assert t.inputs[0].dtype == fg.ir.DType.UINT8
+    assert p.attrs["y_scale"] == pytest.approx(s2 / c, rel=1e-6) and int(p.attrs["y_zero_point"]) == 125
+    bound = rounding_bound(0.05 * c, s2)
+    steps = []
+    for seed in range(4):
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
+        (ref,) = M.ort_run(m, feeds)
+        k = np.abs(cm.run(feeds)["y"].astype(np.float64) - ref) / np.float32(s2)
+        steps.append(k)
+        assert k.max() <= bound + 1e-3
+    assert np.mean(np.concatenate([s.ravel() for s in steps]) > 0.5) < 0.5       # most values agree
+
+
+@pytest.mark.parametrize("c,bias,s2", [(-0.5, 0.0, None), (0.125, 0.25, None), (0.125, 0.0, 0.03)])
+def test_a_scaled_query_the_product_cannot_take_keeps_its_requantisation(c, bias, s2):
+    """A negative scale (it would reverse the grid), a bias between the product and the
+    reshape, or a second range wider than ``c`` times the first (the model clamps a value at
+    the first quantisation that the second alone would not) leaves the requantisation where
+    it is: within one step of onnxruntime ORT_DISABLE_ALL."""
+    m = _heads_model(c, bias, s2)
+    step = float(numpy_helper.to_array(next(i for i in m.graph.initializer if i.name == "s2")))
+    cm = fg.compile(m, CFG)
+    (p,) = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
+    assert p.attrs.get("y_scale") != pytest.approx(step / abs(c), rel=1e-6)
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
+        (ref,) = M.ort_run(m, feeds)
+        assert np.abs(cm.run(feeds)["y"].astype(np.float64) - ref).max() <= step * 1.001

@@ -97,6 +97,7 @@ FUSE = Group("fuse", (
     "fusion",               # after simplify / replace: rules match the canonical forms they leave
     "aggressive_fusion",    # Config.aggressive_fusion only: after the default rules, whose fused
                             # forms it packs and recomputes (the group repeats: they see its result)
+    "qdq_propagate",        # again, now that simplify removed what stood between a DQ and a move (a zero bias)
     "qdq_affine",           # Q(DQ(x) op c ...) -> Requantize with steps: after BatchNorm became a chain
     "qdq_grid_output",      # DQ(QConv / QLinear / QMatMul) -> the product writing float32 on its grid: after qdq_affine
     "cse",                  # one tensor for the equal weights the rewrites made per node (a shared layer's)

@@ -20,7 +20,10 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   QConv with residual ``z`` and activation ``act`` (Relu or none), writing the Q's
   parameters; any other ``Q(act(Add(DQ(a), DQ(b))))`` -> ``QAdd(a, b)``.
 - ``requantize_product`` (root Requantize): ``Requantize(QConv / QLinear(...))`` -> the
-  product writing the Requantize's parameters.
+  product writing the Requantize's parameters; also through views and permutations between
+  them (a query's reshape and transpose into heads: they move the values the requantisation
+  maps one by one), and with one step multiplying by a positive constant ``c`` (attention's
+  ``1 / sqrt(d)``: ``Q(DQ(x) * c)`` with scale ``s`` is the product quantised with ``s / c``).
 - ``qdq_affine`` (root QuantizeLinear, its own pass after fusion, once BatchNorm became
   ``Mul`` / ``Add`` and those an ``ElementwiseChain``): ``Q(DQ(x) op c1 op c2 ...)`` with
   float32 constants that broadcast over ``x`` (a pre-activation BatchNorm) ->
@@ -48,7 +51,7 @@ particular, and quantised again with scale ``s2``; here ``v`` goes straight on.
 ``|s1 * q1 - v| <= s1 / 2``, and the combination (adding a bias or a residual, a Relu) moves
 a difference by no more than itself, so before the last rounding the two differ by at most
 ``s1 / (2 s2)`` steps of ``s2``, after it by at most ``floor(s1 / (2 s2)) + 1`` steps
-(``rounding_bound``); ``tests/passes/test_int8_qdq.py`` checks it at a model output. The product's own
+(``rounding_bound``; a step multiplying by ``c`` scales the difference: ``s1`` reads ``c s1``); ``tests/passes/test_int8_qdq.py`` checks it at a model output. The product's own
 output, read by nothing else, is never materialised.
 """
 from __future__ import annotations
@@ -277,21 +280,77 @@ def _rewrite_residual(q: Node, found, ctx):
 
 # ------------------------------------------------------------------------ Requantize(product)
 
+MOVES = (Movement.VIEW, Movement.PERMUTE)      # a requantisation commutes with these (elementwise, per tensor)
+
+
+def _positive_scale(r: Node) -> float | None:
+    """``c`` of a Requantize whose only step multiplies by one positive finite float32 constant
+    (a query's ``1 / sqrt(d)``), 1.0 for one without steps, None otherwise."""
+    steps = r.attrs.get("steps") or []
+    if not steps:
+        return 1.0
+    c = r.input(1)
+    if list(steps) != ["Mul 1"] or len(r.inputs) != 2 or c is None or not c.is_const or c.dtype != DType.FLOAT \
+            or c.const.numel() != 1:
+        return None
+    value = float(c.const.reshape(()))
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _through_moves(v) -> tuple:
+    """(the value before the chain of views and permutations that ends at ``v``, each read by
+    its next op alone, with constant arguments; those ops in order)."""
+    moves = []
+    movers = movement_ops(*MOVES)
+    while True:
+        p = v.producer
+        if p is None or p.domain != "" or (p.domain, p.op_type) not in movers or len(p.outputs) != 1 or not only_use(v) \
+                or any(x is not None and not x.is_const for x in p.inputs[1:]):
+            return v, moves[::-1]
+        moves.append(p)
+        v = p.inputs[0]
+
+
+def _grid_range(scale: float, zero_point: int, dtype: DType) -> tuple[float, float]:
+    lo, hi = (0, 255) if dtype == DType.UINT8 else (-128, 127)
+    return scale * (lo - zero_point), scale * (hi - zero_point)
+
+
+def saturation_kept(s1: float, z1: int, t1: DType, s2: float, z2: int, t2: DType, c: float = 1.0) -> bool:
+    """Whether quantising ``v`` once with (``s2 / c``, ``z2``, ``t2``) saturates wherever the
+    model's first quantisation (``s1``, ``z1``, ``t1``) clamps it: the second grid's range,
+    divided by ``c``, lies within the first's (widened by half a step, which rounds onto its
+    ends anyway). Otherwise a value beyond the first range, clamped by the model, would go on
+    unclamped: not a rounding difference."""
+    lo1, hi1 = _grid_range(s1, z1, t1)
+    lo2, hi2 = _grid_range(s2, z2, t2)
+    return lo2 / c >= lo1 - s1 / 2 and hi2 / c <= hi1 + s1 / 2
+
+
 def _check_requantize_product(r: Node, ctx):
-    if r.attrs.get("steps"):          # float steps between: not the product's own requantisation
+    c = _positive_scale(r)
+    if c is None:                     # other float steps between: not the product's own requantisation
         return None
-    p = r.inputs[0].producer
-    if not _fg(p, "QConv", "QLinear") or DType(int(p.attrs.get("y_type", 0))) not in (DType.UINT8, DType.INT8):
+    v, moves = _through_moves(r.inputs[0])
+    p = v.producer
+    yt = DType(int(p.attrs.get("y_type", 0))) if _fg(p, "QConv", "QLinear") else None
+    if yt not in (DType.UINT8, DType.INT8):
         return None
-    if not only_use(r.inputs[0]):
+    if not only_use(v):
         return Decline(f"{p.name}: its quantised output has other readers")
-    return p
-
-
-def _rewrite_requantize_product(r: Node, p, ctx):
     a = r.attrs
-    attrs = dict(p.attrs, y_type=int(a["y_type"]), y_scale=a["y_scale"], y_zero_point=a["y_zero_point"])
-    return ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
+    if (moves or c != 1.0) and not saturation_kept(float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0)),
+                                                   yt, float(a["y_scale"]), int(a["y_zero_point"]),
+                                                   DType(int(a["y_type"])), c):
+        return Decline(f"{r.name}: its range reaches beyond {p.name}'s, which the model clamps")
+    return p, c, moves
+
+
+def _rewrite_requantize_product(r: Node, found, ctx):
+    p, c, moves = found
+    a = r.attrs
+    attrs = dict(p.attrs, y_type=int(a["y_type"]), y_scale=float(a["y_scale"]) / c, y_zero_point=a["y_zero_point"])
+    return _emit_over_views(ctx, p, attrs, moves)
 
 
 # ------------------------------------------------------------------------ Q(DQ(x) op c ...)
@@ -444,6 +503,11 @@ GRID_RULES = [
          doc="Q(Gelu(QLinear on a grid)) -> the QLinear with the grid, the GELU and the Q's parameters"),
 ]
 
+REQUANTIZE_PRODUCT = Rule("requantize_product", _check_requantize_product, _rewrite_requantize_product,
+                          ops=("fusegraph::Requantize",), priority=10,
+                          doc="Requantize(QConv / QLinear), through views and permutations, times c > 0 -> the "
+                              "product writing its parameters: rounds once (rounding_bound)")
+
 AFFINE_RULES = [
     Rule("qdq_affine", _check_affine, _rewrite_affine, ops=("QuantizeLinear",), priority=10,
          doc="Q(DQ(x) op c ...) with per-channel float constants -> Requantize(x, c ...) with steps: exact"),
@@ -464,7 +528,5 @@ RULES = [
          doc="Op(DQ(x)) -> DQ(Op(x)) for data movement and max pools: exact"),
     Rule("dq_join", _check_join, _rewrite_join, ops=("Concat",), priority=10,
          doc="Concat(DQ(a), DQ(b)) with one set of parameters -> DQ(Concat(a, b)): exact"),
-    Rule("requantize_product", _check_requantize_product, _rewrite_requantize_product,
-         ops=("fusegraph::Requantize",), priority=10,
-         doc="Requantize(QConv / QLinear) -> the product writing its parameters: rounds once (rounding_bound)"),
+    REQUANTIZE_PRODUCT,
 ]
