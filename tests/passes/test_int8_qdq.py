@@ -833,16 +833,18 @@ def _heads_model(c: float, bias: float, s2: float | None = None) -> onnx.ModelPr
     return m
 
 
-@pytest.mark.parametrize("c", [0.125, 0.35355339])
-def test_a_query_split_into_heads_and_scaled_is_quantised_by_its_product(c):
+@pytest.mark.parametrize("c,wide", [(0.125, False), (0.35355339, False), (0.125, True)])
+def test_a_query_split_into_heads_and_scaled_is_quantised_by_its_product(c, wide):
     """Once the zero bias is gone, the product's DequantizeLinear sinks through the reshape and
     transpose (they move uint8), and the scaled requantisation folds into the product
     (``requantize_product`` through the moves, its scale ``s2 / c``): no float32 between the
     product and the next quantised op, no Mul, no Requantize; within ``rounding_bound(c s1,
     s2)`` steps of onnxruntime ORT_DISABLE_ALL (the product rounds once where the file rounds
-    twice), saturated values included (the second range lies within the first)."""
-    s2 = 0.02 * c
-    m = _heads_model(c, 0.0)
+    twice), saturated values included: where the second range, over ``c``, reaches beyond
+    the first (``wide``), the product clamps to the first range (``y_clip``) as the file's
+    first quantisation does, on oneDNN's int8 kernel where this CPU has one."""
+    s2 = 0.03 if wide else 0.02 * c
+    m = _heads_model(c, 0.0, s2)
     cm = fg.compile(m, CFG)
     ops = collections.Counter(n.op_type for n in cm.graph.nodes)
     assert ops["QLinear"] == 1 and not ops["Mul"] and not ops["Requantize"] and not ops["QuantizeLinear"], ops
@@ -850,6 +852,11 @@ def test_a_query_split_into_heads_and_scaled_is_quantised_by_its_product(c):
     (t,) = [n for n in cm.graph.nodes if n.op_type == "Transpose"]
     assert t.inputs[0].dtype == fg.ir.DType.UINT8
     assert p.attrs["y_scale"] == pytest.approx(s2 / c, rel=1e-6) and int(p.attrs["y_zero_point"]) == 125
+    assert ("y_clip" in p.attrs) == wide
+    if wide:
+        assert p.attrs["y_clip"] == pytest.approx([0.05 * (0 - 120), 0.05 * (255 - 120)], rel=1e-6)
+    if M.int8_kernels_exact():
+        onednn_call(cm, "QLinear")
     bound = rounding_bound(0.05 * c, s2)
     steps = []
     for seed in range(4):
@@ -861,13 +868,40 @@ def test_a_query_split_into_heads_and_scaled_is_quantised_by_its_product(c):
     assert np.mean(np.concatenate([s.ravel() for s in steps]) > 0.5) < 0.5       # most values agree
 
 
-@pytest.mark.parametrize("c,bias,s2", [(-0.5, 0.0, None), (0.125, 0.25, None), (0.125, 0.0, 0.03)])
-def test_a_scaled_query_the_product_cannot_take_keeps_its_requantisation(c, bias, s2):
-    """A negative scale (it would reverse the grid), a bias between the product and the
-    reshape, or a second range wider than ``c`` times the first (the model clamps a value at
-    the first quantisation that the second alone would not) leaves the requantisation where
-    it is: within one step of onnxruntime ORT_DISABLE_ALL."""
-    m = _heads_model(c, bias, s2)
+def test_the_reference_form_clamps_a_product_as_the_model_did(monkeypatch):
+    """The op's own kernel (what runs where the int8 kernel declines) clamps to ``y_clip``
+    before quantising: a QLinear whose range was widened for the next quantisation keeps the
+    model's first clamp (within the rounding bound of onnxruntime ORT_DISABLE_ALL everywhere,
+    the clamped values included); a re-sealed ``y_clip`` that is not a finite range is
+    refused by the op with the reason."""
+    from fusegraph.ops import quantized
+    from fusegraph.runtime.backends.cpu.dnnl import conv_int8
+    monkeypatch.setattr(conv_int8, "int8_exact", lambda: False)       # QLinear's kernel asks conv_int8's
+    c, s2 = 0.125, 0.03
+    m = _heads_model(c, 0.0, s2)
+    cm = fg.compile(m, CFG)
+    (p,) = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
+    assert "y_clip" in p.attrs
+    assert any(d["node"] == p.name for d in cm.report.kernels["declined"])
+    bound = rounding_bound(0.05 * c, s2)
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
+        (ref,) = M.ort_run(m, feeds)
+        assert (np.abs(cm.run(feeds)["y"].astype(np.float64) - ref) / np.float32(s2)).max() <= bound + 1e-3
+    from fusegraph.ops.registry import NodeContext
+    for bad in ([1.0], [2.0, 1.0], [0.0, float("inf")], "ab"):
+        node = fg.ir.Node("QLinear", list(p.inputs), [fg.ir.Value("y", fg.ir.DType.UINT8, None)],
+                          dict(p.attrs, y_clip=bad), name="bad", domain="fusegraph")
+        with pytest.raises(UnsupportedOpError, match="y_clip"):
+            quantized._qlinear(NodeContext(node))
+
+
+@pytest.mark.parametrize("c,bias", [(-0.5, 0.0), (0.125, 0.25)])
+def test_a_scaled_query_the_product_cannot_take_keeps_its_requantisation(c, bias):
+    """A negative scale (it would reverse the grid) or a bias between the product and the
+    reshape leaves the requantisation where it is: within one step of onnxruntime
+    ORT_DISABLE_ALL."""
+    m = _heads_model(c, bias)
     step = float(numpy_helper.to_array(next(i for i in m.graph.initializer if i.name == "s2")))
     cm = fg.compile(m, CFG)
     (p,) = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
@@ -876,3 +910,60 @@ def test_a_scaled_query_the_product_cannot_take_keeps_its_requantisation(c, bias
         feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
         (ref,) = M.ort_run(m, feeds)
         assert np.abs(cm.run(feeds)["y"].astype(np.float64) - ref).max() <= step * 1.001
+
+
+def _conv_concat_model() -> onnx.ModelProto:
+    """Two int8 convolutions quantised on their own ranges, joined by a Concat quantised on a
+    range wider than either (as calibration makes a concat's): DQ(x) -> Conv(DQ(w_i)) -> Q_i ->
+    DQ_i -> Concat -> Q -> DQ -> y."""
+    rng = np.random.default_rng(10)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "s_a": np.array(0.03, np.float32), "z_a": np.array(10, np.uint8),
+             "s_b": np.array(0.05, np.float32), "z_b": np.array(128, np.uint8),
+             "s": np.array(0.08, np.float32), "z": np.array(100, np.uint8)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"])]
+    for name in ("a", "b"):
+        inits[f"w_{name}"] = rng.integers(-127, 128, (3, 4, 3, 3), dtype=np.int8)
+        inits[f"ws_{name}"] = (rng.uniform(0.5, 1.5, 3) * 0.01).astype(np.float32)
+        inits[f"wz_{name}"] = np.zeros(3, np.int8)
+        nodes += [helper.make_node("DequantizeLinear", [f"w_{name}", f"ws_{name}", f"wz_{name}"], [f"wd_{name}"], axis=0),
+                  helper.make_node("Conv", ["xd", f"wd_{name}"], [f"c_{name}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("QuantizeLinear", [f"c_{name}", f"s_{name}", f"z_{name}"], [f"q_{name}"]),
+                  helper.make_node("DequantizeLinear", [f"q_{name}", f"s_{name}", f"z_{name}"], [f"d_{name}"])]
+    nodes += [helper.make_node("Concat", ["d_a", "d_b"], ["cat"], axis=1),
+              helper.make_node("QuantizeLinear", ["cat", "s", "z"], ["q"]),
+              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    g = helper.make_graph(nodes, "conv_concat", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 6, 6])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    return m
+
+
+def test_convolutions_joined_on_a_wider_range_keep_their_own_clamps():
+    """A concat's requantisation of each branch folds into the branch's convolution (no
+    Requantize left), and each convolution clamps its result to its own range first
+    (``y_clip``): a value the file clamps at the branch's quantisation is clamped here too, so
+    every output is within ``rounding_bound`` of onnxruntime ORT_DISABLE_ALL, on oneDNN's int8
+    convolution where this CPU has one (inputs of the full uint8 range saturate both branches)."""
+    m = _conv_concat_model()
+    cm = fg.compile(m, CFG)
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert ops["QConv"] == 2 and not ops["Requantize"], ops
+    clips = sorted(tuple(n.attrs["y_clip"]) for n in cm.graph.nodes if n.op_type == "QConv")
+    assert np.allclose(clips, sorted([(0.03 * -10, 0.03 * 245), (0.05 * -128, 0.05 * 127)]), rtol=1e-6)
+    if M.int8_kernels_exact():
+        from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+        kernels = [getattr(c.kernel, "fast", c.kernel) for c in cm._executor.binding.calls if c.node.op_type == "QConv"]
+        assert len(kernels) == 2 and all(isinstance(k, DnnlKernel) and not k.impl.startswith("ref") for k in kernels), \
+            cm.report.kernels["declined"]
+    bound = rounding_bound(0.05, 0.08)
+    saturated = 0
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, (1, 4, 6, 6), dtype=np.uint8)}
+        (ref,) = M.ort_run(m, feeds)
+        y = cm.run(feeds)["y"]
+        assert (np.abs(y.astype(np.float64) - ref) / np.float32(0.08)).max() <= bound + 1e-3
+        saturated += int((np.isclose(ref[:, :3], 0.03 * 245, atol=0.05)).sum())
+    assert saturated > 0            # the first branch's clamp was reached

@@ -12,7 +12,10 @@
   scale, no bias, no residual). With ``y_grid`` (the DType code of uint8 / int8; 0 or absent:
   none) a float32 output is the result snapped to that type's quantisation grid,
   ``DQ(Q(y))`` with ``y_scale`` / ``y_zero_point``: what a product quantised for a float
-  consumer's ``DequantizeLinear`` gives that consumer, in one node.
+  consumer's ``DequantizeLinear`` gives that consumer, in one node. With ``y_clip`` (two
+  floats ``[lo, hi]``) the result is clamped to that range before its output's quantisation:
+  the range of a quantisation the model made between the product and this one, which
+  ``requantize_product`` took over (a value the model clamped there stays clamped).
 - ``QLinear(x, w, w_scale, b?)``: the same over a product ``x @ w`` (``w`` [K, N], or [N, K]
   with ``trans_b``; ``w_scale`` one per column N or one), ``x`` of any rank >= 1. With
   ``mid_activation`` ("gelu" / "gelu_tanh", ONNX Gelu's two forms) and a quantised output,
@@ -92,9 +95,13 @@ def quantize(y: torch.Tensor, scale: float, zero_point: int, dt: DType) -> torch
     return q.clamp_(lo, hi).to(dt.to_torch())
 
 
-def _output(y: torch.Tensor, yt: DType, grid: DType | None, scale: float, zero_point: int) -> torch.Tensor:
-    """A product's float32 result ``y`` as the node's output: quantised to ``yt``, snapped to
-    ``grid``'s quantisation grid (``DQ(Q(y))``), or as it is."""
+def _output(y: torch.Tensor, yt: DType, grid: DType | None, scale: float, zero_point: int,
+            clip: tuple[float, float] | None = None) -> torch.Tensor:
+    """A product's float32 result ``y`` as the node's output: clamped to ``clip`` (NaN stays
+    NaN), then quantised to ``yt``, snapped to ``grid``'s quantisation grid (``DQ(Q(y))``), or
+    as it is."""
+    if clip is not None:
+        y = y.clamp(clip[0], clip[1])
     if grid is not None:
         return dequantize(quantize(y, scale, zero_point, grid), scale, zero_point)
     return y if yt == DType.FLOAT else quantize(y, scale, zero_point, yt)
@@ -119,6 +126,14 @@ def _grid(ctx_or_attrs, key: str) -> DType | None:
     attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
     code = int(attrs.get(key, 0))
     return DType(code) if code in [int(t) for t in QUANTISED] else None
+
+
+def y_clip(ctx_or_attrs) -> tuple[float, float] | None:
+    """The ``[lo, hi]`` a product's result is clamped to before its output's quantisation, or
+    None."""
+    attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
+    clip = attrs.get("y_clip")
+    return None if clip is None else (float(clip[0]), float(clip[1]))
 
 
 def y_grid(ctx_or_attrs) -> DType | None:
@@ -153,12 +168,23 @@ def check_mid(ctx: NodeContext, yt: DType) -> None:
         raise ctx.unsupported(f"mid_zero_point outside {grid.name}")
 
 
-def _check_common(ctx: NodeContext, inputs=("x",), grid_ok: bool = False, mid_ok: bool = False) -> DType:
+def _check_common(ctx: NodeContext, inputs=("x",), grid_ok: bool = False, mid_ok: bool = False,
+                  clip_ok: bool = False) -> DType:
     """The output type, after checking the attributes every quantised op reads (``y_grid``
-    only where ``grid_ok``: the products; ``mid_*`` only where ``mid_ok``: QLinear)."""
+    only where ``grid_ok``: the products; ``mid_*`` only where ``mid_ok``: QLinear; ``y_clip``
+    only where ``clip_ok``: QConv and QLinear)."""
     yt = y_type(ctx)
     if yt not in OUT_TYPES:
         raise ctx.unsupported(f"y_type {yt.name} (uint8, int8, float32 or int32)")
+    clip = ctx.attr("y_clip", None)
+    if clip is not None:
+        try:
+            lo, hi = (float(v) for v in clip)
+        except (TypeError, ValueError):
+            raise ctx.unsupported(f"y_clip {clip!r} (two numbers)") from None
+        if not clip_ok or yt == DType.INT32 or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise ctx.unsupported(f"y_clip {clip!r} (finite [lo, hi], lo <= hi, on a QConv / QLinear "
+                                  f"output that is quantised or float32)")
     if mid_ok:
         check_mid(ctx, yt)
     elif any(k.startswith("mid_") for k in ctx.node.attrs):
@@ -244,11 +270,11 @@ def _qconv_infer(ctx: NodeContext):
           writes_out=True, inplace=((4, 0),), value_range=QuantisedRange(conv_terms))
 def _qconv(ctx: NodeContext):
     check_rank(ctx)
-    yt = _check_common(ctx, grid_ok=True)
+    yt = _check_common(ctx, grid_ok=True, clip_ok=True)
     geo = ConvGeometry(ctx)
     (xs, xzp), (ys, yzp), (zs, zzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0), _qparams(ctx, "z", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
-    grid = y_grid(ctx)
+    grid, clip = y_grid(ctx), y_clip(ctx)
     weight = _weight_cache()
 
     def qconv(x, w, w_scale, b=None, z=None, out=None):
@@ -264,7 +290,7 @@ def _qconv(ctx: NodeContext):
             y = y + dequantize(z, zs, zzp)
         if relu:
             y = y.relu_()
-        return _write(_output(y, yt, grid, ys, yzp), out)
+        return _write(_output(y, yt, grid, ys, yzp, clip), out)
     return qconv
 
 
@@ -282,11 +308,11 @@ def _qlinear_shape(ctx: NodeContext):
 @register("QLinear", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_infer_as(_qlinear_shape),
           writes_out=True, value_range=QuantisedRange(linear_terms))
 def _qlinear(ctx: NodeContext):
-    yt = _check_common(ctx, grid_ok=True, mid_ok=True)
+    yt = _check_common(ctx, grid_ok=True, mid_ok=True, clip_ok=True)
     trans_b = bool(ctx.attr("trans_b", 0))
     (xs, xzp), (ys, yzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
-    grid = y_grid(ctx)
+    grid, clip = y_grid(ctx), y_clip(ctx)
     mid = MID_ACTIVATIONS.get(str(ctx.attr("mid_activation", "")))
     if mid is not None:
         (ms, mzp), mgrid = _qparams(ctx, "mid"), mid_grid(ctx)
@@ -305,7 +331,7 @@ def _qlinear(ctx: NodeContext):
             y = y.relu_()
         if mid is not None:
             y = torch.nn.functional.gelu(_output(y, DType.FLOAT, mgrid, ms, mzp), approximate=mid)
-        return _write(_output(y, yt, grid, ys, yzp), out)
+        return _write(_output(y, yt, grid, ys, yzp, clip), out)
     return qlinear
 
 

@@ -24,6 +24,10 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   them (a query's reshape and transpose into heads: they move the values the requantisation
   maps one by one), and with one step multiplying by a positive constant ``c`` (attention's
   ``1 / sqrt(d)``: ``Q(DQ(x) * c)`` with scale ``s`` is the product quantised with ``s / c``).
+  Where the new range reaches beyond the product's own (a concat's range over its branches),
+  the product clamps its result to its own range first (``y_clip``), as the model's first
+  quantisation does; ``qdq_bias``, ``qdq_residual`` and ``qdq_grid_gelu`` leave a clamped
+  product alone (its clamp would have to come before their bias, residual or GELU).
 - ``qdq_affine`` (root QuantizeLinear, its own pass after fusion, once BatchNorm became
   ``Mul`` / ``Add`` and those an ``ElementwiseChain``): ``Q(DQ(x) op c1 op c2 ...)`` with
   float32 constants that broadcast over ``x`` (a pre-activation BatchNorm) ->
@@ -216,7 +220,7 @@ def _check_bias(q: Node, ctx):
     add = found[0]
     for side in (0, 1):
         p = _private_product(add.inputs[side], ("QLinear",))
-        if p is None or p.attrs.get("activation"):
+        if p is None or p.attrs.get("activation") or "y_clip" in p.attrs:     # (its clamp comes before the bias)
             continue
         out = p.outputs[0]
         n = out.shape[-1] if out.shape else None
@@ -256,7 +260,7 @@ def _check_residual(q: Node, ctx):
     for side in (0, 1):
         conv = _private_product(add.inputs[side], ("QConv",))
         other = dqs[1 - side].inputs[0]
-        if conv is not None and len(conv.inputs) < 5 and not conv.attrs.get("activation") \
+        if conv is not None and len(conv.inputs) < 5 and not conv.attrs.get("activation") and "y_clip" not in conv.attrs \
                 and other.shape == conv.outputs[0].shape and other.dtype.itemsize == 1:
             return "conv", conv, other, ps[1 - side], act, ps[2]
     if add.outputs[0].shape is None:
@@ -338,18 +342,22 @@ def _check_requantize_product(r: Node, ctx):
         return None
     if not only_use(v):
         return Decline(f"{p.name}: its quantised output has other readers")
-    a = r.attrs
-    if (moves or c != 1.0) and not saturation_kept(float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0)),
-                                                   yt, float(a["y_scale"]), int(a["y_zero_point"]),
-                                                   DType(int(a["y_type"])), c):
-        return Decline(f"{r.name}: its range reaches beyond {p.name}'s, which the model clamps")
-    return p, c, moves
+    return p, yt, c, moves
 
 
 def _rewrite_requantize_product(r: Node, found, ctx):
-    p, c, moves = found
+    """The product quantised with the Requantize's parameters (its scale over ``c``); where the
+    product's own range does not hold the new one, its result clamped to that range first
+    (``y_clip``, within any clamp it had), as the model's first quantisation clamps it."""
+    p, yt, c, moves = found
     a = r.attrs
+    s1, z1 = float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0))
     attrs = dict(p.attrs, y_type=int(a["y_type"]), y_scale=float(a["y_scale"]) / c, y_zero_point=a["y_zero_point"])
+    if not saturation_kept(s1, z1, yt, float(a["y_scale"]), int(a["y_zero_point"]), DType(int(a["y_type"])), c):
+        lo, hi = _grid_range(s1, z1, yt)
+        if "y_clip" in p.attrs:
+            lo, hi = max(lo, float(p.attrs["y_clip"][0])), min(hi, float(p.attrs["y_clip"][1]))
+        attrs["y_clip"] = [lo, max(lo, hi)]
     return _emit_over_views(ctx, p, attrs, moves)
 
 
@@ -474,7 +482,7 @@ def _check_grid_gelu(q: Node, ctx):
     u, before = _through_views(g.inputs[0])
     p = u.producer
     if not _fg(p, "QLinear") or not int(p.attrs.get("y_grid", 0)) or p.attrs.get("activation", "") \
-            or p.attrs.get("mid_activation"):
+            or p.attrs.get("mid_activation") or "y_clip" in p.attrs:
         return None
     if not (only_use(u) and only_use(g.inputs[0]) and only_use(v) and only_use(q.inputs[0])):
         return Decline(f"{p.name}: its output or its GELU's has other readers")

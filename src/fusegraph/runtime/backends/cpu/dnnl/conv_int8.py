@@ -12,7 +12,8 @@ output channels), the float32 bias added, then the post-ops: the residual as a `
 post-op reading the destination's bytes as quantised values (``z_scale * (dst - z_zp)``,
 the planner puts the output in place over ``z``, else it is copied there first), the Relu
 (``int8_support.relu_post_op``: oneDNN's relu where the constants rule NaN out, else ``elu``
-with alpha 0, which keeps a NaN bias's NaN), and the output scale and zero point, rounded
+with alpha 0, which keeps a NaN bias's NaN), the clamp of ``y_clip`` (``int8_support.clip_post_ops``),
+and the output scale and zero point, rounded
 half to even and saturated to uint8 / int8 (or a float32 result, on the quantisation grid
 with ``y_grid``: ``int8_support.grid_post_ops``; or, ConvInteger's form, the exact int32
 sum). Input and output in the layouts the layout pass chose (channels-last in
@@ -31,8 +32,8 @@ from ..threading_policy import PARALLEL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .capi import Dims
-from .int8_support import (NOT_EXACT, QuantArgs, epilogue_bound, grid_declines, grid_post_ops, int8_exact,
-                           relu_post_op)
+from .int8_support import (NOT_EXACT, QuantArgs, clip_post_ops, epilogue_bound, grid_declines, grid_post_ops,
+                           int8_exact, relu_post_op)
 from .layouts import channels_last, contiguous, static_shape, strides_of
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, create
@@ -134,7 +135,12 @@ def conv_int8_kernel(ctx, store, resources):
     z_scale = float(ctx.attr("z_scale")) if z_v is not None else 0.0
     if activation == "relu":
         post.append(relu_post_op(terms, x_scale, ctx.const(2), bias, z_scale))
-    grid = grid_post_ops(ctx, 4, len(post), epilogue_bound(terms, x_scale, ctx.const(2), bias, z_scale))
+    bound = epilogue_bound(terms, x_scale, ctx.const(2), bias, z_scale)
+    clip = clip_post_ops(ctx, bound)
+    if isinstance(clip, Decline):
+        return clip
+    post += clip
+    grid = grid_post_ops(ctx, 4, len(post), bound)
     if isinstance(grid, Decline):
         return grid
     grid_ops, grid_args, grid_keep = grid

@@ -19,6 +19,9 @@ keeps alive.
 (``DQ(Q(y))`` in the epilogue: ``y_grid``), taken only where the epilogue cannot hold NaN;
 ``mid_post_ops``: a QLinear's grid and GELU before its output's quantisation (``mid_*``).
 
+``clip_post_ops``: a product's ``y_clip`` as oneDNN's ``clip`` before its output's
+quantisation, taken only where the epilogue cannot hold NaN (oneDNN's clip maps it to a bound).
+
 ``relu_post_op``: a fused Relu as oneDNN's ``relu`` (one max per value) where the kernel's
 float epilogue cannot hold NaN, else as ``elu`` with alpha 0, which keeps NaN (oneDNN's relu
 maps it to 0) at the price of an exponential per value. The epilogue's inputs are integers,
@@ -35,7 +38,7 @@ import torch
 
 from .....errors import UnsupportedOpError
 from .....ir import DType
-from .....ops.quantized import RANGE, check_mid, mid_grid, y_grid, y_type
+from .....ops.quantized import RANGE, check_mid, mid_grid, y_clip, y_grid, y_type
 from ...protocol import Decline
 from . import capi
 from .capi import Dims
@@ -189,6 +192,17 @@ def grid_post_ops(ctx, rank: int, first: int, bound: float, prefix: str = "y") -
     post = [("binary", "div", scalar_md), ("eltwise", "round", 0.0, 0.0),
             ("eltwise", "clip", float(lo - zero), float(hi - zero)), ("eltwise", "linear", scale, 0.0)]
     return post, [(capi.arg_post_op_src1(first), Memory(scalar_md, divisor.data_ptr()))], [divisor, scalar_md]
+
+
+def clip_post_ops(ctx, bound: float) -> list | Decline:
+    """The node's ``y_clip`` as oneDNN's ``clip`` (``[]`` without one); a ``Decline`` where the
+    epilogue's ``bound`` (``epilogue_bound``) lets it hold NaN, which the op's own clamp keeps."""
+    clip = y_clip(ctx)
+    if clip is None:
+        return []
+    if not bound < EPILOGUE_LIMIT:
+        return Decline("a clipped result whose epilogue could hold NaN", "dnnl")
+    return [("eltwise", "clip", clip[0], clip[1])]
 
 
 MID_ELTWISE = {"gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}      # mid_activation -> oneDNN's eltwise

@@ -6,7 +6,7 @@ or ``[N, K]`` with ``trans_b``; zero point 0) is reordered once into the blocked
 primitive picks and not read from the graph at run time. The integer products are summed
 exactly in int32, scaled by the source scale and the per-column weight scales (a mask over
 N), the float32 bias added (a row broadcast over M), the Relu applied
-(``int8_support.relu_post_op``), and the result quantised with the output scale and zero
+(``int8_support.relu_post_op``), the clamp of ``y_clip`` (``int8_support.clip_post_ops``), and the result quantised with the output scale and zero
 point (rounded half to even, saturated), or written as float32 (on the quantisation grid
 with ``y_grid``: ``int8_support.grid_post_ops``), or (MatMulInteger's form) as the exact
 int32 sum. With ``mid_activation`` the result goes onto the ``mid`` grid and through the GELU
@@ -26,7 +26,7 @@ from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .conv_int8 import INPUTS, int8_attr, int8_node, weight_scales_ok
-from .int8_support import epilogue_bound, grid_post_ops, mid_post_ops, relu_post_op
+from .int8_support import clip_post_ops, epilogue_bound, grid_post_ops, mid_post_ops, relu_post_op
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import create
@@ -71,6 +71,10 @@ def linear_int8_kernel(ctx, store, resources):
     if isinstance(mid, Decline):          # (check_mid refuses mid_* beside an activation too)
         return mid
     post += mid[0]
+    clip = clip_post_ops(ctx, bound)
+    if isinstance(clip, Decline):
+        return clip
+    post += clip
     grid = grid_post_ops(ctx, 2, len(post), bound)       # |gelu(v)| <= |v|: the bound holds after it
     if isinstance(grid, Decline):
         return grid
