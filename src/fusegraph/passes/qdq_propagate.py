@@ -55,7 +55,8 @@ particular, and quantised again with scale ``s2``; here ``v`` goes straight on.
 ``|s1 * q1 - v| <= s1 / 2``, and the combination (adding a bias or a residual, a Relu) moves
 a difference by no more than itself, so before the last rounding the two differ by at most
 ``s1 / (2 s2)`` steps of ``s2``, after it by at most ``floor(s1 / (2 s2)) + 1`` steps
-(``rounding_bound``; a step multiplying by ``c`` scales the difference: ``s1`` reads ``c s1``); ``tests/passes/test_int8_qdq.py`` checks it at a model output. The product's own
+(``rounding_bound``; a step multiplying by ``c`` scales the difference: ``s1`` reads
+``c s1``); ``tests/passes/test_int8_qdq.py`` checks it at a model output. The product's own
 output, read by nothing else, is never materialised.
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ import math
 
 from ..ir import DType, Node
 from ..ops import Movement, movement_ops
-from ..ops.quantized import AFFINE_STEPS
+from ..ops.quantized import AFFINE_STEPS, RANGE
 from .facts import only_use
 from .qdq_params import QParams, activation_params, constant_bias, is_op
 from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
@@ -316,11 +317,12 @@ def _through_moves(v) -> tuple:
 
 
 def _grid_range(scale: float, zero_point: int, dtype: DType) -> tuple[float, float]:
-    lo, hi = (0, 255) if dtype == DType.UINT8 else (-128, 127)
+    """The real values a quantisation with these parameters represents, its ends included."""
+    lo, hi = RANGE[dtype]
     return scale * (lo - zero_point), scale * (hi - zero_point)
 
 
-def saturation_kept(s1: float, z1: int, t1: DType, s2: float, z2: int, t2: DType, c: float = 1.0) -> bool:
+def _saturation_kept(s1: float, z1: int, t1: DType, s2: float, z2: int, t2: DType, c: float = 1.0) -> bool:
     """Whether quantising ``v`` once with (``s2 / c``, ``z2``, ``t2``) saturates wherever the
     model's first quantisation (``s1``, ``z1``, ``t1``) clamps it: the second grid's range,
     divided by ``c``, lies within the first's (widened by half a step, which rounds onto its
@@ -353,7 +355,7 @@ def _rewrite_requantize_product(r: Node, found, ctx):
     a = r.attrs
     s1, z1 = float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0))
     attrs = dict(p.attrs, y_type=int(a["y_type"]), y_scale=float(a["y_scale"]) / c, y_zero_point=a["y_zero_point"])
-    if not saturation_kept(s1, z1, yt, float(a["y_scale"]), int(a["y_zero_point"]), DType(int(a["y_type"])), c):
+    if not _saturation_kept(s1, z1, yt, float(a["y_scale"]), int(a["y_zero_point"]), DType(int(a["y_type"])), c):
         lo, hi = _grid_range(s1, z1, yt)
         if "y_clip" in p.attrs:
             lo, hi = max(lo, float(p.attrs["y_clip"][0])), min(hi, float(p.attrs["y_clip"][1]))

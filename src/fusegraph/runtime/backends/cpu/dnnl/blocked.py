@@ -9,9 +9,9 @@ outer index before its blocks (mixed radix, outermost block first), reshapes to 
 dims and drops the padding (and the compensation sums oneDNN appends to an int8 weight,
 which the primitives make again from the weight): no oneDNN call, so a saved model's weights can be read on a
 machine without the library, or in another layout than the one stored. A plain layout may hold
-its rows longer than they are (strides only, no blocks: ``linear_runtime.leading_dimension``). ``check`` refuses a
-description that does not fit its bytes (an artifact is untrusted: every offset the view
-can reach must lie inside them).
+its rows longer than they are (strides only, no blocks: ``linear_runtime.leading_dimension``).
+``check`` refuses a description that does not fit its bytes (an artifact is untrusted: every
+offset the view can reach must lie inside them).
 """
 from __future__ import annotations
 

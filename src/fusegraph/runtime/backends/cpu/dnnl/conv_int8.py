@@ -12,9 +12,9 @@ output channels), the float32 bias added, then the post-ops: the residual as a `
 post-op reading the destination's bytes as quantised values (``z_scale * (dst - z_zp)``,
 the planner puts the output in place over ``z``, else it is copied there first), the Relu
 (``int8_support.relu_post_op``: oneDNN's relu where the constants rule NaN out, else ``elu``
-with alpha 0, which keeps a NaN bias's NaN), the clamp of ``y_clip`` (``int8_support.clip_post_ops``),
-and the output scale and zero point, rounded
-half to even and saturated to uint8 / int8 (or a float32 result, on the quantisation grid
+with alpha 0, which keeps a NaN bias's NaN), the clamp of ``y_clip``
+(``int8_support.clip_post_ops``), and the output scale and zero point, rounded half to even
+and saturated to uint8 / int8 (or a float32 result, on the quantisation grid
 with ``y_grid``: ``int8_support.grid_post_ops``; or, ConvInteger's form, the exact int32
 sum). Input and output in the layouts the layout pass chose (channels-last in
 conv nets: the brgemm VNNI kernels; an NCHW graph input is staged). Small convolutions are

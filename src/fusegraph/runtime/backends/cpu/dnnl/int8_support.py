@@ -197,9 +197,14 @@ def grid_post_ops(ctx, rank: int, first: int, bound: float, prefix: str = "y") -
 def clip_post_ops(ctx, bound: float) -> list | Decline:
     """The node's ``y_clip`` as oneDNN's ``clip`` (``[]`` without one); a ``Decline`` where the
     epilogue's ``bound`` (``epilogue_bound``) lets it hold NaN, which the op's own clamp keeps."""
-    clip = y_clip(ctx)
+    try:
+        clip = y_clip(ctx)
+    except (TypeError, ValueError, IndexError):
+        clip = (math.nan, math.nan)
     if clip is None:
         return []
+    if not (math.isfinite(clip[0]) and math.isfinite(clip[1]) and clip[0] <= clip[1]):
+        return Decline(f"y_clip {ctx.attr('y_clip')!r} (a finite [lo, hi])", "dnnl")     # the op refuses it
     if not bound < EPILOGUE_LIMIT:
         return Decline("a clipped result whose epilogue could hold NaN", "dnnl")
     return [("eltwise", "clip", clip[0], clip[1])]

@@ -6,8 +6,9 @@ or ``[N, K]`` with ``trans_b``; zero point 0) is reordered once into the blocked
 primitive picks and not read from the graph at run time. The integer products are summed
 exactly in int32, scaled by the source scale and the per-column weight scales (a mask over
 N), the float32 bias added (a row broadcast over M), the Relu applied
-(``int8_support.relu_post_op``), the clamp of ``y_clip`` (``int8_support.clip_post_ops``), and the result quantised with the output scale and zero
-point (rounded half to even, saturated), or written as float32 (on the quantisation grid
+(``int8_support.relu_post_op``), the clamp of ``y_clip`` (``int8_support.clip_post_ops``),
+and the result quantised with the output scale and zero point (rounded half to even,
+saturated), or written as float32 (on the quantisation grid
 with ``y_grid``: ``int8_support.grid_post_ops``), or (MatMulInteger's form) as the exact
 int32 sum. With ``mid_activation`` the result goes onto the ``mid`` grid and through the GELU
 in the epilogue before its quantisation (``int8_support.mid_post_ops``). Only on a CPU whose

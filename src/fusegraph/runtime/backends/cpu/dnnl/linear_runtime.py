@@ -141,7 +141,7 @@ def leading_dimension(n: int, dtype: torch.dtype) -> int:
     """The row stride (elements) a plain ``K x N`` weight is held with for sgemm: ``N``, one
     cache line more where a row's bytes are a multiple of ``SET_ALIASING_BYTES`` (the rows of a
     panel would otherwise fall into the same few sets of the L1 cache)."""
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     return n + LINE_BYTES // item if (n * item) % SET_ALIASING_BYTES == 0 else n
 
 
