@@ -872,8 +872,8 @@ def test_the_reference_form_clamps_a_product_as_the_model_did(monkeypatch):
     """The op's own kernel (what runs where the int8 kernel declines) clamps to ``y_clip``
     before quantising: a QLinear whose range was widened for the next quantisation keeps the
     model's first clamp (within the rounding bound of onnxruntime ORT_DISABLE_ALL everywhere,
-    the clamped values included); a re-sealed ``y_clip`` that is not a finite range is
-    refused by the op with the reason."""
+    the clamped values included); a re-sealed ``y_clip`` that is not a finite range, or a
+    ``conv_clip`` on a product that is not a convolution, is refused by the op with the reason."""
     from fusegraph.ops import quantized
     from fusegraph.runtime.backends.cpu.dnnl import conv_int8
     monkeypatch.setattr(conv_int8, "int8_exact", lambda: False)       # QLinear's kernel asks conv_int8's
@@ -889,10 +889,10 @@ def test_the_reference_form_clamps_a_product_as_the_model_did(monkeypatch):
         (ref,) = M.ort_run(m, feeds)
         assert (np.abs(cm.run(feeds)["y"].astype(np.float64) - ref) / np.float32(s2)).max() <= bound + 1e-3
     from fusegraph.ops.registry import NodeContext
-    for bad in ([1.0], [2.0, 1.0], [0.0, float("inf")], "ab"):
+    for key, bad in [("y_clip", v) for v in ([1.0], [2.0, 1.0], [0.0, float("inf")], "ab")] + [("conv_clip", [0.0, 1.0])]:
         node = fg.ir.Node("QLinear", list(p.inputs), [fg.ir.Value("y", fg.ir.DType.UINT8, None)],
-                          dict(p.attrs, y_clip=bad), name="bad", domain="fusegraph")
-        with pytest.raises(UnsupportedOpError, match="y_clip"):
+                          {**p.attrs, key: bad}, name="bad", domain="fusegraph")
+        with pytest.raises(UnsupportedOpError, match=key):      # (a QLinear has no conv_clip)
             quantized._qlinear(NodeContext(node))
 
 
@@ -967,3 +967,62 @@ def test_convolutions_joined_on_a_wider_range_keep_their_own_clamps():
         assert (np.abs(y.astype(np.float64) - ref) / np.float32(0.08)).max() <= bound + 1e-3
         saturated += int((np.isclose(ref[:, :3], 0.03 * 245, atol=0.05)).sum())
     assert saturated > 0            # the first branch's clamp was reached
+
+
+def _conv_residual_model() -> onnx.ModelProto:
+    """A residual block's end as a QDQ file writes it: DQ(x) -> Conv(DQ(w)) -> Q1 -> DQ1, plus
+    DQ(z) -> Add -> Relu -> Q2 -> y (uint8, as the next int8 op reads it), Q1's range narrower
+    than the convolution's values for full-range inputs (calibration saw smaller ones)."""
+    rng = np.random.default_rng(11)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "w": rng.integers(-127, 128, (4, 4, 3, 3), dtype=np.int8),
+             "ws": (rng.uniform(0.5, 1.5, 4) * 0.01).astype(np.float32), "wz": np.zeros(4, np.int8),
+             "s1": np.array(0.02, np.float32), "z1": np.array(128, np.uint8),
+             "zs": np.array(0.03, np.float32), "zz": np.array(128, np.uint8),
+             "s2": np.array(0.04, np.float32), "z2": np.array(0, np.uint8)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "s1", "z1"], ["q1"]),
+             helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["d1"]),
+             helper.make_node("DequantizeLinear", ["z", "zs", "zz"], ["zd"]),
+             helper.make_node("Add", ["d1", "zd"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s2", "z2"], ["y"])]
+    g = helper.make_graph(nodes, "conv_residual",
+                          [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4, 6, 6]),
+                           helper.make_tensor_value_info("z", TensorProto.UINT8, [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 4, 6, 6])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_residual_convolution_keeps_its_own_clamp_before_the_sum(reference, monkeypatch):
+    """``qdq_residual`` folds the block's end into one QConv with the residual and the Relu,
+    and clamps the convolution's result to its own quantisation's range before the residual is
+    added (``conv_clip``; oneDNN's ``clip`` post-op before its ``sum``, or the op's own clamp
+    where the int8 kernel declines): every output within ``rounding_bound`` of onnxruntime
+    ORT_DISABLE_ALL, with full-range inputs that the file's first quantisation clamps."""
+    if reference:
+        from fusegraph.runtime.backends.cpu.dnnl import conv_int8
+        monkeypatch.setattr(conv_int8, "int8_exact", lambda: False)
+    m = _conv_residual_model()
+    cm = fg.compile(m, CFG)
+    ops = collections.Counter(n.op_type for n in cm.graph.nodes)
+    assert ops["QConv"] == 1 and not ops["QAdd"] and not ops["Relu"], ops
+    (p,) = [n for n in cm.graph.nodes if n.op_type == "QConv"]
+    assert len(p.inputs) == 5 and p.attrs["activation"] == "relu"
+    assert np.allclose(p.attrs["conv_clip"], [0.02 * -128, 0.02 * 127], rtol=1e-6)
+    if M.int8_kernels_exact() and not reference:
+        onednn_call(cm, "QConv")
+    bound = rounding_bound(0.02, 0.04)
+    for seed in range(3):
+        r = np.random.default_rng(seed)
+        feeds = {"x": r.integers(0, 256, (1, 4, 6, 6), dtype=np.uint8),
+                 "z": r.integers(0, 256, (1, 4, 6, 6), dtype=np.uint8)}
+        (ref,) = M.ort_run(m, feeds)
+        y = cm.run(feeds)["y"]
+        assert y.dtype == np.uint8 and np.abs(y.astype(np.int64) - ref).max() <= bound

@@ -15,7 +15,9 @@
   consumer's ``DequantizeLinear`` gives that consumer, in one node. With ``y_clip`` (two
   floats ``[lo, hi]``) the result is clamped to that range before its output's quantisation:
   the range of a quantisation the model made between the product and this one, which
-  ``requantize_product`` took over (a value the model clamped there stays clamped).
+  ``requantize_product`` took over (a value the model clamped there stays clamped). A QConv's
+  ``conv_clip`` clamps the convolution's result, its bias included, before the residual is
+  added: the range of the convolution's own quantisation, which ``qdq_residual`` took over.
 - ``QLinear(x, w, w_scale, b?)``: the same over a product ``x @ w`` (``w`` [K, N], or [N, K]
   with ``trans_b``; ``w_scale`` one per column N or one), ``x`` of any rank >= 1. With
   ``mid_activation`` ("gelu" / "gelu_tanh", ONNX Gelu's two forms) and a quantised output,
@@ -128,11 +130,11 @@ def _grid(ctx_or_attrs, key: str) -> DType | None:
     return DType(code) if code in [int(t) for t in QUANTISED] else None
 
 
-def y_clip(ctx_or_attrs) -> tuple[float, float] | None:
-    """The ``[lo, hi]`` a product's result is clamped to before its output's quantisation, or
-    None."""
+def y_clip(ctx_or_attrs, key: str = "y_clip") -> tuple[float, float] | None:
+    """The ``[lo, hi]`` a product's result is clamped to before its output's quantisation
+    (``key`` "conv_clip": a QConv's result before its residual), or None."""
     attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
-    clip = attrs.get("y_clip")
+    clip = attrs.get(key)
     return None if clip is None else (float(clip[0]), float(clip[1]))
 
 
@@ -176,15 +178,18 @@ def _check_common(ctx: NodeContext, inputs=("x",), grid_ok: bool = False, mid_ok
     yt = y_type(ctx)
     if yt not in OUT_TYPES:
         raise ctx.unsupported(f"y_type {yt.name} (uint8, int8, float32 or int32)")
-    clip = ctx.attr("y_clip", None)
-    if clip is not None:
+    for key in ("y_clip", "conv_clip"):
+        clip = ctx.attr(key, None)
+        if clip is None:
+            continue
         try:
             lo, hi = (float(v) for v in clip)
         except (TypeError, ValueError):
-            raise ctx.unsupported(f"y_clip {clip!r} (two numbers)") from None
-        if not clip_ok or yt == DType.INT32 or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
-            raise ctx.unsupported(f"y_clip {clip!r} (finite [lo, hi], lo <= hi, on a QConv / QLinear "
-                                  f"output that is quantised or float32)")
+            raise ctx.unsupported(f"{key} {clip!r} (two numbers)") from None
+        ok = clip_ok and (key == "y_clip" or ctx.node.op_type == "QConv")
+        if not ok or yt == DType.INT32 or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise ctx.unsupported(f"{key} {clip!r} (finite [lo, hi], lo <= hi, on a QConv"
+                                  f"{'' if key == 'conv_clip' else ' / QLinear'} output that is quantised or float32)")
     if mid_ok:
         check_mid(ctx, yt)
     elif any(k.startswith("mid_") for k in ctx.node.attrs):
@@ -274,7 +279,7 @@ def _qconv(ctx: NodeContext):
     geo = ConvGeometry(ctx)
     (xs, xzp), (ys, yzp), (zs, zzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0), _qparams(ctx, "z", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
-    grid, clip = y_grid(ctx), y_clip(ctx)
+    grid, clip, conv_clip = y_grid(ctx), y_clip(ctx), y_clip(ctx, "conv_clip")
     weight = _weight_cache()
 
     def qconv(x, w, w_scale, b=None, z=None, out=None):
@@ -286,6 +291,8 @@ def _qconv(ctx: NodeContext):
         s, d, begin, end = geo.resolve(tuple(x.shape[2:]), tuple(w.shape[2:]))
         y = conv_call(dequantize(x, xs, xzp), wf, None if b is None else b.to(torch.float32),
                       s, d, geo.group, begin, end)
+        if conv_clip is not None:
+            y = y.clamp(conv_clip[0], conv_clip[1])
         if z is not None:
             y = y + dequantize(z, zs, zzp)
         if relu:

@@ -18,7 +18,9 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   and the Q's output parameters.
 - ``qdq_residual`` (root QuantizeLinear): ``Q(act(Add(DQ(QConv(...)), DQ(z))))`` -> the
   QConv with residual ``z`` and activation ``act`` (Relu or none), writing the Q's
-  parameters; any other ``Q(act(Add(DQ(a), DQ(b))))`` -> ``QAdd(a, b)``.
+  parameters, its result clamped to its own quantisation's range before the residual
+  (``conv_clip``: the model's first quantisation clamps it there); any other
+  ``Q(act(Add(DQ(a), DQ(b))))`` -> ``QAdd(a, b)``.
 - ``requantize_product`` (root Requantize): ``Requantize(QConv / QLinear(...))`` -> the
   product writing the Requantize's parameters; also through views and permutations between
   them (a query's reshape and transpose into heads: they move the values the requantisation
@@ -261,7 +263,8 @@ def _check_residual(q: Node, ctx):
     for side in (0, 1):
         conv = _private_product(add.inputs[side], ("QConv",))
         other = dqs[1 - side].inputs[0]
-        if conv is not None and len(conv.inputs) < 5 and not conv.attrs.get("activation") and "y_clip" not in conv.attrs \
+        if conv is not None and len(conv.inputs) < 5 and not conv.attrs.get("activation") \
+                and "y_clip" not in conv.attrs and "conv_clip" not in conv.attrs \
                 and other.shape == conv.outputs[0].shape and other.dtype.itemsize == 1:
             return "conv", conv, other, ps[1 - side], act, ps[2]
     if add.outputs[0].shape is None:
@@ -272,8 +275,11 @@ def _check_residual(q: Node, ctx):
 def _rewrite_residual(q: Node, found, ctx):
     if found[0] == "conv":
         _, conv, z, zp, act, y = found
+        # the convolution's own quantisation clamped its result: it still does, before the residual
+        lo, hi = _grid_range(float(conv.attrs["y_scale"]), int(conv.attrs.get("y_zero_point", 0)),
+                             DType(int(conv.attrs.get("y_type", int(DType.UINT8)))))
         attrs = dict(conv.attrs, activation=act, z_scale=zp.scale, z_zero_point=zp.zero_point,
-                     y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point)
+                     y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point, conv_clip=[lo, hi])
         inputs = list(conv.inputs) + [None] * (4 - len(conv.inputs)) + [z]
         return ctx.emit("QConv", inputs, attrs, domain=FUSEGRAPH_DOMAIN)
     _, dqs, ps, act = found

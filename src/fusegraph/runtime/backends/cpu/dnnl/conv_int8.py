@@ -8,8 +8,8 @@ runs). The weight is reordered once into the blocked layout the primitive picks 
 compensation oneDNN keeps beside it for a non-zero source zero point). The quantisation is
 the primitive's own arithmetic: the integer products are summed exactly in int32, scaled by
 the source scale and the per-channel weight scales (``Attr(scales=...)``: a mask over the
-output channels), the float32 bias added, then the post-ops: the residual as a ``sum``
-post-op reading the destination's bytes as quantised values (``z_scale * (dst - z_zp)``,
+output channels), the float32 bias added, then the post-ops: the clamp of ``conv_clip``,
+the residual as a ``sum`` post-op reading the destination's bytes as quantised values (``z_scale * (dst - z_zp)``,
 the planner puts the output in place over ``z``, else it is copied there first), the Relu
 (``int8_support.relu_post_op``: oneDNN's relu where the constants rule NaN out, else ``elu``
 with alpha 0, which keeps a NaN bias's NaN), the clamp of ``y_clip``
@@ -128,17 +128,18 @@ def conv_int8_kernel(ctx, store, resources):
     if bias is not None and (accumulate or bias.numel() != co):
         return Decline("a bias that is not one float per output channel", "dnnl")
     b_md = MemDesc.of((co,), torch.float32) if bias is not None else None
-    post = []
-    if z_v is not None:
-        post.append(("sum", float(ctx.attr("z_scale")), int(ctx.attr("z_zero_point", 0)), DTYPES[out]))
     terms, x_scale = cig * kh * kw, float(ctx.attr("x_scale", 1.0))
     z_scale = float(ctx.attr("z_scale")) if z_v is not None else 0.0
+    bound = epilogue_bound(terms, x_scale, ctx.const(2), bias, z_scale)
+    conv_clip, clip = clip_post_ops(ctx, bound, "conv_clip"), clip_post_ops(ctx, bound)
+    for got in (conv_clip, clip):
+        if isinstance(got, Decline):
+            return got
+    post = list(conv_clip)          # the convolution's own range, before the residual
+    if z_v is not None:
+        post.append(("sum", float(ctx.attr("z_scale")), int(ctx.attr("z_zero_point", 0)), DTYPES[out]))
     if activation == "relu":
         post.append(relu_post_op(terms, x_scale, ctx.const(2), bias, z_scale))
-    bound = epilogue_bound(terms, x_scale, ctx.const(2), bias, z_scale)
-    clip = clip_post_ops(ctx, bound)
-    if isinstance(clip, Decline):
-        return clip
     post += clip
     grid = grid_post_ops(ctx, 4, len(post), bound)
     if isinstance(grid, Decline):

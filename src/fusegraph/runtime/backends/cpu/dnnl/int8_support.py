@@ -20,7 +20,8 @@ keeps alive.
 ``mid_post_ops``: a QLinear's grid and GELU before its output's quantisation (``mid_*``).
 
 ``clip_post_ops``: a product's ``y_clip`` as oneDNN's ``clip`` before its output's
-quantisation, taken only where the epilogue cannot hold NaN (oneDNN's clip maps it to a bound).
+quantisation (a QConv's ``conv_clip`` before its residual's ``sum``), taken only where the
+epilogue cannot hold NaN (oneDNN's clip maps it to a bound).
 
 ``relu_post_op``: a fused Relu as oneDNN's ``relu`` (one max per value) where the kernel's
 float epilogue cannot hold NaN, else as ``elu`` with alpha 0, which keeps NaN (oneDNN's relu
@@ -194,17 +195,18 @@ def grid_post_ops(ctx, rank: int, first: int, bound: float, prefix: str = "y") -
     return post, [(capi.arg_post_op_src1(first), Memory(scalar_md, divisor.data_ptr()))], [divisor, scalar_md]
 
 
-def clip_post_ops(ctx, bound: float) -> list | Decline:
-    """The node's ``y_clip`` as oneDNN's ``clip`` (``[]`` without one); a ``Decline`` where the
-    epilogue's ``bound`` (``epilogue_bound``) lets it hold NaN, which the op's own clamp keeps."""
+def clip_post_ops(ctx, bound: float, key: str = "y_clip") -> list | Decline:
+    """The node's ``y_clip`` (or ``key``: a QConv's ``conv_clip``) as oneDNN's ``clip`` (``[]``
+    without one); a ``Decline`` where the epilogue's ``bound`` (``epilogue_bound``) lets it
+    hold NaN, which the op's own clamp keeps."""
     try:
-        clip = y_clip(ctx)
+        clip = y_clip(ctx, key)
     except (TypeError, ValueError, IndexError):
         clip = (math.nan, math.nan)
     if clip is None:
         return []
     if not (math.isfinite(clip[0]) and math.isfinite(clip[1]) and clip[0] <= clip[1]):
-        return Decline(f"y_clip {ctx.attr('y_clip')!r} (a finite [lo, hi])", "dnnl")     # the op refuses it
+        return Decline(f"{key} {ctx.attr(key)!r} (a finite [lo, hi])", "dnnl")     # the op refuses it
     if not bound < EPILOGUE_LIMIT:
         return Decline("a clipped result whose epilogue could hold NaN", "dnnl")
     return [("eltwise", "clip", clip[0], clip[1])]
