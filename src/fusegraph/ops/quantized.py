@@ -130,7 +130,7 @@ def _grid(ctx_or_attrs, key: str) -> DType | None:
     return DType(code) if code in [int(t) for t in QUANTISED] else None
 
 
-def y_clip(ctx_or_attrs, key: str = "y_clip") -> tuple[float, float] | None:
+def clip_range(ctx_or_attrs, key: str = "y_clip") -> tuple[float, float] | None:
     """The ``[lo, hi]`` a product's result is clamped to before its output's quantisation
     (``key`` "conv_clip": a QConv's result before its residual), or None."""
     attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
@@ -279,7 +279,7 @@ def _qconv(ctx: NodeContext):
     geo = ConvGeometry(ctx)
     (xs, xzp), (ys, yzp), (zs, zzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0), _qparams(ctx, "z", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
-    grid, clip, conv_clip = y_grid(ctx), y_clip(ctx), y_clip(ctx, "conv_clip")
+    grid, clip, conv_clip = y_grid(ctx), clip_range(ctx), clip_range(ctx, "conv_clip")
     weight = _weight_cache()
 
     def qconv(x, w, w_scale, b=None, z=None, out=None):
@@ -319,7 +319,7 @@ def _qlinear(ctx: NodeContext):
     trans_b = bool(ctx.attr("trans_b", 0))
     (xs, xzp), (ys, yzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
-    grid, clip = y_grid(ctx), y_clip(ctx)
+    grid, clip = y_grid(ctx), clip_range(ctx)
     mid = MID_ACTIVATIONS.get(str(ctx.attr("mid_activation", "")))
     if mid is not None:
         (ms, mzp), mgrid = _qparams(ctx, "mid"), mid_grid(ctx)

@@ -9,8 +9,9 @@ compensation oneDNN keeps beside it for a non-zero source zero point). The quant
 the primitive's own arithmetic: the integer products are summed exactly in int32, scaled by
 the source scale and the per-channel weight scales (``Attr(scales=...)``: a mask over the
 output channels), the float32 bias added, then the post-ops: the clamp of ``conv_clip``,
-the residual as a ``sum`` post-op reading the destination's bytes as quantised values (``z_scale * (dst - z_zp)``,
-the planner puts the output in place over ``z``, else it is copied there first), the Relu
+the residual as a ``sum`` post-op reading the destination's bytes as quantised values
+(``z_scale * (dst - z_zp)``, the planner puts the output in place over ``z``, else it is
+copied there first), the Relu
 (``int8_support.relu_post_op``: oneDNN's relu where the constants rule NaN out, else ``elu``
 with alpha 0, which keeps a NaN bias's NaN), the clamp of ``y_clip``
 (``int8_support.clip_post_ops``), and the output scale and zero point, rounded half to even

@@ -39,7 +39,7 @@ import torch
 
 from .....errors import UnsupportedOpError
 from .....ir import DType
-from .....ops.quantized import RANGE, check_mid, mid_grid, y_clip, y_grid, y_type
+from .....ops.quantized import RANGE, check_mid, clip_range, mid_grid, y_grid, y_type
 from ...protocol import Decline
 from . import capi
 from .capi import Dims
@@ -200,7 +200,7 @@ def clip_post_ops(ctx, bound: float, key: str = "y_clip") -> list | Decline:
     without one); a ``Decline`` where the epilogue's ``bound`` (``epilogue_bound``) lets it
     hold NaN, which the op's own clamp keeps."""
     try:
-        clip = y_clip(ctx, key)
+        clip = clip_range(ctx, key)
     except (TypeError, ValueError, IndexError):
         clip = (math.nan, math.nan)
     if clip is None:
