@@ -754,19 +754,22 @@ def test_mid_attributes_the_op_cannot_have_are_refused(op, attrs):
         fg.compile(g, CFG).run({"x": np.zeros(tuple(x.shape), np.uint8)})
 
 
-def _split_model() -> onnx.ModelProto:
-    """DQ(x) -> Gemm(DQ(w)) -> Q -> DQ -> Split in three -> q * c, k * c, v -> each Q -> DQ: a
-    GPT-2 attention's packed q / k / v product, split and scaled before the scores."""
+def _split_model(trans_b: bool = False, bias: bool = False) -> onnx.ModelProto:
+    """DQ(x) -> Gemm(DQ(w)[, b]) -> Q -> DQ -> Split in three -> q * c, k * c, v -> each Q ->
+    DQ: a GPT-2 attention's packed q / k / v product, split and scaled before the scores (its
+    weight [K, N], or [N, K] under ``trans_b``)."""
     rng = np.random.default_rng(8)
     inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
-             "w": rng.integers(-127, 128, (16, 24), dtype=np.int8),
+             "w": rng.integers(-127, 128, (24, 16) if trans_b else (16, 24), dtype=np.int8),
              "ws": (rng.uniform(0.5, 1.5, 24) * 0.01).astype(np.float32), "wz": np.zeros(24, np.int8),
              "s1": np.array(0.05, np.float32), "z1": np.array(120, np.uint8), "c": np.array(0.35355339, np.float32),
              "sq": np.array(0.02, np.float32), "zq": np.array(125, np.uint8),
              "sv": np.array(0.07, np.float32), "zv": np.array(118, np.uint8), "parts": np.array([8, 8, 8], np.int64)}
+    if bias:
+        inits["bias"] = rng.standard_normal(24).astype(np.float32)
     nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
-             helper.make_node("Gemm", ["xd", "wd"], ["g"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0 if trans_b else 1),
+             helper.make_node("Gemm", ["xd", "wd"] + (["bias"] if bias else []), ["g"], transB=int(trans_b)),
              helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
              helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["d1"]),
              helper.make_node("Split", ["d1", "parts"], ["a", "b", "vs"], axis=1),
@@ -783,16 +786,24 @@ def _split_model() -> onnx.ModelProto:
     return m
 
 
-def test_a_split_of_a_quantised_product_moves_integers():
-    """``dq_sink`` through a Split: the product writes uint8, the Split moves uint8 parts, and
-    each part's scaling and new quantisation is one Requantize (no float32 Split, no Mul): within
-    one step of onnxruntime ORT_DISABLE_ALL at each output."""
-    m = _split_model()
+@pytest.mark.parametrize("trans_b,bias", [(False, False), (True, True)])
+def test_a_split_of_a_quantised_product_is_one_product_per_part(trans_b, bias):
+    """A Split of a quantised product along its columns (GPT-2's q / k / v): ``dq_sink`` moves
+    the DequantizeLinear past the Split, ``split_product`` makes one QLinear per part (the
+    weight's columns, their scales), and each part's scaling and new quantisation folds into
+    its product (``requantize_product``, clamped to the product's own range where the new one
+    is wider): no Split, no Mul, no Requantize; within one step of onnxruntime ORT_DISABLE_ALL
+    at each output (``rounding_bound`` is 1 for these scales), the weight given either way
+    round, with a bias (sliced with the columns) or without."""
+    m = _split_model(trans_b, bias)
     cm = fg.compile(m, CFG)
-    (split,) = [n for n in cm.graph.nodes if n.op_type == "Split"]
-    assert split.inputs[0].dtype == fg.ir.DType.UINT8
     ops = collections.Counter(n.op_type for n in cm.graph.nodes)
-    assert not ops["Mul"] and ops["QLinear"] == 1, ops
+    assert not ops["Split"] and not ops["Mul"] and not ops["Requantize"] and ops["QLinear"] == 3, ops
+    assert rounding_bound(0.05 * 0.35355339, 0.02) == 1 and rounding_bound(0.05, 0.07) == 1
+    if M.int8_kernels_exact():
+        from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+        kernels = [getattr(c.kernel, "fast", c.kernel) for c in cm._executor.binding.calls if c.node.op_type == "QLinear"]
+        assert len(kernels) == 3 and all(isinstance(k, DnnlKernel) for k in kernels), cm.report.kernels["declined"]
     for seed in range(3):
         feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
         got = cm.run(feeds)

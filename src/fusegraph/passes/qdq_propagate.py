@@ -30,6 +30,11 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   the product clamps its result to its own range first (``y_clip``), as the model's first
   quantisation does; ``qdq_bias``, ``qdq_residual`` and ``qdq_grid_gelu`` leave a clamped
   product alone (its clamp would have to come before their bias, residual or GELU).
+- ``split_product`` (root Split): ``Split(QLinear(...))`` along the product's columns (through
+  views that keep them last; GPT-2's packed q / k / v) -> one QLinear per part, the weight's
+  columns with their scales and bias, each reshaped to its part's shape: exact (every
+  column's arithmetic is its own), and each part's requantisation can then fold into its
+  product.
 - ``qdq_affine`` (root QuantizeLinear, its own pass after fusion, once BatchNorm became
   ``Mul`` / ``Add`` and those an ``ElementwiseChain``): ``Q(DQ(x) op c1 op c2 ...)`` with
   float32 constants that broadcast over ``x`` (a pre-activation BatchNorm) ->
@@ -65,10 +70,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ..ir import DType, Node
 from ..ops import Movement, movement_ops
 from ..ops.quantized import AFFINE_STEPS, RANGE
-from .facts import only_use
+from .facts import ints_arg, only_use
 from .qdq_params import QParams, activation_params, constant_bias, is_op
 from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
 
@@ -519,6 +526,56 @@ GRID_RULES = [
          doc="Q(Gelu(QLinear on a grid)) -> the QLinear with the grid, the GELU and the Q's parameters"),
 ]
 
+def _check_split_product(split: Node, ctx):
+    """``Split`` along the last axis of a ``QLinear``'s result (through views that keep its
+    columns last), the product read by nothing else, its weight, scales and bias constants:
+    (product, part sizes, part shapes)."""
+    if split.domain != "" or len(split.outputs) < 2 or any(not o.uses for o in split.outputs):
+        return None
+    v, _views = _through_views(split.inputs[0])
+    p = v.producer
+    if not _fg(p, "QLinear") or not only_use(v):
+        return None
+    consts = [p.input(i) for i in range(1, len(p.inputs))]
+    if any(c is None or not c.is_const or c.const.device.type == "meta" for c in consts):
+        return None
+    w = p.input(1).const
+    n = w.shape[0] if int(p.attrs.get("trans_b", 0)) else w.shape[-1]
+    shape, shapes = split.inputs[0].shape, [o.shape for o in split.outputs]
+    if v.shape is None or not v.shape or v.shape[-1] != n or any(
+            s is None or not all(isinstance(d, int) for d in s) for s in [shape] + shapes):
+        return None
+    axis = int(split.attrs.get("axis", 0))
+    if (axis + len(shape) if axis < 0 else axis) != len(shape) - 1:
+        return None
+    known, sizes = ints_arg(split, 1, "split", 13)
+    sizes = [s[-1] for s in shapes] if known and sizes is None else sizes
+    if not known or sizes is None or sum(sizes) != n or sizes != [s[-1] for s in shapes]:
+        return Decline(f"{split.name}: part sizes not known or not the shapes'")
+    return p, sizes, shapes
+
+
+def _rewrite_split_product(split: Node, found, ctx):
+    """One QLinear per part: the weight's columns (rows under ``trans_b``), their scales and
+    bias, the same attributes (every column's arithmetic is its own), each result reshaped to
+    its part's shape."""
+    p, sizes, shapes = found
+    trans_b = bool(int(p.attrs.get("trans_b", 0)))
+    w, scales = p.input(1).const, p.input(2).const
+    bias = p.input(3).const if len(p.inputs) > 3 and p.input(3) is not None else None
+    outs, start = [], 0
+    for size, shape in zip(sizes, shapes):
+        cols = slice(start, start + size)
+        inputs = [p.inputs[0], ctx.const(w[cols] if trans_b else w[:, cols], "w"),
+                  ctx.const(scales.reshape(-1)[cols] if scales.numel() > 1 else scales, "w_scale")]
+        if bias is not None:
+            inputs.append(ctx.const(bias.reshape(-1)[cols], "b"))
+        y = ctx.emit("QLinear", inputs, dict(p.attrs), domain=FUSEGRAPH_DOMAIN)
+        outs.append(ctx.emit("Reshape", [y, ctx.const(torch.tensor(shape, dtype=torch.int64), "shape")]))
+        start += size
+    return outs
+
+
 REQUANTIZE_PRODUCT = Rule("requantize_product", _check_requantize_product, _rewrite_requantize_product,
                           ops=("fusegraph::Requantize",), priority=10,
                           doc="Requantize(QConv / QLinear), through views and permutations, times c > 0 -> the "
@@ -545,4 +602,6 @@ RULES = [
     Rule("dq_join", _check_join, _rewrite_join, ops=("Concat",), priority=10,
          doc="Concat(DQ(a), DQ(b)) with one set of parameters -> DQ(Concat(a, b)): exact"),
     REQUANTIZE_PRODUCT,
+    Rule("split_product", _check_split_product, _rewrite_split_product, ops=("Split",), priority=8,
+         doc="Split(QLinear) along its columns -> one QLinear per part (each part's requantisation then folds)"),
 ]
