@@ -132,10 +132,19 @@ def _grid(ctx_or_attrs, key: str) -> DType | None:
 
 def clip_range(ctx_or_attrs, key: str = "y_clip") -> tuple[float, float] | None:
     """The ``[lo, hi]`` a product's result is clamped to before its output's quantisation
-    (``key`` "conv_clip": a QConv's result before its residual), or None."""
+    (``key`` "conv_clip": a QConv's result before its residual), or None; ``ValueError``
+    naming the attribute where it is not two finite numbers with ``lo <= hi``."""
     attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
     clip = attrs.get(key)
-    return None if clip is None else (float(clip[0]), float(clip[1]))
+    if clip is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in clip)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} {clip!r} (two numbers)") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise ValueError(f"{key} {clip!r} (a finite [lo, hi], lo <= hi)")
+    return lo, hi
 
 
 def y_grid(ctx_or_attrs) -> DType | None:
@@ -179,16 +188,13 @@ def _check_common(ctx: NodeContext, inputs=("x",), grid_ok: bool = False, mid_ok
     if yt not in OUT_TYPES:
         raise ctx.unsupported(f"y_type {yt.name} (uint8, int8, float32 or int32)")
     for key in ("y_clip", "conv_clip"):
-        clip = ctx.attr(key, None)
-        if clip is None:
-            continue
         try:
-            lo, hi = (float(v) for v in clip)
-        except (TypeError, ValueError):
-            raise ctx.unsupported(f"{key} {clip!r} (two numbers)") from None
+            clip = clip_range(ctx, key)
+        except ValueError as exc:
+            raise ctx.unsupported(str(exc)) from None
         ok = clip_ok and (key == "y_clip" or ctx.node.op_type == "QConv")
-        if not ok or yt == DType.INT32 or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
-            raise ctx.unsupported(f"{key} {clip!r} (finite [lo, hi], lo <= hi, on a QConv"
+        if clip is not None and (not ok or yt == DType.INT32):
+            raise ctx.unsupported(f"{key} on a {ctx.node.op_type} with a {yt.name} output (only on a QConv"
                                   f"{'' if key == 'conv_clip' else ' / QLinear'} output that is quantised or float32)")
     if mid_ok:
         check_mid(ctx, yt)

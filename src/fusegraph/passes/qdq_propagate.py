@@ -298,7 +298,21 @@ def _rewrite_residual(q: Node, found, ctx):
 
 # ------------------------------------------------------------------------ Requantize(product)
 
-MOVES = (Movement.VIEW, Movement.PERMUTE)      # a requantisation commutes with these (elementwise, per tensor)
+GRID_VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")     # move no value: any type passes through
+
+
+def _through_views(v, ops=GRID_VIEWS) -> tuple:
+    """(the value before the chain of default-domain ``ops`` that ends at ``v``, each read by
+    its next op alone; those ops in order)."""
+    views = []
+    while v.producer is not None and v.producer.domain == "" and v.producer.op_type in ops and only_use(v):
+        views.append(v.producer)
+        v = v.producer.inputs[0]
+    return v, views[::-1]
+
+
+# views and permutations: a requantisation commutes with them (it maps each value alike)
+MOVERS = frozenset(op for domain, op in movement_ops(Movement.VIEW, Movement.PERMUTE) if domain == "")
 
 
 def _positive_scale(r: Node) -> float | None:
@@ -313,20 +327,6 @@ def _positive_scale(r: Node) -> float | None:
         return None
     value = float(c.const.reshape(()))
     return value if math.isfinite(value) and value > 0 else None
-
-
-def _through_moves(v) -> tuple:
-    """(the value before the chain of views and permutations that ends at ``v``, each read by
-    its next op alone, with constant arguments; those ops in order)."""
-    moves = []
-    movers = movement_ops(*MOVES)
-    while True:
-        p = v.producer
-        if p is None or p.domain != "" or (p.domain, p.op_type) not in movers or len(p.outputs) != 1 or not only_use(v) \
-                or any(x is not None and not x.is_const for x in p.inputs[1:]):
-            return v, moves[::-1]
-        moves.append(p)
-        v = p.inputs[0]
 
 
 def _grid_range(scale: float, zero_point: int, dtype: DType) -> tuple[float, float]:
@@ -350,7 +350,7 @@ def _check_requantize_product(r: Node, ctx):
     c = _positive_scale(r)
     if c is None:                     # other float steps between: not the product's own requantisation
         return None
-    v, moves = _through_moves(r.inputs[0])
+    v, moves = _through_views(r.inputs[0], MOVERS)
     p = v.producer
     yt = DType(int(p.attrs.get("y_type", 0))) if _fg(p, "QConv", "QLinear") else None
     if yt not in (DType.UINT8, DType.INT8):
@@ -374,6 +374,58 @@ def _rewrite_requantize_product(r: Node, found, ctx):
             lo, hi = max(lo, float(p.attrs["y_clip"][0])), min(hi, float(p.attrs["y_clip"][1]))
         attrs["y_clip"] = [lo, max(lo, hi)]
     return _emit_over_views(ctx, p, attrs, moves)
+
+
+# ------------------------------------------------------------------------ Split(product)
+
+def _check_split_product(split: Node, ctx):
+    """``Split`` along the last axis of a ``QLinear``'s result (through views that keep its
+    columns last), the product read by nothing else, its weight, scales and bias constants:
+    (product, part sizes, part shapes)."""
+    if split.domain != "" or len(split.outputs) < 2 or any(not o.uses for o in split.outputs):
+        return None
+    v, _views = _through_views(split.inputs[0])
+    p = v.producer
+    if not _fg(p, "QLinear") or not only_use(v):
+        return None
+    consts = [p.input(i) for i in range(1, len(p.inputs))]
+    if any(c is None or not c.is_const or c.const.device.type == "meta" for c in consts):
+        return None
+    w = p.input(1).const
+    n = w.shape[0] if int(p.attrs.get("trans_b", 0)) else w.shape[-1]
+    shape, shapes = split.inputs[0].shape, [o.shape for o in split.outputs]
+    if v.shape is None or not v.shape or v.shape[-1] != n or any(
+            s is None or not all(isinstance(d, int) for d in s) for s in [shape] + shapes):
+        return None
+    axis = int(split.attrs.get("axis", 0))
+    if (axis + len(shape) if axis < 0 else axis) != len(shape) - 1:
+        return None
+    known, sizes = ints_arg(split, 1, "split", 13)
+    parts = [s[-1] for s in shapes]
+    if not known or (sizes is not None and sizes != parts) or sum(parts) != n:
+        return Decline(f"{split.name}: part sizes not known or not the shapes'")
+    return p, parts, shapes
+
+
+def _rewrite_split_product(split: Node, found, ctx):
+    """One QLinear per part: the weight's columns (rows under ``trans_b``), their scales and
+    bias, the same attributes (every column's arithmetic is its own), each result reshaped to
+    its part's shape."""
+    p, sizes, shapes = found
+    trans_b = bool(int(p.attrs.get("trans_b", 0)))
+    w, scales = p.input(1).const, p.input(2).const
+    bias = p.input(3).const if len(p.inputs) > 3 and p.input(3) is not None else None
+    outs, start = [], 0
+    for size, shape in zip(sizes, shapes):
+        cols = slice(start, start + size)
+        inputs = [p.inputs[0], ctx.const(w[cols] if trans_b else w[:, cols], "w"),
+                  ctx.const(scales.reshape(-1)[cols] if scales.numel() > 1 else scales, "w_scale")]
+        if bias is not None:
+            inputs.append(ctx.const(bias.reshape(-1)[cols], "b"))
+        y = ctx.emit("QLinear", inputs, dict(p.attrs), domain=FUSEGRAPH_DOMAIN)
+        outs.append(ctx.emit("Reshape", [y, ctx.const(torch.tensor(shape, dtype=torch.int64), "shape")]))
+        start += size
+    return outs
 
 
 # ------------------------------------------------------------------------ Q(DQ(x) op c ...)
@@ -441,19 +493,6 @@ def _rewrite_affine(q: Node, found, ctx):
 
 
 # ------------------------------------------------------------------------ DQ(product)
-
-GRID_VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")     # move no value: any type passes through
-
-
-def _through_views(v) -> tuple:
-    """(the value before the chain of ``GRID_VIEWS`` that ends at ``v``, each read by its next
-    op alone; those views in order)."""
-    views = []
-    while v.producer is not None and v.producer.domain == "" and v.producer.op_type in GRID_VIEWS and only_use(v):
-        views.append(v.producer)
-        v = v.producer.inputs[0]
-    return v, views[::-1]
-
 
 def _check_grid(dq: Node, ctx):
     v, views = _through_views(dq.inputs[0])
@@ -526,61 +565,6 @@ GRID_RULES = [
          doc="Q(Gelu(QLinear on a grid)) -> the QLinear with the grid, the GELU and the Q's parameters"),
 ]
 
-def _check_split_product(split: Node, ctx):
-    """``Split`` along the last axis of a ``QLinear``'s result (through views that keep its
-    columns last), the product read by nothing else, its weight, scales and bias constants:
-    (product, part sizes, part shapes)."""
-    if split.domain != "" or len(split.outputs) < 2 or any(not o.uses for o in split.outputs):
-        return None
-    v, _views = _through_views(split.inputs[0])
-    p = v.producer
-    if not _fg(p, "QLinear") or not only_use(v):
-        return None
-    consts = [p.input(i) for i in range(1, len(p.inputs))]
-    if any(c is None or not c.is_const or c.const.device.type == "meta" for c in consts):
-        return None
-    w = p.input(1).const
-    n = w.shape[0] if int(p.attrs.get("trans_b", 0)) else w.shape[-1]
-    shape, shapes = split.inputs[0].shape, [o.shape for o in split.outputs]
-    if v.shape is None or not v.shape or v.shape[-1] != n or any(
-            s is None or not all(isinstance(d, int) for d in s) for s in [shape] + shapes):
-        return None
-    axis = int(split.attrs.get("axis", 0))
-    if (axis + len(shape) if axis < 0 else axis) != len(shape) - 1:
-        return None
-    known, sizes = ints_arg(split, 1, "split", 13)
-    sizes = [s[-1] for s in shapes] if known and sizes is None else sizes
-    if not known or sizes is None or sum(sizes) != n or sizes != [s[-1] for s in shapes]:
-        return Decline(f"{split.name}: part sizes not known or not the shapes'")
-    return p, sizes, shapes
-
-
-def _rewrite_split_product(split: Node, found, ctx):
-    """One QLinear per part: the weight's columns (rows under ``trans_b``), their scales and
-    bias, the same attributes (every column's arithmetic is its own), each result reshaped to
-    its part's shape."""
-    p, sizes, shapes = found
-    trans_b = bool(int(p.attrs.get("trans_b", 0)))
-    w, scales = p.input(1).const, p.input(2).const
-    bias = p.input(3).const if len(p.inputs) > 3 and p.input(3) is not None else None
-    outs, start = [], 0
-    for size, shape in zip(sizes, shapes):
-        cols = slice(start, start + size)
-        inputs = [p.inputs[0], ctx.const(w[cols] if trans_b else w[:, cols], "w"),
-                  ctx.const(scales.reshape(-1)[cols] if scales.numel() > 1 else scales, "w_scale")]
-        if bias is not None:
-            inputs.append(ctx.const(bias.reshape(-1)[cols], "b"))
-        y = ctx.emit("QLinear", inputs, dict(p.attrs), domain=FUSEGRAPH_DOMAIN)
-        outs.append(ctx.emit("Reshape", [y, ctx.const(torch.tensor(shape, dtype=torch.int64), "shape")]))
-        start += size
-    return outs
-
-
-REQUANTIZE_PRODUCT = Rule("requantize_product", _check_requantize_product, _rewrite_requantize_product,
-                          ops=("fusegraph::Requantize",), priority=10,
-                          doc="Requantize(QConv / QLinear), through views and permutations, times c > 0 -> the "
-                              "product writing its parameters: rounds once (rounding_bound)")
-
 AFFINE_RULES = [
     Rule("qdq_affine", _check_affine, _rewrite_affine, ops=("QuantizeLinear",), priority=10,
          doc="Q(DQ(x) op c ...) with per-channel float constants -> Requantize(x, c ...) with steps: exact"),
@@ -601,7 +585,10 @@ RULES = [
          doc="Op(DQ(x)) -> DQ(Op(x)) for data movement and max pools: exact"),
     Rule("dq_join", _check_join, _rewrite_join, ops=("Concat",), priority=10,
          doc="Concat(DQ(a), DQ(b)) with one set of parameters -> DQ(Concat(a, b)): exact"),
-    REQUANTIZE_PRODUCT,
+    Rule("requantize_product", _check_requantize_product, _rewrite_requantize_product,
+         ops=("fusegraph::Requantize",), priority=10,
+         doc="Requantize(QConv / QLinear), through views and permutations, times c > 0 -> the "
+             "product writing its parameters: rounds once (rounding_bound)"),
     Rule("split_product", _check_split_product, _rewrite_split_product, ops=("Split",), priority=8,
          doc="Split(QLinear) along its columns -> one QLinear per part (each part's requantisation then folds)"),
 ]
