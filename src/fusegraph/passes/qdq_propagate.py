@@ -15,7 +15,9 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   Exact: a concat moves values, and quantising a concat is quantising its parts.
 - ``qdq_bias`` (root QuantizeLinear): ``Q(Add(DQ(QLinear(...)), bias))`` with a constant
   bias (or the DQ of one) along the last axis -> the QLinear with the bias added to its own
-  and the Q's output parameters.
+  and the Q's output parameters, where the Q saturates wherever the product's own
+  quantisation clamps (``_bias_saturation_kept``: that clamp comes before the bias, and the
+  folded product adds its bias first, so a value beyond it would go on unclamped).
 - ``qdq_residual`` (root QuantizeLinear): ``Q(act(Add(DQ(QConv(...)), DQ(z))))`` -> the
   QConv with residual ``z`` and activation ``act`` (Relu or none), writing the Q's
   parameters, its result clamped to its own quantisation's range before the residual
@@ -240,8 +242,24 @@ def _check_bias(q: Node, ctx):
         if add.outputs[0].shape != out.shape or not only_use(add.outputs[0]):
             return Decline(f"{add.name}: the sum broadcasts or is read outside the group")
         y = activation_params(q)
-        return y if isinstance(y, Decline) else (p, bias, y)
+        if isinstance(y, Decline):
+            return y
+        if not _bias_saturation_kept(p, bias, y):
+            return Decline(f"{p.name}: its own quantisation clamps values that the sum's would not (the "
+                           f"clamp comes before the bias, which its kernel adds first)")
+        return p, bias, y
     return None
+
+
+def _bias_saturation_kept(p: Node, bias: torch.Tensor, y) -> bool:
+    """Whether quantising ``v + b`` once with ``y`` saturates wherever the model's first
+    quantisation (the product's ``y_*``) clamps ``v`` before the bias is added, in every column:
+    ``y``'s range, less the column's bias, lies within the first (widened by half a step)."""
+    s1, z1 = float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0))
+    lo1, hi1 = _grid_range(s1, z1, DType(int(p.attrs["y_type"])))
+    lo2, hi2 = _grid_range(y.scale, y.zero_point, y.dtype)
+    b_lo, b_hi = float(bias.min()), float(bias.max())       # NaN in the bias: both comparisons fail
+    return lo2 >= lo1 + b_hi - s1 / 2 and hi2 <= hi1 + b_lo + s1 / 2
 
 
 def _rewrite_bias(q: Node, found, ctx):
