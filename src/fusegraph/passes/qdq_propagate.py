@@ -258,6 +258,8 @@ def _bias_saturation_kept(p: Node, bias: torch.Tensor, y) -> bool:
     s1, z1 = float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0))
     lo1, hi1 = _grid_range(s1, z1, DType(int(p.attrs["y_type"])))
     lo2, hi2 = _grid_range(y.scale, y.zero_point, y.dtype)
+    if not bias.numel():                                     # no columns: nothing is clamped
+        return True
     b_lo, b_hi = float(bias.min()), float(bias.max())       # NaN in the bias: both comparisons fail
     return lo2 >= lo1 + b_hi - s1 / 2 and hi2 <= hi1 + b_lo + s1 / 2
 
