@@ -17,7 +17,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import fusegraph as fg
-from fusegraph.errors import UnsupportedOpError
+from fusegraph.errors import ArtifactError, UnsupportedOpError
 from fusegraph.passes.qdq_propagate import rounding_bound
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.cpu.dnnl.int8_support import int8_exact
@@ -151,16 +151,17 @@ def test_conv_net_matmul_head(conv_matmul):
 
 
 def test_matmul_block(block):
-    """MatMul + Add, Relu, MatMul + Add, a residual Add, MatMul: 3 QLinear and 3 QAdd (the
-    residual, and the two float biases: calibration on 8 inputs gives each product's own
-    quantisation a range its sum's reaches beyond, so ``qdq_bias`` declines and the sum is
-    quantised as the file does). Each fused rounding differs from onnxruntime's double one by
-    its ``rounding_bound``; the next product carries that difference on (a sum over the
-    features), so the output is held to a few steps, the mean to under one."""
+    """MatMul + Add, Relu, MatMul + Add, a residual Add, MatMul: 3 QLinear (each float bias
+    added after the product's clamp, ``post_bias``: calibration on 8 inputs gives each
+    product's own quantisation a range its sum's reaches beyond) and a QAdd. Each fused
+    rounding differs from onnxruntime's double one by its ``rounding_bound``; the next product
+    carries that difference on (a sum over the features), so the output is held to a few
+    steps, the mean to under one."""
     fp32, q = block
     cm = fg.compile(q, CFG)
     check_ops(cm, 3)
-    assert collections.Counter(n.op_type for n in cm.graph.nodes)["QAdd"] == 3
+    assert collections.Counter(n.op_type for n in cm.graph.nodes)["QAdd"] == 1
+    assert sum("post_bias" in n.attrs for n in cm.graph.nodes if n.op_type == "QLinear") == 2
     compare(cm, q, fp32, max_steps=4, mean_steps=0.75)
 
 
@@ -182,10 +183,8 @@ def test_products_of_two_activations_run_on_onednn_int8(attention):
 
 
 def test_single_product_bias_bound(tmp_path):
-    """One MatMul + Add: the product and the bias's sum (a QAdd where the sum's range reaches
-    beyond the product's own, as 8 calibration inputs make it, else folded by ``qdq_bias``)
-    differ from onnxruntime by at most one rounding, so the bound is ``rounding_bound`` and
-    most outputs agree."""
+    """One MatMul + Add: the only difference from onnxruntime is ``qdq_bias``'s single
+    rounding, so the bound is exactly ``rounding_bound`` and most outputs agree."""
     rng = np.random.default_rng(7)
     w = (rng.standard_normal((48, 24)) * np.sqrt(2 / 48)).astype(np.float32)
     b = (rng.standard_normal(24) * 0.5).astype(np.float32)
@@ -953,25 +952,32 @@ def _bias_model(s2: float, bias_spread: float) -> onnx.ModelProto:
     return m
 
 
-@pytest.mark.parametrize("wide", [False, True])
-def test_a_bias_folds_into_its_product_only_where_the_first_clamp_is_kept(wide):
-    """``qdq_bias`` folds ``Q2(DQ1(Q1(product)) + b)`` into the product only where Q2
-    saturates wherever Q1 clamps, in every column (Q2's range, less the column's bias, within
-    Q1's): the folded product adds its bias before any clamp. Where Q2's range reaches beyond
-    (``wide``), the bias stays an Add after the product's own quantisation. Either way every
-    output is within ``rounding_bound`` of onnxruntime ORT_DISABLE_ALL, with full-range
-    inputs that Q1 clamps."""
+@pytest.mark.parametrize("wide,reference", [(False, False), (True, False), (True, True)])
+def test_a_bias_folds_into_its_product_after_the_first_clamp(wide, reference, monkeypatch):
+    """``qdq_bias`` folds ``Q2(DQ1(Q1(product)) + b)`` into the product: where Q2 saturates
+    wherever Q1 clamps, in every column (Q2's range, less the column's bias, within Q1's), the
+    bias joins the product's own; where Q2's range reaches beyond (``wide``), the product
+    clamps its result to Q1's range (``y_clip``) and adds the bias after the clamp
+    (``post_bias``: oneDNN's clip, then a binary add, or the op's own kernel where the int8
+    kernel declines), as the model adds it to the clamped values. Every output within
+    ``rounding_bound`` of onnxruntime ORT_DISABLE_ALL, with full-range inputs that Q1 clamps."""
+    if reference:
+        from fusegraph.runtime.backends.cpu.dnnl import conv_int8
+        monkeypatch.setattr(conv_int8, "int8_exact", lambda: False)       # QLinear's kernel asks conv_int8's
     s2 = 0.05 if wide else 0.009
-    m = _bias_model(s2, 1.0 if wide else 0.2)
+    spread = 1.0 if wide else 0.2
+    m = _bias_model(s2, spread)
     cm = fg.compile(m, CFG)
     ops = collections.Counter(n.op_type for n in cm.graph.nodes)
     (p,) = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
+    assert len(ops) == 1 and float(p.attrs["y_scale"]) == pytest.approx(s2, rel=1e-6), ops
     if wide:
-        assert ops["Add"] + ops["ElementwiseChain"] + ops["Requantize"] >= 1, ops
-        assert float(p.attrs["y_scale"]) == pytest.approx(0.02, rel=1e-6)
+        assert len(p.inputs) == 3 and p.attrs["y_clip"] == pytest.approx([0.02 * -128, 0.02 * 127], rel=1e-6)
+        assert p.attrs["post_bias"] == pytest.approx(np.linspace(-spread, spread, 24), rel=1e-6)
     else:
-        assert len(p.inputs) == 4 and not ops["Add"] and not ops["QuantizeLinear"], ops
-        assert float(p.attrs["y_scale"]) == pytest.approx(s2, rel=1e-6)
+        assert len(p.inputs) == 4 and "y_clip" not in p.attrs and "post_bias" not in p.attrs
+    if M.int8_kernels_exact() and not reference:
+        onednn_call(cm, "QLinear")
     bound = rounding_bound(0.02, s2)
     clamped = 0
     for seed in range(3):
@@ -984,6 +990,62 @@ def test_a_bias_folds_into_its_product_only_where_the_first_clamp_is_kept(wide):
         v = xd @ (init["w"].astype(np.float64) * init["ws"])
         clamped += int((np.abs(v) > 2.6).sum())
     assert clamped > 0            # Q1's clamp was reached
+
+
+def test_a_bias_after_the_clamp_that_the_op_cannot_take_is_refused():
+    """A re-sealed ``post_bias`` that is not one finite value per column, or comes without a
+    ``y_clip``, beside an activation, or on another op, is refused by the op with the reason,
+    and the int8 kernel declines it with the same reason."""
+    from fusegraph.ops import quantized
+    from fusegraph.ops.registry import NodeContext
+    from fusegraph.runtime.backends.cpu.dnnl.int8_support import post_bias_post_ops
+    from fusegraph.runtime.backends.protocol import Decline
+    cm = fg.compile(_bias_model(0.05, 1.0), CFG)
+    (p,) = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
+    good = list(p.attrs["post_bias"])
+    assert len(good) == 24
+    no_clip = {k: v for k, v in p.attrs.items() if k != "y_clip"}
+    for attrs in ({**p.attrs, "post_bias": good[:23]}, {**p.attrs, "post_bias": [float("nan")] * 24},
+                  {**p.attrs, "post_bias": ["a"] * 24}, no_clip, {**p.attrs, "activation": "relu"}):
+        node = fg.ir.Node("QLinear", list(p.inputs), [fg.ir.Value("y", fg.ir.DType.UINT8, None)], attrs,
+                          name="bad", domain="fusegraph")
+        with pytest.raises(UnsupportedOpError, match="post_bias"):
+            quantized._qlinear(NodeContext(node))
+        if "activation" not in attrs or attrs["activation"] != "relu":
+            assert isinstance(post_bias_post_ops(NodeContext(node), 24, 0), Decline)
+    conv = next(n for n in fg.compile(_conv_concat_model(), CFG).graph.nodes if n.op_type == "QConv")
+    assert "post_bias" not in conv.attrs
+    node = fg.ir.Node("QConv", list(conv.inputs), [fg.ir.Value("y", fg.ir.DType.UINT8, None)],
+                      {**conv.attrs, "post_bias": [0.0] * 3}, name="bad", domain="fusegraph")
+    with pytest.raises(UnsupportedOpError, match="post_bias"):
+        quantized._qconv(NodeContext(node))
+
+
+@pytest.mark.parametrize("case", ["short", "nan", "conv"])
+def test_a_resealed_bias_after_the_clamp_is_refused_at_load(case, tmp_path):
+    """An artifact whose checksums were recomputed after its ``post_bias`` was edited (one
+    value short, a NaN) or given to a QConv is refused at load with the op's reason: the int8
+    kernels are made only for nodes their op's checks take, so none runs it without reading
+    the attribute."""
+    from hostile_fgm import _resealed
+    model = _conv_concat_model() if case == "conv" else _bias_model(0.05, 1.0)
+    op = "QConv" if case == "conv" else "QLinear"
+    src = tmp_path / "m0.fgm"
+    fg.compile(model, CFG).save(src)
+
+    def edit(header, parts):
+        node = next(n for n in parts["graph"]["nodes"] if n["op_type"] == op)
+        attrs = node["attrs"]
+        if case == "short":
+            attrs["post_bias"] = attrs["post_bias"][:-1]
+        elif case == "nan":
+            attrs["post_bias"] = [{"$float": "nan"}] * len(attrs["post_bias"])
+        else:
+            attrs["post_bias"] = [0.0] * 3
+    bad = _resealed(edit)(src, tmp_path)
+    fg.load(src)                       # the unedited file loads
+    with pytest.raises(ArtifactError, match=f"{op}.*post_bias"):
+        fg.load(bad)
 
 
 def _conv_concat_model() -> onnx.ModelProto:

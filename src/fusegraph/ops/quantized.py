@@ -25,7 +25,11 @@
   with ``mid_scale`` / ``mid_zero_point``, that activation applied in float32, and the
   result quantised with ``y_*`` (or put on their grid, ``y_grid``): ``Q(gelu(DQ(Q_mid(y))))``,
   a transformer's first FFN product and its GELU between a DequantizeLinear and a
-  QuantizeLinear, in one node.
+  QuantizeLinear, in one node. With ``post_bias`` (N floats, beside a ``y_clip``, without an
+  activation) the clamped result has that bias added per column before its quantisation:
+  ``Q(clamp(y, y_clip) + post_bias)``, a product quantised by the model, dequantised and given
+  a bias before the next quantisation, which ``qdq_bias`` took over where the second range
+  reaches beyond the first (the clamp comes before that bias).
 - ``Requantize(x, c1?, c2? ...)``: ``Q(DQ(x))`` from (``x_scale``, ``x_zero_point``) to
   (``y_scale``, ``y_zero_point``, ``y_type``); with ``steps`` (``"Mul 1"``, ``"Add 2"`` ...:
   an op of ``AFFINE_STEPS`` and the input holding its float32 constant), ``Q(DQ(x) op c1 op
@@ -98,12 +102,14 @@ def quantize(y: torch.Tensor, scale: float, zero_point: int, dt: DType) -> torch
 
 
 def _output(y: torch.Tensor, yt: DType, grid: DType | None, scale: float, zero_point: int,
-            clip: tuple[float, float] | None = None) -> torch.Tensor:
+            clip: tuple[float, float] | None = None, after_clip: torch.Tensor | None = None) -> torch.Tensor:
     """A product's float32 result ``y`` as the node's output: clamped to ``clip`` (NaN stays
-    NaN), then quantised to ``yt``, snapped to ``grid``'s quantisation grid (``DQ(Q(y))``), or
-    as it is."""
+    NaN) and ``after_clip`` added (a bias along the last axis), then quantised to ``yt``,
+    snapped to ``grid``'s quantisation grid (``DQ(Q(y))``), or as it is."""
     if clip is not None:
         y = y.clamp(clip[0], clip[1])
+    if after_clip is not None:
+        y = y + after_clip
     if grid is not None:
         return dequantize(quantize(y, scale, zero_point, grid), scale, zero_point)
     return y if yt == DType.FLOAT else quantize(y, scale, zero_point, yt)
@@ -145,6 +151,24 @@ def clip_range(ctx_or_attrs, key: str = "y_clip") -> tuple[float, float] | None:
     if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
         raise ValueError(f"{key} {clip!r} (a finite [lo, hi], lo <= hi)")
     return lo, hi
+
+
+def post_bias(ctx_or_attrs, n: int) -> torch.Tensor | None:
+    """A QLinear's ``post_bias`` as ``n`` float32 values, or None; ``ValueError`` naming the
+    attribute where it is not ``n`` finite numbers or comes without a ``y_clip``."""
+    attrs = ctx_or_attrs.node.attrs if isinstance(ctx_or_attrs, NodeContext) else ctx_or_attrs
+    values = attrs.get("post_bias")
+    if values is None:
+        return None
+    try:
+        t = torch.tensor([float(v) for v in values], dtype=torch.float32)
+    except (TypeError, ValueError):
+        raise ValueError(f"post_bias (a list of {n} numbers)") from None
+    if t.numel() != n or not bool(torch.isfinite(t).all()):
+        raise ValueError(f"post_bias of {t.numel()} values (want {n} finite numbers, one per column)")
+    if attrs.get("y_clip") is None:
+        raise ValueError("post_bias without a y_clip (a bias before no clamp belongs in the bias input)")
+    return t
 
 
 def y_grid(ctx_or_attrs) -> DType | None:
@@ -196,6 +220,10 @@ def _check_common(ctx: NodeContext, inputs=("x",), grid_ok: bool = False, mid_ok
         if clip is not None and (not ok or yt == DType.INT32):
             raise ctx.unsupported(f"{key} on a {ctx.node.op_type} with a {yt.name} output (only on a QConv"
                                   f"{'' if key == 'conv_clip' else ' / QLinear'} output that is quantised or float32)")
+    if ctx.node.attrs.get("post_bias") is not None and (ctx.node.op_type != "QLinear" or yt == DType.INT32
+                                                      or str(ctx.attr("activation", ""))
+                                                      or ctx.attr("mid_activation", None) is not None):
+        raise ctx.unsupported("post_bias (only on a QLinear without an activation, its output quantised or float32)")
     if mid_ok:
         check_mid(ctx, yt)
     elif any(k.startswith("mid_") for k in ctx.node.attrs):
@@ -254,7 +282,8 @@ class QuantisedRange:
         bound = xb[0] * 128.0 * w.bound * (math.inf if n is None else n)
         b = ins[3] if len(ins) > 3 else Fact(0.0)
         z = 255.0 * float(node.attrs.get("z_scale", 0.0)) if len(ins) > 4 else 0.0
-        return [Fact(bound + b.bound + z, w.nan or b.nan, w.inf or b.inf)]
+        after = max((abs(float(v)) for v in node.attrs.get("post_bias") or ()), default=0.0)
+        return [Fact(bound + b.bound + z + after, w.nan or b.nan, w.inf or b.inf)]
 
 
 def _weight_cache():
@@ -326,6 +355,13 @@ def _qlinear(ctx: NodeContext):
     (xs, xzp), (ys, yzp) = _qparams(ctx, "x"), _qparams(ctx, "y", 1.0)
     relu = str(ctx.attr("activation", "")) == "relu"
     grid, clip = y_grid(ctx), clip_range(ctx)
+    ws = ctx.shape(1)
+    try:
+        after = None if ws is None else post_bias(ctx, ws[0] if trans_b else ws[1])
+    except ValueError as exc:
+        raise ctx.unsupported(str(exc)) from None
+    if after is None and ctx.node.attrs.get("post_bias") is not None:
+        raise ctx.unsupported("post_bias on a QLinear whose weight shape is not known")
     mid = MID_ACTIVATIONS.get(str(ctx.attr("mid_activation", "")))
     if mid is not None:
         (ms, mzp), mgrid = _qparams(ctx, "mid"), mid_grid(ctx)
@@ -344,7 +380,7 @@ def _qlinear(ctx: NodeContext):
             y = y.relu_()
         if mid is not None:
             y = torch.nn.functional.gelu(_output(y, DType.FLOAT, mgrid, ms, mzp), approximate=mid)
-        return _write(_output(y, yt, grid, ys, yzp, clip), out)
+        return _write(_output(y, yt, grid, ys, yzp, clip, after), out)
     return qlinear
 
 

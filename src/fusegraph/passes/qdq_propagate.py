@@ -14,10 +14,11 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   ...)`` where ``a'`` is ``a`` when its parameters are the Q's and ``Requantize(a)`` else.
   Exact: a concat moves values, and quantising a concat is quantising its parts.
 - ``qdq_bias`` (root QuantizeLinear): ``Q(Add(DQ(QLinear(...)), bias))`` with a constant
-  bias (or the DQ of one) along the last axis -> the QLinear with the bias added to its own
-  and the Q's output parameters, where the Q saturates wherever the product's own
-  quantisation clamps (``_bias_saturation_kept``: that clamp comes before the bias, and the
-  folded product adds its bias first, so a value beyond it would go on unclamped).
+  bias (or the DQ of one) along the last axis -> the QLinear with the Q's output parameters
+  and the bias added to its own where the Q saturates wherever the product's own
+  quantisation clamps (``_bias_saturation_kept``); elsewhere the product clamps its result
+  to its own range (``y_clip``) and adds the bias after that clamp (``post_bias``), as the
+  model adds it to the clamped values.
 - ``qdq_residual`` (root QuantizeLinear): ``Q(act(Add(DQ(QConv(...)), DQ(z))))`` -> the
   QConv with residual ``z`` and activation ``act`` (Relu or none), writing the Q's
   parameters, its result clamped to its own quantisation's range before the residual
@@ -31,7 +32,8 @@ dequantise-quantise round trip where the model's arithmetic does not need one.
   Where the new range reaches beyond the product's own (a concat's range over its branches),
   the product clamps its result to its own range first (``y_clip``), as the model's first
   quantisation does; ``qdq_bias``, ``qdq_residual`` and ``qdq_grid_gelu`` leave a clamped
-  product alone (its clamp would have to come before their bias, residual or GELU).
+  product alone (its clamp would have to come before their bias, residual or GELU), and this
+  rule a product with a ``post_bias`` (its clamp is not of its output's values).
 - ``split_product`` (root Split): ``Split(QLinear(...))`` along the product's columns (through
   views that keep them last; GPT-2's packed q / k / v) -> one QLinear per part, the weight's
   columns with their scales and bias, each reshaped to its part's shape: exact (every
@@ -242,12 +244,7 @@ def _check_bias(q: Node, ctx):
         if add.outputs[0].shape != out.shape or not only_use(add.outputs[0]):
             return Decline(f"{add.name}: the sum broadcasts or is read outside the group")
         y = activation_params(q)
-        if isinstance(y, Decline):
-            return y
-        if not _bias_saturation_kept(p, bias, y):
-            return Decline(f"{p.name}: its own quantisation clamps values that the sum's would not (the "
-                           f"clamp comes before the bias, which its kernel adds first)")
-        return p, bias, y
+        return y if isinstance(y, Decline) else (p, bias, y, not _bias_saturation_kept(p, bias, y))
     return None
 
 
@@ -265,10 +262,19 @@ def _bias_saturation_kept(p: Node, bias: torch.Tensor, y) -> bool:
 
 
 def _rewrite_bias(q: Node, found, ctx):
-    p, bias, y = found
+    """The product with the Q's parameters and the bias added to its own; where the product's
+    own quantisation clamps what the Q's would not (``clamped``), its result clamped to that
+    range first (``y_clip``) and the bias added after the clamp (``post_bias``), as the model
+    adds it to the clamped values."""
+    p, bias, y, clamped = found
+    attrs = dict(p.attrs, y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point)
+    if clamped:
+        lo, hi = _grid_range(float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0)),
+                             DType(int(p.attrs["y_type"])))
+        attrs.update(y_clip=[lo, hi], post_bias=[float(v) for v in bias.reshape(-1)])
+        return ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
     old = p.input(3)
     total = bias if old is None else old.const.to(bias.dtype) + bias
-    attrs = dict(p.attrs, y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point)
     return ctx.emit(p.op_type, [p.inputs[0], p.inputs[1], p.inputs[2], ctx.const(total, "b")], attrs,
                     domain=FUSEGRAPH_DOMAIN)
 
@@ -377,6 +383,8 @@ def _check_requantize_product(r: Node, ctx):
         return None
     if not only_use(v):
         return Decline(f"{p.name}: its quantised output has other readers")
+    if "post_bias" in p.attrs:            # its clamp is of the values before that bias, not of its output's
+        return Decline(f"{p.name}: a bias after its clamp")
     return p, yt, c, moves
 
 
@@ -429,8 +437,8 @@ def _check_split_product(split: Node, ctx):
 
 def _rewrite_split_product(split: Node, found, ctx):
     """One QLinear per part: the weight's columns (rows under ``trans_b``), their scales and
-    bias, the same attributes (every column's arithmetic is its own), each result reshaped to
-    its part's shape."""
+    bias (and ``post_bias``), the same other attributes (every column's arithmetic is its
+    own), each result reshaped to its part's shape."""
     p, sizes, shapes = found
     trans_b = bool(int(p.attrs.get("trans_b", 0)))
     w, scales = p.input(1).const, p.input(2).const
@@ -442,7 +450,10 @@ def _rewrite_split_product(split: Node, found, ctx):
                   ctx.const(scales.reshape(-1)[cols] if scales.numel() > 1 else scales, "w_scale")]
         if bias is not None:
             inputs.append(ctx.const(bias.reshape(-1)[cols], "b"))
-        y = ctx.emit("QLinear", inputs, dict(p.attrs), domain=FUSEGRAPH_DOMAIN)
+        attrs = dict(p.attrs)
+        if "post_bias" in attrs:
+            attrs["post_bias"] = list(attrs["post_bias"])[cols]
+        y = ctx.emit("QLinear", inputs, attrs, domain=FUSEGRAPH_DOMAIN)
         outs.append(ctx.emit("Reshape", [y, ctx.const(torch.tensor(shape, dtype=torch.int64), "shape")]))
         start += size
     return outs

@@ -16,11 +16,13 @@ ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProduct
 a GatedActivation's GELU (over rows by ``rows_eltwise.py``, as after sgemm in ``linear_runtime.py``); ``rnn.py``: RNN, GRU and
 fusegraph::LSTM, one recurrent primitive per node), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
-no family for. ``available()``: whether the library loads here (``capi.UNAVAILABLE`` says why
-not).
+no family for. The quantised ops' kernels are made only for a node their op's own checks
+take (``_refused_by_op``). ``available()``: whether the library loads here
+(``capi.UNAVAILABLE`` says why not).
 """
 from __future__ import annotations
 
+from .....errors import UnsupportedOpError
 from ...protocol import Decline
 from . import capi
 from .attention import attention_kernel
@@ -63,6 +65,7 @@ def unavailable_reason() -> str:
 # for groups of one channel, but measured slower than the op's own kernel (benchmarks/RESULTS.md)
 GROUP_NORM_DECLINE = ("oneDNN 3.2 has no group normalisation; its batch normalisation over one sample "
                       "is slower than the op's own kernel (one reduction, one multiply-add)")
+QUANTISED_OPS = {("fusegraph", "QConv"), ("fusegraph", "QLinear"), ("fusegraph", "QMatMul")}
 INTEGER_PRODUCTS = {("", "MatMulInteger"), ("", "ConvInteger"), ("", "QLinearMatMul"), ("", "QLinearConv")}
 INTEGER_PRODUCT_DECLINE = ("an integer product the int8 rewrites did not take (their declines say why: passes "
                            "dynamic_quant and qlinear_ops in report.passes / report.fusions): its reference kernel runs")
@@ -94,6 +97,8 @@ class DnnlKernels:
             if static_shape(ctx.node.inputs[0]) is None:       # rows known at run time only
                 return runtime_linear_kernel(ctx, self.store, self.resources, exact, self.one_row_steps)
             return linear_kernel(ctx, self.store, self.resources, exact)
+        if key in QUANTISED_OPS and (why := _refused_by_op(ctx, opdef)) is not None:
+            return why
         if key == ("fusegraph", "QConv"):
             return conv_int8_kernel(ctx, self.store, self.resources)
         if key == ("fusegraph", "QLinear"):
@@ -146,3 +151,14 @@ class DnnlKernels:
         if key in RECURRENT:
             return rnn_kernel(ctx, self.store, self.resources, exact)
         return None
+
+
+def _refused_by_op(ctx, opdef) -> Decline | None:
+    """The op's own checks of its attributes, run before an int8 kernel is made: a kernel takes
+    no node its op refuses (an attribute of a re-sealed artifact that the kernel would not
+    read); the op's kernel then refuses it with the reason."""
+    try:
+        opdef.build(ctx)
+    except UnsupportedOpError as exc:
+        return Decline(str(exc), "dnnl")
+    return None

@@ -21,7 +21,8 @@ keeps alive.
 
 ``clip_post_ops``: a product's ``y_clip`` as oneDNN's ``clip`` before its output's
 quantisation (a QConv's ``conv_clip`` before its residual's ``sum``), taken only where the
-epilogue cannot hold NaN (oneDNN's clip maps it to a bound).
+epilogue cannot hold NaN (oneDNN's clip maps it to a bound); ``post_bias_post_ops``: a
+QLinear's ``post_bias`` after that clip, a binary ``add`` of one value per column.
 
 ``relu_post_op``: a fused Relu as oneDNN's ``relu`` (one max per value) where the kernel's
 float epilogue cannot hold NaN, else as ``elu`` with alpha 0, which keeps NaN (oneDNN's relu
@@ -39,7 +40,7 @@ import torch
 
 from .....errors import UnsupportedOpError
 from .....ir import DType
-from .....ops.quantized import RANGE, check_mid, clip_range, mid_grid, y_grid, y_type
+from .....ops.quantized import RANGE, check_mid, clip_range, mid_grid, post_bias, y_grid, y_type
 from ...protocol import Decline
 from . import capi
 from .capi import Dims
@@ -208,6 +209,22 @@ def clip_post_ops(ctx, bound: float, key: str = "y_clip") -> list | Decline:
     if not bound < EPILOGUE_LIMIT:
         return Decline("a clipped result whose epilogue could hold NaN", "dnnl")
     return [("eltwise", "clip", clip[0], clip[1])]
+
+
+def post_bias_post_ops(ctx, n: int, first: int) -> tuple[list, list, list] | Decline:
+    """A QLinear's ``post_bias`` (added after its ``y_clip``) as a binary ``add`` of a ``[1,
+    n]`` float32 row at post-op index ``first``: (post-ops, constant execution arguments, what
+    they point at); ([], [], []) without one; a ``Decline`` with the op's own reason where it
+    is not one the op takes."""
+    try:
+        row = post_bias(ctx, n)
+    except ValueError as exc:             # the op's own check refuses it with the same reason
+        return Decline(str(exc), "dnnl")
+    if row is None:
+        return [], [], []
+    row = row.reshape(1, n).contiguous()
+    md = MemDesc.of((1, n), torch.float32)
+    return [("binary", "add", md)], [(capi.arg_post_op_src1(first), Memory(md, row.data_ptr()))], [row, md]
 
 
 MID_ELTWISE = {"gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}      # mid_activation -> oneDNN's eltwise

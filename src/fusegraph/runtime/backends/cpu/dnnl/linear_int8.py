@@ -6,8 +6,9 @@ or ``[N, K]`` with ``trans_b``; zero point 0) is reordered once into the blocked
 primitive picks and not read from the graph at run time. The integer products are summed
 exactly in int32, scaled by the source scale and the per-column weight scales (a mask over
 N), the float32 bias added (a row broadcast over M), the Relu applied
-(``int8_support.relu_post_op``), the clamp of ``y_clip`` (``int8_support.clip_post_ops``),
-and the result quantised with the output scale and zero point (rounded half to even,
+(``int8_support.relu_post_op``), the clamp of ``y_clip`` (``int8_support.clip_post_ops``)
+and the bias after it (``post_bias``: ``int8_support.post_bias_post_ops``), and the result
+quantised with the output scale and zero point (rounded half to even,
 saturated), or written as float32 (on the quantisation grid
 with ``y_grid``: ``int8_support.grid_post_ops``), or (MatMulInteger's form) as the exact
 int32 sum. With ``mid_activation`` the result goes onto the ``mid`` grid and through the GELU
@@ -27,7 +28,7 @@ from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .call import DnnlKernel, Slot
 from .conv_int8 import INPUTS, int8_attr, int8_node, weight_scales_ok
-from .int8_support import clip_post_ops, epilogue_bound, grid_post_ops, mid_post_ops, relu_post_op
+from .int8_support import clip_post_ops, epilogue_bound, grid_post_ops, mid_post_ops, post_bias_post_ops, relu_post_op
 from .layouts import contiguous, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import create
@@ -76,11 +77,18 @@ def linear_int8_kernel(ctx, store, resources):
     if isinstance(clip, Decline):
         return clip
     post += clip
-    grid = grid_post_ops(ctx, 2, len(post), bound)       # |gelu(v)| <= |v|: the bound holds after it
+    after = post_bias_post_ops(ctx, n, len(post))      # after the clamp: within it, plus a finite row
+    if isinstance(after, Decline):
+        return after
+    post += after[0]
+    if after[0]:                                         # (the row is the first thing it keeps)
+        bound += float(after[2][0].abs().max())
+    grid = grid_post_ops(ctx, 2, len(post), bound)
     if isinstance(grid, Decline):
         return grid
     post += grid[0]
-    post_args, post_keep = mid[1] + grid[1], mid[2] + grid[2]     # the post-ops' constant operands
+    post_args = mid[1] + after[1] + grid[1]              # the post-ops' constant operands
+    post_keep = mid[2] + after[2] + grid[2]
     w_mask = 0 if ctx.const(2).numel() == 1 else 2          # per column N of the [K, N] operand
     attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
     x_md, y_md = MemDesc.of((m, k), x_dtype), MemDesc.of((m, n), out)
