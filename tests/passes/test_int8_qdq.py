@@ -815,23 +815,30 @@ def test_a_split_of_a_quantised_product_is_one_product_per_part(trans_b, bias):
             assert np.abs(y.astype(np.float64) - ref).max() <= step * 1.001, name
 
 
+def _quantised_gemm(seed: int) -> tuple[dict, list]:
+    """(initialisers, nodes) of ``g = Gemm(DQ(x), DQ(w))`` as a QDQ file writes it: ``x``
+    uint8 [4, 16] (scale 0.02, zero point 128), ``w`` int8 [16, 24] per column."""
+    rng = np.random.default_rng(seed)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "w": rng.integers(-127, 128, (16, 24), dtype=np.int8),
+             "ws": (rng.uniform(0.5, 1.5, 24) * 0.01).astype(np.float32), "wz": np.zeros(24, np.int8)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+             helper.make_node("Gemm", ["xd", "wd"], ["g"])]
+    return inits, nodes
+
+
 def _heads_model(c: float, bias: float, s2: float | None = None) -> onnx.ModelProto:
     """A query projection as a QDQ transformer writes it: DQ(x) -> Gemm(DQ(w)) -> Q1 -> DQ1 ->
     Add(bias, zero in a freshly initialised model) -> Reshape into heads -> Transpose -> Mul(c)
     -> Q2 -> DQ2 -> y. Q2's range (scale ``s2``, zero point 125) is within ``c`` times Q1's
     unless ``s2`` is given larger, as calibration makes it."""
     s2 = 0.02 * abs(c) if s2 is None else s2
-    rng = np.random.default_rng(9)
-    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
-             "w": rng.integers(-127, 128, (16, 24), dtype=np.int8),
-             "ws": (rng.uniform(0.5, 1.5, 24) * 0.01).astype(np.float32), "wz": np.zeros(24, np.int8),
-             "s1": np.array(0.05, np.float32), "z1": np.array(120, np.uint8), "b": np.full(24, bias, np.float32),
-             "shape": np.array([4, 3, 8], np.int64), "c": np.array(c, np.float32),
-             "s2": np.array(s2, np.float32), "z2": np.array(125, np.uint8)}
-    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
-             helper.make_node("Gemm", ["xd", "wd"], ["g"]),
-             helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
+    inits, nodes = _quantised_gemm(9)
+    inits.update({"s1": np.array(0.05, np.float32), "z1": np.array(120, np.uint8), "b": np.full(24, bias, np.float32),
+                  "shape": np.array([4, 3, 8], np.int64), "c": np.array(c, np.float32),
+                  "s2": np.array(s2, np.float32), "z2": np.array(125, np.uint8)})
+    nodes += [helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
              helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["d1"]),
              helper.make_node("Add", ["d1", "b"], ["a"]),
              helper.make_node("Reshape", ["a", "shape"], ["r"]),
@@ -930,17 +937,11 @@ def _bias_model(s2: float, bias_spread: float) -> onnx.ModelProto:
     """A product and its bias as a QDQ file writes them when the bias stays float: DQ(x) ->
     Gemm(DQ(w)) -> Q1 -> DQ1 -> Add(b) -> Q2 -> y (uint8), Q1's range [-2.56, 2.54] narrower
     than the product's values for full-range inputs, the bias spread over ``+-bias_spread``."""
-    rng = np.random.default_rng(12)
-    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
-             "w": rng.integers(-127, 128, (16, 24), dtype=np.int8),
-             "ws": (rng.uniform(0.5, 1.5, 24) * 0.01).astype(np.float32), "wz": np.zeros(24, np.int8),
-             "s1": np.array(0.02, np.float32), "z1": np.array(128, np.uint8),
-             "b": np.linspace(-bias_spread, bias_spread, 24).astype(np.float32),
-             "s2": np.array(s2, np.float32), "z2": np.array(128, np.uint8)}
-    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
-             helper.make_node("Gemm", ["xd", "wd"], ["g"]),
-             helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
+    inits, nodes = _quantised_gemm(12)
+    inits.update({"s1": np.array(0.02, np.float32), "z1": np.array(128, np.uint8),
+                  "b": np.linspace(-bias_spread, bias_spread, 24).astype(np.float32),
+                  "s2": np.array(s2, np.float32), "z2": np.array(128, np.uint8)})
+    nodes += [helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
              helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["d1"]),
              helper.make_node("Add", ["d1", "b"], ["a"]),
              helper.make_node("QuantizeLinear", ["a", "s2", "z2"], ["y"])]
@@ -979,15 +980,14 @@ def test_a_bias_folds_into_its_product_after_the_first_clamp(wide, reference, mo
     if M.int8_kernels_exact() and not reference:
         onednn_call(cm, "QLinear")
     bound = rounding_bound(0.02, s2)
+    init = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
     clamped = 0
     for seed in range(3):
         feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
         (ref,) = M.ort_run(m, feeds)
         y = cm.run(feeds)["y"]
         assert y.dtype == np.uint8 and np.abs(y.astype(np.int64) - ref.astype(np.int64)).max() <= bound
-        xd = (feeds["x"].astype(np.float64) - 128) * 0.02
-        init = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
-        v = xd @ (init["w"].astype(np.float64) * init["ws"])
+        v = ((feeds["x"].astype(np.float64) - 128) * 0.02) @ (init["w"].astype(np.float64) * init["ws"])
         clamped += int((np.abs(v) > 2.6).sum())
     assert clamped > 0            # Q1's clamp was reached
 
@@ -1011,7 +1011,7 @@ def test_a_bias_after_the_clamp_that_the_op_cannot_take_is_refused():
                           name="bad", domain="fusegraph")
         with pytest.raises(UnsupportedOpError, match="post_bias"):
             quantized._qlinear(NodeContext(node))
-        if "activation" not in attrs or attrs["activation"] != "relu":
+        if attrs.get("activation") != "relu":         # (the kernel's own checks: the op's, above)
             assert isinstance(post_bias_post_ops(NodeContext(node), 24, 0), Decline)
     conv = next(n for n in fg.compile(_conv_concat_model(), CFG).graph.nodes if n.op_type == "QConv")
     assert "post_bias" not in conv.attrs

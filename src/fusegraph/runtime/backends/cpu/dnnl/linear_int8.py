@@ -83,7 +83,7 @@ def linear_int8_kernel(ctx, store, resources):
     post += after[0]
     if after[0]:                                         # (the row is the first thing it keeps)
         bound += float(after[2][0].abs().max())
-    grid = grid_post_ops(ctx, 2, len(post), bound)
+    grid = grid_post_ops(ctx, 2, len(post), bound)       # |gelu(v)| <= |v|: the bound holds after it
     if isinstance(grid, Decline):
         return grid
     post += grid[0]
