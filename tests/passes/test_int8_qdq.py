@@ -992,6 +992,43 @@ def test_a_bias_folds_into_its_product_after_the_first_clamp(wide, reference, mo
     assert clamped > 0            # Q1's clamp was reached
 
 
+def test_a_product_with_a_bias_after_its_clamp_splits_with_its_columns():
+    """``split_product`` on a product whose bias comes after its clamp (``post_bias``): each
+    part keeps its columns' bias, so every output stays within ``rounding_bound`` of
+    onnxruntime ORT_DISABLE_ALL, clamped values included."""
+    inits, nodes = _quantised_gemm(12)
+    inits.update({"s1": np.array(0.02, np.float32), "z1": np.array(128, np.uint8),
+                  "b": np.linspace(-1.0, 1.0, 24).astype(np.float32),
+                  "s2": np.array(0.05, np.float32), "z2": np.array(128, np.uint8),
+                  "parts": np.array([8, 8, 8], np.int64)})
+    nodes += [helper.make_node("QuantizeLinear", ["g", "s1", "z1"], ["q1"]),
+              helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["d1"]),
+              helper.make_node("Add", ["d1", "b"], ["a"]),
+              helper.make_node("QuantizeLinear", ["a", "s2", "z2"], ["q2"]),
+              helper.make_node("Split", ["q2", "parts"], ["p0", "p1", "p2"], axis=1)]
+    outs = []
+    for k in range(3):
+        nodes.append(helper.make_node("DequantizeLinear", [f"p{k}", "s2", "z2"], [f"y{k}"]))
+        outs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [4, 8]))
+    g = helper.make_graph(nodes, "bias_split", [helper.make_tensor_value_info("x", TensorProto.UINT8, [4, 16])],
+                          outs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
+    m.ir_version = 8
+    cm = fg.compile(m, CFG)
+    parts = [n for n in cm.graph.nodes if n.op_type == "QLinear"]
+    assert len(parts) == 3 and not any(n.op_type == "Split" for n in cm.graph.nodes)
+    got = sorted(tuple(n.attrs["post_bias"]) for n in parts)
+    want = sorted(tuple(c) for c in np.linspace(-1.0, 1.0, 24).astype(np.float32).reshape(3, 8).tolist())
+    assert np.allclose(got, want)
+    bound = rounding_bound(0.02, 0.05)
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).integers(0, 256, (4, 16), dtype=np.uint8)}
+        refs = M.ort_run(m, feeds)
+        ys = cm.run(feeds)
+        for k, ref in enumerate(refs):
+            assert (np.abs(ys[f"y{k}"].astype(np.float64) - ref) / np.float32(0.05)).max() <= bound + 1e-3
+
+
 def test_a_bias_after_the_clamp_that_the_op_cannot_take_is_refused():
     """A re-sealed ``post_bias`` that is not one finite value per column, or comes without a
     ``y_clip``, beside an activation, or on another op, is refused by the op with the reason,
