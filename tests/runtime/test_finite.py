@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
@@ -532,3 +533,24 @@ def test_a_released_weight_is_read_through_the_backends_facts():
     assert fast_limits(g, lambda v: tensor_fact(torch.full((160,), 0.5))) == {"conv": 1e32, "pool": math.inf}
     assert fast_limits(g, lambda v: tensor_fact(nan_packed)) == {}
     assert fast_limits(g) == {}           # nothing to read the placeholder by: unknown
+
+
+@pytest.mark.parametrize("name", ["densenet121", "inception_v2", "squeezenet"])
+def test_the_guard_plan_shares_a_node_s_facts_only_where_every_grid_point_agrees(name, monkeypatch):
+    """``record_at_every_point`` makes a node's facts once where its inputs' are the same at
+    every grid point: the plan (limits and measurements) is the one made point by point, on
+    light models with their random He-scaled weights, plain (the portable kernels keep them)."""
+    from fusegraph.runtime.backends.cpu import guard_plan as gp
+    from fusegraph.runtime.backends.cpu.backend import MEASURE_BELOW
+    from fusegraph.runtime.backends.cpu.finite import record_facts
+    from fusegraph.testing import zoo
+    model = zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0)
+    graph = fg.compile(model, config=fg.Config(threads=1, cpu_kernels="portable")).graph
+    shared = guard_plan(graph, measure_below=MEASURE_BELOW)
+
+    def each_point(node, ins, facts):
+        for table, x in zip(facts, ins):
+            record_facts(node, x, table)
+    monkeypatch.setattr(gp, "record_at_every_point", each_point)
+    assert guard_plan(graph, measure_below=MEASURE_BELOW) == shared
+    assert shared.limits                    # (a plan with guarded nodes in it)

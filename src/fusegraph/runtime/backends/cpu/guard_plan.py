@@ -169,6 +169,22 @@ def _fewest(nodes: list[Node], position: dict, node: Node, i: int, sources: dict
     return sources, lo
 
 
+def record_at_every_point(node: Node, ins: list[list[Fact]], facts: list[dict]) -> None:
+    """``record_facts`` of ``node`` into each grid point's table from that point's input facts
+    (``ins``); made once and shared where they are the same at every point (a transfer is a
+    function of its node and its inputs' facts: its outputs' are then the same too), as they
+    are wherever a bound no longer depends on the graph inputs' magnitude."""
+    first = ins[0]
+    if all(x == first for x in ins[1:]):
+        record_facts(node, first, facts[0])
+        made = [(id(o), facts[0][id(o)]) for o in node.outputs]
+        for table in facts[1:]:
+            table.update(made)
+        return
+    for table, x in zip(facts, ins):
+        record_facts(node, x, table)
+
+
 def guard_plan(graph: Graph, const_fact=None, measure_below: float | None = None) -> GuardPlan:
     """Every guarded node's limit, in one walk evaluating the whole grid at once. With
     ``measure_below``, a guarded node admitted only below it (or not at all) has values it
@@ -210,8 +226,8 @@ def guard_plan(graph: Graph, const_fact=None, measure_below: float | None = None
                     continue
             if limit is not None:
                 limits[node.name] = limit
-        for m, table, x in zip(GRID, facts, ins):
-            record_facts(node, x, table)
+        record_at_every_point(node, ins, facts)
+        for m, table in zip(GRID, facts):
             _anchor(node.outputs, anchored, table, m)
         i += 1
     measured: dict[str, tuple[int, ...]] = {}
