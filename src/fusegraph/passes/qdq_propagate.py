@@ -78,7 +78,7 @@ import torch
 
 from ..ir import DType, Node
 from ..ops import Movement, movement_ops
-from ..ops.quantized import AFFINE_STEPS, RANGE
+from ..ops.quantized import AFFINE_STEPS, RANGE, y_type
 from .facts import ints_arg, only_use
 from .qdq_params import QParams, activation_params, constant_bias, is_op
 from .rule import FUSEGRAPH_DOMAIN, Decline, Rule
@@ -244,7 +244,9 @@ def _check_bias(q: Node, ctx):
         if add.outputs[0].shape != out.shape or not only_use(add.outputs[0]):
             return Decline(f"{add.name}: the sum broadcasts or is read outside the group")
         y = activation_params(q)
-        return y if isinstance(y, Decline) else (p, bias, y, not _bias_saturation_kept(p, bias, y))
+        if isinstance(y, Decline):
+            return y
+        return p, bias, y, None if _bias_saturation_kept(p, bias, y) else _own_range(p)
     return None
 
 
@@ -252,8 +254,7 @@ def _bias_saturation_kept(p: Node, bias: torch.Tensor, y) -> bool:
     """Whether quantising ``v + b`` once with ``y`` saturates wherever the model's first
     quantisation (the product's ``y_*``) clamps ``v`` before the bias is added, in every column:
     ``y``'s range, less the column's bias, lies within the first (widened by half a step)."""
-    s1, z1 = float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0))
-    lo1, hi1 = _grid_range(s1, z1, DType(int(p.attrs["y_type"])))
+    s1, (lo1, hi1) = float(p.attrs["y_scale"]), _own_range(p)
     lo2, hi2 = _grid_range(y.scale, y.zero_point, y.dtype)
     if not bias.numel():                                     # no columns: nothing is clamped
         return True
@@ -263,15 +264,13 @@ def _bias_saturation_kept(p: Node, bias: torch.Tensor, y) -> bool:
 
 def _rewrite_bias(q: Node, found, ctx):
     """The product with the Q's parameters and the bias added to its own; where the product's
-    own quantisation clamps what the Q's would not (``clamped``), its result clamped to that
-    range first (``y_clip``) and the bias added after the clamp (``post_bias``), as the model
+    own quantisation clamps what the Q's would not (``clip``: that range), its result clamped
+    to it first (``y_clip``) and the bias added after the clamp (``post_bias``), as the model
     adds it to the clamped values."""
-    p, bias, y, clamped = found
+    p, bias, y, clip = found
     attrs = dict(p.attrs, y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point)
-    if clamped:
-        lo, hi = _grid_range(float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0)),
-                             DType(int(p.attrs["y_type"])))
-        attrs.update(y_clip=[lo, hi], post_bias=[float(v) for v in bias.reshape(-1)])
+    if clip is not None:
+        attrs.update(y_clip=list(clip), post_bias=[float(v) for v in bias.reshape(-1)])
         return ctx.emit(p.op_type, list(p.inputs), attrs, domain=FUSEGRAPH_DOMAIN)
     old = p.input(3)
     total = bias if old is None else old.const.to(bias.dtype) + bias
@@ -309,10 +308,9 @@ def _rewrite_residual(q: Node, found, ctx):
     if found[0] == "conv":
         _, conv, z, zp, act, y = found
         # the convolution's own quantisation clamped its result: it still does, before the residual
-        lo, hi = _grid_range(float(conv.attrs["y_scale"]), int(conv.attrs.get("y_zero_point", 0)),
-                             DType(int(conv.attrs.get("y_type", int(DType.UINT8)))))
         attrs = dict(conv.attrs, activation=act, z_scale=zp.scale, z_zero_point=zp.zero_point,
-                     y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point, conv_clip=[lo, hi])
+                     y_type=int(y.dtype), y_scale=y.scale, y_zero_point=y.zero_point,
+                     conv_clip=list(_own_range(conv)))
         inputs = list(conv.inputs) + [None] * (4 - len(conv.inputs)) + [z]
         return ctx.emit("QConv", inputs, attrs, domain=FUSEGRAPH_DOMAIN)
     _, dqs, ps, act = found
@@ -359,6 +357,11 @@ def _grid_range(scale: float, zero_point: int, dtype: DType) -> tuple[float, flo
     """The real values a quantisation with these parameters represents, its ends included."""
     lo, hi = RANGE[dtype]
     return scale * (lo - zero_point), scale * (hi - zero_point)
+
+
+def _own_range(p: Node) -> tuple[float, float]:
+    """The range of a product's own output quantisation (its ``y_*``)."""
+    return _grid_range(float(p.attrs["y_scale"]), int(p.attrs.get("y_zero_point", 0)), y_type(p.attrs))
 
 
 def _saturation_kept(s1: float, z1: int, t1: DType, s2: float, z2: int, t2: DType, c: float = 1.0) -> bool:

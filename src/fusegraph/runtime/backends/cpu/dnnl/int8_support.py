@@ -211,20 +211,22 @@ def clip_post_ops(ctx, bound: float, key: str = "y_clip") -> list | Decline:
     return [("eltwise", "clip", clip[0], clip[1])]
 
 
-def post_bias_post_ops(ctx, n: int, first: int) -> tuple[list, list, list] | Decline:
+def post_bias_post_ops(ctx, n: int, first: int, bound: float = 0.0) -> tuple[list, list, list, float] | Decline:
     """A QLinear's ``post_bias`` (added after its ``y_clip``) as a binary ``add`` of a ``[1,
     n]`` float32 row at post-op index ``first``: (post-ops, constant execution arguments, what
-    they point at); ([], [], []) without one; a ``Decline`` with the op's own reason where it
-    is not one the op takes."""
+    they point at, the epilogue's ``bound`` with the row's largest magnitude added); ([], [],
+    [], bound) without one; a ``Decline`` with the op's own reason where it is not one the op
+    takes."""
     try:
         row = post_bias(ctx, n)
     except ValueError as exc:             # the op's own check refuses it with the same reason
         return Decline(str(exc), "dnnl")
     if row is None:
-        return [], [], []
+        return [], [], [], bound
     row = row.reshape(1, n).contiguous()
     md = MemDesc.of((1, n), torch.float32)
-    return [("binary", "add", md)], [(capi.arg_post_op_src1(first), Memory(md, row.data_ptr()))], [row, md]
+    return ([("binary", "add", md)], [(capi.arg_post_op_src1(first), Memory(md, row.data_ptr()))], [row, md],
+            bound + float(row.abs().max()))
 
 
 MID_ELTWISE = {"gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}      # mid_activation -> oneDNN's eltwise

@@ -77,12 +77,11 @@ def linear_int8_kernel(ctx, store, resources):
     if isinstance(clip, Decline):
         return clip
     post += clip
-    after = post_bias_post_ops(ctx, n, len(post))      # after the clamp: within it, plus a finite row
+    after = post_bias_post_ops(ctx, n, len(post), bound)     # after the clamp: within it, plus a finite row
     if isinstance(after, Decline):
         return after
     post += after[0]
-    if after[0]:                                         # (the row is the first thing it keeps)
-        bound += float(after[2][0].abs().max())
+    bound = after[3]
     grid = grid_post_ops(ctx, 2, len(post), bound)       # |gelu(v)| <= |v|: the bound holds after it
     if isinstance(grid, Decline):
         return grid
