@@ -294,7 +294,8 @@ def _global_infer(ctx: NodeContext):
 
 
 @register("GlobalAveragePool", since=1, fusion=FusionKind.REDUCE, layout_sensitive=True, infer=_global_infer,
-          writes_out=True, precision=(Precision.KEEP, "a reduction over the whole plane: float32"),
+          writes_out=True, precision=(Precision.FOLLOW, "a mean over the plane: its kernels sum in float32 and round "
+                                                       "once, as AveragePool's"),
           value_range=SAME_AS_INPUT)
 def _global_average_pool(ctx: NodeContext):
     def gap(x, out=None):
