@@ -500,6 +500,61 @@ def test_a_strided_bf16_convolution_is_right_on_every_cpu(cin):
         assert "bind-time check" in declined[0]["reason"] and cin == 80, declined
 
 
+DEPTHWISE = {   # name -> (kernel, stride, residual: None, "binary" (read) or "sum" (accumulated in place))
+    "3x3": (3, 1, None), "5x5_stride2": (5, 2, None), "3x3_residual_read": (3, 1, "binary"),
+    "3x3_residual_in_place": (3, 1, "sum")}
+
+
+@pytest.mark.parametrize("name", list(DEPTHWISE))
+def test_bf16_depthwise_convolution_with_a_float32_bias(name):
+    """A bf16 depthwise convolution with its (float32) bias, relu and optionally a residual: on a
+    CPU with bf16 arithmetic it runs oneDNN's brgemm depthwise kernel (``brdgmm``, offered only
+    without a float32 bias argument: the bias is its first post-op, the residual's operand the
+    second); its output is the float64 arithmetic on the same bf16 values, bias, residual and
+    relu, rounded once (a dropped bias or operands read from the wrong post-op are far off)."""
+    k, stride, residual = DEPTHWISE[name]
+    c, hw = 32, 14
+    n, i = conv("s", "d", "wd", c, c, k, seed=5, group=c, pads=[k // 2] * 4, strides=[stride] * 2)
+    head, ih = conv("q" if residual == "binary" else "r", "y", "wh", c, 8, 1, seed=7)   # the logits (float32)
+    tail = [node("Relu", ["d"], "r")] + head
+    if residual:
+        stem2, i2 = conv("s", "t", "wt", c, c, 1, seed=9)
+        tail = stem2 + [node("Add", ["d", "t"], "a"), node("Relu", ["a"], "r")] + head
+        if residual == "binary":        # the residual still read after (in bf16): not summed in place
+            tail.insert(-1, node("Mul", ["r", "t"], "q"))
+        i += i2
+    m = stem_then(n + tail, i + ih, cin=c, hw=hw)
+    feeds = {"x": rnd(1, 4, hw, hw, seed=8)}
+    cm = fg.compile(m, fg.Config(threads=2, precision="bf16"))
+    assert _rel_l2(cm.run(feeds)["y"], ort_run(m, feeds)["y"]) <= 1e-2
+    calls = cm._executor.binding.calls
+    (dw,) = [c_ for c_ in calls if c_.node.op_type == "FusedConv" and c_.node.attrs.get("group") == c]
+    kernel = fast_of(dw.kernel)
+    if BF16_ARITHMETIC and isinstance(kernel, DnnlKernel) and "avx512" in kernel.impl:
+        assert kernel.impl.startswith("brdgmm"), kernel.impl
+        if residual:
+            assert kernel.prefill == (1 if residual == "sum" else None)
+    seen = {}
+
+    def capture(j, phase, outs):
+        if phase == 1:
+            for v, t in zip(calls[j].node.outputs, outs):
+                seen[id(v)] = t.clone()
+    out = cm.run(feeds, hook=capture)
+    x = seen[id(dw.node.inputs[0])].double()
+    w = torch.from_numpy(he(c, 1, k, k, seed=5)).to(torch.bfloat16).double()    # the model's, rounded once
+    b = torch.from_numpy(rnd(c, seed=6, scale=0.1)).double()
+    want = torch.nn.functional.conv2d(x, w, b, stride=stride, padding=k // 2, groups=c)
+    if residual:
+        want = want + seen[id(dw.node.inputs[3])].double()
+    want = want.relu()
+    got = seen[id(dw.node.outputs[0])].double()
+    assert got.shape == want.shape and dw.node.outputs[0].dtype.to_torch() == torch.bfloat16
+    err = (got - want).abs()
+    assert (err <= want.abs() * 2.0 ** -8 + 1e-5).all(), float(err.max())
+    assert np.isfinite(out["y"]).all()
+
+
 CHECK_GEOMETRIES = {    # name -> (input shape, weight shape, (strides, dilations, begin, end, groups))
     "asymmetric_pads_stride2": ((1, 8, 9, 11), (6, 8, 3, 3), ([2, 2], [1, 1], [0, 1], [2, 1], 1)),
     "groups2_dilation2": ((1, 8, 12, 12), (8, 4, 3, 3), ([1, 2], [2, 2], [2, 2], [2, 2], 2)),

@@ -126,17 +126,30 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     lib = capi.load()
     macs = conv_macs(ctx, w)
 
+    bias_op = []           # the bias as the first post-op (``_depthwise_bias_post_op``), else none
+
     def make(post_ops):
-        attr = Attr(post_ops)
+        attr = Attr(bias_op + post_ops)
         with threads_for(macs is not None and macs < PARALLEL_MACS):
             return create("convolution", lambda pd: lib.convolution_forward_primitive_desc_create(
                 pd, lib.engine, capi.FORWARD_INFERENCE, capi.CONVOLUTION_DIRECT, x_md.handle, w_any.handle,
-                b_md.handle if b_md is not None else None, y_md.handle, Dims(*s), Dims(*[v - 1 for v in d]),
-                Dims(*begin), Dims(*end), attr.handle))
+                None if b_md is None or bias_op else b_md.handle, y_md.handle, Dims(*s),
+                Dims(*[v - 1 for v in d]), Dims(*begin), Dims(*end), attr.handle))
     try:
         prim = make(res_ops + act_ops)
         if exact and act_ops and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
-            prim, after = make(res_ops), activation_after(activation, params)
+            act_ops, after = [], activation_after(activation, params)
+            prim = make(res_ops)
+        if _depthwise_bias_post_op(compute, g, co, cig, bias, prim.impl):
+            bias_op = [("binary", "add", MemDesc.of((1, co, 1, 1), bias.dtype))]
+            try:
+                brdgmm = make(res_ops + act_ops)
+            except capi.DnnlError:
+                brdgmm = None
+            if brdgmm is not None and brdgmm.impl.startswith("brdgmm"):
+                prim = brdgmm
+            else:
+                bias_op = []
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no convolution for this node: {exc}", "dnnl")
     if prim.is_reference:
@@ -154,14 +167,15 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
     consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
     keep = [packed, w_md]
     if bias is not None:
-        consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
-        keep.append(bias)
+        consts.append((capi.arg_post_op_src1(0) if bias_op else capi.ARG_BIAS,
+                       Memory(bias_op[0][2] if bias_op else b_md, bias.data_ptr())))
+        keep += [bias, *(op[2] for op in bias_op)]
     x_slot = Slot(capi.ARG_SRC, xs, x_strides, compute, x_md)
     y_slot = Slot(capi.ARG_DST, ys, y_strides, out, y_md)
     if z_v is None:
         kernel = DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
     else:
-        z_slot = None if inplace else Slot(capi.arg_post_op_src1(0), ys, z_strides, compute, z_md)
+        z_slot = None if inplace else Slot(capi.arg_post_op_src1(len(bias_op)), ys, z_strides, compute, z_md)
         kernel = DnnlKernel(prim, [x_slot, z_slot], y_slot, consts, resources, (0, 3),
                             prefill=1 if inplace else None, after=after, keep=tuple(keep))
     if compute == torch.bfloat16 and "brgconv" in prim.impl and "amx" in prim.impl and max(s) > 1:
@@ -175,6 +189,16 @@ def conv_kernel(ctx, store, resources, exact: bool = True):
                            f"geometries", "dnnl")
     kernel.slow = slow
     return kernel
+
+
+def _depthwise_bias_post_op(compute, groups: int, co: int, cig: int, bias, impl: str) -> bool:
+    """A bfloat16 depthwise convolution with a float32 bias that did not get oneDNN's brgemm
+    depthwise kernel (``brdgmm``): this oneDNN offers that kernel for bfloat16 only without a
+    float32 bias, and its ``jit_dw`` alternative is slower. The bias then becomes the first
+    post-op (a binary add of one float32 per channel onto the float32 accumulator, before the
+    residual and the activation: the same arithmetic as the bias argument)."""
+    return (compute == torch.bfloat16 and groups == co and cig == 1 and bias is not None
+            and bias.dtype == torch.float32 and not impl.startswith("brdgmm"))
 
 
 CHECK_TOLERANCE = 0.05       # far above bfloat16's rounding of the output, far below a miscomputed result
