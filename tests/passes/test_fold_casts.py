@@ -189,3 +189,67 @@ def test_a_layer_norm_read_by_another_op_keeps_its_cast():
     assert "out_dtype" not in first.attrs and first.outputs[0].dtype == DType.FLOAT
     stats = next(p.stats for p in m.report.passes if p.name == "fold_casts")
     assert stats["declined: the norm's output has other readers, is a graph output or is locked"] == 1
+
+
+def _conv_channel_norm_conv():
+    """ConvNeXt's "channels_first" norm as exporters write it: a 3x3 convolution and a max pool
+    (so that the norm reads the same bf16 values folded or not), Transpose to channels last ->
+    LayerNormalization -> Transpose back (a ChannelLayerNorm; the convolutions make the graph
+    channels-last), then a 1x1 convolution with relu (bf16) and the logits."""
+    r = _rng(8)
+    h = helper.make_node
+    nodes = [h("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             h("MaxPool", ["c0"], ["c"], kernel_shape=[2, 2], strides=[2, 2]),
+             h("Transpose", ["c"], ["ct"], perm=[0, 2, 3, 1]),
+             h("LayerNormalization", ["ct", "g", "beta"], ["nt"], axis=-1, epsilon=1e-6),
+             h("Transpose", ["nt"], ["n"], perm=[0, 3, 1, 2]),
+             h("Conv", ["n", "w1", "b1"], ["p"]), h("Relu", ["p"], ["pr"]), h("Conv", ["pr", "w2"], ["y"])]
+    inits = [const("w0", r.standard_normal((32, 3, 3, 3)) * 0.3), const("b0", r.standard_normal(32) * 0.1),
+             const("g", 1 + 0.1 * r.standard_normal(32)), const("beta", 0.1 * r.standard_normal(32)),
+             const("w1", r.standard_normal((64, 32, 1, 1)) * 0.25), const("b1", r.standard_normal(64) * 0.1),
+             const("w2", r.standard_normal((10, 64, 1, 1)) * 0.2)]
+    return model(nodes, [("x", F, [1, 3, 12, 12])], ["y"], inits)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "portable"])
+def test_the_cast_after_a_channel_layer_norm_folds_into_it_bitwise(kernels):
+    """The norm before a bf16 convolution writes bfloat16 itself: the convolution reads the very
+    bits the unfolded model's Cast made (computed in float32, rounded once)."""
+    onnx_model = _conv_channel_norm_conv()
+    folded = fg.compile(onnx_model, BF16.replace(cpu_kernels=kernels))
+    unfolded = fg.compile(onnx_model, UNFOLDED.replace(cpu_kernels=kernels))
+    norm = next(n for n in folded.graph.nodes if n.op_type == "ChannelLayerNorm")
+    assert norm.attrs["out_dtype"] == int(DType.BFLOAT16) and norm.outputs[0].dtype == DType.BFLOAT16
+    assert _casts(folded) < _casts(unfolded)
+    if kernels == "auto" and BF16_ARITHMETIC:
+        impls = {c.node.op_type: getattr(c.kernel, "impl", "portable") for c in folded._executor.binding.calls}
+        assert impls["ChannelLayerNorm"] != "portable", impls       # oneDNN's norm writes the bfloat16
+    x = {"x": _rng(9).standard_normal((1, 3, 12, 12)).astype(np.float32)}
+
+    def normalised(m):
+        calls = m._executor.binding.calls
+        (conv,) = [c for c in calls if c.node.op_type == "FusedConv" and c.node.attrs.get("activation") == "relu"]
+        seen = {}
+
+        def hook(i, phase, outs):
+            if phase == 1 and conv.node.inputs[0] in calls[i].node.outputs:
+                seen["x"] = outs[calls[i].node.outputs.index(conv.node.inputs[0])].clone()
+        m.run(x, hook=hook)
+        return seen["x"]
+    got, want = normalised(folded), normalised(unfolded)
+    assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert _rel(folded.run(x)["y"], ort_run(onnx_model, x)["y"]) < 1e-2
+
+
+def test_an_out_dtype_that_is_no_float_type_is_refused():
+    """``out_dtype`` on a norm (an artifact's attribute) must name a float type."""
+    from fusegraph.errors import UnsupportedOpError
+    from fusegraph.ir import Graph
+    from fusegraph.ops import opdef_for
+    from fusegraph.ops.registry import NodeContext
+    g = Graph("t")
+    x = g.add_input("x", DType.FLOAT, (1, 8, 4, 4))
+    n = g.add_node("ChannelLayerNorm", [x], domain="fusegraph", name="norm", outputs=["y"],
+                   attrs={"epsilon": 1e-6, "out_dtype": int(DType.INT64)})
+    with pytest.raises(UnsupportedOpError, match="norm.*out_dtype 7 is not a float type"):
+        opdef_for(n).build(NodeContext(n, "cpu"))

@@ -21,8 +21,35 @@ def product_out_dtype(ctx: NodeContext):
     """The output type of a product (Linear, LinearAct, FusedConv) or a layer norm that
     computes in its inputs' type: its ``out_dtype`` attribute (a Cast folded in,
     ``passes/fold_casts.py``), else input 0's."""
+    given = out_dtype_attr(ctx)
+    return given if given is not None else (ctx.dtype(0) or None)
+
+
+OUT_DTYPES = (DType.FLOAT, DType.BFLOAT16, DType.FLOAT16)
+
+
+def out_dtype_attr(ctx: NodeContext) -> DType | None:
+    """The node's ``out_dtype`` attribute, a float type (None without one); anything else (an
+    artifact's) is refused naming the node."""
     given = ctx.attr("out_dtype", None)
-    return DType(int(given)) if given is not None else (ctx.dtype(0) or None)
+    if given is None:
+        return None
+    try:
+        dtype = DType(int(given))
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype not in OUT_DTYPES:
+        raise ctx.unsupported(f"out_dtype {given!r} is not a float type ({', '.join(d.name for d in OUT_DTYPES)})")
+    return dtype
+
+
+def rounding_to_out_dtype(ctx: NodeContext):
+    """A norm's float32 result -> its ``out_dtype`` (a Cast folded in: rounded once)."""
+    given = out_dtype_attr(ctx)
+    if given is None:
+        return lambda y: y
+    dtype = given.to_torch()
+    return lambda y: y.to(dtype)
 
 
 def widens(ctx: NodeContext) -> bool:

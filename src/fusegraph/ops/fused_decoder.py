@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from .activations import gelu as _gelu_fn
-from .common import product_out_dtype
+from .common import out_dtype_attr, product_out_dtype
 from .registry import FusionKind, NodeContext, Precision, register
 
 DOMAIN = "fusegraph"
@@ -36,8 +35,8 @@ REDUCED = (torch.bfloat16, torch.float16)
 
 
 def _out_type(ctx: NodeContext) -> torch.dtype | None:
-    given = ctx.attr("out_dtype", None)
-    return None if given is None else DType(int(given)).to_torch()
+    given = out_dtype_attr(ctx)
+    return None if given is None else given.to_torch()
 
 
 # ---------------------------------------------------------------- RMSNorm / SkipRMSNorm

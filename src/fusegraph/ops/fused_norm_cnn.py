@@ -17,7 +17,9 @@
   norm of a 3-D tensor gathers it first) the statistics are one reduction over the rows and the
   result one multiply-add per element, written through ``out=`` into the planned layout.
 
-Both compute in float32 (the precision policy keeps normalisation statistics float32).
+Both compute in float32 (the precision policy keeps normalisation statistics float32);
+ChannelLayerNorm's result is rounded once to its ``out_dtype`` where it has one (a Cast to
+bfloat16 folded in, ``passes/fold_casts.py``).
 No pass logic here; rules decide what fuses.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .common import product_out_dtype, rounding_to_out_dtype
 from .norm import layer_norm_exact
 from .precision_reasons import NORMALISATION
 from .registry import FusionKind, NodeContext, register
@@ -66,14 +69,19 @@ def channels_last_view(x: torch.Tensor) -> torch.Tensor | None:
 
 # ---------------------------------------------------------------- ChannelLayerNorm
 
-@register("ChannelLayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_same, writes_out=True,
-          precision=NORMALISATION, value_range=_normalised_range)
+def _channel_ln_infer(ctx: NodeContext):
+    return [(product_out_dtype(ctx), ctx.shape(0))]
+
+
+@register("ChannelLayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_channel_ln_infer,
+          writes_out=True, precision=NORMALISATION, value_range=_normalised_range)
 def _channel_layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon", 1e-5))
+    rounded = rounding_to_out_dtype(ctx)
 
     def channel_layer_norm(x, gamma=None, beta=None, out=None):
         c = x.shape[1]
-        y = layer_norm_exact(x.movedim(1, -1), (c,), gamma, beta, eps).movedim(-1, 1)
+        y = rounded(layer_norm_exact(x.movedim(1, -1), (c,), gamma, beta, eps).movedim(-1, 1))
         return y.contiguous(memory_format=_format(x)) if out is None else out.copy_(y)
     return channel_layer_norm
 

@@ -41,7 +41,7 @@ from ..ir import DType
 from ..ir.shape import broadcast_shapes
 from ._tensor_util import dense_view
 from .activations import gelu as _gelu_fn
-from .common import bias_like, product_out_dtype, widened, widens
+from .common import bias_like, product_out_dtype, rounding_to_out_dtype, widened, widens
 from .fused_basic import linear_terms
 from .norm import layer_norm_exact as layer_norm, layer_norm_range
 from .precision_reasons import ACTIVATION, EXPONENTIALS_AND_SUM, MATRIX_PRODUCT
@@ -130,21 +130,12 @@ def _ln_infer(ctx: NodeContext):
     return [(product_out_dtype(ctx), ctx.shape(0))]
 
 
-def _rounding(ctx: NodeContext):
-    """A layer norm's float32 result -> its ``out_dtype`` (a Cast folded in: rounded once)."""
-    given = ctx.attr("out_dtype", None)
-    if given is None:
-        return lambda y: y
-    dtype = DType(int(given)).to_torch()
-    return lambda y: y.to(dtype)
-
-
 @register("LayerNorm", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_ln_infer,
           layout_sensitive=True, value_range=layer_norm_range(1),
           precision=(Precision.KEEP, "normalisation statistics (mean, variance): float32"))
 def _layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon"))
-    rounded = _rounding(ctx)
+    rounded = rounding_to_out_dtype(ctx)
 
     def kernel(x, gamma=None, beta=None):
         return rounded(layer_norm(x, x.shape[-1:], gamma, beta, eps))
@@ -163,7 +154,7 @@ def _skip_ln_infer(ctx: NodeContext):
 def _skip_layer_norm(ctx: NodeContext):
     eps = float(ctx.attr("epsilon"))
     both = ctx.n_outputs == 2
-    rounded = _rounding(ctx)
+    rounded = rounding_to_out_dtype(ctx)
 
     def skip_ln(a, b, gamma=None, beta=None):
         s = torch.add(a, b)

@@ -12,11 +12,12 @@ honour the attribute (``ops/fused_basic.py``, ``ops/fused_transformer.py``, ``op
 ``dnnl/linear.py``, ``dnnl/conv.py``).
 
 The precision pass also puts a Cast to bfloat16 between a LayerNorm (float32 statistics) and
-the product reading it. When the norm's normalised output (a ``LayerNorm``, or a
-``SkipLayerNorm`` that gives its sum as a second output: the pre-LN residual stream) has the
-Cast as its only reader, the norm writes bfloat16 (``out_dtype``): computed in float32 as
-before and rounded once, the same numbers, one kernel and one float32 buffer fewer
-(``ops/fused_transformer.py``, oneDNN's ``dnnl/layernorm.py``).
+the product reading it. When the norm's normalised output (a ``LayerNorm``, a
+``ChannelLayerNorm`` before a convolution, or a ``SkipLayerNorm`` that gives its sum as a
+second output: the pre-LN residual stream) has the Cast as its only reader, the norm writes
+bfloat16 (``out_dtype``): computed in float32 as before and rounded once, the same numbers,
+one kernel and one float32 buffer fewer (``ops/fused_transformer.py``,
+``ops/fused_norm_cnn.py``, oneDNN's ``dnnl/layernorm.py``).
 
 Declined, with the reason counted in the stats: a product or norm whose output has another
 reader or is a graph output, a convolution with a residual input (its sum would change type),
@@ -32,7 +33,7 @@ from .precision_policy import has_residual
 
 VIEWS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze")}
 NORMS = {("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm"), ("fusegraph", "RMSNorm"),
-         ("fusegraph", "SkipRMSNorm")}
+         ("fusegraph", "SkipRMSNorm"), ("fusegraph", "ChannelLayerNorm")}
 
 
 def _product_path(cast):
