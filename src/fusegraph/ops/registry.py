@@ -161,6 +161,9 @@ class OpDef:
     precision_why: str = ""                 # the policy's one-line reason for ``precision``
     # (node, input facts) -> output facts (``ops/value_range.py``); None: the movement class's, else unknown
     value_range: Callable | None = None
+    # node -> whether output 0 is input 0's very bytes in the values' memory layouts (a Transpose
+    # that only changes which axes are named, not the order in memory); None: never
+    view_when: Callable | None = None
 
 
 _REGISTRY: dict[tuple[str, str], list[OpDef]] = {}
@@ -172,11 +175,12 @@ def register(op_type: str, *, since: int = 1, domain: str = "", infer: Infer | N
              foldable: bool = True, inplace: tuple = (), writes_out: bool = False,
              alias: tuple = (), splat: Callable | None = None, movement: Movement = Movement.NONE,
              precision: tuple[Precision, str] | None = None,
-             value_range: Callable | None = None) -> Callable[[Builder], Builder]:
+             value_range: Callable | None = None, view_when: Callable | None = None) -> Callable[[Builder], Builder]:
     """Decorator: register ``build`` as the kernel builder of ``op_type`` from opset ``since``.
 
     A later registration of the same op with a higher ``since`` takes over from that opset on.
-    ``precision``: (class, the one-line reason); ``value_range``: the op's transfer.
+    ``precision``: (class, the one-line reason); ``value_range``: the op's transfer;
+    ``view_when``: node -> whether this node's output 0 is its input 0's bytes (a view).
     """
     movement = Movement(movement)
     if precision is not None:
@@ -191,7 +195,7 @@ def register(op_type: str, *, since: int = 1, domain: str = "", infer: Infer | N
                           foldable, tuple(inplace), bool(writes_out),
                           tuple(tuple(p) for p in alias), splat, movement,
                           None if precision is None else precision[0],
-                          "" if precision is None else precision[1], value_range))
+                          "" if precision is None else precision[1], value_range, view_when))
         defs.sort(key=lambda d: d.since)
         _QUERIES.clear()
         return build
@@ -265,15 +269,19 @@ def opdef_for(node: Node) -> OpDef:
     return d
 
 
-def view_input(node: Node) -> int | None:
+def view_input(node: Node, by_layout: bool = True) -> int | None:
     """The input index that output 0 of ``node`` is a view of (``OpDef.alias``: same bytes,
-    another shape, the same dtype), or None when it is not a view (or the op is unknown)."""
+    another shape, the same dtype; with ``by_layout``, also ``OpDef.view_when``: the same bytes
+    in the values' memory layouts as they stand), or None when it is not a view (or the op is
+    unknown)."""
     if len(node.outputs) != 1:
         return None
     opdef = lookup(node.domain, node.op_type, node.version)
     if opdef is None:
         return None
     idx = next((i for i, o in opdef.alias if o == 0), None)
+    if idx is None and by_layout and opdef.view_when is not None and opdef.view_when(node):
+        idx = 0
     if idx is None or node.input(idx) is None or node.inputs[idx].dtype != node.outputs[0].dtype:
         return None
     return idx

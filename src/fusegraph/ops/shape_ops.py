@@ -174,17 +174,48 @@ def _transpose_infer(ctx: NodeContext):
     return [(dtype_or_none(ctx), tuple(s[p] for p in perm))]
 
 
+def memory_order(v) -> list[int] | None:
+    """``v``'s axes from the outermost in memory to the innermost: channels last for a
+    channels-last value of rank 3 or 4 (``Value.layout`` "nhwc"), else row-major."""
+    if v.shape is None:
+        return None
+    rank = len(v.shape)
+    return [0, *range(2, rank), 1] if v.layout == "nhwc" and rank in (3, 4) else list(range(rank))
+
+
+def _same_bytes(node) -> bool:
+    """A Transpose whose output, in its memory layout, is its input's bytes in its layout: the
+    permutation only renames axes (ConvNeXt's channels-last data read as ``[N, H, W, C]``, or a
+    permutation of size-1 axes); the planner makes it a view."""
+    x, y = node.inputs[0], node.outputs[0] if node.outputs else None
+    if x is None or y is None or x.shape is None or y.shape is None or len(x.shape) != len(y.shape):
+        return False
+    perm = node.attrs.get("perm")
+    perm = list(range(len(x.shape) - 1, -1, -1)) if perm is None else [int(p) for p in perm]
+    if sorted(perm) != list(range(len(x.shape))):
+        return False
+
+    def moving(order):            # the axes that step through memory (a size-1 axis never does)
+        return [a for a in order if x.shape[a] != 1]
+    return moving([perm[a] for a in memory_order(y)]) == moving(memory_order(x))
+
+
 @register("Transpose", since=1, fusion=INJ, infer=_transpose_infer, layout_sensitive=True, writes_out=True,
-          movement=Movement.PERMUTE)
+          movement=Movement.PERMUTE, view_when=_same_bytes)
 def _transpose(ctx: NodeContext):
     """One row-major copy of the permuted input (into ``out=``, the output's planned buffer,
-    when given): what reads it next (a Reshape merging heads) is then a view."""
+    when given): what reads it next (a Reshape merging heads) is then a view. Where the
+    permutation only renames axes (``_same_bytes``), the node is a view and called without
+    ``out=``: the permuted input is returned as it is (dense in the output's layout)."""
     perm = ctx.attr("perm", None)
     perm = None if perm is None else [int(p) for p in perm]
+    view = _same_bytes(ctx.node)
 
     def transpose(x, out=None):
         y = x.permute(*range(x.dim() - 1, -1, -1)) if perm is None else x.permute(perm)
-        return y.contiguous() if out is None else out.copy_(y)
+        if out is not None:
+            return out.copy_(y)
+        return y if view else y.contiguous()
     return transpose
 
 

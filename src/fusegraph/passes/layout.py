@@ -126,7 +126,7 @@ def _feeds_conv(v: Value, depth: int = 4) -> bool:
     for user, i in v.uses:
         if user.domain == "fusegraph" and user.op_type == "FusedConv" and i == 0:
             return True
-        if depth and (_agnostic(user) or view_input(user) == i) and user.outputs and _is_act(user.outputs[0]) \
+        if depth and (_agnostic(user) or view_input(user, by_layout=False) == i) and user.outputs and _is_act(user.outputs[0]) \
                 and _feeds_conv(user.outputs[0], depth - 1):
             return True
     return False
@@ -189,7 +189,7 @@ def reorder_bytes(graph: Graph, lay: dict[int, str]) -> tuple[int, int]:
                 want = NHWC
             elif i == 0 and "to_last" in _perm(node, len(v.shape)):
                 want = have       # channels-last read as [N, .., C]: a straight copy, or a transpose
-            elif i == 0 and view_input(node) == 0 and lay.get(id(node.outputs[0]), NCHW) == have:
+            elif i == 0 and view_input(node, by_layout=False) == 0 and lay.get(id(node.outputs[0]), NCHW) == have:
                 want = have       # a view that keeps the layout (spatial axes split or merged)
             elif (node.domain, node.op_type) in AGNOSTIC and _single_pixel_out(node):
                 continue          # a pool over the whole image reads either layout
