@@ -90,10 +90,13 @@ OLD_FINITE_PASS_THROUGH = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identi
 
 
 # classes changed since, each on purpose (GlobalAveragePool was KEEP: a bf16 image cast whole to
-# float32 before its mean, the mean cast back before the next convolution)
+# float32 before its mean, the mean cast back before the next convolution; Resize and Upsample
+# were unclassified, float32: SegFormer's decode head cast to float32 and back around each)
+_INTERPOLATION = "an interpolation of a few pixels: computed in float32, rounded once"
 CHANGED_POLICY = {
     ("", "GlobalAveragePool"): ("follow", "a mean over the plane: its kernels sum in float32 and round once, "
                                           "as AveragePool's"),
+    ("", "Resize"): ("follow", _INTERPOLATION), ("", "Upsample"): ("follow", _INTERPOLATION),
 }
 
 

@@ -164,6 +164,13 @@ BUILDERS = {
     ("", "MaxPool"): _op("MaxPool", kernel_shape=[2, 2]),
     ("", "GlobalMaxPool"): _op("GlobalMaxPool"),
     ("", "AveragePool"): _op("AveragePool", kernel_shape=[2, 2]),
+    ("", "GlobalAveragePool"): _op("GlobalAveragePool"),
+    # FOLLOW: interpolation (the scales stay float32: coordinates, not data)
+    ("", "Resize"): lambda g, a, b: g.add_node(
+        "Resize", [a, None, _c(g, "rs", torch.tensor([1.0, 1.0, 1.5, 2.0]))], attrs={"mode": "linear"}, name="op"),
+    ("", "Upsample"): lambda g, a, b: g.add_node(
+        "Upsample", [a, _c(g, "us", torch.tensor([1.0, 1.0, 2.0, 2.0]))], attrs={"mode": "nearest"}, name="op",
+        version=9),
     # FOLLOW: elementwise
     **{("", op): _op2(op) for op in ("Add", "Sub", "Mul", "Div", "Max", "Min")},
     **{("", op): _op(op) for op in ("Neg", "Abs", "Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
@@ -206,7 +213,6 @@ BUILDERS = {
     (FG, "GroupNorm"): _op("GroupNorm", ("sc", lambda: _w(4, seed=11)), ("bb", lambda: _w(4, seed=12)),
                            domain=FG, groups=2, epsilon=1e-5),
     ("", "LRN"): _op("LRN", size=3),
-    ("", "GlobalAveragePool"): _op("GlobalAveragePool"),
     **{("", op): _reduce(op) for op in ("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2",
                                         "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "ReduceMax",
                                         "ReduceMin")},
@@ -276,6 +282,8 @@ def test_policy_entry_graph_in_graph_out(key):
     bias = pp.FLOAT32_BIAS.get(key)          # a product's constant bias stays float32
     kept = {id(op.inputs[bias])} if bias is not None and len(op.inputs) > bias and op.inputs[bias] is not None \
         and op.inputs[bias].is_const else set()
+    if key in pp.FLOAT32_CONSTANTS:          # every float constant stays float32 (a Resize's scales)
+        kept |= {id(v) for v in op.inputs if v is not None and v.is_const and v.dtype == FP}
     if cls in (REDUCE, FOLLOW):
         assert all(v.dtype == (FP if id(v) in kept else BF) for v in _float_ins(op)), [str(v) for v in op.inputs]
         assert {v.dtype for v in op.outputs if v.dtype in (FP, BF)} == {BF}

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ._resize_tables import Opts, axis_table, full_roi, output_geometry
 from ._tensor_util import DeviceCache, dtype_or_none, runtime_ints, settled_strides, unsigned_safe
 from .common import normalize_axis
-from .registry import NodeContext, no_out, register
+from .registry import NodeContext, Precision, no_out, register
 from .run_limits import check_tensor
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -314,7 +314,10 @@ def _resize_infer(ctx: NodeContext):
     return _resize_infer_from(ctx, o, scales, sizes)
 
 
-@register("Resize", since=10, infer=_resize_infer, layout_sensitive=True, writes_out=True)
+INTERPOLATION = (Precision.FOLLOW, "an interpolation of a few pixels: computed in float32, rounded once")
+
+
+@register("Resize", since=10, infer=_resize_infer, layout_sensitive=True, writes_out=True, precision=INTERPOLATION)
 def _resize(ctx: NodeContext):
     o = _opts(ctx)
     si, zi, ri = _resize_inputs(ctx)
@@ -333,7 +336,7 @@ def _upsample_infer(ctx: NodeContext):
     return _resize_infer_from(ctx, o, scales, sizes)
 
 
-@register("Upsample", since=7, infer=_upsample_infer, layout_sensitive=True)
+@register("Upsample", since=7, infer=_upsample_infer, layout_sensitive=True, precision=INTERPOLATION)
 def _upsample(ctx: NodeContext):
     o = _opts(ctx, legacy=True)
     return _make_kernel(ctx, o, 1, None, None, _upsample_scales(ctx))[0]

@@ -80,7 +80,8 @@ NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "RMSNorm", "SkipRMSNor
                             "BatchNormalization", "InstanceNormalization", "GroupNormalization", "LRN",
                             "ChannelLayerNorm", "GroupNorm"})
 # FOLLOW ops that compute in float32 inside: their constant inputs stay float32 (not rounded)
-FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain"), ("fusegraph", "RotaryEmbedding")})
+FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain"), ("fusegraph", "RotaryEmbedding"),
+                               ("", "Resize"), ("", "Upsample")})    # their roi / scales: coordinates, not data
 # REDUCE products -> the input index of their constant bias, kept float32: it is added to the
 # float32 accumulator (oneDNN takes a float32 bias beside bf16 / fp16 operands; the ops' own
 # kernels round it to the operands' type), and a rounded bias shifts every output of its

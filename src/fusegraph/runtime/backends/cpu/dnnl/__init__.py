@@ -7,7 +7,7 @@ a few microseconds a call.
 (an int8 product of two activations); ``linear_dynamic_int8.py``:
 QLinearDynamic (an int8 product of an activation quantised at run time);
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
-``shuffle.py``: ChannelShuffle; ``quantize.py``: per-tensor QuantizeLinear to uint8,
+``shuffle.py``: ChannelShuffle; ``resample.py``: a bilinear Resize; ``quantize.py``: per-tensor QuantizeLinear to uint8,
 DequantizeLinear, DynamicQuantizeLinear, Requantize and QAdd of static shape; ``layernorm.py``: LayerNorm, SkipLayerNorm, ChannelLayerNorm
 (``layernorm_runtime.py``: LayerNorm, SkipLayerNorm whose rows are known at run time only);
 GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNorm; ``binary.py``:
@@ -43,6 +43,7 @@ from .layernorm_runtime import runtime_layer_norm_kernel
 from .lrn import lrn_kernel
 from .pool import pool_kernel
 from .quantize import dequantize_kernel, dynamic_quantize_kernel, qadd_kernel, quantize_kernel, requantize_kernel
+from .resample import resize_kernel
 from .rmsnorm import rms_norm_kernel
 from .rnn import rnn_kernel
 from .shuffle import shuffle_kernel
@@ -111,6 +112,8 @@ class DnnlKernels:
             return pool_kernel(ctx, opdef, self.resources, exact)
         if key == ("", "LRN"):
             return lrn_kernel(ctx, self.resources)
+        if key == ("", "Resize"):
+            return resize_kernel(ctx, self.resources)
         if key == ("fusegraph", "ChannelShuffle"):
             return shuffle_kernel(ctx, self.resources)
         if key == ("", "QuantizeLinear"):

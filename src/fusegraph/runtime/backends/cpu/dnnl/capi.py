@@ -52,6 +52,7 @@ LRN_ACROSS_CHANNELS = 2815
 BINARY = {"add": 131056, "mul": 131057, "max": 131058, "min": 131059, "div": 131060, "sub": 131061}
 SOFTMAX_ACCURATE = 196608
 REDUCTION = {"max": 196594, "min": 196595, "sum": 196596, "mul": 196597, "mean": 196598}
+RESAMPLING_LINEAR = 0x2fff1
 # dnnl_rnn_direction_t
 RNN_LEFT2RIGHT, RNN_RIGHT2LEFT, RNN_BIDIRECTIONAL_CONCAT = 1, 2, 3
 # dnnl_query_t
@@ -147,6 +148,7 @@ _SIGNATURES = {   # name -> (restype, argtypes)
         C.c_int, [_P(vp), vp, C.c_int, vp, vp, vp, C.c_float, C.c_uint, vp]),
     "dnnl_concat_primitive_desc_create": (C.c_int, [_P(vp), vp, vp, C.c_int, C.c_int, _P(vp), vp]),
     "dnnl_reduction_primitive_desc_create": (C.c_int, [_P(vp), vp, C.c_int, vp, vp, C.c_float, C.c_float, vp]),
+    "dnnl_resampling_forward_primitive_desc_create": (C.c_int, [_P(vp), vp, C.c_int, C.c_int, vp, vp, vp, vp]),
     "dnnl_get_effective_cpu_isa": (C.c_int, []),
     "dnnl_sgemm": (C.c_int, [C.c_char, C.c_char, C.c_int64, C.c_int64, C.c_int64, C.c_float, vp, C.c_int64, vp,
                              C.c_int64, C.c_float, vp, C.c_int64]),
