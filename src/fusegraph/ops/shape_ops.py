@@ -174,7 +174,7 @@ def _transpose_infer(ctx: NodeContext):
     return [(dtype_or_none(ctx), tuple(s[p] for p in perm))]
 
 
-def memory_order(v) -> list[int] | None:
+def _memory_order(v) -> list[int] | None:
     """``v``'s axes from the outermost in memory to the innermost: channels last for a
     channels-last value of rank 3 or 4 (``Value.layout`` "nhwc"), else row-major."""
     if v.shape is None:
@@ -197,7 +197,7 @@ def _same_bytes(node) -> bool:
 
     def moving(order):            # the axes that step through memory (a size-1 axis never does)
         return [a for a in order if x.shape[a] != 1]
-    return moving([perm[a] for a in memory_order(y)]) == moving(memory_order(x))
+    return moving([perm[a] for a in _memory_order(y)]) == moving(_memory_order(x))
 
 
 @register("Transpose", since=1, fusion=INJ, infer=_transpose_infer, layout_sensitive=True, writes_out=True,

@@ -13,6 +13,10 @@ A bfloat16 convolution whose node has a float32 output (``out_dtype``: a Cast fo
 ``passes/fold_casts.py``) writes float32, the accumulations unrounded (without a residual).
 
 Post-ops, in order:
+- the bias of a bfloat16 depthwise convolution, as a ``binary add`` of one float32 per channel
+  (``_depthwise_bias_post_op``: this oneDNN offers its brgemm depthwise kernel, ``brdgmm``,
+  for bfloat16 only without a float32 bias argument; any other convolution takes its bias as
+  the primitive's argument);
 - the residual ``z``: a ``sum`` post-op when the planner put the output in place over ``z``
   (``ctx.inplace_input == 3``: the convolution accumulates onto it), else a ``binary add``
   reading ``z``;
