@@ -24,7 +24,8 @@ def _rng(seed=0):
     return np.random.default_rng(seed)
 
 
-def _linear_then_layernorm(reshape: bool = False, second_reader: bool = False, relu: bool = False):
+def _linear_then_layernorm(reshape: bool = False, second_reader: bool = False, relu: bool = False,
+                           transpose: bool = False):
     """x[1, 16, 32] @ W + b [-> Relu] (a bf16 Linear / LinearAct: not the logits) -> [Reshape] ->
     LayerNorm (fp32 statistics) -> MatMul (the logits) -> y."""
     r = _rng()
@@ -36,6 +37,11 @@ def _linear_then_layernorm(reshape: bool = False, second_reader: bool = False, r
     if reshape:
         nodes.append(helper.make_node("Reshape", [last, "shape"], ["hr"]))
         last = "hr"
+    if transpose:           # Swin's window reverse: Reshape -> Transpose -> Reshape
+        nodes += [helper.make_node("Reshape", [last, "win"], ["hw"]),
+                  helper.make_node("Transpose", ["hw"], ["ht"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", ["ht", "shape"], ["hb"])]
+        last = "hb"
     nodes += [helper.make_node("LayerNormalization", [last, "g", "beta"], ["n"], axis=-1),
               helper.make_node("MatMul", ["n", "w2"], ["y0" if second_reader else "y"])]
     if second_reader:                                   # a bf16 reader of the product besides the Cast
@@ -44,7 +50,8 @@ def _linear_then_layernorm(reshape: bool = False, second_reader: bool = False, r
     outputs = ["y"]
     inits = [const("w", r.standard_normal((32, 64)) * 0.2), const("b", r.standard_normal(64) * 0.1),
              const("g", 1 + 0.1 * r.standard_normal(64)), const("beta", 0.1 * r.standard_normal(64)),
-             const("w2", r.standard_normal((64, 8)) * 0.2), const("shape", [1, 16, 64], np.int64)]
+             const("w2", r.standard_normal((64, 8)) * 0.2), const("shape", [1, 16, 64], np.int64),
+             const("win", [1, 4, 4, 64], np.int64)]
     return model(nodes, [("x", F, [1, 16, 32])], outputs, inits)
 
 
@@ -79,8 +86,9 @@ def _rel(got, want) -> float:
 @pytest.mark.parametrize("build, op", [(lambda: _linear_then_layernorm(), "Linear"),
                                        (lambda: _linear_then_layernorm(relu=True), "LinearAct"),
                                        (lambda: _linear_then_layernorm(reshape=True), "Linear"),
+                                       (lambda: _linear_then_layernorm(transpose=True), "Linear"),
                                        (lambda: _conv_then_lrn(), "FusedConv")],
-                         ids=["linear", "linear-relu", "linear-reshape", "conv"])
+                         ids=["linear", "linear-relu", "linear-reshape", "linear-transpose", "conv"])
 def test_the_cast_after_a_product_folds_into_it(build, op):
     onnx_model = build()
     folded, unfolded = fg.compile(onnx_model, BF16), fg.compile(onnx_model, UNFOLDED)

@@ -7,7 +7,9 @@ The precision pass puts a ``Cast`` to float32 where a reduced value meets a floa
 ``Linear``, ``LinearAct`` or ``FusedConv`` computing in bfloat16 (directly, or through views that keep
 the type: Reshape, Flatten, Squeeze, Unsqueeze) and the Cast is its only reader, the product
 writes float32 instead (attribute ``out_dtype``): its accumulations, float32 already,
-are no longer rounded to bfloat16 first, and one kernel per boundary goes. The ops' kernels
+are no longer rounded to bfloat16 first, and one kernel per boundary goes. Data movement
+between the product and the Cast moves the float32 values instead (Transpose and Roll
+besides the views: Swin's window reverse and shift before its residual norm). The ops' kernels
 honour the attribute (``ops/fused_basic.py``, ``ops/fused_transformer.py``, ``ops/fused_cnn.py``; oneDNN's
 ``dnnl/linear.py``, ``dnnl/conv.py``).
 
@@ -31,17 +33,19 @@ from .manager import PassResult, is_locked
 from .precision_policy import FP32_OUTPUT_PRODUCTS as PRODUCTS
 from .precision_policy import has_residual
 
-VIEWS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze")}
+MOVES = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Transpose"),
+         ("fusegraph", "Roll")}     # one input, moved as it is in any type
 NORMS = {("fusegraph", "LayerNorm"), ("fusegraph", "SkipLayerNorm"), ("fusegraph", "RMSNorm"),
          ("fusegraph", "SkipRMSNorm"), ("fusegraph", "ChannelLayerNorm")}
 
 
 def _product_path(cast):
-    """The values from the product's output to the Cast's input (views between them included:
-    a Reshape, Flatten, Squeeze or Unsqueeze keeps its input's type), or a reason string."""
+    """The values from the product's output to the Cast's input (moves between them included:
+    a Reshape, Flatten, Squeeze, Unsqueeze, Transpose or Roll keeps its input's type), or a
+    reason string."""
     path = [cast.inputs[0]]
     while path[-1] is not None and path[-1].producer is not None \
-            and (path[-1].producer.domain, path[-1].producer.op_type) in VIEWS:
+            and (path[-1].producer.domain, path[-1].producer.op_type) in MOVES:
         path.append(path[-1].producer.inputs[0])
     src = path[-1]
     node = src.producer if src is not None else None
