@@ -3,13 +3,13 @@ own float32 output, and a Cast to bfloat16 right after a float32 layer norm its 
 output (a cast is a post-op, not a kernel).
 
 The precision pass puts a ``Cast`` to float32 where a reduced value meets a float32 reader
-(a LayerNorm's statistics, an LRN, the logits' pooling). When that value is the output of a
-``Linear``, ``LinearAct`` or ``FusedConv`` computing in bfloat16 (directly, or through views that keep
-the type: Reshape, Flatten, Squeeze, Unsqueeze) and the Cast is its only reader, the product
-writes float32 instead (attribute ``out_dtype``): its accumulations, float32 already,
-are no longer rounded to bfloat16 first, and one kernel per boundary goes. Data movement
-between the product and the Cast moves the float32 values instead (Transpose and Roll
-besides the views: Swin's window reverse and shift before its residual norm). The ops' kernels
+(a LayerNorm's statistics, an LRN, a reduction). When that value is the output of a
+``Linear``, ``LinearAct`` or ``FusedConv`` computing in bfloat16 (directly, or through moves that
+keep the type: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Roll; Swin's window reverse
+and shift before its residual norm) and the Cast is its only reader, the product writes
+float32 instead (attribute ``out_dtype``) and the moves move the float32 values: its
+accumulations, float32 already, are no longer rounded to bfloat16 first, and one kernel per
+boundary goes. The ops' kernels
 honour the attribute (``ops/fused_basic.py``, ``ops/fused_transformer.py``, ``ops/fused_cnn.py``; oneDNN's
 ``dnnl/linear.py``, ``dnnl/conv.py``).
 
