@@ -4,12 +4,13 @@ evaluates once per new input shape to size and place every activation before it 
 ``rule_for(node)`` gives ``(rule, reads)``: ``rule(node, shapes, values)`` returns one shape
 tuple per output (or None: no rule for this node's form), where ``shapes[i]``
 is input ``i``'s concrete shape (None for an absent optional input) and ``values[i]`` its
-tensor when the caller holds it before the run (a constant, or a value computed from the
-input shapes alone); ``reads(node)`` names the inputs whose *values* the output shape depends
-on, so a caller knows whether the shape is computable before the run. A rule is a few tuple
-operations (microseconds); an op with no rule here gets None from ``rule_for`` and the
-caller falls back to running the op's portable kernel on ``meta`` tensors (no data, tens of
-microseconds), which also tells it when a shape depends on data (the kernel then fails).
+tensor (or ``shape_ints.SmallInts``) when the caller holds it before the run (a constant, or
+a value computed from the input shapes alone); ``reads(node)`` names the inputs whose
+*values* the output shape depends on, so a caller knows whether the shape is computable
+before the run. A rule is a few tuple operations (microseconds); an op with no rule here
+gets None from ``rule_for`` and the caller falls back to running the op's portable kernel on
+``meta`` tensors (no data, tens of microseconds), which also tells it when a shape depends on
+data (the kernel then fails).
 Rules follow the ONNX semantics the ops' kernels implement; ``tests/ops/test_shape_rules.py``
 checks each against the kernel itself. Nothing here allocates or runs a kernel.
 """
@@ -18,9 +19,9 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import torch
 
 from ..ir import Node
+from .shape_ints import SmallInts
 
 Shape = tuple
 Rule = Callable[[Node, list, list], list]
@@ -58,8 +59,13 @@ def broadcast(*shapes: Shape) -> Shape:
     return tuple(out)
 
 
-def _ints(t: torch.Tensor | None) -> list[int]:
-    return [int(x) for x in t.reshape(-1).tolist()] if t is not None else []
+def _ints(t) -> list[int]:
+    """The values of an integer tensor or ``SmallInts``, flat."""
+    if t is None:
+        return []
+    if t.__class__ is SmallInts:
+        return list(t.data)
+    return [int(x) for x in t.reshape(-1).tolist()]
 
 
 def _axis(a: int, rank: int) -> int:

@@ -278,7 +278,7 @@ class FrameBuilder:
         ahead = dict(dims)
         for _ in range(min(FRAMES_AHEAD, self.capacity // 4)):
             ahead = {k: n + step.get(k, 0) for k, n in ahead.items()}
-            fakes = self._meta_inputs(inputs, ahead)
+            fakes = self._shaped_like(inputs, ahead)
             key = tuple(t.shape for t in fakes)
             if key not in self.frames:
                 try:
@@ -372,8 +372,8 @@ class FrameBuilder:
         since the newest plan all grew by one amount (a decoder's past and mask, one token a
         step): each grown dim ahead by as much again as takes the largest of them to the next
         power of two, the others as they are; None otherwise, or where the model cannot take
-        that shape. The computed values depend on the inputs' shapes alone, so inputs of those
-        shapes on the ``meta`` device (no data, no memory) give the projected frame's shapes."""
+        that shape. The computed values depend on the inputs' shapes alone, so those shapes (no
+        data, no memory) give the projected frame's shapes."""
         if not self.plans:
             return None
         grown = _grown_by_one_amount(self.plans[next(reversed(self.plans))].made_for, dims)
@@ -382,7 +382,7 @@ class FrameBuilder:
         top = max(dims[k] for k in grown)
         ahead = (1 << top.bit_length()) - top           # the largest grown dim to the next power of two
         projected = {k: n + ahead if k in grown else n for k, n in dims.items()}
-        fakes = self._meta_inputs(inputs, projected)
+        fakes = self._shaped_like(inputs, projected)
         try:
             self.dims(fakes)
             shapes = self.program.evaluate([tuple(t.shape) for t in fakes], {})
@@ -390,15 +390,15 @@ class FrameBuilder:
             return None
         return projected, shapes
 
-    def _meta_inputs(self, inputs, dims: dict[str, int]) -> list[torch.Tensor]:
-        """Tensors on the ``meta`` device (no data, no memory) shaped as ``inputs`` with their
-        symbolic dims at ``dims``: the inputs of a shape not run yet."""
+    def _shaped_like(self, inputs, dims: dict[str, int]) -> list["ShapeOnly"]:
+        """The shapes and types of ``inputs`` with their symbolic dims at ``dims`` (no data, no
+        memory): the inputs of a shape not run yet, as the frame reads them."""
         fakes = []
         for (symbols, _v), t in zip(self._symbols, inputs):
             shape = list(t.shape)
             for axis, sym in symbols:
                 shape[axis] = dims[sym]
-            fakes.append(torch.empty(shape, dtype=t.dtype, device="meta"))
+            fakes.append(ShapeOnly(torch.Size(shape), t.dtype))
         return fakes
 
     def _plan_shapes(self, dims: dict[str, int], shapes: dict[int, tuple]) -> MemoryBucket:
@@ -480,6 +480,14 @@ class FrameBuilder:
     def lower_bound(self, sizes: dict[str, int | None]) -> int:
         """The most bytes live at once in the fixed order, with activations of ``sizes``."""
         return self.planner(sizes, None).lifetimes.lower_bound_bytes
+
+
+class ShapeOnly:
+    """An input's shape and type without a tensor (a frame made ahead reads nothing else)."""
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: torch.Size, dtype: torch.dtype):
+        self.shape, self.dtype = shape, dtype
 
 
 def _grown_by_one_amount(last: dict[str, int], dims: dict[str, int]) -> dict[str, int] | None:

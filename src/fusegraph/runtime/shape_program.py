@@ -20,9 +20,13 @@ shape-only work, ``shape_memo.py``) once, at bind time:
 
 ``evaluate(input_shapes, memo_values, computed=values)`` then gives ``{id(value): shape}``
 for every determined value, walking the nodes in order with plain tuples, and puts the
-computed values into ``values``. A rule that fails at run time (the feeds' shapes do not fit
-the model) raises ``ValueError`` naming the node; the caller turns it into an
-``InputError``. Nothing here allocates an activation or runs a kernel on the model's data.
+computed values the run reads into ``values``. The integer arithmetic of a computed node on a
+few values (a reshape target, a past's length plus the new tokens') runs on Python ints
+(``ops/shape_ints.py``; a tensor is made only for a reader that needs one), and steps of one
+op and attributes at the same input shapes call their rule once (a decoder's layers). A rule
+that fails at run time (the feeds' shapes do not fit the model) raises ``ValueError`` naming
+the node; the caller turns it into an ``InputError``. Nothing here allocates an activation
+or runs a kernel on the model's data.
 """
 from __future__ import annotations
 
@@ -33,15 +37,17 @@ import torch
 from ..ir import Graph, Node, Value
 from ..ops import opdef_for
 from ..ops.registry import NodeContext
+from ..ops.shape_ints import SmallInts, small_kernel
 from ..ops.shape_rules import rule_for
 
 
 class ShapeStep:
-    __slots__ = ("node", "ins", "outs", "rule", "reads", "meta", "last", "dense", "read_ids")
+    __slots__ = ("node", "ins", "outs", "rule", "reads", "meta", "last", "dense", "read_ids", "twin")
 
     def __init__(self, node: Node, rule, reads: tuple[int, ...], meta: Callable | None):
         self.node, self.rule, self.reads, self.meta = node, rule, reads, meta
         self.last = None          # (input shapes, values read, output shapes) of the last evaluation
+        self.twin = None          # what its rule's result depends on besides its inputs (``_twins``)
         self.ins = tuple(None if v is None else id(v) for v in node.inputs)
         self.outs = tuple(id(o) for o in node.outputs)
         self.dense = None not in self.ins      # no optional input left out
@@ -51,15 +57,20 @@ class ShapeStep:
 class ValueStep:
     """A computed node: ``kernel`` makes its outputs from the values of ``ins`` (its call's
     inputs), or ``shape_of`` reads its one input's shape (``Shape`` / ``Size``)."""
-    __slots__ = ("node", "call", "ins", "outs", "kernel", "shape_of", "last", "dense")
+    __slots__ = ("node", "call", "ins", "outs", "kernel", "small", "shape_of", "last", "dense")
 
     def __init__(self, node: Node, call, shape_of: bool):
         self.node, self.call, self.shape_of = node, call, shape_of
-        self.last = None          # (input shapes, input tensors, output tensors) of the last evaluation
+        self.last = None          # (input shapes, input values, output values) of the last evaluation
         inputs = call.inputs if call is not None else node.inputs
         self.ins = tuple(None if v is None else id(v) for v in inputs)
         self.outs = tuple(id(o) for o in node.outputs)
         self.kernel = call.kernel if call is not None else None
+        # the op on Python ints where its values are small (``ops/shape_ints.py``); the kernel
+        # otherwise, or where the call reads other values than the node's inputs
+        same_inputs = call is None or shape_of or (
+            len(call.inputs) == len(node.inputs) and all(a is b for a, b in zip(call.inputs, node.inputs)))
+        self.small = small_kernel(node) if same_inputs else None
         self.dense = None not in self.ins
 
 
@@ -77,6 +88,8 @@ class ShapeProgram:
         self.known = set(known_values)
         self.consts = {id(v): v.const for v in graph.constants.values()}
         self.const_shapes = {k: tuple(t.shape) for k, t in self.consts.items()}
+        # the constants as the evaluation holds them: a small integer one as Python values
+        self.const_values = {k: (SmallInts.of(t) if t is not None else None) or t for k, t in self.consts.items()}
         self.steps: list[ShapeStep | ValueStep] = []
         self.dynamic: dict[str, str] = {}          # node name -> why its outputs are dynamic
         self.computed: set[int] = set()            # ids of computed values
@@ -105,6 +118,7 @@ class ShapeProgram:
             self.steps.append(ShapeStep(node, rule, reads, meta))
             shaped.update(id(o) for o in node.outputs)
         self.determined = shaped
+        _twins(self.steps)
         self._index()
 
     def _value_known(self, v: Value | None) -> bool:
@@ -212,23 +226,19 @@ class ShapeProgram:
             shapes = {k: tuple(t.shape) for k, t in memo.items()}
             shapes.update(zip(self.inputs, input_shapes))
             shapes.update(self.const_shapes)
-            values = dict(self.consts)
+            values = dict(self.const_values)
             values.update(memo)
         self._last = None                   # until this evaluation ends
         get_shape, get_value = shapes.__getitem__, values.__getitem__
+        twins: dict[tuple, tuple] = {}      # (twin, input shapes, values read) -> output shapes, this evaluation
         for step in steps:
-            if changed is not None:         # nothing it reads changed: its last outputs stand
-                if changed.isdisjoint(step.ins):
-                    continue
-                before = [(shapes.get(k), values.get(k)) for k in step.outs]
-            ins = tuple(map(get_shape, step.ins)) if step.dense else \
-                tuple([None if k is None else shapes[k] for k in step.ins])
+            if changed is not None and changed.isdisjoint(step.ins):
+                continue                    # nothing it reads changed: its last outputs stand
             if step.__class__ is ValueStep:
                 if step.shape_of:
-                    read = ()
+                    ins, read = (shapes[step.ins[0]],), ()
                 else:
-                    read = tuple([None if k is None else values[k] for k in step.ins])
-                    ins = ()
+                    ins, read = (), tuple([None if k is None else values[k] for k in step.ins])
                 last = step.last
                 if last is not None and last[0] == ins and _same_objects(last[1], read):
                     outs = last[2]
@@ -236,25 +246,35 @@ class ShapeProgram:
                     outs = self._compute(step, ins, read)
                     step.last = (ins, read, outs)
                 for k, t in zip(step.outs, outs):
+                    if changed is not None and values.get(k) is not t:
+                        changed.add(k)      # another tensor (the same one: the same shape and values)
                     values[k] = t
                     shapes[k] = tuple(t.shape)
             else:
+                ins = tuple(map(get_shape, step.ins)) if step.dense else \
+                    tuple([None if k is None else shapes[k] for k in step.ins])
                 read = tuple(map(get_value, step.read_ids)) if step.read_ids else ()
                 last = step.last
                 if not probing and last is not None and last[0] == ins and \
                         (not read or _same_objects(last[1], read)):
                     outs = last[2]
+                elif step.twin is not None and not probing:
+                    key = (step.twin, ins, tuple(map(id, read)))
+                    outs = twins.get(key)
+                    if outs is None:
+                        outs = twins[key] = self._shapes_of(step, ins, values, probing)
+                    step.last = (ins, read, outs)
                 else:
                     outs = self._shapes_of(step, ins, values, probing)
                     step.last = (ins, read, outs)
+                if changed is not None:
+                    for k, shape in zip(step.outs, outs):
+                        if shapes.get(k) != shape:
+                            changed.add(k)
                 shapes.update(zip(step.outs, outs))
-            if changed is not None:
-                for k, (shape, value) in zip(step.outs, before):
-                    if shapes[k] != shape or values.get(k) is not value:
-                        changed.add(k)
         if computed is not None:
-            for k in self.computed:
-                computed[k] = values[k]
+            for k in self._result_ids:
+                computed[k] = _tensor(values[k])
         if not probing and not memo:
             self._last = (tuple(input_shapes), shapes, values)
         return shapes
@@ -281,6 +301,7 @@ class ShapeProgram:
                 self._per_input[i].append(idx)
         self._steps_for: dict[tuple, list] = {}     # the inputs whose shapes moved -> the steps to visit
         self._last = None
+        self._result_ids = [id(v) for v in self.results]
 
     def _shapes_of(self, step: "ShapeStep", ins: tuple, values: dict, probing: bool) -> tuple:
         vals = [None] * len(ins)
@@ -305,20 +326,23 @@ class ShapeProgram:
 
     @staticmethod
     def _compute(step: ValueStep, ins: tuple, read: tuple) -> tuple:
+        """The step's outputs: on Python ints where its op has a function there and its
+        operands are small (a result equal to the last one is the last one's objects, so that
+        the steps after it see nothing changed), else by its kernel."""
         node = step.node
         try:
             if step.shape_of:
-                s = ins[0]
-                if node.op_type == "Size":
-                    n = 1
-                    for d in s:
-                        n *= d
-                    outs = (torch.tensor(n, dtype=torch.int64),)
-                else:
-                    outs = (torch.tensor(s[slice(node.attrs.get("start"), node.attrs.get("end"))], dtype=torch.int64),)
-            else:
-                got = step.kernel(*read)
-                outs = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+                return step.small(ins[0])
+            if step.small is not None:
+                args = _small_args(read)
+                got = step.small(*args) if args is not None else None
+                if got is not None:
+                    last = step.last
+                    if last is not None and all(a.same(b) for a, b in zip(got, last[2])):
+                        return last[2]
+                    return got
+            got = step.kernel(*[_tensor(v) for v in read])
+            outs = tuple(got) if isinstance(got, (tuple, list)) else (got,)
         except (ValueError, IndexError, KeyError, TypeError, RuntimeError, ZeroDivisionError) as exc:
             raise ValueError(f"node {node.name!r} ({node.op_type}) cannot compute its value at these shapes: "
                              f"{type(exc).__name__}: {exc}") from None
@@ -331,13 +355,66 @@ class ShapeProgram:
             if k is None:
                 args.append(None)
             elif k in values:                       # constants and shape-only values, as they are
-                args.append(values[k])
+                args.append(_tensor(values[k]))
             else:
                 args.append(torch.empty(s, dtype=v.dtype.to_torch(), device="meta"))
         with torch.device("meta"):
             out = meta(*args)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return [tuple(t.shape) for t in outs]
+
+
+def _twins(steps: list) -> None:
+    """Mark the steps whose rule gives what another step's gives at the same input shapes and
+    values read: the same rule on nodes of one op, version, arity and attributes (the rules
+    read nothing else of a node). A decoder's layers repeat their shapes: one rule call each."""
+    by_signature: dict[tuple, list] = {}
+    for step in steps:
+        if step.__class__ is ShapeStep and step.rule is not None:
+            node = step.node
+            attrs = _frozen(node.attrs)
+            if attrs is not None:
+                signature = (step.rule, node.domain, node.op_type, node.version, len(node.inputs),
+                             len(node.outputs), attrs)
+                by_signature.setdefault(signature, []).append(step)
+    for signature, group in by_signature.items():
+        for step in group:
+            step.twin = signature if len(group) > 1 else None
+
+
+def _frozen(attrs: dict) -> tuple | None:
+    """The attributes as a hashable tuple (None: one is a tensor or a graph)."""
+    def freeze(v):
+        if v is None or isinstance(v, (bool, int, float, str, bytes)):
+            return v
+        if isinstance(v, (list, tuple)):
+            items = tuple(freeze(x) for x in v)
+            return None if any(x is None and y is not None for x, y in zip(items, v)) else items
+        return None
+    items = []
+    for k in sorted(attrs):
+        f = freeze(attrs[k])
+        if f is None and attrs[k] is not None:
+            return None
+        items.append((k, f))
+    return tuple(items)
+
+
+def _tensor(v):
+    """A value as the kernels take it: a torch tensor (``SmallInts`` make theirs once)."""
+    return v.tensor() if v.__class__ is SmallInts else v
+
+
+def _small_args(read: tuple) -> list | None:
+    """The operands as ``SmallInts`` (None: one is a tensor too large or not of integers)."""
+    args = []
+    for v in read:
+        if v is not None and v.__class__ is not SmallInts:
+            v = SmallInts.of(v)
+            if v is None:
+                return None
+        args.append(v)
+    return args
 
 
 def _same_objects(a: tuple, b: tuple) -> bool:
