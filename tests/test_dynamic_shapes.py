@@ -326,3 +326,18 @@ def test_a_closed_dynamic_model_refuses_to_run(transformer_models):
     for seq in (8, 9):          # a kept shape and a new one
         with pytest.raises(ModelClosedError):
             model.run(transformer_feeds(seq=seq))
+
+
+
+def test_frame_stats_count_the_frames_and_plans_of_new_shapes(transformer_models):
+    path = str(transformer_models["bert"])
+    model = fg.compile(path, fg.Config(threads=1))
+    assert model.frame_stats()["frames"] == 0
+    for seq in (12, 5, 9, 5, 12):      # the longest first: the arena does not grow (which drops the frames)
+        model.run(transformer_feeds(seed=seq, seq=seq))
+    stats = model.frame_stats()
+    assert stats["frames"] == 3 and stats["frames_ahead"] == 0          # 5 and 12 came back: their frames kept
+    assert stats["plans"] >= 1 and stats["frame_seconds"] >= stats["plan_seconds"] > 0
+    per_shape = fg.compile(path, fg.Config(threads=1, shape_cache=8))
+    static = per_shape.specialize({k: v.shape for k, v in transformer_feeds(seq=6).items()})
+    assert static.frame_stats() == {}

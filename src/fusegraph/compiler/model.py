@@ -164,6 +164,15 @@ class CompiledModel:
         frames = getattr(runner, "frames", None)
         return frames.report() if frames is not None else []
 
+    def frame_stats(self) -> dict:
+        """For a model with symbolic input dims: what its runs at new input shapes cost so far
+        (``runtime/frames.py``): ``frames`` made at a run's miss and ``frames_ahead`` made for a
+        decoder's next steps, with ``frame_seconds`` they took (plans included), ``plans`` made
+        and their ``plan_seconds``. {} for a static model."""
+        runner = getattr(self._executor, "_runner", None)
+        frames = getattr(runner, "frames", None)
+        return dict(frames.stats) if frames is not None else {}
+
     def kv_cache(self, capacity: int = 1024):
         """A session that runs this decoder step by step with its KV cache kept inside
         fusegraph (``runtime/kv_cache.py``): each ``present`` output made as ``Concat(past,

@@ -35,6 +35,7 @@ order.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections import OrderedDict
@@ -139,7 +140,8 @@ class GrowingArena:
         return typed.as_strided(shape, strides, offset // itemsize)
 
 
-def _dense_strides(shape) -> tuple:
+@functools.lru_cache(maxsize=4096)
+def _dense_strides(shape: tuple) -> tuple:
     strides, step = [], 1
     for d in reversed(shape):
         strides.append(step)

@@ -30,6 +30,7 @@ or runs a kernel on the model's data.
 """
 from __future__ import annotations
 
+from operator import is_
 from typing import Callable
 
 import torch
@@ -238,7 +239,8 @@ class ShapeProgram:
                 if step.shape_of:
                     ins, read = (shapes[step.ins[0]],), ()
                 else:
-                    ins, read = (), tuple([None if k is None else values[k] for k in step.ins])
+                    ins, read = (), (tuple(map(get_value, step.ins)) if step.dense else
+                                     tuple([None if k is None else values[k] for k in step.ins]))
                 last = step.last
                 if last is not None and last[0] == ins and _same_objects(last[1], read):
                     outs = last[2]
@@ -418,12 +420,7 @@ def _small_args(read: tuple) -> list | None:
 
 
 def _same_objects(a: tuple, b: tuple) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x is not y:
-            return False
-    return True
+    return len(a) == len(b) and all(map(is_, a, b))
 
 
 class _MetaFailed(Exception):
