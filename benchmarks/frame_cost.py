@@ -12,8 +12,8 @@ random lengths 4..384, a frame per new length. Per tree and workload: the frames
 microseconds per frame with the plans' seconds taken out (``CompiledModel.frame_stats``), the
 plans and milliseconds per plan, the whole loop's seconds, the compile's seconds and RssAnon
 after the loop (MiB). A tree is chosen by ``PYTHONPATH`` (compile its modules first, ``python
--m compileall -q``); each round runs every tree in a new process, in turn; the table gives the
-median over rounds.
+-m compileall -q``); each round runs every tree in a new process, in turn (each first in every
+other round, the model file read just before each); the table gives the median over rounds.
 """
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     got: dict[tuple, list[dict]] = {}
     for r in range(args.rounds):
         for workload, (path, count) in models.items():
-            for src in srcs:
+            for src in srcs if r % 2 == 0 else srcs[::-1]:      # each tree first in every other round
+                Path(path).read_bytes()                              # the file in the page cache for each
                 env = dict(os.environ, PYTHONPATH=src)
                 out = subprocess.run([sys.executable, "-c", CHILD, workload, path, str(count)], env=env,
                                      capture_output=True, text=True, check=False)
