@@ -150,3 +150,10 @@ def test_only_small_integer_tensors_are_held_as_python_values():
     assert SmallInts.of(torch.zeros(MAX_ELEMENTS + 1, dtype=torch.int64)) is None
     got = SmallInts.of(torch.tensor([[1, 2]], dtype=torch.int32))
     assert (got.shape, got.data, got.dtype) == ((1, 2), (1, 2), torch.int32)
+
+
+def test_max_of_three_is_left_to_the_kernel():
+    arrays = [i64(1, 5), i64(4, 2), i64(3, 3)]
+    model = _model("Max", arrays, {})
+    node = import_model(onnx.shape_inference.infer_shapes(model)).nodes[0]
+    assert small_kernel(node)(*[SmallInts.of(torch.from_numpy(a)) for a in arrays]) is None

@@ -3,10 +3,9 @@ computes from its inputs' shapes once per new input shape (``Gather(Shape(x), 2)
 ``Unsqueeze`` / ``Concat`` of a reshape target, ``past + seq``), without a torch call per op.
 
 Exporters write a reshape target or a position count as a chain of ONNX ops on tensors of one
-to a few int64 elements. Run as kernels, each op is a torch call on a tiny tensor, several
-microseconds apiece, paid for every new input shape (a decoder's every token). Here such a
-tensor is a ``SmallInts`` (shape, flat tuple of values, torch dtype) and each op a few tuple
-operations. ``small_kernel(node)`` gives the op's function, or None where the op or its form
+to a few int64 elements. Run as kernels, each op is a torch call on a tiny tensor, paid for
+every new input shape (a decoder's every token). Here such a tensor is a ``SmallInts``
+(shape, flat tuple of values, torch dtype) and each op a few tuple operations. ``small_kernel(node)`` gives the op's function, or None where the op or its form
 has none here: the function takes ``SmallInts`` (None for an absent optional input) and
 returns a tuple of ``SmallInts``, or None where these operands' form is not handled (a rank,
 a broadcast, a length above ``MAX_ELEMENTS``, a result outside its integer type), so that the
@@ -44,7 +43,7 @@ class SmallInts:
     def tensor(self) -> torch.Tensor:
         """The torch tensor of these values (made once; readers must not write it)."""
         t = self._tensor
-        if t is None:         # through numpy: a third of torch.tensor's cost on a few values
+        if t is None:         # through numpy: cheaper than torch.tensor on a few values
             t = self._tensor = torch.from_numpy(np.array(self.data, dtype=_NUMPY[self.dtype]).reshape(self.shape))
         return t
 
@@ -113,7 +112,10 @@ def _operands(args: tuple) -> tuple | None:
 
 
 def _elementwise(fn: Callable, out_dtype=None) -> Callable:
-    def kernel(a, b):
+    def kernel(*args):
+        if len(args) != 2 or None in args:            # Max / Min of one or of three: the kernel's
+            return None
+        a, b = args
         if a.dtype is not b.dtype or a.dtype is torch.bool:
             return None
         if len(a.data) == 1 and len(b.data) == 1:     # one element each: the longer shape (all ones)
@@ -235,7 +237,7 @@ def _size(node: Node) -> Callable:
 
 
 def _cast(node: Node) -> Callable:
-    to = node.outputs[0].dtype.to_torch()
+    to = node.outputs[0].dtype.to_torch()     # no dtype: AttributeError, no function (``small_kernel``)
 
     def kernel(x):
         if to is torch.bool:
@@ -249,7 +251,7 @@ def _cast(node: Node) -> Callable:
 
 def _range(start, limit, delta):
     if start.shape or limit.shape or delta.shape or start.dtype not in (torch.int64, torch.int32) \
-            or not start.dtype is limit.dtype is delta.dtype:
+            or not (start.dtype is limit.dtype is delta.dtype):
         return None
     s, e, d = start.data[0], limit.data[0], delta.data[0]
     if d == 0:
@@ -304,13 +306,15 @@ _BUILDERS: dict[str, Callable[[Node], Callable]] = {
 
 def small_kernel(node: Node) -> Callable | None:
     """The op's function on ``SmallInts`` (``Shape`` / ``Size``: on the input's shape tuple),
-    or None where it has none here. ``Unsqueeze`` / ``Squeeze`` / ``Slice`` of opset versions
-    that take attributes, and ops of other domains, have none."""
+    or None where it has none here: ``Slice`` before opset 10 (attributes), ops of other
+    domains, and a node whose attributes or output type the function cannot be made from (the
+    op's kernel says what is wrong with it)."""
     if node.domain not in ("", "ai.onnx"):
         return None
     build = _BUILDERS.get(node.op_type)
-    if build is None:
+    if build is None or (node.op_type == "Slice" and node.version < 10):
         return None
-    if node.op_type == "Slice" and node.version < 10:
+    try:
+        return build(node)
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return build(node)
