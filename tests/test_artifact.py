@@ -588,3 +588,32 @@ def test_fuzz_resealed_json(saved, tmp_path, path, value, part):
         loaded.run(FEEDS["diamond"]())
     except FusegraphError:
         pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and madvise are Linux's")
+def test_a_loaded_files_bytes_are_advised_for_huge_pages_once_read(saved):
+    """The private copy of the file is marked ``MADV_HUGEPAGE`` (smaps flag ``hg``) so that
+    khugepaged moves the weights into 2 MiB pages while the model runs; where the kernel has
+    transparent huge pages off the advice is refused and the bytes stay as they are."""
+    import ctypes
+    import mmap
+    from fusegraph.artifact.container import open_artifact
+    _model, path, _ = saved["chain"]
+    art = open_artifact(path)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(art.mm))
+    flags = None
+    with open("/proc/self/smaps") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith("VmFlags:"):
+                flags = line.split()[1:]
+                break
+    assert flags is not None
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("no transparent huge pages here")
+    assert "hg" in flags, flags
