@@ -12,7 +12,8 @@ The engines both scripts share are made here the same way: an onnxruntime sessio
 (``ort_session``: ORT_ENABLE_ALL, or ORT_DISABLE_ALL as the oracle; 2 intra-op threads,
 sequential) and a fusegraph ``.fgm`` (``save_fgm``); ``close_enough`` is the oracle check
 (rtol 1e-4, atol 1e-5 x max(1, largest |value|), as ``tests/oracle.py``) with the error it
-reports (largest |difference| over largest |value|).
+reports (largest |difference| over largest |value|). ``zero_step_feeds``: a decoder step's
+feeds of zeros at a past and a new length (what frame and page benchmarks run: no data read).
 
 Nothing here times a run; engines are imported where a function needs them.
 """
@@ -162,3 +163,18 @@ def save_fgm(onnx_path: str, fgm_path: str | Path, threads: int) -> dict:
     saved = time.perf_counter() - t
     model.close()
     return {"compile_s": compiled, "save_s": saved, "fgm_mib": Path(fgm_path).stat().st_size / 2 ** 20}
+
+
+def zero_step_feeds(names: list[str], past: int, seq: int, heads: int = 12, head: int = 64) -> dict:
+    """Feeds of the ``decode.py`` decoder's step: ``input_ids`` of ``seq`` zeros, an
+    ``attention_mask`` of ones over ``past + seq``, and every other input a cache of zeros of
+    ``past`` positions."""
+    feeds = {}
+    for name in names:
+        if name == "input_ids":
+            feeds[name] = np.zeros((1, seq), np.int64)
+        elif name == "attention_mask":
+            feeds[name] = np.ones((1, past + seq), np.int64)
+        else:
+            feeds[name] = np.zeros((1, heads, past, head), np.float32)
+    return feeds

@@ -37,17 +37,9 @@ model = fg.compile(path, fg.Config(threads=2))
 build = time.perf_counter() - t0
 names = [v.name for v in model.graph.inputs]
 if workload == "decode":
-    def feeds(past, seq):
-        f = {}
-        for n in names:
-            if n == "input_ids":
-                f[n] = np.zeros((1, seq), np.int64)
-            elif n == "attention_mask":
-                f[n] = np.ones((1, past + seq), np.int64)
-            else:
-                f[n] = np.zeros((1, 12, past, 64), np.float32)
-        return f
-    steps = [feeds(0, 32)] + [feeds(32 + i, 1) for i in range(count)]
+    sys.path.insert(0, sys.argv[4])
+    from engine_process import zero_step_feeds
+    steps = [zero_step_feeds(names, 0, 32)] + [zero_step_feeds(names, 32 + i, 1) for i in range(count)]
 else:
     rng = np.random.default_rng(0)
     steps = [{n: np.ones((1, int(n_)), np.int64) for n in names} for n_ in rng.integers(4, 385, count)]
@@ -91,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             for src in srcs if r % 2 == 0 else srcs[::-1]:      # each tree first in every other round
                 Path(path).read_bytes()                              # the file in the page cache for each
                 env = dict(os.environ, PYTHONPATH=src)
-                out = subprocess.run([sys.executable, "-c", CHILD, workload, path, str(count)], env=env,
+                out = subprocess.run([sys.executable, "-c", CHILD, workload, path, str(count), str(HERE)], env=env,
                                      capture_output=True, text=True, check=False)
                 row = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
                 if row is None:

@@ -26,7 +26,6 @@ HERE = Path(__file__).resolve().parent
 
 CHILD = r'''
 import statistics, sys, time
-import numpy as np
 import fusegraph as fg
 from fusegraph.artifact import container
 path, seconds, every = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
@@ -40,16 +39,10 @@ plain = fg.load(path)
 load_plain = time.perf_counter() - t0
 container.advise_huge_pages = advise
 names = [v.name for v in advised.graph.inputs]
+sys.path.insert(0, sys.argv[4])
+from engine_process import zero_step_feeds
 def feeds(past, seq=1):
-    f = {}
-    for n in names:
-        if n == "input_ids":
-            f[n] = np.zeros((1, seq), np.int64)
-        elif n == "attention_mask":
-            f[n] = np.ones((1, past + seq), np.int64)
-        else:
-            f[n] = np.zeros((1, 12, past, 64), np.float32)
-    return f
+    return zero_step_feeds(names, past, seq)
 def status(key):
     with open("/proc/self/smaps_rollup" if key == "AnonHugePages" else "/proc/self/status") as fh:
         for line in fh:
@@ -97,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if not fgm.exists():
         import fusegraph as fg
         fg.compile(str(onnx_path), fg.Config(threads=2)).save(fgm)
-    subprocess.run([sys.executable, "-c", CHILD, str(fgm), str(args.seconds), str(args.every)], check=False)
+    subprocess.run([sys.executable, "-c", CHILD, str(fgm), str(args.seconds), str(args.every), str(HERE)],
+                   check=False)
     return 0
 
 
