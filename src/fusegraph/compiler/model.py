@@ -160,8 +160,7 @@ class CompiledModel:
         """For a model with symbolic input dims: the memory plans its runs made so far (one per
         bucket of shapes, ``plan/buckets.py``): the dims each was made for, the largest dims it
         ran, its arena and the lower bound at the largest shape it ran. [] for a static model."""
-        runner = getattr(self._executor, "_runner", None)
-        frames = getattr(runner, "frames", None)
+        frames = self._frames()
         return frames.report() if frames is not None else []
 
     def frame_stats(self) -> dict:
@@ -169,9 +168,12 @@ class CompiledModel:
         (``runtime/frames.py``): ``frames`` made at a run's miss and ``frames_ahead`` made for a
         decoder's next steps, with ``frame_seconds`` they took (plans included), ``plans`` made
         and their ``plan_seconds``. {} for a static model."""
-        runner = getattr(self._executor, "_runner", None)
-        frames = getattr(runner, "frames", None)
+        frames = self._frames()
         return dict(frames.stats) if frames is not None else {}
+
+    def _frames(self):
+        """The frame builder of a model with symbolic input dims (``runtime/frames.py``), else None."""
+        return getattr(getattr(self._executor, "_runner", None), "frames", None)
 
     def kv_cache(self, capacity: int = 1024):
         """A session that runs this decoder step by step with its KV cache kept inside

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from ..ir import Node
+from ..ir.shape import broadcast_shapes
+from .common import normalize_axis as _axis
 
 MAX_ELEMENTS = 64            # a longer value is a tensor's work (a mask, position ids of a prompt)
 
@@ -78,25 +80,14 @@ def _result(shape: tuple, data: tuple, dtype) -> "SmallInts | None":
     return SmallInts(shape, data, dtype) if len(data) <= MAX_ELEMENTS and _fits(data, dtype) else None
 
 
-def _broadcast_shape(*shapes: tuple) -> tuple | None:
-    rank = max(len(s) for s in shapes)
-    out = [1] * rank
-    for s in shapes:
-        for i, d in enumerate(s, rank - len(s)):
-            if d != 1:
-                if out[i] not in (1, d):
-                    return None                       # the kernel says why
-                out[i] = d
-    return tuple(out)
-
-
 def _operands(args: tuple) -> tuple | None:
     """The flat values of elementwise operands at their broadcast shape, where each is either
     of that shape (leading ones aside) or of one element (the forms shape arithmetic writes);
     None otherwise."""
-    shape = _broadcast_shape(*(a.shape for a in args))
-    if shape is None:
-        return None
+    try:
+        shape = broadcast_shapes(*(a.shape for a in args))
+    except ValueError:
+        return None                                   # the kernel says why
     n = 1
     for d in shape:
         n *= d
@@ -139,12 +130,6 @@ def _where(cond, x, y):
         return None
     shape, (c, a, b) = got
     return (SmallInts(shape, tuple(p if k else q for k, p, q in zip(c, a, b)), x.dtype),)
-
-
-def _axis(a: int, rank: int) -> int:
-    if not -rank <= a < max(rank, 1):
-        raise IndexError(f"axis {a} is out of range for rank {rank}")
-    return a + rank if a < 0 else a
 
 
 def _gather(node: Node) -> Callable:
