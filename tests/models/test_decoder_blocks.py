@@ -3,8 +3,9 @@ weights, opset 17): a Llama block (RMSNorm, rotary embeddings, grouped-query att
 MLP), Qwen2's (q / k / v biases) and a T5 encoder (RMSNorm, gated GELU). Each compiles to the
 fused decoder ops, with none of the exported pieces left (no Pow / ReduceMean / Slice / Neg /
 Concat / Expand), runs them on oneDNN's kernels where the shapes are static (brgemm products
-and attention, the RMS norms on its layer normalisation), and matches onnxruntime with
-ORT_DISABLE_ALL at rtol 1e-4: static and dynamic (batch, sequence) axes."""
+and attention, the gated MLP's two products with the gating in their epilogues, the RMS norms
+on its layer normalisation), and matches onnxruntime with ORT_DISABLE_ALL at rtol 1e-4:
+static and dynamic (batch, sequence) axes."""
 from __future__ import annotations
 
 import collections
@@ -52,10 +53,12 @@ def test_decoder_block_static(exports, kind):
     model = fg.compile(path)
     ops = _ops(model)
     assert ops["RMSNorm"] == 1 and ops["SkipRMSNorm"] == 2 and ops["RotaryEmbedding"] == 2
-    assert ops["GatedActivation"] == 1 and ops["ScaledDotProductAttention"] == 1 and not GONE & set(ops)
+    assert ops["GatedLinear"] == 1 and ops["ScaledDotProductAttention"] == 1 and not GONE & set(ops)
+    assert "GatedActivation" not in ops
     sdpa = next(n for n in model.graph.nodes if n.op_type == "ScaledDotProductAttention")
     assert sdpa.attrs["kv_repeat"] == 4 and sdpa.attrs["q_heads"] == 8 and sdpa.attrs["k_heads"] == 2
-    assert all(i.startswith("brg") for i in _impl(model, "ScaledDotProductAttention") + _impl(model, "LinearAct"))
+    assert all(i.startswith("brg") for i in _impl(model, "ScaledDotProductAttention") + _impl(model, "LinearAct")
+               + _impl(model, "GatedLinear"))
     assert all(i.startswith("jit") for i in _impl(model, "RMSNorm") + _impl(model, "SkipRMSNorm"))
     assert not model.report.kernels["declined"]
     for seed in (0, 1):
@@ -66,7 +69,8 @@ def test_decoder_block_static(exports, kind):
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "t5"])
 def test_decoder_block_dynamic_sequence(exports, kind):
     """One compile for every (batch, sequence): the same fused ops, symbolic dims in the
-    shapes (the repeat_kv and head-split proofs read the exporters' shape arithmetic)."""
+    shapes (the repeat_kv and head-split proofs read the exporters' shape arithmetic); the
+    gated MLP stays one packed product and its gating (rows known at run time only)."""
     path = exports(kind, True)
     model = fg.compile(path)
     ops = _ops(model)
@@ -85,12 +89,12 @@ def test_t5_encoder_static(exports):
     path = exports("t5", False)
     model = fg.compile(path)
     ops = _ops(model)
-    assert ops["RMSNorm"] == 1 and ops["SkipRMSNorm"] == 4 and ops["GatedActivation"] == 2
-    assert {n.attrs["activation"] for n in model.graph.nodes if n.op_type == "GatedActivation"} == {"gelu_tanh"}
-    assert not {"Pow", "ReduceMean", "Sqrt"} & set(ops)
+    assert ops["RMSNorm"] == 1 and ops["SkipRMSNorm"] == 4 and ops["GatedLinear"] == 2
+    assert {n.attrs["activation"] for n in model.graph.nodes if n.op_type == "GatedLinear"} == {"gelu_tanh"}
+    assert not {"Pow", "ReduceMean", "Sqrt", "GatedActivation"} & set(ops)
     from fusegraph.runtime.backends.cpu.dnnl import available
-    if available():         # the GELU on oneDNN's eltwise (dnnl/gated.py), not ATen's
-        assert all(i.startswith("jit") for i in _impl(model, "GatedActivation")), _impl(model, "GatedActivation")
+    if available():         # two oneDNN products, the GELU between them (dnnl/gated_linear.py), not ATen's
+        assert all(i.startswith("brg") for i in _impl(model, "GatedLinear")), _impl(model, "GatedLinear")
     feeds = decoder_feeds(3, 1, 16)
     assert_outputs_close(model.run(feeds), ort_run(path, feeds))
 

@@ -113,6 +113,8 @@ NEW_POLICY = {
     (FG, "SkipRMSNorm"): ("keep", "a residual sum and normalisation statistics: float32"),
     (FG, "RotaryEmbedding"): ("follow", "a rotation by float32 cos / sin tables: float32 inside, rounded once"),
     (FG, "GatedActivation"): ("follow", "an activation times the up projection: float32 inside, rounded once"),
+    (FG, "GatedLinear"): ("reduce", "two products and their gating: the reduced-type GEMMs accumulate in float32, "
+                                    "the gating is float32, the result rounded once"),
     (FG, "ChannelLayerNorm"): ("keep", "normalisation statistics: float32"),
     (FG, "GroupNorm"): ("keep", "normalisation statistics: float32"),
     (FG, "Roll"): ("follow", _MOVE),

@@ -133,6 +133,9 @@ BUILDERS = {
     (FG, "LinearAct"): _op("LinearAct", ("lw", lambda: _w(6, 5, seed=5)), ("lb", lambda: _w(5, seed=6)),
                            domain=FG, activation="relu"),
     (FG, "Linear"): _op("Linear", ("lw", lambda: _w(5, 6, seed=5)), domain=FG, trans_b=1),
+    (FG, "GatedLinear"): _op("GatedLinear", ("gw", lambda: _w(5, 6, seed=5)), ("uw", lambda: _w(5, 6, seed=7)),
+                             ("gb", lambda: _w(5, seed=6)), ("ub", lambda: _w(5, seed=8)), domain=FG,
+                             activation="silu"),
     (FG, "BatchMatMul"): _op2("BatchMatMul", domain=FG, trans_b=1),
     ("", "MatMul"): _op("MatMul", ("mw", lambda: _w(6, 5, seed=5))),
     ("", "Gemm"): _gemm,
@@ -279,9 +282,8 @@ def test_policy_entry_graph_in_graph_out(key):
     assert back.outputs[0].dtype == FP and back.inputs[0].dtype == BF
     produced_by_cast = [v for v in op.inputs if v is not None and v.producer is not None
                         and v.producer.op_type == "Cast"]
-    bias = pp.FLOAT32_BIAS.get(key)          # a product's constant bias stays float32
-    kept = {id(op.inputs[bias])} if bias is not None and len(op.inputs) > bias and op.inputs[bias] is not None \
-        and op.inputs[bias].is_const else set()
+    kept = {id(op.inputs[i]) for i in pp.FLOAT32_BIAS.get(key, ())      # a product's constant biases stay float32
+            if len(op.inputs) > i and op.inputs[i] is not None and op.inputs[i].is_const}
     if key in pp.FLOAT32_CONSTANTS:          # every float constant stays float32 (a Resize's scales)
         kept |= {id(v) for v in op.inputs if v is not None and v.is_const and v.dtype == FP}
     if cls in (REDUCE, FOLLOW):

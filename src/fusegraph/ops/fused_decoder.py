@@ -20,10 +20,16 @@ frontend creates them.
 - ``GatedActivation(x)``: ``act(x[..., :N]) * x[..., N:]`` with ``N`` half the last axis (the
   gate and the up projection of a gated MLP packed into one product, SwiGLU / GeGLU);
   ``activation`` one of ``ACTIVATIONS``. A reduced x is computed in float32, rounded once.
+- ``GatedLinear(x, w_gate, w_up, b_gate?, b_up?)``: ``act(x @ w_gate^T + b_gate) * (x @ w_up^T +
+  b_up)``, the weights ``[N, K]``: a gated MLP's two products and its gating in one node, so a
+  kernel can run the activation and the multiplication in its products' epilogues instead of
+  a pass over a packed product's result. Reduced operands: both products accumulated in
+  float32, unrounded, the gating in float32, the result rounded once.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..ir.shape import broadcast_shapes
 from .activations import gelu as _gelu_fn
@@ -199,3 +205,35 @@ def _gated(ctx: NodeContext):
             return y.to(x.dtype) if out is None else out.copy_(y)
         return gated_into(act, x, torch.empty(shape, dtype=x.dtype) if out is None else out)
     return gated
+
+
+# ---------------------------------------------------------------- GatedLinear
+
+def _gated_linear_infer(ctx: NodeContext):
+    xs, ws = ctx.shape(0), ctx.shape(1)
+    if xs is None or ws is None:
+        return [(ctx.dtype(0) or None, None)]
+    return [(ctx.dtype(0) or None, tuple(xs[:-1]) + (ws[0],))]
+
+
+@register("GatedLinear", domain=DOMAIN, since=1, fusion=FusionKind.OPAQUE, infer=_gated_linear_infer,
+          writes_out=True, precision=(Precision.REDUCE, "two products and their gating: the reduced-type GEMMs "
+                                      "accumulate in float32, the gating is float32, the result rounded once"))
+def _gated_linear(ctx: NodeContext):
+    name = ctx.attr("activation")
+    if name not in ACTIVATIONS:
+        raise ctx.unsupported(f"activation {name!r} (expected one of {sorted(ACTIVATIONS)})")
+    act = ACTIVATIONS[name]
+
+    def gated_linear(x, w_gate, w_up, b_gate=None, b_up=None, out=None):
+        if w_gate.dim() != 2 or w_gate.shape != w_up.shape or w_gate.shape[1] != x.shape[-1]:
+            raise RuntimeError(f"gated linear: weights {tuple(w_gate.shape)} and {tuple(w_up.shape)} are not "
+                               f"two [N, {x.shape[-1]}]")
+        f = torch.float32 if x.dtype in REDUCED else x.dtype
+        xf = x.to(f)
+        gate = F.linear(xf, w_gate.to(f), None if b_gate is None else b_gate.to(f))
+        y = act(gate, gate).mul_(F.linear(xf, w_up.to(f), None if b_up is None else b_up.to(f)))
+        if out is not None:
+            return out.copy_(y)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+    return gated_linear

@@ -131,10 +131,10 @@ class PrecisionPass:
                 dt = live[0].dtype if same else None
             target = dt or DType.FLOAT
             keep_consts = (node.domain, node.op_type) in FLOAT32_CONSTANTS
-            bias = FLOAT32_BIAS.get((node.domain, node.op_type))
+            biases = FLOAT32_BIAS.get((node.domain, node.op_type), ())
             for i in floats:
                 v = node.inputs[i]
-                kept = v.is_const and v.dtype == DType.FLOAT and (keep_consts or i == bias)
+                kept = v.is_const and v.dtype == DType.FLOAT and (keep_consts or i in biases)
                 if v.dtype != target and not kept:
                     node.set_input(i, self._convert(graph, v, target, node))
             if code == Reason.LOGITS_FP32_OUTPUT:

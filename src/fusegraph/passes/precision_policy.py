@@ -82,14 +82,15 @@ NORMALISATIONS = frozenset({"LayerNorm", "SkipLayerNorm", "RMSNorm", "SkipRMSNor
 # FOLLOW ops that compute in float32 inside: their constant inputs stay float32 (not rounded)
 FLOAT32_CONSTANTS = frozenset({("fusegraph", "ElementwiseChain"), ("fusegraph", "RotaryEmbedding"),
                                ("", "Resize"), ("", "Upsample")})    # their roi / scales: coordinates, not data
-# REDUCE products -> the input index of their constant bias, kept float32: it is added to the
+# REDUCE products -> the input indices of their constant biases, kept float32: it is added to the
 # float32 accumulator (oneDNN takes a float32 bias beside bf16 / fp16 operands; the ops' own
 # kernels round it to the operands' type), and a rounded bias shifts every output of its
 # channel the same way, layer after layer (a folded BatchNorm lives there): the probabilities'
 # relative L2 error of inception_v1 2.4e-2 -> 1.3e-2, bvlc_alexnet 2.1e-2 -> 8.5e-3
 # (OpenVINO's bf16, which keeps biases float32: 1.7e-2 / 1.9e-2)
-FLOAT32_BIAS = {("fusegraph", "FusedConv"): 2, ("fusegraph", "LinearAct"): 2, ("fusegraph", "Linear"): 2,
-                ("fusegraph", "LSTM"): 3, ("", "LSTM"): 3, ("", "GRU"): 3, ("", "RNN"): 3}
+FLOAT32_BIAS = {("fusegraph", "FusedConv"): (2,), ("fusegraph", "LinearAct"): (2,), ("fusegraph", "Linear"): (2,),
+                ("fusegraph", "GatedLinear"): (3, 4), ("fusegraph", "LSTM"): (3,), ("", "LSTM"): (3,),
+                ("", "GRU"): (3,), ("", "RNN"): (3,)}
 CHAIN_KEEP_WHY = "a fused elementwise chain with an exp / log / pow / sqrt step: float32"
 
 

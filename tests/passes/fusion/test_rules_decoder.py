@@ -243,8 +243,11 @@ def test_grouped_query_attention_declines_one_repeated_operand():
 
 # ------------------------------------------------------------------ gated MLPs and linear SiLU
 
-def _gated(act="silu", up_input="x", w3_cols=24):
+def _gated(act="silu", up_input="x", w3_cols=24, bias=False):
     nodes = [node("MatMul", ["x", "w1"], "g"), node("MatMul", [up_input, "w3"], "u")]
+    if bias:
+        nodes = [node("MatMul", ["x", "w1"], "g0"), node("Add", ["g0", "b1"], "g"),
+                 node("MatMul", [up_input, "w3"], "u0"), node("Add", ["u0", "b3"], "u")]
     if act == "silu":
         nodes += [node("Sigmoid", ["g"], "sg"), node("Mul", ["g", "sg"], "a")]
     elif act == "gelu":
@@ -254,17 +257,36 @@ def _gated(act="silu", up_input="x", w3_cols=24):
         nodes.append(node("Relu", ["g"], "a"))
     nodes.append(node("Mul", ["a", "u"], "y"))
     inits = [const("w1", rnd(D, 24, seed=1) / 4), const("w3", rnd(D, w3_cols, seed=2) / 4),
-             const("sq2", np.sqrt(2.0)), const("one", 1.0), const("half", 0.5)]
+             const("sq2", np.sqrt(2.0)), const("one", 1.0), const("half", 0.5),
+             const("b1", rnd(24, seed=4)), const("b3", rnd(w3_cols, seed=5))]
     return nodes, inits
 
 
 @pytest.mark.parametrize("act, name", [("silu", "silu"), ("gelu", "gelu"), ("relu", "relu")])
 def test_gated_mlp_packs_both_products(act, name):
+    """Rows known at run time only: one product of the packed weights, the gating after it."""
     nodes, inits = _gated(act)
-    c = check(model(nodes, [("x", F, [B, S, D])], ["y"], inits), oracle="ort")
+    c = check(model(nodes, [("x", F, ["batch", "seq", D])], ["y"], inits), oracle="ort",
+              feeds={"x": rnd(B, S, D)})
     assert ops(c) == ["LinearAct", "GatedActivation"]
     lin, gate = fused(c, "LinearAct")[0], fused(c, "GatedActivation")[0]
     assert gate.attrs["activation"] == name and tuple(lin.inputs[1].const.shape) == (48, D)
+    assert declined(c, "gated_product") == ["rows known at run time only: the packed product runs one GEMM over them"]
+
+
+@pytest.mark.parametrize("act, name", [("silu", "silu"), ("gelu", "gelu"), ("relu", "relu")])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_product_of_static_rows(act, name, bias):
+    """A static input: the two products and the gating one GatedLinear, its weights the gate's
+    and the up projection's again (``[N, K]`` each), the biases split the same way (the
+    numbers against onnxruntime: ``check``)."""
+    nodes, inits = _gated(act, bias=bias)
+    c = check(model(nodes, [("x", F, [B, S, D])], ["y"], inits), oracle="ort")
+    assert ops(c) == ["GatedLinear"]
+    g = fused(c, "GatedLinear")[0]
+    assert g.attrs["activation"] == name
+    assert [tuple(v.const.shape) for v in g.inputs[1:3]] == [(24, D), (24, D)]
+    assert (len([v for v in g.inputs if v is not None]) == 5) == bias
 
 
 def test_gated_mlp_declines_different_inputs():

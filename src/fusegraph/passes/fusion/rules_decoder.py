@@ -22,6 +22,11 @@ float32 rounding: the same products and sums, in float32).
   ``Gelu`` the gelu rule made) or Relu, W1 and W3 constant weights of one shape ->
   ``GatedActivation(LinearAct(x, [W1 | W3]))``: the two products packed into one (one pass
   over x, one GEMM of twice the width), the gating one kernel after it.
+- gated_product (23): ``GatedActivation(LinearAct(x, [W1 | W3]))`` whose input has a static
+  shape -> ``GatedLinear(x, W1, W3)`` (the packed weight split again): a kernel made for its
+  rows can then run the activation and the multiplication in its two products' epilogues (no
+  pass over the packed product's result). With rows known only at run time the pair stays:
+  its products run one GEMM over run-time rows.
 """
 from __future__ import annotations
 
@@ -196,6 +201,33 @@ def _gated_rewrite(m, form, ctx):
     return keep_shape(ctx.emit("GatedActivation", [both], {"activation": form["activation"]}, domain=FG), m.root)
 
 
+def _static(v) -> bool:
+    return v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape)
+
+
+def _gated_product_check(m, ctx):
+    product = m.nodes["product"]
+    if str(product.attrs.get("activation", "none")) != "none" or int(product.attrs.get("trans_b", 0)) != 1 \
+            or product.attrs.get("out_dtype") is not None:
+        return Decline("the packed product has an activation, an output type or an untransposed weight")
+    w = const_of(m.values["w"])
+    if w is None or w.dim() != 2 or w.shape[0] % 2:
+        return Decline("the packed weight is not a constant [2N, K]")
+    if not _static(m.values["x"]):
+        return Decline("rows known at run time only: the packed product runs one GEMM over them")
+    return _go(interior_reason(m.matched, m.root))
+
+
+def _gated_product_rewrite(m, _found, ctx):
+    w = const_of(m.values["w"])
+    n = w.shape[0] // 2
+    ins = [m.values["x"], ctx.const(w[:n].contiguous(), "gate_weight"), ctx.const(w[n:].contiguous(), "up_weight")]
+    if m.values.get("b") is not None:
+        b = const_of(m.values["b"])
+        ins += [ctx.const(b[:n].contiguous(), "gate_bias"), ctx.const(b[n:].contiguous(), "up_bias")]
+    return keep_shape(ctx.emit("GatedLinear", ins, {"activation": m.root.attrs["activation"]}, domain=FG), m.root)
+
+
 # ------------------------------------------------------------------ the rule list
 
 RULES = [
@@ -215,4 +247,9 @@ RULES = [
     Rule("gated_mlp", _gated_check, _gated_rewrite, pattern=Pat("Mul"), priority=24,
          doc="act(x W1) * (x W3), act SiLU / GELU / Relu, W1 and W3 constant of one shape, each product read "
              "only by the gating"),
+    Rule("gated_product", _gated_product_check, _gated_product_rewrite,
+         pattern=Pat("fusegraph::GatedActivation",
+                     Pat("fusegraph::LinearAct", Var("x"), Var("w"), Var("b", optional=True), name="product")),
+         priority=23, doc="the packed product read only by the gating, no activation of its own, its input of "
+                          "static shape"),
 ]

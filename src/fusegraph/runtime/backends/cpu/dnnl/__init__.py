@@ -13,7 +13,8 @@ DequantizeLinear, DynamicQuantizeLinear, Requantize and QAdd of static shape; ``
 GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNorm; ``binary.py``:
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
 ``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax; ``eltwise.py``: a standalone Gelu's fast form; ``gated.py``:
-a GatedActivation's GELU (over rows by ``rows_eltwise.py``, as after sgemm in ``linear_runtime.py``); ``rnn.py``: RNN, GRU and
+a GatedActivation's GELU (over rows by ``rows_eltwise.py``, as after sgemm in ``linear_runtime.py``); ``gated_linear.py``:
+GatedLinear, its gating in two products' epilogues; ``rnn.py``: RNN, GRU and
 fusegraph::LSTM, one recurrent primitive per node), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. The quantised ops' kernels are made only for a node their op's own checks
@@ -32,6 +33,7 @@ from .conv import conv_kernel
 from .conv_int8 import conv_int8_kernel
 from .eltwise import gelu_kernel
 from .gated import gated_kernel
+from .gated_linear import gated_linear_kernel
 from .layouts import static_shape
 from .linear import linear_kernel
 from .linear_dynamic_int8 import linear_dynamic_int8_kernel
@@ -151,6 +153,8 @@ class DnnlKernels:
             return gelu_kernel(ctx, self.resources, exact)
         if key == ("fusegraph", "GatedActivation"):
             return gated_kernel(ctx, self.resources, exact)
+        if key == ("fusegraph", "GatedLinear"):
+            return gated_linear_kernel(ctx, self.store, self.resources, exact)
         if key in RECURRENT:
             return rnn_kernel(ctx, self.store, self.resources, exact)
         return None
