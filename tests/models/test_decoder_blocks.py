@@ -3,8 +3,8 @@ weights, opset 17): a Llama block (RMSNorm, rotary embeddings, grouped-query att
 MLP), Qwen2's (q / k / v biases) and a T5 encoder (RMSNorm, gated GELU). Each compiles to the
 fused decoder ops, with none of the exported pieces left (no Pow / ReduceMean / Slice / Neg /
 Concat / Expand), runs them on oneDNN's kernels where the shapes are static (brgemm products
-and attention, the gated MLP's two products with the gating in their epilogues, the RMS norms
-on its layer normalisation), and matches onnxruntime with ORT_DISABLE_ALL at rtol 1e-4:
+and attention, the gated MLP's two products with the gating in their epilogues, the rotation
+by constant tables as reorders and a binary, the RMS norms on its layer normalisation), and matches onnxruntime with ORT_DISABLE_ALL at rtol 1e-4:
 static and dynamic (batch, sequence) axes."""
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def test_decoder_block_static(exports, kind):
     assert sdpa.attrs["kv_repeat"] == 4 and sdpa.attrs["q_heads"] == 8 and sdpa.attrs["k_heads"] == 2
     assert all(i.startswith("brg") for i in _impl(model, "ScaledDotProductAttention") + _impl(model, "LinearAct")
                + _impl(model, "GatedLinear"))
-    assert all(i.startswith("jit") for i in _impl(model, "RMSNorm") + _impl(model, "SkipRMSNorm"))
+    assert all(i.startswith("jit") for i in _impl(model, "RMSNorm") + _impl(model, "SkipRMSNorm")
+               + _impl(model, "RotaryEmbedding"))      # the rotation's tables are constants here
     assert not model.report.kernels["declined"]
     for seed in (0, 1):
         feeds = decoder_feeds(seed, 1, 16)

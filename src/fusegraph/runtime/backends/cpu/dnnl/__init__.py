@@ -14,7 +14,8 @@ GroupNorm declines (``GROUP_NORM_DECLINE``); ``rmsnorm.py``: RMSNorm, SkipRMSNor
 ElementwiseChain of per-channel affine steps; ``attention.py``: ScaledDotProductAttention;
 ``concat.py``: bfloat16 Concat; ``softmax.py``: Softmax; ``eltwise.py``: a standalone Gelu's fast form; ``gated.py``:
 a GatedActivation's GELU (over rows by ``rows_eltwise.py``, as after sgemm in ``linear_runtime.py``); ``gated_linear.py``:
-GatedLinear, its gating in two products' epilogues; ``rnn.py``: RNN, GRU and
+GatedLinear, its gating in two products' epilogues; ``rotary.py``: RotaryEmbedding with constant
+tables; ``rnn.py``: RNN, GRU and
 fusegraph::LSTM, one recurrent primitive per node), a
 ``Decline`` with the reason when it has the family but not this node, or None for an op it has
 no family for. The quantised ops' kernels are made only for a node their op's own checks
@@ -47,6 +48,7 @@ from .pool import pool_kernel
 from .quantize import dequantize_kernel, dynamic_quantize_kernel, qadd_kernel, quantize_kernel, requantize_kernel
 from .resample import resize_kernel
 from .rmsnorm import rms_norm_kernel
+from .rotary import rotary_kernel
 from .rnn import rnn_kernel
 from .shuffle import shuffle_kernel
 from .softmax import softmax_kernel
@@ -155,6 +157,8 @@ class DnnlKernels:
             return gated_kernel(ctx, self.resources, exact)
         if key == ("fusegraph", "GatedLinear"):
             return gated_linear_kernel(ctx, self.store, self.resources, exact)
+        if key == ("fusegraph", "RotaryEmbedding"):
+            return rotary_kernel(ctx, self.resources)
         if key in RECURRENT:
             return rnn_kernel(ctx, self.store, self.resources, exact)
         return None
