@@ -12,6 +12,14 @@ eltwise gives NaN for +-inf, so it runs after the product in place with torch, u
 ``PARALLEL_WEIGHTS`` elements are made for one thread. A bfloat16 product whose node has a
 float32 output (``out_dtype``: a Cast folded in, ``passes/fold_casts.py``) writes float32,
 the accumulations unrounded.
+
+Rows in pieces (``row_pieces_plan``): oneDNN's AMX brgemm matmul splits more than
+``AMX_ROW_BLOCK`` rows into blocks of that many and gives each thread whole blocks, so 257
+rows on two threads take as long as 512 (one thread runs a block of 256 alone), where a call
+of at most that many rows splits its columns between the threads. A bfloat16 product of one
+block and a small rest (a vision transformer's 256 patches and its class token) runs as a
+call of the block and one of the rest: the same arithmetic per row, the same packed weight
+(the pieces' primitives must pick its layout, else one call runs).
 """
 from __future__ import annotations
 
@@ -98,6 +106,18 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
         return Decline(f"oneDNN has no matmul for this node: {exc}", "dnnl")
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference matmul ({prim.impl})", "dnnl")
+    pieces = row_pieces_plan(m, n, k, prim.impl, torch.get_num_threads())
+    piece_prims = {}
+    if pieces is not None:
+        try:
+            for rows in set(pieces):
+                x_md, y_md = MemDesc.of((rows, k), compute), MemDesc.of((rows, n), out)
+                piece_prims[rows] = (make(post), x_md, y_md)
+        except capi.DnnlError:
+            piece_prims = {}
+        if any(p.md(capi.Q_WEIGHTS_MD) != prim.md(capi.Q_WEIGHTS_MD) or p.impl != prim.impl
+               for p, _, _ in piece_prims.values()):
+            piece_prims = {}
     w_md = prim.md(capi.Q_WEIGHTS_MD)
     plain = w if w.device.type == "meta" else w.to(compute).contiguous()
     plain_md = MemDesc.of((k, n), compute, (1, k) if trans_b else (n, 1))   # the operand is W^T under trans_b
@@ -107,9 +127,69 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     if bias is not None:
         consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
         keep.append(bias)
+    if piece_prims:
+        kernels = {rows: DnnlKernel(p, [Slot(capi.ARG_SRC, (rows, k), (k, 1), compute, pxm)],
+                                    Slot(capi.ARG_DST, (rows, n), (n, 1), out, pym), consts, resources, (0,),
+                                    keep=tuple(keep))
+                   for rows, (p, pxm, pym) in piece_prims.items()}
+        return RowPieces(pieces, kernels, (m, k), (m, n), xs, ys, after)
     x_slot = Slot(capi.ARG_SRC, xs, contiguous(xs), compute, x_md)
     y_slot = Slot(capi.ARG_DST, ys, contiguous(ys), out, y_md)
     return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
+
+
+AMX_ROW_BLOCK = 256        # the rows of one of oneDNN 3.2's AMX brgemm matmul blocks, each run by one thread
+PIECE_MIN_COLUMNS = 384    # columns enough for a call of one block to share between the threads
+PIECE_MIN_WEIGHT = 384 * 384   # weight elements enough for the second call's cost not to matter
+
+
+def row_pieces_plan(rows: int, cols: int, depth: int, impl: str, threads: int) -> tuple[int, ...] | None:
+    """The row counts of the calls that run a product of ``rows`` x ``depth`` by ``depth`` x
+    ``cols`` (a block of ``AMX_ROW_BLOCK`` rows, then the rest), or None for one call. One call
+    of one block and a rest of at most half a block takes as long as two blocks on one thread;
+    a block alone shares its columns between the threads. Measured on two threads (benchmarks/
+    RESULTS.md): pieces win by 1.2-1.8x there and lose on narrow or light products and on many
+    blocks (one call's partition is better there), so only one block and a small rest, wide
+    and heavy enough."""
+    full, rest = divmod(rows, AMX_ROW_BLOCK)
+    if full != 1 or not 0 < rest <= AMX_ROW_BLOCK // 2 or threads < 2 or not impl.startswith("brg:") \
+            or "amx" not in impl or cols < PIECE_MIN_COLUMNS or cols * depth < PIECE_MIN_WEIGHT:
+        return None
+    return (AMX_ROW_BLOCK, rest)
+
+
+class RowPieces:
+    """A product's rows as consecutive calls of the pieces' kernels, over row views of the
+    input and the output (made once per input / output pair: the arena's are the same objects
+    on every run, so the pieces' kernels keep their bound pointers)."""
+    writes_out = True
+    reads = (0,)
+
+    def __init__(self, pieces: tuple[int, ...], kernels: dict, x2d: tuple, y2d: tuple, xs: tuple, ys: tuple,
+                 after):
+        self.pieces, self.kernels, self.after = pieces, kernels, after
+        self.x2d, self.y2d, self.xs, self.ys = x2d, y2d, xs, ys
+        self.impl = next(iter(kernels.values())).impl
+        self._views: tuple = (None, None, ())
+
+    def __call__(self, x, w=None, b=None, out=None):
+        if out is None:
+            out = torch.empty(self.ys, dtype=next(iter(self.kernels.values())).output.dtype)
+        if self._views[0] is not x or self._views[1] is not out:
+            if tuple(x.shape) != self.xs or tuple(out.shape) != self.ys or not x.is_contiguous() \
+                    or not out.is_contiguous():
+                raise TypeError(f"oneDNN matmul in row pieces: input {tuple(x.shape)}, output {tuple(out.shape)}; "
+                                f"made for row-major {self.xs} -> {self.ys}")
+            xv, ov, start, parts = x.view(self.x2d), out.view(self.y2d), 0, []
+            for rows in self.pieces:
+                parts.append((self.kernels[rows], xv[start:start + rows], ov[start:start + rows]))
+                start += rows
+            self._views = (x, out, tuple(parts))
+        for kernel, xp, op in self._views[2]:
+            kernel(xp, out=op)
+        if self.after is not None:
+            self.after(out, (x,))
+        return out
 
 
 def _after(activation: str):
