@@ -13,11 +13,13 @@ position), so that every call is a dense, unbroadcast oneDNN kernel:
    written to the output and rounded once to its type.
 
 Each value is what the graph's float32 arithmetic gives (one product per term, one sum: ONNX's
-NaN / Inf, a product with a zero of the table included), and a bfloat16 x is rotated in float32
-and rounded once, as the op's own reduced-type kernel does. The tables of the model's nodes with
-equal cos / sin and the same row layout are held once (``Resources.shared``); the buffer is one
-per thread, shared by the model's rotary nodes. Float32 or bfloat16 x of static shape, row-major,
-an even last axis; anything else declines with its reason (the op's own kernel runs).
+NaN / Inf, a product with a zero of the table included): x is rotated in float32 and rounded
+once, as the op's own reduced-type kernel does. The tables of the model's nodes with equal cos /
+sin and the same row layout are held once (``Resources.shared``); the buffer is one per thread,
+shared by the model's rotary nodes. Bfloat16 x of static shape, row-major, an even last axis;
+anything else declines with its reason (the op's own kernel runs). A float32 rotation is not
+taken (None, no decline): its own kernel writes the output in place in three ATen passes, as
+fast inside a run (benchmarks/RESULTS.md), without this kernel's tables and buffer.
 """
 from __future__ import annotations
 
@@ -33,18 +35,20 @@ from .layouts import contiguous, dtype_of, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import Attr, create, thread_stream
 
-TYPES = (torch.float32, torch.bfloat16)
+TYPES = (torch.bfloat16,)
 BOTH_DIMS = 3                      # a scale per element of a [rows, half] source (mask of dims 0 and 1)
 
 
 def rotary_kernel(ctx, resources):
-    """The kernel of one RotaryEmbedding node, or a ``Decline`` saying why not."""
+    """The kernel of one RotaryEmbedding node, None for float32 x, or a ``Decline`` saying why not."""
     node = ctx.node
     x_v, y_v = node.inputs[0], node.outputs[0]
     xs = static_shape(x_v)
     dtype = dtype_of(x_v)
+    if dtype == torch.float32:
+        return None             # the op's own kernel is as fast: not a oneDNN kernel's to take
     if xs is None or dtype not in TYPES or dtype_of(y_v) != dtype or static_shape(y_v) != xs:
-        return Decline("needs float32 or bfloat16 x of static shape and an output like it", "dnnl")
+        return Decline("needs bfloat16 x of static shape and an output like it", "dnnl")
     if strides_of(x_v) != contiguous(xs) or strides_of(y_v) != contiguous(xs):
         return Decline("needs row-major x and output", "dnnl")
     cos, sin = ctx.const(1), ctx.const(2)
