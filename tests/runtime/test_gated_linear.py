@@ -123,3 +123,17 @@ def test_unknown_rows_or_a_computed_weight_decline():
     node = g.add_node("GatedLinear", [x, w, w], attrs={"activation": "silu"}, domain="fusegraph", version=1)
     node.outputs[0].dtype, node.outputs[0].shape = DType.FLOAT, (1, ROWS, N)
     assert isinstance(gated_linear_kernel(NodeContext(node, "cpu"), WeightStore(), Resources(), True), Decline)
+
+
+def test_the_op_refuses_weights_or_biases_that_do_not_pair():
+    """A re-sealed artifact's GatedLinear whose two weights or biases differ: the op refuses it
+    by name when its kernel is made, not at run time."""
+    from fusegraph.errors import UnsupportedOpError
+    for shapes in (((N, K), (N + 1, K), (N,)), ((N, K), (N, K), (N + 1,))):
+        g = Graph("unpaired")
+        x = g.add_input("x", DType.FLOAT, (1, ROWS, K))
+        ins = [x, g.add_constant("wg", torch.ones(shapes[0])), g.add_constant("wu", torch.ones(shapes[1])),
+               g.add_constant("bg", torch.ones(shapes[2])), g.add_constant("bu", torch.ones(N))]
+        node = g.add_node("GatedLinear", ins, attrs={"activation": "silu"}, domain="fusegraph", version=1)
+        with pytest.raises(UnsupportedOpError, match="GatedLinear|weights|bias"):
+            opdef_for(node).build(NodeContext(node, "cpu"))

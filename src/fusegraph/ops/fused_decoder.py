@@ -223,6 +223,12 @@ def _gated_linear(ctx: NodeContext):
     name = ctx.attr("activation")
     if name not in ACTIVATIONS:
         raise ctx.unsupported(f"activation {name!r} (expected one of {sorted(ACTIVATIONS)})")
+    gate, up = ctx.shape(1), ctx.shape(2)
+    if gate is not None and (len(gate) != 2 or up != gate):
+        raise ctx.unsupported(f"weights of shapes {gate} and {up} (expected two [N, K])")
+    for i in (3, 4):
+        if ctx.has_input(i) and gate is not None and ctx.shape(i) not in (None, (gate[0],)):
+            raise ctx.unsupported(f"a bias of shape {ctx.shape(i)} (expected [{gate[0]}])")
     act = ACTIVATIONS[name]
 
     def gated_linear(x, w_gate, w_up, b_gate=None, b_up=None, out=None):

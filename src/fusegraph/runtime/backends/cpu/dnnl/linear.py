@@ -148,9 +148,9 @@ def row_pieces_plan(rows: int, cols: int, depth: int, impl: str, threads: int) -
     ``cols`` (a block of ``AMX_ROW_BLOCK`` rows, then the rest), or None for one call. One call
     of one block and a rest of at most half a block takes as long as two blocks on one thread;
     a block alone shares its columns between the threads. Measured on two threads (benchmarks/
-    RESULTS.md): pieces win by 1.2-1.8x there and lose on narrow or light products and on many
-    blocks (one call's partition is better there), so only one block and a small rest, wide
-    and heavy enough."""
+    RESULTS.md): pieces win there, and lose on narrow or light products and on many blocks (one
+    call's partition is better there), so only one block and a small rest, wide and heavy
+    enough."""
     full, rest = divmod(rows, AMX_ROW_BLOCK)
     if full != 1 or not 0 < rest <= AMX_ROW_BLOCK // 2 or threads < 2 or not impl.startswith("brg:") \
             or "amx" not in impl or cols < PIECE_MIN_COLUMNS or cols * depth < PIECE_MIN_WEIGHT:
@@ -173,8 +173,10 @@ class RowPieces:
         self._views: tuple = (None, None, ())
 
     def __call__(self, x, w=None, b=None, out=None):
-        if out is None:
+        fresh = out is None
+        if fresh:
             out = torch.empty(self.ys, dtype=next(iter(self.kernels.values())).output.dtype)
+        parts = self._views[2]
         if self._views[0] is not x or self._views[1] is not out:
             if tuple(x.shape) != self.xs or tuple(out.shape) != self.ys or not x.is_contiguous() \
                     or not out.is_contiguous():
@@ -184,8 +186,9 @@ class RowPieces:
             for rows in self.pieces:
                 parts.append((self.kernels[rows], xv[start:start + rows], ov[start:start + rows]))
                 start += rows
-            self._views = (x, out, tuple(parts))
-        for kernel, xp, op in self._views[2]:
+            if not fresh:               # a probe's tensors are not kept alive until the next call
+                self._views = (x, out, tuple(parts))
+        for kernel, xp, op in parts:
             kernel(xp, out=op)
         if self.after is not None:
             self.after(out, (x,))
