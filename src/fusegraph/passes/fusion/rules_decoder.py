@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ir.shape import is_static
 from ..facts import const_of
 from ..rule import FUSEGRAPH_DOMAIN as FG
 from ..rule import Decline, Rule
@@ -201,10 +202,6 @@ def _gated_rewrite(m, form, ctx):
     return keep_shape(ctx.emit("GatedActivation", [both], {"activation": form["activation"]}, domain=FG), m.root)
 
 
-def _static(v) -> bool:
-    return v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape)
-
-
 def _gated_product_check(m, ctx):
     product = m.nodes["product"]
     if str(product.attrs.get("activation", "none")) != "none" or int(product.attrs.get("trans_b", 0)) != 1 \
@@ -213,7 +210,7 @@ def _gated_product_check(m, ctx):
     w = const_of(m.values["w"])
     if w is None or w.dim() != 2 or w.shape[0] % 2:
         return Decline("the packed weight is not a constant [2N, K]")
-    if not _static(m.values["x"]):
+    if not is_static(m.values["x"].shape):
         return Decline("rows known at run time only: the packed product runs one GEMM over them")
     return _go(interior_reason(m.matched, m.root))
 

@@ -1,8 +1,8 @@
 """``fusegraph::GatedLinear`` of static shape as two oneDNN matmuls whose epilogues do the gating:
 ``act(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up)``.
 
-The gate's product writes float32 into a buffer of this thread with the activation as its
-post-op; the up projection's product then multiplies by that buffer in its own epilogue (a
+The gate's product writes float32 into a temporary of this thread's buffer with the activation
+as its post-op; the up projection's product then multiplies by that buffer in its own epilogue (a
 binary ``mul`` post-op) and writes the output, rounded once to its type. A gated MLP packed as
 one product and a ``GatedActivation`` after it (the dynamic-rows form) reads and writes the
 packed result again in several passes; here nothing but the gate's buffer is written twice.
@@ -26,14 +26,14 @@ import torch
 
 from .....ops.fused_decoder import ACTIVATIONS
 from ...protocol import Decline
-from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
+from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS
 from . import capi
 from .call import DnnlKernel, Slot
 from .compute import compute_dtype
 from .layouts import contiguous, dtype_of, static_shape, strides_of
-from .linear import EXACT, FAST
-from .memory import DTYPES, MemDesc, Memory
-from .primitive import Attr, create, exact_post_ops
+from .linear import EXACT, FAST, matmul_primitive, weight_arguments
+from .memory import DTYPES, MemDesc
+from .primitive import exact_post_ops
 from .rows_eltwise import RowsEltwise
 
 TYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -68,58 +68,38 @@ def gated_linear_kernel(ctx, store, resources, exact: bool = True):
         return Decline("operand sizes do not match", "dnnl")
     compute = compute_dtype(dtype)
     act_post = ({**EXACT, **FAST} if not exact else EXACT).get(name)
-    lib = capi.load()
     x_md, g_md, y_md = MemDesc.of((m, k), compute), MemDesc.of((m, n), torch.float32), MemDesc.of((m, n), compute)
     w_any = MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
-
-    def make(bias, dst_md, post_ops):
-        b_md = None if bias is None else MemDesc.of((1, n), bias.dtype)
-        attr = Attr(post_ops)
-        with threads_for(m * n * k < SERIAL_MACS and n * k < PARALLEL_WEIGHTS):
-            prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
-                pd, lib.engine, x_md.handle, w_any.handle, b_md.handle if b_md is not None else None,
-                dst_md.handle, attr.handle))
-        return prim, b_md, attr
-
     bias_of = [None if b is None else b.to(torch.float32 if compute == torch.float32 else b.dtype).contiguous()
                for b in biases]
+    b_mds = [None if b is None else MemDesc.of((1, n), b.dtype) for b in bias_of]
+    serial = m * n * k < SERIAL_MACS and n * k < PARALLEL_WEIGHTS
     try:
         gate_post = act_post or []
-        gate = make(bias_of[0], g_md, gate_post)
-        if exact and gate_post and not exact_post_ops(gate[0].impl):
-            gate_post, gate = [], make(bias_of[0], g_md, [])
-        up = make(bias_of[1], y_md, [("binary", "mul", g_md)])
+        gate = matmul_primitive(x_md, w_any, b_mds[0], g_md, gate_post, serial)
+        if exact and gate_post and not exact_post_ops(gate.impl):
+            gate_post, gate = [], matmul_primitive(x_md, w_any, b_mds[0], g_md, [], serial)
+        up = matmul_primitive(x_md, w_any, b_mds[1], y_md, [("binary", "mul", g_md)], serial)
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no matmul for this node: {exc}", "dnnl")
-    if gate[0].is_reference or up[0].is_reference:
-        return Decline(f"oneDNN offers only its reference matmul ({gate[0].impl}, {up[0].impl})", "dnnl")
-
-    kernels = []
-    x_slot = Slot(capi.ARG_SRC, xs, contiguous(xs), compute, x_md)
-    for i, ((prim, b_md, attr), bias) in enumerate(zip((gate, up), bias_of)):
-        w_md = prim.md(capi.Q_WEIGHTS_MD)
-        w = weights[i]
-        plain = w if w.device.type == "meta" else w.to(compute).contiguous()
-        packed = store.form(node.inputs[1 + i].name, plain, (1, 0), MemDesc.of((k, n), compute, (1, k)), w_md)
-        consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
-        keep = [packed, w_md, attr]
-        if bias is not None:
-            consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
-            keep.append(bias)
-        if i == 0:
-            g_slot = Slot(capi.ARG_DST, (m, n), (n, 1), torch.float32, g_md)
-            kernels.append(DnnlKernel(prim, [x_slot], g_slot, consts, resources, (0,), keep=tuple(keep)))
-        else:
-            y_slot = Slot(capi.ARG_DST, ys, contiguous(ys), compute, y_md)
-            g_in = Slot(capi.arg_post_op_src1(0), (m, n), (n, 1), torch.float32, g_md)
-            kernels.append(DnnlKernel(prim, [Slot(capi.ARG_SRC, xs, contiguous(xs), compute, x_md), g_in], y_slot,
-                                      consts, resources, (0, 1), keep=tuple(keep)))
+    if gate.is_reference or up.is_reference:
+        return Decline(f"oneDNN offers only its reference matmul ({gate.impl}, {up.impl})", "dnnl")
+    args = [weight_arguments(store, node.inputs[1 + i].name, weights[i], True, compute, prim.md(capi.Q_WEIGHTS_MD),
+                             bias_of[i], b_mds[i]) for i, prim in enumerate((gate, up))]
+    (gate_consts, gate_keep), (up_consts, up_keep) = args
+    g_slot = Slot(capi.ARG_DST, (m, n), (n, 1), torch.float32, g_md)
+    gate_kernel = DnnlKernel(gate, [Slot(capi.ARG_SRC, xs, contiguous(xs), compute, x_md)], g_slot, gate_consts,
+                             resources, (0,), keep=tuple(gate_keep))
+    g_in = Slot(capi.arg_post_op_src1(0), (m, n), (n, 1), torch.float32, g_md)
+    up_kernel = DnnlKernel(up, [Slot(capi.ARG_SRC, xs, contiguous(xs), compute, x_md), g_in],
+                           Slot(capi.ARG_DST, ys, contiguous(ys), compute, y_md), up_consts, resources, (0, 1),
+                           keep=tuple(up_keep))
     after = None
     if not gate_post:
         after = _GeluRows(n, name, resources) if name in GELUS else _Activation(ACTIVATIONS[name])
         if isinstance(after, _GeluRows) and after.rows.is_reference:
             after = _Activation(ACTIVATIONS[name])
-    return GatedProducts(kernels[0], kernels[1], (m, n), after, resources)
+    return GatedProducts(gate_kernel, up_kernel, (m, n), after, resources)
 
 
 class _Activation:
@@ -146,7 +126,8 @@ class _GeluRows:
 
 
 class GatedProducts:
-    """The gate's product into this thread's float32 buffer, then the up projection's, which
+    """The gate's product into a float32 temporary of this thread's buffer (past the two
+    primitives' scratchpads, ``Resources.temporary``), then the up projection's, which
     multiplies by it in its epilogue."""
     writes_out = True
     reads = (0,)
@@ -154,28 +135,18 @@ class GatedProducts:
     def __init__(self, gate: DnnlKernel, up: DnnlKernel, gate_shape: tuple, after, resources):
         self.gate, self.up, self.gate_shape, self.after = gate, up, gate_shape, after
         self.impl = up.impl
-        self._views: dict[int, torch.Tensor] = {}
-        # one float32 buffer per thread, shared by the model's gated products: the largest one's size
-        self._buffers = resources.shared.setdefault("gated products float32", {})
-        sizes = resources.shared.setdefault("gated products float32 elements", [0])
-        sizes[0] = max(sizes[0], math.prod(gate_shape))
-        self._largest = sizes
+        self._resources = resources
+        self._offset = resources.past_scratchpads(gate.prim, up.prim)
+        self._bytes = 4 * math.prod(gate_shape)
+        resources.need(self._offset + self._bytes)
+        self._views: dict[int, torch.Tensor] = {}     # thread -> its temporary (one object: no rebinding)
 
     def __call__(self, x, w_gate=None, w_up=None, b_gate=None, b_up=None, out=None):
         g = self._views.get(threading.get_ident())
         if g is None:
-            g = self._view()
+            g = self._views[threading.get_ident()] = self._resources.temporary(self._offset, self._bytes) \
+                .view(torch.float32).view(self.gate_shape)
         self.gate(x, out=g)
         if self.after is not None:
             self.after(g)
         return self.up(x, g, out=out)
-
-    def _view(self) -> torch.Tensor:
-        tid = threading.get_ident()
-        count = math.prod(self.gate_shape)
-        buf = self._buffers.get(tid)
-        if buf is None or buf.numel() < count:
-            with torch.inference_mode(False):
-                buf = self._buffers[tid] = torch.empty(max(count, self._largest[0]), dtype=torch.float32)
-        g = self._views[tid] = buf[:count].view(self.gate_shape)
-        return g

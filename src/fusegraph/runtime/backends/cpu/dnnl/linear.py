@@ -86,22 +86,20 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     after = None
     if post is None:
         post, after = [], _after(activation)
-    x_md, y_md = MemDesc.of((m, k), compute), MemDesc.of((m, n), out)
     w_any = MemDesc.tagged([k, n], DTYPES[compute], capi.TAG_ANY)
     bias = None if b is None else b.to(torch.float32 if compute == torch.float32 else b.dtype).contiguous()
     b_md = MemDesc.of((1, n), bias.dtype) if bias is not None else None
-    lib = capi.load()
+    serial = m * n * k < SERIAL_MACS and n * k < PARALLEL_WEIGHTS
 
-    def make(post_ops):
-        attr = Attr(post_ops)
-        with threads_for(m * n * k < SERIAL_MACS and n * k < PARALLEL_WEIGHTS):
-            return create("matmul", lambda pd: lib.matmul_primitive_desc_create(
-                pd, lib.engine, x_md.handle, w_any.handle, b_md.handle if b_md is not None else None,
-                y_md.handle, attr.handle))
+    def make(rows, post_ops):
+        """(primitive, source md, destination md) of ``rows`` rows."""
+        x_md, y_md = MemDesc.of((rows, k), compute), MemDesc.of((rows, n), out)
+        return matmul_primitive(x_md, w_any, b_md, y_md, post_ops, serial), x_md, y_md
     try:
-        prim = make(post)
+        prim, x_md, y_md = make(m, post)
         if exact and post and not exact_post_ops(prim.impl):   # an epilogue not checked on NaN / Inf
-            prim, after = make([]), _after(activation)
+            post, after = [], _after(activation)
+            prim, x_md, y_md = make(m, post)
     except capi.DnnlError as exc:
         return Decline(f"oneDNN has no matmul for this node: {exc}", "dnnl")
     if prim.is_reference:
@@ -110,23 +108,14 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     piece_prims = {}
     if pieces is not None:
         try:
-            for rows in set(pieces):
-                x_md, y_md = MemDesc.of((rows, k), compute), MemDesc.of((rows, n), out)
-                piece_prims[rows] = (make(post), x_md, y_md)
+            piece_prims = {rows: make(rows, post) for rows in set(pieces)}
         except capi.DnnlError:
             piece_prims = {}
         if any(p.md(capi.Q_WEIGHTS_MD) != prim.md(capi.Q_WEIGHTS_MD) or p.impl != prim.impl
                for p, _, _ in piece_prims.values()):
             piece_prims = {}
-    w_md = prim.md(capi.Q_WEIGHTS_MD)
-    plain = w if w.device.type == "meta" else w.to(compute).contiguous()
-    plain_md = MemDesc.of((k, n), compute, (1, k) if trans_b else (n, 1))   # the operand is W^T under trans_b
-    packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
-    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
-    keep = [packed, w_md]
-    if bias is not None:
-        consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
-        keep.append(bias)
+    consts, keep = weight_arguments(store, node.inputs[1].name, w, trans_b, compute, prim.md(capi.Q_WEIGHTS_MD),
+                                    bias, b_md)
     if piece_prims:
         kernels = {rows: DnnlKernel(p, [Slot(capi.ARG_SRC, (rows, k), (k, 1), compute, pxm)],
                                     Slot(capi.ARG_DST, (rows, n), (n, 1), out, pym), consts, resources, (0,),
@@ -136,6 +125,35 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
     x_slot = Slot(capi.ARG_SRC, xs, contiguous(xs), compute, x_md)
     y_slot = Slot(capi.ARG_DST, ys, contiguous(ys), out, y_md)
     return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), after=after, keep=tuple(keep))
+
+
+def matmul_primitive(x_md: MemDesc, w_md: MemDesc, b_md: MemDesc | None, y_md: MemDesc, post_ops,
+                     serial: bool):
+    """A matmul primitive over a constant weight (``w_md`` with ``TAG_ANY``: oneDNN picks its
+    layout), made for one thread where ``serial``."""
+    lib = capi.load()
+    attr = Attr(post_ops)
+    with threads_for(serial):
+        return create("matmul", lambda pd: lib.matmul_primitive_desc_create(
+            pd, lib.engine, x_md.handle, w_md.handle, b_md.handle if b_md is not None else None, y_md.handle,
+            attr.handle))
+
+
+def weight_arguments(store, name: str, w: torch.Tensor, trans_b: bool, compute: torch.dtype, w_md: MemDesc,
+                     bias: torch.Tensor | None, b_md: MemDesc | None) -> tuple[list, list]:
+    """(constant arguments, tensors they point into) of a matmul primitive: weight ``name``
+    (``[K, N]``, or ``[N, K]`` under ``trans_b``) packed once by the store into the primitive's
+    layout ``w_md``, and the bias."""
+    k, n = (w.shape[1], w.shape[0]) if trans_b else (w.shape[0], w.shape[1])
+    plain = w if w.device.type == "meta" else w.to(compute).contiguous()
+    plain_md = MemDesc.of((k, n), compute, (1, k) if trans_b else (n, 1))   # the operand is W^T under trans_b
+    packed = store.form(name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
+    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))]
+    keep = [packed, w_md]
+    if bias is not None:
+        consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
+        keep.append(bias)
+    return consts, keep
 
 
 AMX_ROW_BLOCK = 256        # the rows of one of oneDNN 3.2's AMX brgemm matmul blocks, each run by one thread

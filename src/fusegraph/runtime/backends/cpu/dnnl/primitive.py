@@ -174,6 +174,13 @@ class Resources:
                 mem = loc.mems[nbytes] = Memory(MemDesc.tagged([nbytes], capi.U8, capi.TAG_A), buf.data_ptr())
         return thread_stream(), mem
 
+    @staticmethod
+    def past_scratchpads(*prims: "Primitive") -> int:
+        """The first cache-line-aligned byte of the thread's buffer past the scratchpads of
+        ``prims``: where a temporary the kernel keeps between their calls may start."""
+        top = max((p.scratchpad_bytes for p in prims), default=0)
+        return (top + 63) // 64 * 64
+
     def temporary(self, offset: int, nbytes: int) -> torch.Tensor:
         """Bytes ``offset .. offset + nbytes`` of this thread's buffer, as uint8: a kernel's own
         temporary between two of its primitives, past their scratchpad bytes (``need(offset +

@@ -15,8 +15,8 @@ position), so that every call is a dense, unbroadcast oneDNN kernel:
 Each value is what the graph's float32 arithmetic gives (one product per term, one sum: ONNX's
 NaN / Inf, a product with a zero of the table included): x is rotated in float32 and rounded
 once, as the op's own reduced-type kernel does. The tables of the model's nodes with equal cos /
-sin and the same row layout are held once (``Resources.shared``); the buffer is one per thread,
-shared by the model's rotary nodes. Bfloat16 x of static shape, row-major, an even last axis;
+sin and the same row layout are held once (``Resources.shared``); the buffer is a temporary of
+the thread's buffer that the model's oneDNN kernels share (``Resources.temporary``). Bfloat16 x of static shape, row-major, an even last axis;
 anything else declines with its reason (the op's own kernel runs). A float32 rotation is not
 taken (None, no decline): its own kernel writes the output in place in three ATen passes, as
 fast inside a run (benchmarks/RESULTS.md), without this kernel's tables and buffer.
@@ -110,7 +110,8 @@ def _tables(shape, cos, sin, heads, resources):
 
 class DnnlRotary:
     """The three calls, their memories pointed at this call's x and output when those change
-    (arena views are the same objects on every run), the float32 buffer one per thread."""
+    (arena views are the same objects on every run), the float32 buffer a temporary of the
+    calling thread's buffer (``Resources.temporary``)."""
     writes_out = True
     reads = (0,)
 
@@ -140,11 +141,9 @@ class DnnlRotary:
         self._calls.append((mix.handle, 4, args))
         if swap.scratchpad_bytes or mix.scratchpad_bytes:
             raise ValueError("a rotary reorder or binary with a scratchpad")
-        self._bound: tuple = (None, None, None)
-        self._buffers = resources.shared.setdefault("rotary float32", {})
-        sizes = resources.shared.setdefault("rotary float32 elements", [0])
-        sizes[0] = max(sizes[0], self._rows * self._d)
-        self._largest = sizes
+        self._bound: tuple = (None, None)
+        self._resources, self._bytes, self._tid = resources, 4 * self._rows * self._d, None
+        resources.need(self._bytes)
 
     def __call__(self, x, cos=None, sin=None, out=None):
         if out is None:
@@ -154,17 +153,15 @@ class DnnlRotary:
             raise TypeError(f"rotary embedding: x {x.dtype} {tuple(x.shape)}, output {out.dtype} "
                             f"{tuple(out.shape)}; the kernel was made for row-major {self._dtype} of "
                             f"{self._rows * self._d} values")
-        buf = self._buffer()
-        if self._bound[0] is not x or self._bound[1] is not out or self._bound[2] is not buf:
-            p, b = x.data_ptr(), buf.data_ptr()
+        if self._tid != threading.get_ident():
+            self._thread()
+        if self._bound[0] is not x or self._bound[1] is not out:
+            p = x.data_ptr()
             self._src[0].point(p + self._half_bytes)
             self._src[1].point(p)
-            self._dst[0].point(b)
-            self._dst[1].point(b + 4 * (self._d // 2))
             self._x.point(p)
             self._y.point(out.data_ptr())
-            self._buf.point(b)
-            self._bound = (x, out, buf)
+            self._bound = (x, out)
         stream, execute = thread_stream(), self._lib.execute
         for handle, n, args in self._calls:
             status = execute(handle, stream, n, args)
@@ -172,11 +169,10 @@ class DnnlRotary:
                 raise capi.DnnlError("execute rotary embedding", status)
         return out
 
-    def _buffer(self) -> torch.Tensor:
-        tid = threading.get_ident()
-        buf = self._buffers.get(tid)
-        count = self._rows * self._d
-        if buf is None or buf.numel() < count:
-            with torch.inference_mode(False):
-                buf = self._buffers[tid] = torch.empty(max(count, self._largest[0]), dtype=torch.float32)
-        return buf
+    def _thread(self) -> None:
+        """Point the float32 buffer's memories at this thread's temporary (no scratchpad: bytes 0 on)."""
+        self._tid = threading.get_ident()
+        b = self._resources.temporary(0, self._bytes).data_ptr()
+        self._dst[0].point(b)
+        self._dst[1].point(b + 4 * (self._d // 2))
+        self._buf.point(b)
