@@ -183,6 +183,19 @@ def ort_run(model: onnx.ModelProto, feeds, optimise: bool = False) -> list[np.nd
     return sess.run(None, feeds)
 
 
+def exact_run(model: onnx.ModelProto, feeds) -> list[np.ndarray]:
+    """``onnx.reference``'s outputs: the integer products summed exactly, as the ONNX spec
+    says. The oracle for a model whose int8 ops onnxruntime runs as such (QLinearConv,
+    QLinearMatMul, MatMulInteger, ``quantize_dynamic``'s products), which on a CPU without
+    int8 dot products (AVX2 only: MLAS's u8 x s8 kernel sums pairs in 16 bits) saturate."""
+    from onnx import version_converter
+    from onnx.reference import ReferenceEvaluator
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < 19:      # onnx.reference's (De)QuantizeLinear start at version 19
+        model = version_converter.convert_version(model, 19)
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
 def calibration_feeds(model: onnx.ModelProto, n: int = 4) -> list[dict[str, np.ndarray]]:
     """``n`` calibration inputs of ``model``, seeds apart from the accuracy inputs' (1000 on)."""
     return [feeds_for(model, 1000 + i) for i in range(n)]
