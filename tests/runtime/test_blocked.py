@@ -122,7 +122,7 @@ def test_unpack_equals_original_matmul_weights(m, k, n, trans_b, dtype):
 
 
 def test_a_plain_weight_with_longer_rows_reads_back_and_is_checked():
-    """A plain ``K x N`` weight held with each row longer than N (``linear_runtime.leading_dimension``)
+    """A plain ``K x N`` weight held with each row longer than N (``linear.leading_dimension``)
     is described by its strides: accepted with exactly its bytes, read back as the weight,
     refused one row short and with strides that reach past its bytes."""
     k, n, ld = 8, 256, 272

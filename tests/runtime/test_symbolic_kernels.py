@@ -17,8 +17,8 @@ from fusegraph.ops.registry import NodeContext
 from fusegraph.runtime.backends.cpu.dnnl import available
 from fusegraph.runtime.backends.protocol import Decline
 from fusegraph.runtime.backends.cpu.dnnl.blocked import check
-from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import (COLUMN_MAJOR_MAX_N, GEMV_ROWS, SET_ALIASING_BYTES,
-                                                                 runtime_linear_kernel)
+from fusegraph.runtime.backends.cpu.dnnl.linear import SET_ALIASING_BYTES
+from fusegraph.runtime.backends.cpu.dnnl.linear_runtime import COLUMN_MAJOR_MAX_N, GEMV_ROWS, runtime_linear_kernel
 from fusegraph.runtime.backends.cpu.dnnl.primitive import Resources, create
 from fusegraph.runtime.backends.cpu.dnnl.weights import WeightStore
 from fusegraph.runtime.backends.cpu.layer_norm import layer_norm_kernel

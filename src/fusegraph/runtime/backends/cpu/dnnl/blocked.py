@@ -9,7 +9,7 @@ outer index before its blocks (mixed radix, outermost block first), reshapes to 
 dims and drops the padding (and the compensation sums oneDNN appends to an int8 weight,
 which the primitives make again from the weight): no oneDNN call, so a saved model's weights can be read on a
 machine without the library, or in another layout than the one stored. A plain layout may hold
-its rows longer than they are (strides only, no blocks: ``linear_runtime.leading_dimension``).
+its rows longer than they are (strides only, no blocks: ``linear.leading_dimension``).
 ``check`` refuses a description that does not fit its bytes (an artifact is untrusted: every
 offset the view can reach must lie inside them).
 """
@@ -62,7 +62,7 @@ def check(desc, nbytes: int) -> str | None:
     dense = math.prod(padded) * item     # oneDNN's weights are dense, then its int8 compensation
     inner = math.prod(blocks)
     reach = inner + sum((p // k - 1) * s for p, k, s in zip(padded, per_dim, strides))
-    # or a plain layout whose rows are held longer than they are (``linear_runtime.leading_dimension``)
+    # or a plain layout whose rows are held longer than they are (``linear.leading_dimension``)
     spread = max(p // k * s for p, k, s in zip(padded, per_dim, strides)) * inner * item if not blocks else dense
     if desc["size"] != nbytes or not dense <= nbytes <= max(dense + _extra_limit(desc, padded), spread):
         return f"{nbytes} bytes do not hold the {math.prod(padded)} padded elements described"

@@ -5,7 +5,9 @@
 non-4-D values; another layout is staged; float16 data is computed as float32, as for
 convolutions: ``conv.py``); ``W`` (``[K, N]``, or ``[N, K]`` with ``trans_b``)
 is reordered once into the blocked layout the primitive picks and not read from the graph at
-run time; ``b`` is broadcast over rows. The activation is a post-op where oneDNN's eltwise is
+run time (where that is the plain layout, oneDNN's gemm on a CPU without a brgemm matmul for
+the type, with each row one cache line longer if its bytes are a multiple of
+``SET_ALIASING_BYTES``: ``matmul_primitive``); ``b`` is broadcast over rows. The activation is a post-op where oneDNN's eltwise is
 exact on NaN / Inf (relu as ``elu`` with alpha 0, sigmoid, tanh, silu as ``swish``); GELU's
 eltwise gives NaN for +-inf, so it runs after the product in place with torch, unless
 ``Config.fast_math``. Products under ``SERIAL_MACS`` multiply-adds with weights under
@@ -34,7 +36,7 @@ from . import capi
 from .call import DnnlKernel, Slot
 from .compute import compute_dtype
 from .layouts import contiguous, dtype_of, static_shape, strides_of
-from .memory import DTYPES, MemDesc, Memory
+from .memory import DTYPES, TORCH_OF, MemDesc, Memory
 from .primitive import Attr, create, exact_post_ops
 
 TYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -43,6 +45,8 @@ EXACT = {"none": [], "relu": [("eltwise", "elu", 0.0, 0.0)], "sigmoid": [("eltwi
          "tanh": [("eltwise", "tanh", 0.0, 0.0)], "silu": [("eltwise", "swish", 1.0, 0.0)]}
 FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf", 0.0, 0.0)],
         "gelu_tanh": [("eltwise", "gelu_tanh", 0.0, 0.0)]}
+SET_ALIASING_BYTES = 1024    # a plain weight row of a multiple of these bytes is held one line longer
+LINE_BYTES = 64
 
 
 def product_operands(ctx) -> tuple[str, bool, torch.Tensor, torch.Tensor | None] | Decline:
@@ -130,13 +134,51 @@ def linear_kernel(ctx, store, resources, exact: bool = True):
 def matmul_primitive(x_md: MemDesc, w_md: MemDesc, b_md: MemDesc | None, y_md: MemDesc, post_ops,
                      serial: bool):
     """A matmul primitive over a constant weight (``w_md`` with ``TAG_ANY``: oneDNN picks its
-    layout), made for one thread where ``serial``."""
+    layout), made for one thread where ``serial``. Where oneDNN picks the plain ``K x N``
+    layout (its gemm, on a CPU without a brgemm matmul for the type) and a row's bytes are a
+    multiple of ``SET_ALIASING_BYTES``, the weight is asked for with each row one cache line
+    longer (``leading_dimension``), as long as the same implementation takes it."""
     lib = capi.load()
     attr = Attr(post_ops)
-    with threads_for(serial):
-        return create("matmul", lambda pd: lib.matmul_primitive_desc_create(
-            pd, lib.engine, x_md.handle, w_md.handle, b_md.handle if b_md is not None else None, y_md.handle,
-            attr.handle))
+
+    def make(weights: MemDesc):
+        with threads_for(serial):
+            return create("matmul", lambda pd: lib.matmul_primitive_desc_create(
+                pd, lib.engine, x_md.handle, weights.handle, b_md.handle if b_md is not None else None,
+                y_md.handle, attr.handle))
+    prim = make(w_md)
+    longer = longer_rows(prim.md(capi.Q_WEIGHTS_MD))
+    if longer is not None:
+        try:
+            held = make(longer)
+        except capi.DnnlError:
+            return prim
+        if held.impl == prim.impl and held.md(capi.Q_WEIGHTS_MD) == longer:
+            return held
+    return prim
+
+
+def leading_dimension(n: int, dtype: torch.dtype) -> int:
+    """The row stride (elements) a plain ``K x N`` weight is held with for oneDNN's gemm: ``N``,
+    one cache line more where a row's bytes are a multiple of ``SET_ALIASING_BYTES`` (the gemm
+    walks a panel of the weight's rows at once, and rows at such a stride fall into the same
+    few sets of the L1 cache)."""
+    item = dtype.itemsize
+    return n + LINE_BYTES // item if (n * item) % SET_ALIASING_BYTES == 0 else n
+
+
+def longer_rows(chosen: MemDesc) -> MemDesc | None:
+    """The layout ``chosen`` (a matmul's weight layout) with each row one cache line longer,
+    where it is the plain, dense ``K x N`` layout at a stride that aliases; else None."""
+    d = chosen.describe()
+    if len(d["dims"]) != 2 or d["blocks"] or d["padded"] != d["dims"]:
+        return None
+    k, n = d["dims"]
+    dtype = TORCH_OF[d["dt"]]
+    ld = leading_dimension(n, dtype)
+    if d["strides"] != [n, 1] or ld == n or k < 2:
+        return None
+    return MemDesc.of((k, n), dtype, (ld, 1))
 
 
 def weight_arguments(store, name: str, w: torch.Tensor, trans_b: bool, compute: torch.dtype, w_md: MemDesc,

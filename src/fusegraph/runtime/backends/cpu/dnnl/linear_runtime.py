@@ -59,7 +59,7 @@ from ...protocol import Decline
 from ..threading_policy import PARALLEL_WEIGHTS, SERIAL_MACS, threads_for
 from . import capi
 from .compute import compute_dtype
-from .linear import WIDENED, product_operands
+from .linear import WIDENED, leading_dimension, product_operands
 from .memory import DTYPES, MemDesc, Memory
 from .primitive import Attr, PreparedCalls, call_arguments, create, exact_post_ops, thread_stream
 from .rows_eltwise import RowsEltwise
@@ -72,8 +72,6 @@ FAST = {"relu": [("eltwise", "relu", 0.0, 0.0)], "gelu": [("eltwise", "gelu_erf"
 ROWS_KEPT = 16                    # row counts whose prepared call a configuration keeps (the most recently used)
 GEMV_ROWS = 2                     # rows up to which a plain weight runs dnnl_sgemm (one_row_steps)
 COLUMN_MAJOR_MAX_N = 4096         # up to this many columns the plain weight is held transposed (N x K)
-SET_ALIASING_BYTES = 1024          # a weight row of a multiple of these bytes is held one line longer
-LINE_BYTES = 64
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
 _INF = float("inf")
 
@@ -135,14 +133,6 @@ def runtime_linear_kernel(ctx, store, resources, exact: bool = True, one_row_ste
     if gemv:
         warm_sgemm()
     return kernel
-
-
-def leading_dimension(n: int, dtype: torch.dtype) -> int:
-    """The row stride (elements) a plain ``K x N`` weight is held with for sgemm: ``N``, one
-    cache line more where a row's bytes are a multiple of ``SET_ALIASING_BYTES`` (the rows of a
-    panel would otherwise fall into the same few sets of the L1 cache)."""
-    item = dtype.itemsize
-    return n + LINE_BYTES // item if (n * item) % SET_ALIASING_BYTES == 0 else n
 
 
 _SGEMM_WARM: list[bool] = []
