@@ -7,10 +7,10 @@ convolutions: ``conv.py``); ``W`` (``[K, N]``, or ``[N, K]`` with ``trans_b``)
 is reordered once into the blocked layout the primitive picks and not read from the graph at
 run time (where that is the plain layout, oneDNN's gemm on a CPU without a brgemm matmul for
 the type, with each row one cache line longer if its bytes are a multiple of
-``SET_ALIASING_BYTES``: ``matmul_primitive``); ``b`` is broadcast over rows. The activation is a post-op where oneDNN's eltwise is
-exact on NaN / Inf (relu as ``elu`` with alpha 0, sigmoid, tanh, silu as ``swish``); GELU's
-eltwise gives NaN for +-inf, so it runs after the product in place with torch, unless
-``Config.fast_math``. Products under ``SERIAL_MACS`` multiply-adds with weights under
+``SET_ALIASING_BYTES``: ``matmul_primitive``); ``b`` is broadcast over rows. The activation
+is a post-op where oneDNN's eltwise is exact on NaN / Inf (relu as ``elu`` with alpha 0,
+sigmoid, tanh, silu as ``swish``); GELU's eltwise gives NaN for +-inf, so it runs after the
+product in place with torch, unless ``Config.fast_math``. Products under ``SERIAL_MACS`` multiply-adds with weights under
 ``PARALLEL_WEIGHTS`` elements are made for one thread. A bfloat16 product whose node has a
 float32 output (``out_dtype``: a Cast folded in, ``passes/fold_casts.py``) writes float32,
 the accumulations unrounded.

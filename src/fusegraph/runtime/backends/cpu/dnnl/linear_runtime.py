@@ -12,9 +12,10 @@ every row count.
   packed weight a few percent faster once made (the trade is in RESULTS.md). A matmul with
   a *run-time* M (``DNNL_RUNTIME_DIM_VAL``) exists too, but only as oneDNN's plain GEMM,
   which repacks the weight on every call. A weight whose rows are a multiple of
-  ``SET_ALIASING_BYTES`` long (768, 1024, 3072 float32 columns: most transformer widths) is
-  held with each row one cache line longer (``leading_dimension``): sgemm walks a panel of
-  its rows at once, and rows at such a stride fall into the same few sets of the L1 cache.
+  ``linear.SET_ALIASING_BYTES`` long (768, 1024, 3072 float32 columns: most transformer
+  widths) is held with each row one cache line longer (``linear.leading_dimension``, as the
+  static products' plain weights are): sgemm walks a panel of its rows at once, and rows
+  at such a stride fall into the same few sets of the L1 cache.
 - **A decoder's steps** (``one_row_steps``: the model feeds its KV cache back,
   ``runtime/kv_cache.kv_pairs``) have one row, and a product of one row streams its weight
   once: it is bound by memory. A weight of up to ``COLUMN_MAJOR_MAX_N`` columns (a layer's
