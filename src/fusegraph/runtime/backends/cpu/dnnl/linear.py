@@ -10,10 +10,10 @@ the type, with each row one cache line longer if its bytes are a multiple of
 ``SET_ALIASING_BYTES``: ``matmul_primitive``); ``b`` is broadcast over rows. The activation
 is a post-op where oneDNN's eltwise is exact on NaN / Inf (relu as ``elu`` with alpha 0,
 sigmoid, tanh, silu as ``swish``); GELU's eltwise gives NaN for +-inf, so it runs after the
-product in place with torch, unless ``Config.fast_math``. Products under ``SERIAL_MACS`` multiply-adds with weights under
-``PARALLEL_WEIGHTS`` elements are made for one thread. A bfloat16 product whose node has a
-float32 output (``out_dtype``: a Cast folded in, ``passes/fold_casts.py``) writes float32,
-the accumulations unrounded.
+product in place with torch, unless ``Config.fast_math``. Products under ``SERIAL_MACS``
+multiply-adds with weights under ``PARALLEL_WEIGHTS`` elements are made for one thread. A
+bfloat16 product whose node has a float32 output (``out_dtype``: a Cast folded in,
+``passes/fold_casts.py``) writes float32, the accumulations unrounded.
 
 Rows in pieces (``row_pieces_plan``): oneDNN's AMX brgemm matmul splits more than
 ``AMX_ROW_BLOCK`` rows into blocks of that many and gives each thread whole blocks, so 257
