@@ -45,10 +45,9 @@ def _views(model):
 def test_light_model_round_trip(tmp_path, monkeypatch):
     """The loaded model binds the compiled model's plan: same arena, same views with the
     strides the compile's probe found, and no probe run of its own."""
-    import onnx
     from fusegraph.testing import zoo
     from fusegraph.runtime import bind as bind_module
-    proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
+    proto = zoo.random_light_model("squeezenet")
     model = fg.compile(proto)
     model.save(tmp_path / "m.fgm")
     feeds = zoo.random_feeds(proto)
@@ -170,13 +169,12 @@ def recurrent_model():
 
 def _compiled(name: str, **config):
     """(onnx model, compiled model, feeds) of ``name`` ("squeezenet", "products" or "recurrent")."""
-    import onnx
     from fusegraph.testing import zoo
     if name == "recurrent":
         x = np.random.default_rng(6).standard_normal((6, 2, 8)).astype(np.float32)
         proto, feeds = recurrent_model(), {"x": x}
     elif name == "squeezenet":
-        proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
+        proto = zoo.random_light_model("squeezenet")
         feeds = zoo.random_feeds(proto)
     else:
         x = np.random.default_rng(4).standard_normal((4, 32, 16, 16)).astype(np.float32)
@@ -570,9 +568,8 @@ def test_plan_without_arena_still_runs(saved, tmp_path):
 
 
 def _squeezenet(streams: int):
-    import onnx
     from fusegraph.testing import zoo
-    proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
+    proto = zoo.random_light_model("squeezenet")
     return proto, fg.compile(proto, fg.Config(streams=streams))
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import onnx
 import pytest
 
 import fusegraph as fg
@@ -39,7 +38,7 @@ def models(transformer_models, tmp_path_factory):
     from model_builders import static_shapes, transformer_feeds
     out = {}
     for name in zoo.LIGHT_MODELS:
-        proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0))
+        proto = zoo.expose_logits(zoo.random_light_model(name))
         out[name] = (proto, zoo.random_feeds(proto))
     for name, path in transformer_models.items():
         out[name] = (static_shapes(path, 1, SEQ), transformer_feeds(seq=SEQ))

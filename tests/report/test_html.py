@@ -17,7 +17,7 @@ import pytest
 
 import fusegraph as fg
 from fusegraph.tools.html.page import write_html
-from fusegraph.testing.zoo import light_model_path, random_feeds, randomize_weights
+from fusegraph.testing.zoo import random_feeds, random_light_model
 
 SECTIONS = ("summary", "graph-after", "graph-before", "fusions", "passes", "memory", "streams", "precision",
             "profile")
@@ -28,7 +28,7 @@ HAVE_CHROMIUM = CHROMIUM.exists() and shutil.which(str(CHROMIUM)) is not None
 @pytest.fixture(scope="module")
 def resnet50(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("html")
-    proto = randomize_weights(onnx.load(str(light_model_path("resnet50"))))
+    proto = random_light_model("resnet50")
     onnx.save(proto, tmp / "resnet50.onnx")
     model = fg.compile(str(tmp / "resnet50.onnx"), config=fg.Config(streams=2, threads=2))
     write_html(model, tmp / "resnet50.html", feeds=random_feeds(proto), source=str(tmp / "resnet50.onnx"),

@@ -11,14 +11,13 @@ import io
 import json
 import re
 
-import onnx
 import pytest
 from rich.console import Console
 
 import fusegraph as fg
 from fusegraph.errors import ArtifactError
 from fusegraph.report import CompileReport, MemoryReport, StreamPlan
-from fusegraph.testing.zoo import light_model_path, randomize_weights
+from fusegraph.testing.zoo import random_light_model
 from test_artifact import json_part_edit, reseal
 
 LOADED_ONLY = {"report.timings": {"load"}}     # what a load adds to the report
@@ -50,7 +49,7 @@ def _compiled_and_loaded(model, config, tmp_path, **kw):
 
 @pytest.fixture(scope="module")
 def conv_streams(tmp_path_factory):
-    proto = randomize_weights(onnx.load(str(light_model_path("inception_v1"))))
+    proto = random_light_model("inception_v1")
     got = _compiled_and_loaded(proto, fg.Config(streams=2, threads=2), tmp_path_factory.mktemp("conv"))
     yield got
     for m in got[:2]:

@@ -190,8 +190,7 @@ LIGHT = ("squeezenet", "inception_v1", "shufflenet", "resnet50")
 
 @pytest.fixture(scope="module", params=LIGHT)
 def light(request):
-    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(request.param)),
-                                                    seed=0, calibrate=False))
+    proto = zoo.expose_logits(zoo.random_light_model(request.param, calibrate=False))
     return request.param, proto, zoo.random_feeds(proto, seed=1)
 
 

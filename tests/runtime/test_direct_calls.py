@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import onnx
 import pytest
 import torch
 
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.skipif(not available(), reason="oneDNN (onednn-cpu-gomp
 
 @pytest.fixture(scope="module")
 def squeezenet():
-    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0))
+    proto = zoo.expose_logits(zoo.random_light_model("squeezenet"))
     return proto, zoo.random_feeds(proto)
 
 

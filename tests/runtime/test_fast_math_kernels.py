@@ -31,7 +31,7 @@ def _post_ops(model) -> list[str]:
 
 @pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
 def test_fast_math_kernels_match_onnxruntime_on_finite_inputs(name):
-    model = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0))
+    model = zoo.expose_logits(zoo.random_light_model(name))
     feeds = zoo.random_feeds(model, seed=3)
     fast = fg.compile(model, fg.Config(fast_math=True))
     exact = fg.compile(model, fg.Config())

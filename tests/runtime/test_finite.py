@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
@@ -544,7 +543,7 @@ def test_the_guard_plan_shares_a_node_s_facts_only_where_every_grid_point_agrees
     from fusegraph.runtime.backends.cpu.backend import MEASURE_BELOW
     from fusegraph.runtime.backends.cpu.finite import record_facts
     from fusegraph.testing import zoo
-    model = zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0)
+    model = zoo.random_light_model(name)
     graph = fg.compile(model, config=fg.Config(threads=1, cpu_kernels="portable")).graph
     shared = guard_plan(graph, measure_below=MEASURE_BELOW)
 

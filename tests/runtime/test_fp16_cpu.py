@@ -10,7 +10,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from model_builders import small_transformer, static_shapes, transformer_feeds
@@ -50,7 +49,7 @@ def _fp32_compute(model, op_type: str) -> int:
 
 @pytest.fixture(scope="module")
 def squeezenet():
-    proto = zoo.randomize_weights(onnx.load(zoo.light_model_path("squeezenet")), seed=0)
+    proto = zoo.random_light_model("squeezenet")
     return proto, zoo.random_feeds(proto)
 
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import numpy as np
-import onnx
 import pytest
 
 import fusegraph as fg
@@ -33,7 +32,7 @@ def _dnnl_kernels(cm) -> list:
 
 @pytest.fixture(scope="module", params=["squeezenet", "inception_v1", "densenet121"])
 def saved(request, tmp_path_factory):
-    model = zoo.randomize_weights(onnx.load(zoo.light_model_path(request.param)), seed=0)
+    model = zoo.random_light_model(request.param)
     feeds = zoo.random_feeds(model, seed=1)
     compiled = fg.compile(model, fg.Config(threads=2))
     path = tmp_path_factory.mktemp("fgm") / f"{request.param}.fgm"

@@ -52,8 +52,7 @@ class _threads:
 
 @pytest.fixture(scope="module", params=zoo.LIGHT_MODELS)
 def light(request):
-    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(request.param)),
-                                                    seed=0, calibrate=False))
+    proto = zoo.expose_logits(zoo.random_light_model(request.param, calibrate=False))
     feeds = zoo.random_feeds(proto, seed=1)
     base = fg.compile(proto, fg.Config(memory="off"))
     with _threads(1):
@@ -283,8 +282,7 @@ def test_hybrid_plans_are_made():
 def test_auto_calibrated_branchy_model_matches_the_unoptimised_graph():
     """streams="auto" with the timed calibration on inception_v1: whatever plan it makes,
     outputs match the O0 graph (rtol 1e-4) and are bit-identical over 10 runs."""
-    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path("inception_v1")),
-                                                    seed=0, calibrate=False))
+    proto = zoo.expose_logits(zoo.random_light_model("inception_v1", calibrate=False))
     feeds = zoo.random_feeds(proto, seed=1)
     with _threads(2):
         oracle = fg.compile(proto, fg.Config(level="O0", memory="off")).run(feeds)

@@ -7,7 +7,6 @@ threads), the outputs agree within float32 rounding instead."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 
 import fusegraph as fg
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.skipif(machine_cores() < 2, reason="needs 2 cores for 2
 
 @pytest.fixture(scope="module", params=zoo.LIGHT_MODELS)
 def one_stream(request):
-    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(request.param)), seed=0))
+    proto = zoo.expose_logits(zoo.random_light_model(request.param))
     feeds = zoo.random_feeds(proto, seed=1)
     model = fg.compile(proto, fg.Config(threads=2))
     want = model.run(feeds)

@@ -24,13 +24,14 @@ from serve_helpers import BATCHED, MODELS, ServerProcess  # noqa: E402
 
 
 def _random_weights(name: str):
-    """``zoo.randomize_weights(light model, seed=0)`` without its BatchNormalization calibration
-    (pure NumPy: safe on a second thread; ``_calibrated`` finishes it on the main thread)."""
-    return zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0, calibrate=False)
+    """A light model's random weights (seed 0) without their BatchNormalization calibration
+    (NumPy only, or a parse of the process's earlier draw: safe on a second thread;
+    ``_calibrated`` finishes it on the main thread)."""
+    return zoo.random_light_model(name, calibrate=False)
 
 
 def _calibrated(model):
-    """The rest of ``zoo.randomize_weights(..., seed=0)``: the same model it returns."""
+    """The rest of ``zoo.random_light_model(name)``: the same model it returns."""
     return zoo.calibrate_batchnorm(model, zoo.random_feeds(model, 0))
 
 

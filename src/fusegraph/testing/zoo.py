@@ -9,10 +9,15 @@ mean and variance are set to the statistics its input actually has on a calibrat
 (found in one run of an auxiliary model where every BatchNormalization is an
 InstanceNormalization, which is what a calibrated BN computes at batch 1). ``expose_logits`` adds the input
 of the final Softmax as an extra graph output, so tests compare logits, not only
-probabilities.
+probabilities. ``random_light_model`` draws a light model's weights once per process and hands
+out parsed copies: drawing the large ones (vgg19, zfnet512) costs far more than parsing them.
 """
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +41,42 @@ def light_model_path(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"no light model {name!r}; known: {', '.join(LIGHT_MODELS)}")
     return path
+
+
+_DRAWN: dict[tuple[str, int, bool], Path] = {}    # (name, seed, calibrate) -> its serialized copy
+_DRAWN_LOCKS: dict[tuple[str, int, bool], threading.Lock] = {}
+_DRAWN_GUARD = threading.Lock()
+_DRAWN_DIR: list[Path] = []
+
+
+def _drawn_dir() -> Path:
+    if not _DRAWN_DIR:
+        folder = Path(tempfile.mkdtemp(prefix="fusegraph-light-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _DRAWN_DIR.append(folder)
+    return _DRAWN_DIR[0]
+
+
+def random_light_model(name: str, seed: int = 0, calibrate: bool = True) -> onnx.ModelProto:
+    """``randomize_weights(onnx.load(light_model_path(name)), seed, calibrate)``, drawn once per
+    process: the first call saves the model to a temporary folder (removed at exit), later calls
+    parse a fresh copy of it, so a caller may change what it gets. Safe to call from threads."""
+    key = (name, int(seed), bool(calibrate))
+    with _DRAWN_GUARD:
+        lock = _DRAWN_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _DRAWN:
+            if calibrate:   # randomize_weights' calibration is a last step over the uncalibrated draw
+                uncalibrated = random_light_model(name, seed, calibrate=False)
+                model = calibrate_batchnorm(uncalibrated, random_feeds(uncalibrated, seed))
+            else:
+                model = randomize_weights(onnx.load(light_model_path(name)), seed, calibrate=False)
+            with _DRAWN_GUARD:
+                path = _drawn_dir() / f"{name}-{key[1]}-{int(calibrate)}.onnx"
+            path.write_bytes(model.SerializeToString())
+            _DRAWN[key] = path
+            return model
+        return onnx.load_from_string(_DRAWN[key].read_bytes())
 
 
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:

@@ -22,7 +22,7 @@ def ort_extended_nodes(proto, tmp_path) -> int:
 
 @pytest.mark.parametrize("name", zoo.LIGHT_MODELS)
 def test_o2_matches_onnxruntime_within_extended_kernel_budget(name, tmp_path):
-    proto = zoo.expose_logits(zoo.randomize_weights(onnx.load(zoo.light_model_path(name)), seed=0))
+    proto = zoo.expose_logits(zoo.random_light_model(name))
     feeds = zoo.random_feeds(proto, seed=1)
     compiled = fg.compile(proto, fg.Config(level="O2"))
     got = compiled.run(feeds)
