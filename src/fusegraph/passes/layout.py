@@ -30,8 +30,10 @@ in both layouts and cost nothing, and a pool over the whole image reads either.
 The pass then compares the reorder traffic this plan needs with the bytes the convolutions
 process; when reorders would cost more than ``min_gain`` of that (or the graph has fewer
 than ``min_convs`` 1-D / 2-D FusedConvs) it leaves the whole graph ``nchw``, except a graph with an
-int8 ``QConv``: oneDNN's int8 convolutions have no fast ``nchw`` form, so that one always goes
-``nhwc``. Graph outputs and
+int8 ``QConv`` or a depthwise FusedConv (one input channel per group): neither has a fast
+``nchw`` form in oneDNN (its int8 convolutions run channels-last only; over ``nchw`` a depthwise
+one is its im2col GEMM, one per channel, many times slower than the two reorders its
+channels-last form can cost), so such a graph always goes ``nhwc``. Graph outputs and
 inputs are never changed: outputs may come back channels-last-strided (values are equal).
 """
 from __future__ import annotations
@@ -88,6 +90,13 @@ def _trivial(v: Value) -> bool:
 
 def _single_pixel_out(node: Node) -> bool:
     return all(_is_act(o) and _pixels(o) == 1 for o in node.outputs)
+
+
+def _depthwise(node: Node) -> bool:
+    """A FusedConv of more than one group whose groups read one input channel each."""
+    w = node.inputs[1] if len(node.inputs) > 1 else None
+    return (node.domain, node.op_type) == ("fusegraph", "FusedConv") and int(node.attrs.get("group", 1)) > 1 \
+        and w is not None and w.shape is not None and len(w.shape) >= 3 and w.shape[1] == 1
 
 
 def _bytes(v: Value) -> int:
@@ -213,9 +222,12 @@ class LayoutPass:
         # oneDNN's int8 convolutions run channels-last only (over nchw it offers its reference
         # one, and the QConv runs its float32 reference form): a graph with one goes nhwc
         n_int8 = sum(1 for n in graph.nodes if (n.domain, n.op_type) == INT8_CONV and n.inputs and _is_act(n.inputs[0]))
-        lay = assign(graph) if n_conv >= self.layout.min_convs or n_int8 else {}
+        # a depthwise convolution over nchw is oneDNN's GEMM fallback: such a graph goes nhwc too
+        n_depthwise = sum(1 for n in graph.nodes if _depthwise(n) and _is_act(n.inputs[0]))
+        must = n_int8 + n_depthwise > 0
+        lay = assign(graph) if n_conv >= self.layout.min_convs or must else {}
         moved, conv = reorder_bytes(graph, lay) if lay else (0, 0)
-        chosen = bool(lay) and (moved <= self.layout.max_reorder_ratio * conv or n_int8 > 0)
+        chosen = bool(lay) and (moved <= self.layout.max_reorder_ratio * conv or must)
         changed = 0
         for node in graph.nodes:
             for o in node.outputs:
@@ -223,6 +235,7 @@ class LayoutPass:
                 if o.layout != want and (o.shape is not None and len(o.shape) in (3, 4) or o.layout != NCHW):
                     o.layout = want
                     changed += 1
-        stats = {"channels_last": chosen, "fused_convs": n_conv, "reorder_bytes": moved, "conv_bytes": conv,
+        stats = {"channels_last": chosen, "fused_convs": n_conv, "depthwise_convs": n_depthwise,
+                 "reorder_bytes": moved, "conv_bytes": conv,
                  "nhwc_values": sum(1 for v in lay.values() if v == NHWC) if chosen else 0}
         return PassResult(changed > 0, stats)

@@ -85,3 +85,47 @@ def test_declines_with_few_convs_and_when_reorders_dominate():
 def test_layout_pass_can_be_disabled():
     c = check(_net(), oracle="ort", disabled_passes=("layout",))
     assert all(v.layout == "nchw" for n in c.graph.nodes for v in n.outputs)
+
+
+def _conv_implementations(c) -> dict:
+    return {call.kernel.impl: call.node.name for call in c._executor.binding.calls
+            if call.node.op_type == "FusedConv" and hasattr(call.kernel, "impl")}
+
+
+@pytest.mark.parametrize("form", ["2d", "2d-stride-2", "1d-between-transposes"])
+def test_a_depthwise_convolution_goes_channels_last_even_alone(form):
+    """One depthwise convolution (+ SiLU) is the graph's only convolution: over nchw oneDNN has
+    only its im2col GEMM for it, so the pass lays it out channels-last anyway (a MobileNet
+    block cut out, a Conformer's depthwise 1-D convolution between two transposes)."""
+    ch = 16
+    if form.startswith("2d"):
+        stride = 2 if form.endswith("2") else 1
+        inits = [const("w", rnd(ch, 1, 3, 3, seed=1)), const("b", rnd(ch, seed=2, scale=0.1))]
+        nodes = [node("Conv", ["x", "w", "b"], "c", group=ch, pads=[1] * 4, strides=[stride] * 2),
+                 node("Sigmoid", ["c"], "s"), node("Mul", ["c", "s"], "y")]
+        m = model(nodes, [("x", F, [1, ch, 20, 20])], ["y"], inits)
+    else:
+        inits = [const("w", rnd(ch, 1, 7, seed=1)), const("b", rnd(ch, seed=2, scale=0.1))]
+        nodes = [node("Transpose", ["x"], "xt", perm=[0, 2, 1]),
+                 node("Conv", ["xt", "w", "b"], "c", group=ch, pads=[3, 3]),
+                 node("Sigmoid", ["c"], "s"), node("Mul", ["c", "s"], "a"),
+                 node("Transpose", ["a"], "y", perm=[0, 2, 1])]
+        m = model(nodes, [("x", F, [1, 40, ch])], ["y"], inits)
+    c = check(m, oracle="ort")
+    st = _layout_stats(c)
+    assert st["channels_last"] and st["fused_convs"] == 1 and st["depthwise_convs"] == 1
+    conv = next(n for n in c.graph.nodes if n.op_type == "FusedConv")
+    assert conv.outputs[0].layout == "nhwc"
+    impls = _conv_implementations(c)
+    if impls:      # oneDNN loads here: its depthwise kernel, not the GEMM fallback
+        assert not any("gemm" in i for i in impls), impls
+
+
+def test_a_grouped_convolution_of_several_channels_a_group_is_not_forced():
+    """Groups of several input channels each (AlexNet's two): nchw has its GEMM per group, the
+    usual rule decides (one convolution: not worth a layout change)."""
+    inits = [const("w", rnd(C, C // 2, 3, 3, seed=1))]
+    m = model([node("Conv", ["x", "w"], "y", group=2, pads=[1] * 4)], [("x", F, [1, C, 10, 10])], ["y"], inits)
+    c = check(m, oracle="ort")
+    st = _layout_stats(c)
+    assert not st["channels_last"] and st["depthwise_convs"] == 0

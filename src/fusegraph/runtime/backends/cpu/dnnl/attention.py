@@ -4,7 +4,9 @@ mask) @ v`` in four calls, its temporaries in the thread's scratch buffer.
 1. one reorder per operand (one for all three when q, k and v are packed along the last axis
    with equal widths, ``qkv_split``): the heads of ``[B, S, H*D]`` (or a 4-D operand) into a
    contiguous ``[B, H, S, D]`` buffer, where oneDNN's brgemm matmul runs (on strided heads it
-   offers only its slower GEMM);
+   offers only its slower GEMM). A CPU where oneDNN has no brgemm matmul for the type at all
+   (``brgemm_matmul``: AVX2 without AVX-512) runs the two products on its GEMM, the best
+   matmul oneDNN has there, and faster than the op's own kernel;
 2. the scores ``q @ k^T`` (k read transposed from its buffer) with the scale (``eltwise
    linear``) and the mask (``binary add``) as post-ops: accumulated in float32, rounded once;
 3. the softmax (``softmax_accurate``) in place over the scores;
@@ -32,6 +34,7 @@ own kernel runs it.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import NamedTuple
 
@@ -48,6 +51,21 @@ from .primitive import Attr, create
 TYPES = (torch.float32, torch.bfloat16)
 ALIGN = 64
 GROUP_BYTES = 4 << 20      # the most bytes of heads, scores (and an expanded mask) one call's group of items takes
+
+
+@functools.cache
+def brgemm_matmul(dtype: torch.dtype) -> bool:
+    """Whether oneDNN has its brgemm matmul for ``dtype`` on this CPU: a batched product of
+    contiguous operands, an attention's scores, gets it (AVX-512 and up); without (AVX2 only),
+    its GEMM is the fastest matmul it offers."""
+    lib = capi.load()
+    a = MemDesc.of((2, 64, 64), dtype)
+    try:
+        prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
+            pd, lib.engine, a.handle, a.handle, None, a.handle, None))
+    except capi.DnnlError:
+        return False
+    return prim.impl.startswith("brg")
 
 
 def _align(n: int) -> int:
@@ -167,7 +185,7 @@ class HeadsCopy(NamedTuple):
 
 
 class NoFastForm(Exception):
-    """oneDNN offers only slow forms (reference, or GEMM instead of brgemm) for a primitive."""
+    """oneDNN offers only slow forms for a primitive (reference, or GEMM where it has brgemm)."""
 
 
 class DnnlAttention:
@@ -217,8 +235,9 @@ class DnnlAttention:
             self.pv = create("attention output", lambda pd: lib.matmul_primitive_desc_create(
                 pd, lib.engine, scores_md.handle, v_md.handle, None, out_md.handle, attrs[2].handle))
         prims = [r.prim for r in self.reorders] + [self.qk, self.softmax, self.pv]
+        # a GEMM product is the slow form only where a brgemm one exists for the type
         slow = [p.impl for p in prims if p.is_reference] + [p.impl for p in (self.qk, self.pv)
-                                                           if not p.impl.startswith("brg")]
+                                                           if not p.impl.startswith("brg") and brgemm_matmul(dtype)]
         if slow:
             raise NoFastForm(f"oneDNN offers only {', '.join(slow)} for this attention")
         self.impl = self.qk.impl
