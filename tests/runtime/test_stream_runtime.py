@@ -1,8 +1,8 @@
 """The multi-stream CPU executor: outputs identical to one stream on the light models but vgg19
-(zfnet512's chain, larger; 10 repetitions each), every consumer starts after its producers finish on random DAGs with random
-stream counts (recorded timestamps), buffers that share arena bytes are never in use at the same
-time, failures surface as KernelError without hanging, and the thread budget is restored.
-Hybrid plans (``streams="auto"`` on CPU): wide nodes run with every thread and nothing beside
+(zfnet512's chain, larger; 10 repetitions each), every consumer starts after its producers
+finish on random DAGs with random stream counts (recorded timestamps), buffers that share
+arena bytes are never in use at the same time, failures surface as KernelError without
+hanging, and the thread budget is restored. Hybrid plans (``streams="auto"`` on CPU): wide nodes run with every thread and nothing beside
 them, narrow nodes on one thread, results equal to one stream; the calibrated ``auto`` on
 inception_v1 matches the O0 graph and repeats bit-identically.
 
