@@ -2,9 +2,10 @@
 (zfnet512's chain, larger; 10 repetitions each), every consumer starts after its producers
 finish on random DAGs with random stream counts (recorded timestamps), buffers that share
 arena bytes are never in use at the same time, failures surface as KernelError without
-hanging, and the thread budget is restored. Hybrid plans (``streams="auto"`` on CPU): wide nodes run with every thread and nothing beside
-them, narrow nodes on one thread, results equal to one stream; the calibrated ``auto`` on
-inception_v1 matches the O0 graph and repeats bit-identically.
+hanging, and the thread budget is restored. Hybrid plans (``streams="auto"`` on CPU): wide
+nodes run with every thread and nothing beside them, narrow nodes on one thread, results equal
+to one stream; the calibrated ``auto`` on inception_v1 matches the O0 graph and repeats
+bit-identically.
 
 Bit-identity is compared at one intra-op thread per kernel: oneDNN splits a convolution's
 reduction by thread count, so 2 threads and 1 thread differ in the last bits, whatever the
