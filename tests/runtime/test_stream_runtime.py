@@ -1,11 +1,11 @@
-"""The multi-stream CPU executor: outputs identical to one stream on the light models but vgg19
-(zfnet512's chain, larger; 10 repetitions each), every consumer starts after its producers
-finish on random DAGs with random stream counts (recorded timestamps), buffers that share
-arena bytes are never in use at the same time, failures surface as KernelError without
-hanging, and the thread budget is restored. Hybrid plans (``streams="auto"`` on CPU): wide
-nodes run with every thread and nothing beside them, narrow nodes on one thread, results equal
-to one stream; the calibrated ``auto`` on inception_v1 matches the O0 graph and repeats
-bit-identically.
+"""The multi-stream CPU executor: outputs identical to one stream on the light models but the
+large chains vgg19 and zfnet512 (bvlc_alexnet is one; 10 repetitions each), every consumer
+starts after its producers finish on random DAGs with random stream counts (recorded
+timestamps), buffers that share arena bytes are never in use at the same time, failures
+surface as KernelError without hanging, and the thread budget is restored. Hybrid plans
+(``streams="auto"`` on CPU): wide nodes run with every thread and nothing beside them, narrow
+nodes on one thread, results equal to one stream; the calibrated ``auto`` on inception_v1
+matches the O0 graph and repeats bit-identically.
 
 Bit-identity is compared at one intra-op thread per kernel: oneDNN splits a convolution's
 reduction by thread count, so 2 threads and 1 thread differ in the last bits, whatever the
@@ -51,7 +51,7 @@ class _threads:
         torch.set_num_threads(self.before)
 
 
-@pytest.fixture(scope="module", params=zoo.LIGHT_MODELS_BUT_VGG19)   # vgg19: a chain, as zfnet512
+@pytest.fixture(scope="module", params=zoo.LIGHT_MODELS_BUT_LARGE_CHAINS)   # a chain: bvlc_alexnet
 def light(request):
     proto = zoo.expose_logits(zoo.random_light_model(request.param, calibrate=False))
     feeds = zoo.random_feeds(proto, seed=1)

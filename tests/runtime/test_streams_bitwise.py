@@ -16,7 +16,7 @@ from fusegraph.config import machine_cores
 pytestmark = pytest.mark.skipif(machine_cores() < 2, reason="needs 2 cores for 2 threads")
 
 
-@pytest.fixture(scope="module", params=zoo.LIGHT_MODELS_BUT_VGG19)   # vgg19: a chain, as zfnet512
+@pytest.fixture(scope="module", params=zoo.LIGHT_MODELS_BUT_LARGE_CHAINS)   # a chain: bvlc_alexnet
 def one_stream(request):
     proto = zoo.expose_logits(zoo.random_light_model(request.param))
     feeds = zoo.random_feeds(proto, seed=1)
