@@ -40,7 +40,7 @@ def test_fills_over_the_fold_limit_stay_one_element_broadcasts(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", zoo.LIGHT_MODELS_BUT_LARGE_CHAINS)   # those two: tests/models/
+@pytest.mark.parametrize("name", zoo.LIGHT_MODELS_BUT_LARGE_CHAINS)   # vgg19, zfnet512: test_light_models.py
 def test_o1_outputs_match_onnxruntime(name):
     shipped = onnx.load(zoo.light_model_path(name))
     feeds = zoo.random_feeds(shipped, seed=1)

@@ -15,6 +15,7 @@ out parsed copies: drawing the large ones (vgg19, zfnet512) costs far more than 
 from __future__ import annotations
 
 import atexit
+import functools
 import shutil
 import tempfile
 import threading
@@ -48,17 +49,14 @@ def light_model_path(name: str) -> Path:
 
 
 _DRAWN: dict[tuple[str, int, bool], Path] = {}    # (name, seed, calibrate) -> its serialized copy
-_DRAWN_LOCKS: dict[tuple[str, int, bool], threading.Lock] = {}
-_DRAWN_GUARD = threading.Lock()
-_DRAWN_DIR: list[Path] = []
+_DRAWN_LOCK = threading.RLock()   # one draw at a time (a calibrated one draws the uncalibrated first)
 
 
+@functools.cache
 def _drawn_dir() -> Path:
-    if not _DRAWN_DIR:
-        folder = Path(tempfile.mkdtemp(prefix="fusegraph-light-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        _DRAWN_DIR.append(folder)
-    return _DRAWN_DIR[0]
+    folder = Path(tempfile.mkdtemp(prefix="fusegraph-light-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def random_light_model(name: str, seed: int = 0, calibrate: bool = True) -> onnx.ModelProto:
@@ -66,21 +64,19 @@ def random_light_model(name: str, seed: int = 0, calibrate: bool = True) -> onnx
     process: the first call saves the model to a temporary folder (removed at exit), later calls
     parse a fresh copy of it, so a caller may change what it gets. Safe to call from threads."""
     key = (name, int(seed), bool(calibrate))
-    with _DRAWN_GUARD:
-        lock = _DRAWN_LOCKS.setdefault(key, threading.Lock())
-    with lock:
-        if key not in _DRAWN:
+    with _DRAWN_LOCK:
+        path = _DRAWN.get(key)
+        if path is None:
             if calibrate:   # randomize_weights' calibration is a last step over the uncalibrated draw
                 uncalibrated = random_light_model(name, seed, calibrate=False)
                 model = calibrate_batchnorm(uncalibrated, random_feeds(uncalibrated, seed))
             else:
                 model = randomize_weights(onnx.load(light_model_path(name)), seed, calibrate=False)
-            with _DRAWN_GUARD:
-                path = _drawn_dir() / f"{name}-{key[1]}-{int(calibrate)}.onnx"
+            path = _drawn_dir() / f"{name}-{key[1]}-{int(calibrate)}.onnx"
             path.write_bytes(model.SerializeToString())
             _DRAWN[key] = path
             return model
-        return onnx.load_from_string(_DRAWN[key].read_bytes())
+    return onnx.load_from_string(path.read_bytes())
 
 
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:

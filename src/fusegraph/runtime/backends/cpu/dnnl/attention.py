@@ -34,7 +34,6 @@ own kernel runs it.
 """
 from __future__ import annotations
 
-import functools
 import threading
 from typing import NamedTuple
 
@@ -44,6 +43,7 @@ from ...protocol import Decline
 from ..threading_policy import SERIAL_MACS, threads_for
 from . import capi
 from .capi import ExecArg
+from .compute import matmul_implementation
 from .layouts import contiguous, dtype_of, static_shape, strides_of
 from .memory import MemDesc, Memory
 from .primitive import Attr, create
@@ -53,19 +53,11 @@ ALIGN = 64
 GROUP_BYTES = 4 << 20      # the most bytes of heads, scores (and an expanded mask) one call's group of items takes
 
 
-@functools.cache
 def brgemm_matmul(dtype: torch.dtype) -> bool:
     """Whether oneDNN has its brgemm matmul for ``dtype`` on this CPU: a batched product of
     contiguous operands, an attention's scores, gets it (AVX-512 and up); without (AVX2 only),
     its GEMM is the fastest matmul it offers."""
-    lib = capi.load()
-    a = MemDesc.of((2, 64, 64), dtype)
-    try:
-        prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
-            pd, lib.engine, a.handle, a.handle, None, a.handle, None))
-    except capi.DnnlError:
-        return False
-    return prim.impl.startswith("brg")
+    return (matmul_implementation(dtype, (2, 64, 64)) or "").startswith("brg")
 
 
 def _align(n: int) -> int:

@@ -21,19 +21,27 @@ from .primitive import create
 
 
 @functools.cache
+def matmul_implementation(dtype: torch.dtype, dims: tuple[int, ...] = (16, 16)) -> str | None:
+    """The implementation oneDNN picks on this CPU for a small product of two contiguous
+    ``dtype`` operands of shape ``dims`` (a square, or a batch of squares), None where it has
+    none (or oneDNN does not load)."""
+    lib = capi.load()
+    if lib is None:
+        return None
+    a = MemDesc.of(dims, dtype)
+    try:
+        prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
+            pd, lib.engine, a.handle, a.handle, None, a.handle, None))
+    except capi.DnnlError:
+        return None
+    return prim.impl
+
+
 def bfloat16_arithmetic() -> bool:
     """Whether oneDNN has a bfloat16 product for this CPU (a small matmul that is not its
     reference implementation)."""
-    lib = capi.load()
-    if lib is None:
-        return False
-    a, y = MemDesc.of((16, 16), torch.bfloat16), MemDesc.of((16, 16), torch.bfloat16)
-    try:
-        prim = create("matmul", lambda pd: lib.matmul_primitive_desc_create(
-            pd, lib.engine, a.handle, a.handle, None, y.handle, None))
-    except capi.DnnlError:
-        return False
-    return not prim.is_reference
+    impl = matmul_implementation(torch.bfloat16)
+    return impl is not None and not impl.startswith("ref")
 
 
 def compute_dtype(stored: torch.dtype) -> torch.dtype:
