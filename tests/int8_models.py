@@ -214,6 +214,25 @@ def int8_kernels_exact() -> bool:
     return available() and int8_exact()
 
 
+def int8_form(monkeypatch, form: str) -> None:
+    """Make QConv / QLinear / QMatMul / QLinearDynamic run ``form`` for the rest of a test: "int8" (this CPU's choice: the
+    int8 kernels where their sums are exact, else the float32 form), "float" (the float32
+    form, ``dnnl/int8_float.py``, as on a CPU without exact int8 sums) or "reference" (the
+    ops' own kernels, as where both decline)."""
+    if form == "int8":
+        return
+    from fusegraph.runtime.backends.cpu import dnnl
+    from fusegraph.runtime.backends.cpu.dnnl import conv_int8
+    from fusegraph.runtime.backends.protocol import Decline
+    monkeypatch.setattr(conv_int8, "int8_exact", lambda: False)
+    monkeypatch.setattr(dnnl, "int8_exact", lambda: False)
+    if form == "reference":
+        for name in ("float_qconv_kernel", "float_qlinear_kernel", "float_qmatmul_kernel", "float_qlinear_dynamic_kernel"):
+            monkeypatch.setattr(dnnl, name, lambda *a: Decline("the reference form, asked by the test", "dnnl"))
+    else:
+        assert form == "float", form
+
+
 INT8_KERNELS_WHY = ("oneDNN's int8 kernels are not exact here (no VNNI / AMX) or oneDNN does not load: "
                     "the int8 ops run their reference form")
 

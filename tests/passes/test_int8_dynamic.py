@@ -73,9 +73,22 @@ def single_product(seed=0, k=48, n=40, rows=6) -> onnx.ModelProto:
     return m
 
 
-def dynamic_calls(cm) -> list:
+def kernels_param(kernels: str, monkeypatch):
+    """``kernels`` "int8": the int8 kernels (skipped where this CPU's int8 sums are not exact);
+    "float": their float32 form (``dnnl/int8_float.py``), forced on any CPU. Returns the
+    oracle: onnxruntime ORT_DISABLE_ALL where this CPU sums int8 exactly, else ``onnx.reference``
+    (onnxruntime's MatMulInteger sums u8 x s8 pairs in 16 bits there, and saturates)."""
+    if kernels == "int8" and not M.int8_kernels_exact():
+        pytest.skip(M.INT8_KERNELS_WHY)
+    M.int8_form(monkeypatch, kernels)
+    return M.ort_run if M.int8_kernels_exact() else M.exact_run
+
+
+def dynamic_calls(cm, kernels: str = "int8") -> list:
     """The QLinearDynamic calls of ``cm``, each asserted to run a oneDNN VNNI int8 matmul (not a
-    reference implementation), counted in ``report.kernels``, none declined."""
+    reference implementation; ``kernels`` "float": the float32 form's sgemm), counted in
+    ``report.kernels``, none declined."""
+    from fusegraph.runtime.backends.cpu.dnnl.int8_float import FloatDynamicLinear
     from fusegraph.runtime.backends.cpu.dnnl.linear_dynamic_int8 import DynamicInt8Linear
     calls = [c for c in cm._executor.binding.calls if c.node.op_type == "QLinearDynamic"]
     declined = {d["node"]: d["reason"] for d in cm.report.kernels["declined"]}
@@ -85,8 +98,11 @@ def dynamic_calls(cm) -> list:
         k = getattr(c.kernel, "kernel", c.kernel)
         k = getattr(k, "fast", k)
         assert c.node.name not in declined, f"{c.node.name} declined: {declined[c.node.name]}"
-        assert isinstance(k, DynamicInt8Linear), f"{c.node.name} runs {type(k).__name__}"
-        assert M.int8_dot_products(k.impl), (c.node.name, k.impl)
+        if kernels == "float":
+            assert isinstance(k, FloatDynamicLinear) and k.impl == "sgemm (float32 on dequantised int8)", k
+        else:
+            assert isinstance(k, DynamicInt8Linear), f"{c.node.name} runs {type(k).__name__}"
+            assert M.int8_dot_products(k.impl), (c.node.name, k.impl)
         used[k.impl] += 1
     for impl, count in used.items():     # (on AMX, products too narrow for its tiles run VNNI kernels)
         assert impls.get(impl, 0) >= count, (impl, impls)
@@ -125,16 +141,18 @@ def test_graph_has_one_op_per_product(block):
     assert len(biased) == 2, "the two products followed by a bias take it"
 
 
-@needs_int8_kernels
-def test_block_matches_onnxruntime_within_one_step(block):
+@pytest.mark.parametrize("kernels", ["int8", "float"])
+def test_block_matches_onnxruntime_within_one_step(block, kernels, monkeypatch):
     """The block's output within ``one_step`` of its last product of onnxruntime ORT_DISABLE_ALL,
     with the last quantised input (bytes, scale, zero point) equal to the ONNX reference's
-    DynamicQuantizeLinear of the float value fusegraph computed; the products ran on oneDNN."""
+    DynamicQuantizeLinear of the float value fusegraph computed; the products ran on oneDNN's
+    int8 matmul, or (``kernels`` "float") on sgemm over the integer values."""
+    oracle = kernels_param(kernels, monkeypatch)
     fp32, q = block
     extra = ["s", "s_quantized", "s_scale", "s_zero_point"]
     qx = with_outputs(q, extra)
     cm = fg.compile(qx, config=CFG)
-    assert len(dynamic_calls(cm)) == 3
+    assert len(dynamic_calls(cm, kernels)) == 3
     dql = ReferenceEvaluator(helper.make_model(helper.make_graph(
         [helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "dql",
         [helper.make_tensor_value_info("x", 1, None)],
@@ -148,45 +166,49 @@ def test_block_matches_onnxruntime_within_one_step(block):
         assert s_q.dtype == np.uint8 and np.array_equal(s_q, ref_q)
         assert s_scale.dtype == np.float32 and s_scale.tobytes() == np.asarray(ref_scale, np.float32).tobytes()
         assert s_zp.dtype == np.uint8 and int(s_zp) == int(ref_zp)
-        (ref,) = M.ort_run(q, feeds)
+        (ref,) = oracle(q, feeds)
         bound = one_step(q, "s_quantized", float(s_scale)) + 2.0 ** -22 * np.abs(ref)
         diff = np.abs(y.astype(np.float64) - ref)
         assert (diff <= bound).all(), f"seed {seed}: {float((diff - bound).max())} over the one-step bound"
         assert diff.mean() <= 1e-3 * bound.mean(), f"seed {seed}: mean error {diff.mean()}"
 
 
-@needs_int8_kernels
+@pytest.mark.parametrize("kernels", ["int8", "float"])
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_single_product_to_float_rounding(tmp_path, per_channel):
+def test_single_product_to_float_rounding(tmp_path, per_channel, kernels, monkeypatch):
     """One product: the same quantised activation, so the output agrees with onnxruntime to
-    float32 rounding."""
+    float32 rounding (on the int8 kernels and on the float32 form, whose integer sums are
+    exact at this K)."""
+    oracle = kernels_param(kernels, monkeypatch)
     m = single_product()
     q = quantize_dynamic(m, tmp_path, "single", per_channel)
     cm = fg.compile(q, config=CFG)
-    assert len(dynamic_calls(cm)) == 1
+    assert len(dynamic_calls(cm, kernels)) == 1
     b = numpy_helper.to_array(next(i for i in m.graph.initializer if i.name == "b"))
     for seed in SEEDS:
         feeds = M.feeds_for(m, seed)
         (y,) = cm.run(feeds).values()
-        (ref,) = M.ort_run(q, feeds)
+        (ref,) = oracle(q, feeds)
         assert np.all(np.abs(y - ref) <= 2.0 ** -22 * (np.abs(ref) + np.abs(b))), np.abs(y - ref).max()
 
 
-@needs_int8_kernels
-def test_rows_known_at_run_time(tmp_path):
+@pytest.mark.parametrize("kernels", ["int8", "float"])
+def test_rows_known_at_run_time(tmp_path, kernels, monkeypatch):
     """A block whose sequence axis is symbolic: one compile, a oneDNN int8 matmul per row count
-    (the weight packed once), each run within the one-step bound of onnxruntime."""
+    (the weight packed once; or sgemm at any row count, ``kernels`` "float"), each run within
+    the one-step bound of onnxruntime."""
+    oracle = kernels_param(kernels, monkeypatch)
     m = symbolic_rows(M.matmul_block())
     q = quantize_dynamic(m, tmp_path, "rows", True)
     qx = with_outputs(q, ["s_scale"])
     cm = fg.compile(qx, config=CFG)
-    calls = dynamic_calls(cm)
+    calls = dynamic_calls(cm, kernels)
     assert all(getattr(c.kernel, "_static", None) is None for c in calls), "rows are known at run time only"
     rng = np.random.default_rng(7)
     for rows in (1, 9, 70, 9):
         feeds = {"x": rng.standard_normal((1, rows, 32)).astype(np.float32)}
         got = cm.run(feeds)
-        (ref,) = M.ort_run(q, feeds)
+        (ref,) = oracle(q, feeds)
         assert got["y"].shape == ref.shape
         bound = one_step(q, "s_quantized", float(got["s_scale"])) + 2.0 ** -22 * np.abs(ref)
         assert (np.abs(got["y"].astype(np.float64) - ref) <= bound).all(), rows

@@ -91,13 +91,30 @@ def int8_calls(cm) -> list:
 
 def onednn_call(cm, op: str):
     """The one ``op`` call of ``cm``, checked to run a oneDNN implementation that is not a
-    reference one (a guarded call's fast side)."""
+    reference one (a guarded call's fast side; a QConv / QLinear's float32 form counts)."""
     from fusegraph.runtime.backends.cpu.dnnl.call import DnnlKernel
+    from fusegraph.runtime.backends.cpu.dnnl.int8_float import FloatForm
     (call,) = [c for c in cm._executor.binding.calls if c.node.op_type == op]
     kernel = getattr(call.kernel, "fast", call.kernel)
-    assert isinstance(kernel, DnnlKernel) and not kernel.impl.startswith("ref"), \
+    assert isinstance(kernel, (DnnlKernel, FloatForm)) and not kernel.impl.startswith("ref"), \
         (type(kernel).__name__, cm.report.kernels["declined"])
     return call
+
+
+def check_form(cm, form: str) -> None:
+    """Every QConv / QLinear of ``cm`` runs ``form`` (``M.int8_form``): the oneDNN int8
+    kernels (where this CPU sums int8 exactly, else the float32 form), or the float32 form:
+    a oneDNN float32 primitive that is not a reference one between quantising reorders."""
+    from fusegraph.runtime.backends.cpu.dnnl.int8_float import FloatForm
+    if form == "int8" and M.int8_kernels_exact():
+        int8_calls(cm)
+        return
+    declined = {d["node"]: d["reason"] for d in cm.report.kernels["declined"]}
+    for c in cm._executor.binding.calls:
+        if c.node.op_type in INT8_OPS:
+            k = getattr(c.kernel, "fast", c.kernel)
+            assert isinstance(k, FloatForm), (c.node.name, type(k).__name__, declined.get(c.node.name))
+            assert not k.impl.startswith("ref") and k.impl.endswith("(float32 on dequantised int8)"), k.impl
 
 
 def check_ops(cm, n_products: int) -> None:
@@ -125,19 +142,23 @@ def compare(cm, q, fp32, max_steps, mean_steps, seeds=SEEDS, fp32_limit=5e-2, or
 
 # ---------------------------------------------------------------- QDQ files
 
-def test_conv_net_gemm_head(conv_gemm):
+@pytest.mark.parametrize("form", ["int8", "float"])
+def test_conv_net_gemm_head(conv_gemm, form, monkeypatch):
     """Conv + Relu, a residual Add, MaxPool, GlobalAveragePool, a Gemm head: 4 QConv + 1
     QLinear, the residual folded into the QConv's sum post-op. A single QDQ convolution
     matches onnxruntime exactly; the residual QConv rounds once where onnxruntime rounds
     twice (``qdq_residual``), a difference the later products carry: the logits stay within
-    one step."""
+    one step. On the int8 kernels where they are exact, and on the float32 form (``form``)."""
+    M.int8_form(monkeypatch, form)
     fp32, q = conv_gemm
     cm = fg.compile(q, CFG)
     check_ops(cm, 5)
+    check_form(cm, form)
     compare(cm, q, fp32, max_steps=1, mean_steps=0.5)
 
 
-def test_conv_net_matmul_head(conv_matmul):
+@pytest.mark.parametrize("form", ["int8", "float"])
+def test_conv_net_matmul_head(conv_matmul, form, monkeypatch):
     """The head as MatMul + Add: onnxruntime quantises the product, then the sum; fusegraph adds
     the bias before its one rounding (``qdq_bias``), which differs by at most
     ``rounding_bound(s_product, s_out)`` steps."""
@@ -145,12 +166,15 @@ def test_conv_net_matmul_head(conv_matmul):
     inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
     scales = {n.output[0]: float(inits[n.input[1]]) for n in q.graph.node if n.op_type == "QuantizeLinear"}
     bound = rounding_bound(scales["mm_QuantizeLinear_Output"], scales["y_QuantizeLinear_Output"])
+    M.int8_form(monkeypatch, form)
     cm = fg.compile(q, CFG)
     check_ops(cm, 5)
+    check_form(cm, form)
     compare(cm, q, fp32, max_steps=bound, mean_steps=0.75)
 
 
-def test_matmul_block(block):
+@pytest.mark.parametrize("form", ["int8", "float"])
+def test_matmul_block(block, form, monkeypatch):
     """MatMul + Add, Relu, MatMul + Add, a residual Add, MatMul: 3 QLinear (each float bias
     added after the product's clamp, ``post_bias``: calibration on 8 inputs gives each
     product's own quantisation a range its sum's reaches beyond) and a QAdd. Each fused
@@ -158,8 +182,10 @@ def test_matmul_block(block):
     carries that difference on (a sum over the features), so the output is held to a few
     steps, the mean to under one."""
     fp32, q = block
+    M.int8_form(monkeypatch, form)
     cm = fg.compile(q, CFG)
     check_ops(cm, 3)
+    check_form(cm, form)
     assert collections.Counter(n.op_type for n in cm.graph.nodes)["QAdd"] == 1
     assert sum("post_bias" in n.attrs for n in cm.graph.nodes if n.op_type == "QLinear") == 2
     compare(cm, q, fp32, max_steps=4, mean_steps=0.75)
@@ -180,6 +206,21 @@ def test_products_of_two_activations_run_on_onednn_int8(attention):
             kernel = getattr(c.kernel, "kernel", c.kernel)
             assert isinstance(kernel, DnnlKernel) and M.int8_dot_products(kernel.impl), (c.node.name, kernel.impl)
     compare(cm, q, fp32, max_steps=1, mean_steps=0.05, fp32_limit=0.15)     # 8 steps of a softmax: coarse
+
+
+def test_products_of_two_activations_on_float_kernels(attention, monkeypatch):
+    """The same attention block on the float32 form (as on a CPU whose int8 sums are not
+    exact): both QMatMuls, and every QLinear, dequantise their operands into a oneDNN float32
+    matmul; as close to onnxruntime ORT_DISABLE_ALL and to fp32 as the int8 kernels are."""
+    from fusegraph.runtime.backends.cpu.dnnl.int8_float import FloatForm
+    M.int8_form(monkeypatch, "float")
+    fp32, q = attention
+    cm = fg.compile(q, CFG)
+    calls = [c for c in cm._executor.binding.calls if c.node.op_type in ("QMatMul", *INT8_OPS)]
+    assert sum(c.node.op_type == "QMatMul" for c in calls) == 2
+    for c in calls:
+        assert isinstance(c.kernel, FloatForm) and not c.kernel.impl.startswith("ref"), (c.node.name, c.kernel)
+    compare(cm, q, fp32, max_steps=1, mean_steps=0.05, fp32_limit=0.15)
 
 
 def test_single_product_bias_bound(tmp_path):
@@ -415,15 +456,21 @@ def test_fgm_round_trip(conv_gemm, block, attention, tmp_path, monkeypatch):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@needs_int8_kernels
+@pytest.mark.parametrize("kernels", ["int8", "float"])
 @pytest.mark.parametrize("form", ["qdq", "qlinear"])
 @pytest.mark.parametrize("a_type,b_type", [(TensorProto.UINT8, TensorProto.UINT8), (TensorProto.INT8, TensorProto.INT8),
                                            (TensorProto.UINT8, TensorProto.INT8), (TensorProto.INT8, TensorProto.UINT8)])
-def test_qmatmul_types_within_one_step_of_the_reference(a_type, b_type, form):
+def test_qmatmul_types_within_one_step_of_the_reference(a_type, b_type, form, kernels, monkeypatch):
     """Q(DQ(a) @ DQ(b)) of two quantised graph inputs (or ONNX's QLinearMatMul of them), each
-    8-bit type on either side (a uint8 ``b`` moved into int8 with its zero point): one
-    ``QMatMul`` on oneDNN, within one step of ``onnx.reference``."""
+    8-bit type on either side: one ``QMatMul`` on oneDNN's int8 matmul (a uint8 ``b`` moved
+    into int8 with its zero point) where this CPU sums int8 exactly, or on its float32 form
+    (``kernels``: both operands dequantised by reorders, a float32 matmul, the output
+    quantised by a reorder), within one step of ``onnx.reference``."""
     from onnx.reference import ReferenceEvaluator
+    from fusegraph.runtime.backends.cpu.dnnl.int8_float import FloatForm
+    if kernels == "int8" and not M.int8_kernels_exact():
+        pytest.skip(M.INT8_KERNELS_WHY)
+    M.int8_form(monkeypatch, kernels)
     np_of = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
     zero = {TensorProto.UINT8: 131, TensorProto.INT8: -3}
     inits = [numpy_helper.from_array(np.array(0.05, np.float32), "sa"), numpy_helper.from_array(np.array(0.04, np.float32), "sb"),
@@ -448,7 +495,10 @@ def test_qmatmul_types_within_one_step_of_the_reference(a_type, b_type, form):
              "b": (rng.standard_normal((1, 2, 24, 7)) * 2).astype(np.float32)}
     cm = fg.compile(model, CFG)
     (call,) = [c for c in cm._executor.binding.calls if c.node.op_type == "QMatMul"]
-    assert M.int8_dot_products(getattr(call.kernel, "kernel", call.kernel).impl)
+    if kernels == "int8":
+        assert M.int8_dot_products(getattr(call.kernel, "kernel", call.kernel).impl)
+    else:
+        assert isinstance(call.kernel, FloatForm) and not call.kernel.impl.startswith("ref"), call.kernel
     (want,) = ReferenceEvaluator(model).run(None, feeds)
     got = cm.run(feeds)["y"]
     assert got.dtype == want.dtype
@@ -899,8 +949,7 @@ def test_the_reference_form_clamps_a_product_as_the_model_did(monkeypatch):
     the clamped values included); a re-sealed ``y_clip`` that is not a finite range, or a
     ``conv_clip`` on a product that is not a convolution, is refused by the op with the reason."""
     from fusegraph.ops import quantized
-    from fusegraph.runtime.backends.cpu.dnnl import conv_int8
-    monkeypatch.setattr(conv_int8, "int8_exact", lambda: False)       # QLinear's kernel asks conv_int8's
+    M.int8_form(monkeypatch, "reference")
     c, s2 = 0.125, 0.03
     m = _heads_model(c, 0.0, s2)
     cm = fg.compile(m, CFG)
@@ -956,18 +1005,17 @@ def _bias_model(s2: float, bias_spread: float) -> onnx.ModelProto:
     return m
 
 
-@pytest.mark.parametrize("wide,reference", [(False, False), (True, False), (True, True)])
-def test_a_bias_folds_into_its_product_after_the_first_clamp(wide, reference, monkeypatch):
+@pytest.mark.parametrize("wide,form", [(False, "int8"), (True, "int8"), (True, "float"), (True, "reference")])
+def test_a_bias_folds_into_its_product_after_the_first_clamp(wide, form, monkeypatch):
     """``qdq_bias`` folds ``Q2(DQ1(Q1(product)) + b)`` into the product: where Q2 saturates
     wherever Q1 clamps, in every column (Q2's range, less the column's bias, within Q1's), the
     bias joins the product's own; where Q2's range reaches beyond (``wide``), the product
     clamps its result to Q1's range (``y_clip``) and adds the bias after the clamp
     (``post_bias``: oneDNN's clip, then a binary add, or the op's own kernel where the int8
-    kernel declines), as the model adds it to the clamped values. Every output within
-    ``rounding_bound`` of onnxruntime ORT_DISABLE_ALL, with full-range inputs that Q1 clamps."""
-    if reference:
-        from fusegraph.runtime.backends.cpu.dnnl import conv_int8
-        monkeypatch.setattr(conv_int8, "int8_exact", lambda: False)       # QLinear's kernel asks conv_int8's
+    kernel declines; ``form``: ``M.int8_form``), as the model adds it to the clamped values. Every
+    output within ``rounding_bound`` of onnxruntime ORT_DISABLE_ALL, with full-range inputs that
+    Q1 clamps."""
+    M.int8_form(monkeypatch, form)
     s2 = 0.05 if wide else 0.009
     spread = 1.0 if wide else 0.2
     m = _bias_model(s2, spread)
@@ -980,7 +1028,7 @@ def test_a_bias_folds_into_its_product_after_the_first_clamp(wide, reference, mo
         assert p.attrs["post_bias"] == pytest.approx(np.linspace(-spread, spread, 24), rel=1e-6)
     else:
         assert len(p.inputs) == 4 and "y_clip" not in p.attrs and "post_bias" not in p.attrs
-    if M.int8_kernels_exact() and not reference:
+    if M.int8_kernels_exact() and form == "int8" or form == "float":
         onednn_call(cm, "QLinear")
     bound = rounding_bound(0.02, s2)
     init = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
@@ -1145,14 +1193,15 @@ def test_convolutions_joined_on_a_wider_range_keep_their_own_clamps():
     assert saturated > 0            # the first branch's clamp was reached
 
 
-def _conv_residual_model() -> onnx.ModelProto:
+def _conv_residual_model(c: int = 16) -> onnx.ModelProto:
     """A residual block's end as a QDQ file writes it: DQ(x) -> Conv(DQ(w)) -> Q1 -> DQ1, plus
     DQ(z) -> Add -> Relu -> Q2 -> y (uint8, as the next int8 op reads it), Q1's range narrower
-    than the convolution's values for full-range inputs (calibration saw smaller ones)."""
+    than the convolution's values for full-range inputs (calibration saw smaller ones); ``c``
+    channels (16: oneDNN's float32 kernels have no clamp before a sum below 8)."""
     rng = np.random.default_rng(11)
     inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
-             "w": rng.integers(-127, 128, (4, 4, 3, 3), dtype=np.int8),
-             "ws": (rng.uniform(0.5, 1.5, 4) * 0.01).astype(np.float32), "wz": np.zeros(4, np.int8),
+             "w": rng.integers(-127, 128, (c, c, 3, 3), dtype=np.int8),
+             "ws": (rng.uniform(0.5, 1.5, c) * 0.01 * 2 / np.sqrt(c)).astype(np.float32), "wz": np.zeros(c, np.int8),
              "s1": np.array(0.02, np.float32), "z1": np.array(128, np.uint8),
              "zs": np.array(0.03, np.float32), "zz": np.array(128, np.uint8),
              "s2": np.array(0.04, np.float32), "z2": np.array(0, np.uint8)}
@@ -1166,25 +1215,24 @@ def _conv_residual_model() -> onnx.ModelProto:
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("QuantizeLinear", ["r", "s2", "z2"], ["y"])]
     g = helper.make_graph(nodes, "conv_residual",
-                          [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4, 6, 6]),
-                           helper.make_tensor_value_info("z", TensorProto.UINT8, [1, 4, 6, 6])],
-                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, c, 6, 6]),
+                           helper.make_tensor_value_info("z", TensorProto.UINT8, [1, c, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, c, 6, 6])],
                           [numpy_helper.from_array(v, k) for k, v in inits.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", M.OPSET)])
     m.ir_version = 8
     return m
 
 
-@pytest.mark.parametrize("reference", [False, True])
-def test_a_residual_convolution_keeps_its_own_clamp_before_the_sum(reference, monkeypatch):
+@pytest.mark.parametrize("form", ["int8", "float", "reference"])
+def test_a_residual_convolution_keeps_its_own_clamp_before_the_sum(form, monkeypatch):
     """``qdq_residual`` folds the block's end into one QConv with the residual and the Relu,
     and clamps the convolution's result to its own quantisation's range before the residual is
     added (``conv_clip``; oneDNN's ``clip`` post-op before its ``sum``, or the op's own clamp
     where the int8 kernel declines): every output within ``rounding_bound`` of onnxruntime
-    ORT_DISABLE_ALL, with full-range inputs that the file's first quantisation clamps."""
-    if reference:
-        from fusegraph.runtime.backends.cpu.dnnl import conv_int8
-        monkeypatch.setattr(conv_int8, "int8_exact", lambda: False)
+    ORT_DISABLE_ALL, with full-range inputs that the file's first quantisation clamps (``form``:
+    ``M.int8_form``)."""
+    M.int8_form(monkeypatch, form)
     m = _conv_residual_model()
     cm = fg.compile(m, CFG)
     ops = collections.Counter(n.op_type for n in cm.graph.nodes)
@@ -1192,13 +1240,13 @@ def test_a_residual_convolution_keeps_its_own_clamp_before_the_sum(reference, mo
     (p,) = [n for n in cm.graph.nodes if n.op_type == "QConv"]
     assert len(p.inputs) == 5 and p.attrs["activation"] == "relu"
     assert np.allclose(p.attrs["conv_clip"], [0.02 * -128, 0.02 * 127], rtol=1e-6)
-    if M.int8_kernels_exact() and not reference:
+    if M.int8_kernels_exact() and form == "int8" or form == "float":
         onednn_call(cm, "QConv")
     bound = rounding_bound(0.02, 0.04)
     for seed in range(3):
         r = np.random.default_rng(seed)
-        feeds = {"x": r.integers(0, 256, (1, 4, 6, 6), dtype=np.uint8),
-                 "z": r.integers(0, 256, (1, 4, 6, 6), dtype=np.uint8)}
+        feeds = {"x": r.integers(0, 256, (1, 16, 6, 6), dtype=np.uint8),
+                 "z": r.integers(0, 256, (1, 16, 6, 6), dtype=np.uint8)}
         (ref,) = M.ort_run(m, feeds)
         y = cm.run(feeds)["y"]
         assert y.dtype == np.uint8 and np.abs(y.astype(np.int64) - ref).max() <= bound

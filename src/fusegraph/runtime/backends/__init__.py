@@ -52,7 +52,8 @@ def bf16_declined(device: str) -> str | None:
 def int8_declined(device: str) -> str | None:
     """Why int8 products cannot pay on ``device``: None on a CPU whose oneDNN sums uint8 x int8
     products exactly (VNNI / AMX: ``cpu/dnnl/int8_support.int8_exact``); elsewhere the int8 ops
-    run their reference form (float32 arithmetic on dequantised values), slower than float32."""
+    run as float32 (oneDNN's float32 kernels over dequantised values, ``cpu/dnnl/int8_float.py``,
+    or their reference form), no faster than float32."""
     import torch
     if str(device).startswith("cuda"):
         return "the int8 kernels are CPU kernels (oneDNN): a GPU runs the int8 ops' reference form"

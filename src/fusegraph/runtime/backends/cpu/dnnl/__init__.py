@@ -3,7 +3,8 @@ into the planned arena, hold their weights once in the blocked layout they run o
 a few microseconds a call.
 
 ``DnnlKernels.kernel(ctx, opdef, key, exact)`` gives a node's kernel (``conv.py``: FusedConv;
-``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear; ``matmul_int8.py``: QMatMul
+``conv_int8.py`` / ``linear_int8.py``: the int8 QConv / QLinear, ``int8_float.py`` these,
+QMatMul and QLinearDynamic in float32 where the CPU's int8 kernels do not sum exactly; ``matmul_int8.py``: QMatMul
 (an int8 product of two activations); ``linear_dynamic_int8.py``:
 QLinearDynamic (an int8 product of an activation quantised at run time);
 ``linear.py``: LinearAct / Linear (``linear_runtime.py`` where the rows are known at run time only); ``pool.py``: max / average / global pools; ``lrn.py``;
@@ -35,6 +36,8 @@ from .conv_int8 import conv_int8_kernel
 from .eltwise import gelu_kernel
 from .gated import gated_kernel
 from .gated_linear import gated_linear_kernel
+from .int8_float import float_qconv_kernel, float_qlinear_dynamic_kernel, float_qlinear_kernel, float_qmatmul_kernel
+from .int8_support import int8_exact
 from .layouts import static_shape
 from .linear import linear_kernel
 from .linear_dynamic_int8 import linear_dynamic_int8_kernel
@@ -105,12 +108,20 @@ class DnnlKernels:
         if key in QUANTISED_OPS and (why := _refused_by_op(ctx, opdef)) is not None:
             return why
         if key == ("fusegraph", "QConv"):
+            if not int8_exact():        # float32 kernels between quantising reorders
+                return float_qconv_kernel(ctx, self.resources, self.store)
             return conv_int8_kernel(ctx, self.store, self.resources)
         if key == ("fusegraph", "QLinear"):
+            if not int8_exact():
+                return float_qlinear_kernel(ctx, self.resources, self.store)
             return linear_int8_kernel(ctx, self.store, self.resources)
         if key == ("fusegraph", "QMatMul"):
+            if not int8_exact():
+                return float_qmatmul_kernel(ctx, self.resources)
             return qmatmul_kernel(ctx, self.resources)
         if key == ("fusegraph", "QLinearDynamic"):
+            if not int8_exact():
+                return float_qlinear_dynamic_kernel(ctx, self.resources, self.store)
             return linear_dynamic_int8_kernel(ctx, self.store, self.resources)
         if key in POOLS:
             return pool_kernel(ctx, opdef, self.resources, exact)

@@ -3,8 +3,8 @@
 
 Made at bind time for a 2-D convolution with static shapes over uint8 / int8 activations and
 a constant int8 weight (zero point 0; any group count), on a CPU whose int8 kernels sum
-exactly (``int8_support.int8_exact``; elsewhere the node declines and its reference form
-runs). The weight is reordered once into the blocked layout the primitive picks (with the
+exactly (``int8_support.int8_exact``; elsewhere ``int8_float.py`` runs the node on float32
+kernels, from the same checked plan: ``qconv_plan``). The weight is reordered once into the blocked layout the primitive picks (with the
 compensation oneDNN keeps beside it for a non-zero source zero point). The quantisation is
 the primitive's own arithmetic: the integer products are summed exactly in int32, scaled by
 the source scale and the per-channel weight scales (``Attr(scales=...)``: a mask over the
@@ -22,6 +22,8 @@ conv nets: the brgemm VNNI kernels; an NCHW graph input is staged). Small convol
 made for one thread (``threading_policy.py``). Anything else declines with the reason.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -49,6 +51,12 @@ def int8_node(ctx):
     QLinear node this CPU runs on oneDNN's int8 kernels, or a ``Decline`` saying why not."""
     if not int8_exact():
         return Decline(NOT_EXACT, "dnnl")
+    return quantised_node(ctx)
+
+
+def quantised_node(ctx):
+    """``int8_node`` without the CPU's question: what the node's attributes ask of a kernel
+    (also of ``int8_float.py``'s float32 form), or a ``Decline`` saying why no kernel runs them."""
     yt = DType(int(ctx.attr("y_type", int(DType.UINT8))))
     if yt not in OUTPUTS:
         return Decline(f"an output of type {yt.name}", "dnnl")
@@ -90,12 +98,41 @@ def weight_scales_ok(ctx, channels: int) -> Decline | None:
     return None
 
 
-def conv_int8_kernel(ctx, store, resources):
-    """The oneDNN kernel of one QConv node, or a ``Decline`` saying why not."""
+@dataclass
+class QConvPlan:
+    """What a QConv node asks of a convolution kernel, checked: the int8 primitive here and
+    the float32 form (``int8_float.py``) read the same operands and run the same post-ops.
+    ``post`` is in the int8 primitive's terms (the residual a ``sum`` reading quantised
+    destination bytes at ``residual_at``); ``post_args`` / ``post_keep`` the post-ops'
+    constant arguments and what they point at."""
+    out: torch.dtype
+    quantised: bool
+    weight: torch.Tensor                 # int8 [co, ci/g, kh, kw] (a placeholder where the store holds it)
+    bias: torch.Tensor | None
+    x_shape: tuple
+    y_shape: tuple
+    x_dtype: torch.dtype
+    x_strides: tuple
+    y_strides: tuple
+    weight_dims: list                    # the operand's dims: [g, co/g, ci/g, kh, kw] when grouped
+    geometry: tuple                      # strides, dilations less one, pads begin, pads end
+    post: list
+    post_args: list
+    post_keep: list
+    residual_at: int | None
+    w_mask: int
+    bound: float                         # the epilogue's largest magnitude (``epilogue_bound``)
+    small: bool                          # made for one thread (``threading_policy``)
+
+    def md(self, which: str, dtype: torch.dtype | None = None) -> MemDesc:
+        """The source's / destination's descriptor in its planned layout, in ``dtype``."""
+        shape, strides = (self.x_shape, self.x_strides) if which == "x" else (self.y_shape, self.y_strides)
+        return MemDesc.of(shape, dtype or (self.x_dtype if which == "x" else self.out), strides)
+
+
+def qconv_plan(ctx, got) -> QConvPlan | Decline:
+    """The checked plan of QConv node ``ctx`` (``got``: ``quantised_node``'s answer)."""
     node = ctx.node
-    got = int8_node(ctx)
-    if isinstance(got, Decline):
-        return got
     out, quantised, activation = got
     accumulate = out == torch.int32
     w, b = ctx.const(1), ctx.const(3) if ctx.has_input(3) else None
@@ -122,13 +159,10 @@ def conv_int8_kernel(ctx, store, resources):
     g = geo.group
     y_strides = strides_of(y_v)
     x_strides = channels_last(xs) if y_v.layout == "nhwc" else contiguous(xs)
-    x_md, y_md = MemDesc.of(xs, x_dtype, x_strides), MemDesc.of(ys, out, y_strides)
     wdims = [co, cig, kh, kw] if g == 1 else [g, co // g, cig, kh, kw]
-    w_any = MemDesc.tagged(wdims, capi.S8, capi.TAG_ANY)
     bias = None if b is None else b.to(torch.float32).contiguous()
     if bias is not None and (accumulate or bias.numel() != co):
         return Decline("a bias that is not one float per output channel", "dnnl")
-    b_md = MemDesc.of((co,), torch.float32) if bias is not None else None
     terms, x_scale = cig * kh * kw, float(ctx.attr("x_scale", 1.0))
     z_scale = float(ctx.attr("z_scale")) if z_v is not None else 0.0
     bound = epilogue_bound(terms, x_scale, ctx.const(2), bias, z_scale)
@@ -137,7 +171,9 @@ def conv_int8_kernel(ctx, store, resources):
         if isinstance(got, Decline):
             return got
     post = list(conv_clip)          # the convolution's own range, before the residual
+    residual_at = None
     if z_v is not None:
+        residual_at = len(post)
         post.append(("sum", float(ctx.attr("z_scale")), int(ctx.attr("z_zero_point", 0)), DTYPES[out]))
     if activation == "relu":
         post.append(relu_post_op(terms, x_scale, ctx.const(2), bias, z_scale))
@@ -148,11 +184,30 @@ def conv_int8_kernel(ctx, store, resources):
     grid_ops, grid_args, grid_keep = grid
     post += grid_ops
     w_mask = 0 if ctx.const(2).numel() == 1 else (1 if g == 1 else 3)
-    attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
-    lib = capi.load()
     macs = conv_macs(ctx, w)
+    return QConvPlan(out, quantised, w, bias, xs, ys, x_dtype, x_strides, y_strides, wdims, (s, d, begin, end),
+                     post, grid_args, grid_keep, residual_at, w_mask, bound, macs is not None and macs < PARALLEL_MACS)
+
+
+def conv_int8_kernel(ctx, store, resources):
+    """The oneDNN kernel of one QConv node, or a ``Decline`` saying why not."""
+    node = ctx.node
+    got = int8_node(ctx)
+    if isinstance(got, Decline):
+        return got
+    plan = qconv_plan(ctx, got)
+    if isinstance(plan, Decline):
+        return plan
+    accumulate = plan.out == torch.int32
+    x_md, y_md = plan.md("x"), plan.md("y")
+    w_any = MemDesc.tagged(plan.weight_dims, capi.S8, capi.TAG_ANY)
+    bias, w = plan.bias, plan.weight
+    b_md = MemDesc.of((bias.numel(),), torch.float32) if bias is not None else None
+    attr, qargs = int8_attr(ctx, plan.quantised, accumulate, plan.w_mask, plan.post)
+    lib = capi.load()
+    s, d, begin, end = plan.geometry
     try:
-        with threads_for(macs is not None and macs < PARALLEL_MACS):
+        with threads_for(plan.small):
             prim = create("int8 convolution", lambda pd: lib.convolution_forward_primitive_desc_create(
                 pd, lib.engine, capi.FORWARD_INFERENCE, capi.CONVOLUTION_DIRECT, x_md.handle, w_any.handle,
                 b_md.handle if b_md is not None else None, y_md.handle, Dims(*s), Dims(*[v - 1 for v in d]),
@@ -162,17 +217,18 @@ def conv_int8_kernel(ctx, store, resources):
     if prim.is_reference:
         return Decline(f"oneDNN offers only its reference int8 convolution ({prim.impl})", "dnnl")
     w_md = prim.md(capi.Q_WEIGHTS_MD)
-    plain_md = MemDesc.tagged(wdims, capi.S8, capi.TAG_ABCD if g == 1 else capi.TAG_ABCDE)
+    wdims = plan.weight_dims
+    plain_md = MemDesc.tagged(wdims, capi.S8, capi.TAG_ABCD if len(wdims) == 4 else capi.TAG_ABCDE)
     packed = store.form(node.inputs[1].name, w if w.device.type == "meta" else w.contiguous(), range(4),
                         plain_md, w_md)
-    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args + grid_args
-    keep = [packed, w_md, attr, *qargs.keep, *grid_keep]
+    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args + plan.post_args
+    keep = [packed, w_md, attr, *qargs.keep, *plan.post_keep]
     if bias is not None:
         consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
         keep.append(bias)
-    x_slot = Slot(capi.ARG_SRC, xs, x_strides, x_dtype, x_md)
-    y_slot = Slot(capi.ARG_DST, ys, y_strides, out, y_md)
-    if z_v is None:
+    x_slot = Slot(capi.ARG_SRC, plan.x_shape, plan.x_strides, plan.x_dtype, x_md)
+    y_slot = Slot(capi.ARG_DST, plan.y_shape, plan.y_strides, plan.out, y_md)
+    if plan.residual_at is None:
         return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), keep=tuple(keep))
     # in place or not, the residual is read from the destination's bytes (copied there when not)
     return DnnlKernel(prim, [x_slot, None], y_slot, consts, resources, (0, 4), prefill=1, keep=tuple(keep))

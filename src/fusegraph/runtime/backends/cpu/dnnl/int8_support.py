@@ -8,8 +8,9 @@ kernels multiply in 16 bits and halve every weight to stay clear of saturation: 
 odd value is rounded, and the results of a quantised model move by several quantisation
 steps (a 3x3x64 convolution of full-range inputs: up to 33 steps). One small convolution and
 one small product of full-range values, checked against the exact sums, say which kind of
-CPU this is (asked once); where they are not exact the int8 kernels decline and the ops'
-reference form runs (float32 arithmetic on the dequantised values: ``ops/quantized.py``).
+CPU this is (asked once); where they are not exact the int8 kernels decline and the ops run
+in float32 on the dequantised values (``int8_float.py`` on oneDNN's float32 kernels, else their
+reference form: ``ops/quantized.py``).
 
 ``QuantArgs``: the execution arguments of a primitive made with ``Attr(scales=...,
 zero_points=...)``: float32 scales and int32 zero points, each a memory over a tensor it

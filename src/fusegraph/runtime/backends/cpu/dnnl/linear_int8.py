@@ -13,13 +13,14 @@ saturated), or written as float32 (on the quantisation grid
 with ``y_grid``: ``int8_support.grid_post_ops``), or (MatMulInteger's form) as the exact
 int32 sum. With ``mid_activation`` the result goes onto the ``mid`` grid and through the GELU
 in the epilogue before its quantisation (``int8_support.mid_post_ops``). Only on a CPU whose
-int8 kernels sum exactly (``int8_support.int8_exact``); elsewhere the node declines and its
-reference form runs. Products under ``SERIAL_MACS``
+int8 kernels sum exactly (``int8_support.int8_exact``); elsewhere ``int8_float.py`` runs the
+node on float32 kernels, from the same checked plan (``qlinear_plan``). Products under ``SERIAL_MACS``
 multiply-adds with weights under ``PARALLEL_WEIGHTS`` elements are made for one thread.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -34,12 +35,30 @@ from .memory import MemDesc, Memory
 from .primitive import create
 
 
-def linear_int8_kernel(ctx, store, resources):
-    """The oneDNN kernel of one QLinear node, or a ``Decline`` saying why not."""
+@dataclass
+class QLinearPlan:
+    """What a QLinear node asks of a product kernel, checked: the int8 matmul here and the
+    float32 form (``int8_float.py``) read the same operands and run the same post-ops."""
+    out: torch.dtype
+    quantised: bool
+    weight: torch.Tensor                 # int8 [K, N], [N, K] under ``trans_b`` (a placeholder where the store holds it)
+    trans_b: bool
+    bias: torch.Tensor | None
+    x_shape: tuple
+    y_shape: tuple
+    x_dtype: torch.dtype
+    mkn: tuple
+    post: list
+    post_args: list
+    post_keep: list
+    w_mask: int
+    bound: float                         # the epilogue's largest magnitude (``epilogue_bound``)
+    small: bool                          # made for one thread (``threading_policy``)
+
+
+def qlinear_plan(ctx, got) -> QLinearPlan | Decline:
+    """The checked plan of QLinear node ``ctx`` (``got``: ``quantised_node``'s answer)."""
     node = ctx.node
-    got = int8_node(ctx)
-    if isinstance(got, Decline):
-        return got
     out, quantised, activation = got
     accumulate = out == torch.int32
     trans_b = bool(ctx.attr("trans_b", 0))
@@ -89,13 +108,28 @@ def linear_int8_kernel(ctx, store, resources):
     post_args = mid[1] + after[1] + grid[1]              # the post-ops' constant operands
     post_keep = mid[2] + after[2] + grid[2]
     w_mask = 0 if ctx.const(2).numel() == 1 else 2          # per column N of the [K, N] operand
-    attr, qargs = int8_attr(ctx, quantised, accumulate, w_mask, post)
-    x_md, y_md = MemDesc.of((m, k), x_dtype), MemDesc.of((m, n), out)
+    return QLinearPlan(out, quantised, w, trans_b, bias, xs, ys, x_dtype, (m, k, n), post, post_args, post_keep,
+                       w_mask, bound, m * n * k < SERIAL_MACS and n * k < PARALLEL_WEIGHTS)
+
+
+def linear_int8_kernel(ctx, store, resources):
+    """The oneDNN kernel of one QLinear node, or a ``Decline`` saying why not."""
+    node = ctx.node
+    got = int8_node(ctx)
+    if isinstance(got, Decline):
+        return got
+    plan = qlinear_plan(ctx, got)
+    if isinstance(plan, Decline):
+        return plan
+    m, k, n = plan.mkn
+    w, bias, trans_b, out = plan.weight, plan.bias, plan.trans_b, plan.out
+    attr, qargs = int8_attr(ctx, plan.quantised, out == torch.int32, plan.w_mask, plan.post)
+    x_md, y_md = MemDesc.of((m, k), plan.x_dtype), MemDesc.of((m, n), out)
     w_any = MemDesc.tagged([k, n], capi.S8, capi.TAG_ANY)
     b_md = MemDesc.of((1, n), torch.float32) if bias is not None else None
     lib = capi.load()
     try:
-        with threads_for(m * n * k < SERIAL_MACS and n * k < PARALLEL_WEIGHTS):
+        with threads_for(plan.small):
             prim = create("int8 matmul", lambda pd: lib.matmul_primitive_desc_create(
                 pd, lib.engine, x_md.handle, w_any.handle, b_md.handle if b_md is not None else None,
                 y_md.handle, attr.handle))
@@ -107,11 +141,11 @@ def linear_int8_kernel(ctx, store, resources):
     plain = w if w.device.type == "meta" else w.contiguous()
     plain_md = MemDesc.of((k, n), torch.int8, (1, k) if trans_b else (n, 1))   # the operand is W^T under trans_b
     packed = store.form(node.inputs[1].name, plain, (1, 0) if trans_b else (0, 1), plain_md, w_md)
-    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args + post_args
-    keep = [packed, w_md, attr, *qargs.keep, *post_keep]
+    consts = [(capi.ARG_WEIGHTS, Memory(w_md, packed.data_ptr()))] + qargs.args + plan.post_args
+    keep = [packed, w_md, attr, *qargs.keep, *plan.post_keep]
     if bias is not None:
         consts.append((capi.ARG_BIAS, Memory(b_md, bias.data_ptr())))
         keep.append(bias)
-    x_slot = Slot(capi.ARG_SRC, xs, contiguous(xs), x_dtype, x_md)
-    y_slot = Slot(capi.ARG_DST, ys, contiguous(ys), out, y_md)
+    x_slot = Slot(capi.ARG_SRC, plan.x_shape, contiguous(plan.x_shape), plan.x_dtype, x_md)
+    y_slot = Slot(capi.ARG_DST, plan.y_shape, contiguous(plan.y_shape), out, y_md)
     return DnnlKernel(prim, [x_slot], y_slot, consts, resources, (0,), keep=tuple(keep))

@@ -10,7 +10,7 @@ rounded half to even, the output zero point added and saturated: within one quan
 of the reference, which sums the dequantised float32 products (its order of summation moves
 the last bit of the sum; the int8 kernels of ``linear_int8.py`` make the same trade). With
 ``y_grid`` a float32 output on that grid (``int8_support.grid_post_ops``). Only on
-a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``).
+a CPU whose int8 kernels sum exactly (``int8_support.int8_exact``; elsewhere ``int8_float.py``).
 
 Static shapes of one rank (batch dims broadcast as oneDNN's matmul broadcasts them), row-major
 operands and output; anything else declines with the reason and the op's own kernel runs.
