@@ -37,18 +37,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .....ir import DType
-from .....ops.quantized import QUANTISED, y_grid
 from ...protocol import Decline
 from ..threading_policy import threads_for
 from . import capi
 from .capi import Dims, ExecArg
 from .conv_int8 import qconv_plan, quantised_node
-from .int8_support import EPILOGUE_LIMIT, QuantArgs, epilogue_bound, grid_declines, grid_post_ops
-from .layouts import contiguous, static_shape, strides_of
+from .int8_support import EPILOGUE_LIMIT, QuantArgs, epilogue_bound, grid_post_ops
+from .layouts import contiguous
 from .linear import matmul_primitive
 from .linear_runtime import RuntimeLinear, warm_sgemm
+from .linear_dynamic_int8 import dynamic_operands
 from .linear_int8 import qlinear_plan
+from .matmul_int8 import qmatmul_operands
 from .memory import MemDesc, Memory
 from .primitive import Attr, Primitive, create, reorder
 
@@ -123,23 +123,11 @@ def float_qlinear_kernel(ctx, resources, store):
 def float_qmatmul_kernel(ctx, resources):
     """QMatMul node ``ctx`` (two quantised activations) as a float32 matmul of both dequantised,
     its output quantised by a reorder or written on its grid; or a Decline."""
-    out_type = DType(int(ctx.attr("y_type", int(DType.UINT8))))
-    why = grid_declines(ctx, out_type)
-    if why is not None:
-        return why
-    quantised = out_type in QUANTISED
-    if not quantised and y_grid(ctx) is None:
-        return Decline(f"an output of type {out_type.name}", "dnnl")
-    node = ctx.node
-    (a_v, b_v), y_v = node.inputs[:2], node.outputs[0]
-    shapes = [static_shape(v) for v in (a_v, b_v, y_v)]
-    if any(s is None or len(s) < 2 for s in shapes) or len({len(s) for s in shapes}) != 1:
-        return Decline("needs static operands and output of one rank (2 or more)", "dnnl")
-    if any(strides_of(v) != contiguous(s) for v, s in zip((a_v, b_v, y_v), shapes)):
-        return Decline("needs row-major operands and output", "dnnl")
-    types = [ctx.dtype(i) for i in (0, 1)]
-    if any(t not in QUANTISED for t in types):
-        return Decline(f"operands of types {[t.name if t else None for t in types]} (uint8 / int8)", "dnnl")
+    got = qmatmul_operands(ctx)
+    if isinstance(got, Decline):
+        return got
+    out_type, on_grid, shapes, types = got
+    quantised = not on_grid
     a_scale, b_scale = float(ctx.attr("a_scale")), float(ctx.attr("b_scale"))
     bound = epilogue_bound(shapes[0][-1], a_scale, torch.tensor([b_scale]), w_range=255)
     if quantised and not bound < EPILOGUE_LIMIT:
@@ -170,22 +158,11 @@ def float_qmatmul_kernel(ctx, resources):
 def float_qlinear_dynamic_kernel(ctx, resources, store):
     """QLinearDynamic node ``ctx`` (an activation quantised at run time) as sgemm over the
     integer operands held as float32 values, then the model's scaling; or a Decline."""
+    got = dynamic_operands(ctx)
+    if isinstance(got, Decline):
+        return got
+    w, ws, b = got
     node = ctx.node
-    w, ws = ctx.const(3), ctx.const(4)
-    b = ctx.const(5) if ctx.has_input(5) else None
-    x_v = node.inputs[0]
-    if w is None or w.device.type not in ("cpu", "meta") or w.dtype != torch.int8 or w.dim() != 2 \
-            or (ctx.has_input(5) and b is None):
-        return Decline("weight or bias is not a constant (int8 weight, 2-D)", "dnnl")
-    if x_v.shape is None or not x_v.shape or x_v.layout == "nhwc":
-        return Decline("needs a row-major input of known rank", "dnnl")
-    if x_v.dtype is None or x_v.dtype.to_torch() != torch.uint8:
-        return Decline(f"a {x_v.dtype} input (uint8, DynamicQuantizeLinear's)", "dnnl")
-    k, n = int(w.shape[0]), int(w.shape[1])
-    if (isinstance(x_v.shape[-1], int) and x_v.shape[-1] != k) or (b is not None and b.numel() != n):
-        return Decline("operand sizes do not match", "dnnl")
-    if ws is None or ws.device.type != "cpu" or ws.numel() not in (1, n):
-        return Decline("weight scales are not a constant per tensor or per column", "dnnl")
     weight = store.plain(node.inputs[3].name, w) if w.device.type == "meta" else w
     return FloatDynamicLinear(weight.to(torch.float32), ws, b, resources)
 

@@ -19,8 +19,9 @@ Rows known at bind time: one primitive for them. Rows known at run time only (a 
 sequence axis): as ``linear_runtime.py`` does for float32, the weight is packed once for a
 primitive made for ``REFERENCE_ROWS`` rows, and each new row count gets a primitive made
 with that packed layout given explicitly (the last ``ROWS_KEPT`` kept). Only on a CPU whose
-int8 kernels sum exactly (``int8_exact``); anything else declines with the reason and the
-op's reference form runs (``ops/quantized_dynamic.py``).
+int8 kernels sum exactly (``int8_exact``; elsewhere ``int8_float.py``'s float32 form, from the
+same checks: ``dynamic_operands``); anything else declines with the reason and the op's
+reference form runs (``ops/quantized_dynamic.py``).
 """
 from __future__ import annotations
 
@@ -41,10 +42,9 @@ ROWS_KEPT = 16                    # primitives kept, one per row count (the most
 REFERENCE_ROWS = 64               # the row count of the bind-time primitive that picks the layout
 
 
-def linear_dynamic_int8_kernel(ctx, store, resources):
-    """The oneDNN kernel of one QLinearDynamic node, or a ``Decline`` saying why not."""
-    if not int8_exact():
-        return Decline(NOT_EXACT, "dnnl")
+def dynamic_operands(ctx):
+    """(int8 weight ``[K, N]``, its scales, the bias or None) of QLinearDynamic node ``ctx`` as
+    a kernel takes them (also ``int8_float.py``'s float32 form), or a ``Decline`` saying why not."""
     node = ctx.node
     w, ws = ctx.const(3), ctx.const(4)
     b = ctx.const(5) if ctx.has_input(5) else None
@@ -61,6 +61,19 @@ def linear_dynamic_int8_kernel(ctx, store, resources):
         return Decline("operand sizes do not match", "dnnl")
     if ws is None or ws.device.type != "cpu" or ws.numel() not in (1, n):
         return Decline("weight scales are not a constant per tensor or per column", "dnnl")
+    return w, ws, b
+
+
+def linear_dynamic_int8_kernel(ctx, store, resources):
+    """The oneDNN kernel of one QLinearDynamic node, or a ``Decline`` saying why not."""
+    if not int8_exact():
+        return Decline(NOT_EXACT, "dnnl")
+    got = dynamic_operands(ctx)
+    if isinstance(got, Decline):
+        return got
+    w, ws, b = got
+    node, x_v = ctx.node, ctx.node.inputs[0]
+    k, n = int(w.shape[0]), int(w.shape[1])
     xs = static_shape(x_v)
     rows = None if xs is None else int(torch.Size(xs[:-1]).numel())
     kernel = DynamicInt8Linear(k, n, ws, b, resources)

@@ -34,10 +34,10 @@ from .primitive import Attr, create
 FLIP = -128          # the top bit as an int8: x ^ FLIP moves a uint8 x to the int8 x - 128
 
 
-def qmatmul_kernel(ctx, resources):
-    """The oneDNN kernel of one QMatMul node, or a ``Decline`` saying why not."""
-    if not int8_exact():
-        return Decline(NOT_EXACT, "dnnl")
+def qmatmul_operands(ctx):
+    """(output type, whether it is on a grid, the static shapes of a, b and the output, the
+    operands' types) of QMatMul node ``ctx`` as a kernel takes them (also ``int8_float.py``'s
+    float32 form), or a ``Decline`` saying why not."""
     out_type = DType(int(ctx.attr("y_type", int(DType.UINT8))))
     why = grid_declines(ctx, out_type)
     if why is not None:
@@ -55,6 +55,17 @@ def qmatmul_kernel(ctx, resources):
     types = [ctx.dtype(i) for i in (0, 1)]
     if any(t not in QUANTISED for t in types):
         return Decline(f"operands of types {[t.name if t else None for t in types]} (uint8 / int8)", "dnnl")
+    return out_type, on_grid, shapes, types
+
+
+def qmatmul_kernel(ctx, resources):
+    """The oneDNN kernel of one QMatMul node, or a ``Decline`` saying why not."""
+    if not int8_exact():
+        return Decline(NOT_EXACT, "dnnl")
+    got = qmatmul_operands(ctx)
+    if isinstance(got, Decline):
+        return got
+    out_type, on_grid, shapes, types = got
     a_shape, b_shape, y_shape = shapes
     flip = types[1] == DType.UINT8
     b_zero = int(ctx.attr("b_zero_point", 0)) + (FLIP if flip else 0)
