@@ -39,6 +39,7 @@ import torch
 
 from ...protocol import Decline
 from ..threading_policy import threads_for
+from ..workspace import Workspace
 from . import capi
 from .capi import Dims, ExecArg
 from .conv_int8 import qconv_plan, quantised_node
@@ -170,7 +171,7 @@ def float_qlinear_dynamic_kernel(ctx, resources, store):
 class FloatDynamicLinear:
     """``float(sum_k (x_q - x_zp) * w) * (x_scale * w_scale) + b`` (``QLinearDynamic``'s own
     arithmetic, ``ops/quantized_dynamic.py``) with the integer sum as sgemm over float32 values:
-    ``x_q - x_zp`` (at most 255 in magnitude) into this thread's buffer, times the int8 weight
+    ``x_q - x_zp`` (at most 255 in magnitude) into a per-thread workspace, times the int8 weight
     held as float32 (``linear_runtime.RuntimeLinear``: any row count, the rows one cache line
     longer where they would alias). Each product is an integer under 2^15, so the float32 sum
     is the exact integer sum while it stays under 2^24 (at every K up to ``EXACT_K``; beyond,
@@ -186,6 +187,9 @@ class FloatDynamicLinear:
         self.packed = torch.zeros(k * self.product.ldb, dtype=torch.float32)
         self.packed.view(k, self.product.ldb)[:, :n].copy_(weight)
         self.product.set_weight(self.packed, MemDesc.of((k, n), torch.float32, (self.product.ldb, 1)), None)
+        # x_q - x_zp: in a per-thread buffer the model's float32 forms of QLinearDynamic share,
+        # grown to the largest rows seen (a symbolic row count's size is known per run only)
+        self.operand = resources.shared.setdefault("int8 float32 operand", Workspace())
         self.w_scale = w_scale.to(torch.float32).reshape(-1).contiguous()
         self.bias = None if bias is None else bias.to(torch.float32).reshape(-1).contiguous()
         self.impl = f"{self.product.impl} ({FORM})"
@@ -206,7 +210,7 @@ class FloatDynamicLinear:
         # the scales' product first, as the op; read before the output is written (the planner
         # may put the output over this node's last reads)
         scales = x_scale.reshape(()).to(torch.float32) * self.w_scale
-        xf = self.resources.temporary(0, m * self.k * 4).view(torch.float32).view(*x_q.shape)
+        xf = self.operand.at_least(m * self.k * 4)[:m * self.k * 4].view(torch.float32).view(*x_q.shape)
         xf.copy_(x_q)
         xf.sub_(x_zp.reshape(()).to(torch.float32))
         self.product(xf, out=out)
