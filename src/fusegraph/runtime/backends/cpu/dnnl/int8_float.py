@@ -93,7 +93,7 @@ def float_qconv_kernel(ctx, resources, store):
         residual = Quantised(4, plan.y_shape, plan.y_strides, plan.out, plan.md("y"), float(ctx.attr("z_scale")),
                              int(ctx.attr("z_zero_point", 0)), capi.ARG_DST)
     out = Output(plan.y_shape, plan.y_strides, plan.out, plan.md("y"), *_y_params(ctx, plan.quantised))
-    return FloatForm(resources, prim, [x], out, _constants(prim, weight, plan.bias, b_md, plan), [attr], residual)
+    return _form(resources, prim, [x], out, _constants(prim, weight, plan.bias, b_md, plan), [attr], residual)
 
 
 def float_qlinear_kernel(ctx, resources, store):
@@ -118,7 +118,7 @@ def float_qlinear_kernel(ctx, resources, store):
                   float(ctx.attr("x_scale")), int(ctx.attr("x_zero_point", 0)), capi.ARG_SRC)
     out = Output(plan.y_shape, contiguous(plan.y_shape), plan.out, MemDesc.of((m, n), plan.out),
                  *_y_params(ctx, plan.quantised))
-    return FloatForm(resources, prim, [x], out, _constants(prim, weight, plan.bias, b_md, plan))
+    return _form(resources, prim, [x], out, _constants(prim, weight, plan.bias, b_md, plan))
 
 
 def float_qmatmul_kernel(ctx, resources):
@@ -153,7 +153,7 @@ def float_qmatmul_kernel(ctx, resources):
                                                                (capi.ARG_SRC, capi.ARG_WEIGHTS)))]
     y_dtype = out_type.to_torch()
     out = Output(shapes[2], contiguous(shapes[2]), y_dtype, MemDesc.of(shapes[2], y_dtype), *_y_params(ctx, quantised))
-    return FloatForm(resources, prim, operands, out, (grid_args, [*grid_keep, attr]))
+    return _form(resources, prim, operands, out, (grid_args, [*grid_keep, attr]))
 
 
 def float_qlinear_dynamic_kernel(ctx, resources, store):
@@ -174,9 +174,9 @@ class FloatDynamicLinear:
     ``x_q - x_zp`` (at most 255 in magnitude) into a per-thread workspace, times the int8 weight
     held as float32 (``linear_runtime.RuntimeLinear``: any row count, the rows one cache line
     longer where they would alias). Each product is an integer under 2^15, so the float32 sum
-    is the exact integer sum while it stays under 2^24 (at every K up to ``EXACT_K``; beyond,
-    a sum that large rounds as float32 does); the output is then scaled per column and the
-    bias added, in the op's order."""
+    is the exact integer sum while it stays under 2^24 (at every K up to 514 = 2^24 / (255 *
+    128); beyond, a sum that large rounds as float32 does); the output is then scaled per
+    column and the bias added, in the op's order."""
     writes_out = True
     reads = (0, 1, 2)                  # x_q, its scale, its zero point (the rest are held constants)
 
@@ -218,9 +218,6 @@ class FloatDynamicLinear:
         if self.bias is not None:
             out.add_(self.bias)
         return out
-
-
-EXACT_K = (1 << 24) // (255 * 128)      # sums of this many integer products stay exact in float32
 
 
 def _plan(ctx, make):
@@ -309,7 +306,22 @@ def _reorder(src: MemDesc, dst: MemDesc, scale: float, zero_point: int, arg: int
     attr = Attr(scales={arg: 0}, zero_points=zps)
     prim = create("int8 node's reorder", lambda pd: lib.reorder_primitive_desc_create(
         pd, src.handle, lib.engine, dst.handle, lib.engine, attr.handle))
+    if prim.impl.startswith(("ref", "simple")):
+        raise SlowReorder(f"oneDNN offers only its generic reorder ({prim.impl}) to "
+                          f"{'dequantise an operand' if arg == capi.ARG_SRC else 'quantise the output'}")
     return prim, q, attr
+
+
+class SlowReorder(Exception):
+    """A reorder of a float32 form would be oneDNN's generic element loop: the node declines."""
+
+
+def _form(*args, **kwargs):
+    """``FloatForm(*args, **kwargs)``, or a Decline where one of its reorders is slow."""
+    try:
+        return FloatForm(*args, **kwargs)
+    except SlowReorder as exc:
+        return Decline(str(exc), "dnnl")
 
 
 class FloatForm:
