@@ -240,3 +240,23 @@ def test_float_form_round_trips_through_an_artifact(tmp_path, monkeypatch):
     feeds = {"x": np.random.default_rng(5).integers(0, 256, (1, 16, 10, 10)).astype(np.uint8)}
     assert np.array_equal(loaded.run(feeds)["y"], cm.run(feeds)["y"])
     assert path.stat().st_size < 32 * 16 * 9 * 4       # int8 weights: a quarter of the float32 ones
+
+
+def test_a_slow_reorder_declines_with_the_reason(monkeypatch):
+    """Where oneDNN would dequantise or quantise with its generic element loop, the node
+    declines naming it, and the op's own kernel gives onnxruntime's numbers."""
+    from fusegraph.runtime.backends.cpu.dnnl import int8_float
+    M.int8_form(monkeypatch, "float")
+    real = int8_float.create
+
+    def create(what, make):
+        prim = real(what, make)
+        if what == "int8 node's reorder":
+            prim.impl = "simple:any"               # what oneDNN names its generic loop
+        return prim
+    monkeypatch.setattr(int8_float, "create", create)
+    m = _conv_model()
+    cm = fg.compile(m, CFG)
+    declined = {d["op"]: d["reason"] for d in cm.report.kernels["declined"]}
+    assert "generic reorder (simple:any)" in declined.get("QConv", ""), declined
+    _against_ort(cm, m, (1, 16, 10, 10), TensorProto.UINT8, 0.03)
