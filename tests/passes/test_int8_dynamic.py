@@ -75,11 +75,10 @@ def single_product(seed=0, k=48, n=40, rows=6) -> onnx.ModelProto:
 
 def kernels_param(kernels: str, monkeypatch):
     """``kernels`` "int8": the int8 kernels (skipped where this CPU's int8 sums are not exact);
-    "float": their float32 form (``dnnl/int8_float.py``), forced on any CPU. Returns the
-    oracle: onnxruntime ORT_DISABLE_ALL where this CPU sums int8 exactly, else ``onnx.reference``
-    (onnxruntime's MatMulInteger sums u8 x s8 pairs in 16 bits there, and saturates)."""
-    if kernels == "int8" and not M.int8_kernels_exact():
-        pytest.skip(M.INT8_KERNELS_WHY)
+    "float": their float32 form (``dnnl/int8_float.py``), forced on any CPU (``M.int8_form``).
+    Returns the oracle: onnxruntime ORT_DISABLE_ALL where this CPU sums int8 exactly, else
+    ``onnx.reference`` (onnxruntime's MatMulInteger sums u8 x s8 pairs in 16 bits there, and
+    saturates)."""
     M.int8_form(monkeypatch, kernels)
     return M.ort_run if M.int8_kernels_exact() else M.exact_run
 

@@ -103,10 +103,10 @@ def onednn_call(cm, op: str):
 
 def check_form(cm, form: str) -> None:
     """Every QConv / QLinear of ``cm`` runs ``form`` (``M.int8_form``): the oneDNN int8
-    kernels (where this CPU sums int8 exactly, else the float32 form), or the float32 form:
-    a oneDNN float32 primitive that is not a reference one between quantising reorders."""
+    kernels, or the float32 form: a oneDNN float32 primitive that is not a reference one
+    between quantising reorders."""
     from fusegraph.runtime.backends.cpu.dnnl.int8_float import FloatForm
-    if form == "int8" and M.int8_kernels_exact():
+    if form == "int8":
         int8_calls(cm)
         return
     declined = {d["node"]: d["reason"] for d in cm.report.kernels["declined"]}
@@ -468,8 +468,6 @@ def test_qmatmul_types_within_one_step_of_the_reference(a_type, b_type, form, ke
     quantised by a reorder), within one step of ``onnx.reference``."""
     from onnx.reference import ReferenceEvaluator
     from fusegraph.runtime.backends.cpu.dnnl.int8_float import FloatForm
-    if kernels == "int8" and not M.int8_kernels_exact():
-        pytest.skip(M.INT8_KERNELS_WHY)
     M.int8_form(monkeypatch, kernels)
     np_of = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
     zero = {TensorProto.UINT8: 131, TensorProto.INT8: -3}
@@ -1005,7 +1003,8 @@ def _bias_model(s2: float, bias_spread: float) -> onnx.ModelProto:
     return m
 
 
-@pytest.mark.parametrize("wide,form", [(False, "int8"), (True, "int8"), (True, "float"), (True, "reference")])
+@pytest.mark.parametrize("wide,form", [(False, "int8"), (False, "float"), (True, "int8"), (True, "float"),
+                                       (True, "reference")])
 def test_a_bias_folds_into_its_product_after_the_first_clamp(wide, form, monkeypatch):
     """``qdq_bias`` folds ``Q2(DQ1(Q1(product)) + b)`` into the product: where Q2 saturates
     wherever Q1 clamps, in every column (Q2's range, less the column's bias, within Q1's), the
@@ -1028,7 +1027,7 @@ def test_a_bias_folds_into_its_product_after_the_first_clamp(wide, form, monkeyp
         assert p.attrs["post_bias"] == pytest.approx(np.linspace(-spread, spread, 24), rel=1e-6)
     else:
         assert len(p.inputs) == 4 and "y_clip" not in p.attrs and "post_bias" not in p.attrs
-    if M.int8_kernels_exact() and form == "int8" or form == "float":
+    if form != "reference":
         onednn_call(cm, "QLinear")
     bound = rounding_bound(0.02, s2)
     init = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
@@ -1240,7 +1239,7 @@ def test_a_residual_convolution_keeps_its_own_clamp_before_the_sum(form, monkeyp
     (p,) = [n for n in cm.graph.nodes if n.op_type == "QConv"]
     assert len(p.inputs) == 5 and p.attrs["activation"] == "relu"
     assert np.allclose(p.attrs["conv_clip"], [0.02 * -128, 0.02 * 127], rtol=1e-6)
-    if M.int8_kernels_exact() and form == "int8" or form == "float":
+    if form != "reference":
         onednn_call(cm, "QConv")
     bound = rounding_bound(0.02, 0.04)
     for seed in range(3):
