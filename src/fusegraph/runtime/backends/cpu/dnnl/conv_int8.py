@@ -4,8 +4,9 @@
 Made at bind time for a 2-D convolution with static shapes over uint8 / int8 activations and
 a constant int8 weight (zero point 0; any group count), on a CPU whose int8 kernels sum
 exactly (``int8_support.int8_exact``; elsewhere ``int8_float.py`` runs the node on float32
-kernels, from the same checked plan: ``qconv_plan``). The weight is reordered once into the blocked layout the primitive picks (with the
-compensation oneDNN keeps beside it for a non-zero source zero point). The quantisation is
+kernels, from the same checked plan: ``qconv_plan``). The weight is reordered once into the
+blocked layout the primitive picks (with the compensation oneDNN keeps beside it for a
+non-zero source zero point). The quantisation is
 the primitive's own arithmetic: the integer products are summed exactly in int32, scaled by
 the source scale and the per-channel weight scales (``Attr(scales=...)``: a mask over the
 output channels), the float32 bias added, then the post-ops: the clamp of ``conv_clip``,
@@ -115,7 +116,7 @@ class QConvPlan:
     x_strides: tuple
     y_strides: tuple
     weight_dims: list                    # the operand's dims: [g, co/g, ci/g, kh, kw] when grouped
-    geometry: tuple                      # strides, dilations less one, pads begin, pads end
+    geometry: tuple                      # strides, dilations (ONNX's: oneDNN's are one less), pads begin / end
     post: list
     post_args: list
     post_keep: list
@@ -124,10 +125,11 @@ class QConvPlan:
     bound: float                         # the epilogue's largest magnitude (``epilogue_bound``)
     small: bool                          # made for one thread (``threading_policy``)
 
-    def md(self, which: str, dtype: torch.dtype | None = None) -> MemDesc:
-        """The source's / destination's descriptor in its planned layout, in ``dtype``."""
-        shape, strides = (self.x_shape, self.x_strides) if which == "x" else (self.y_shape, self.y_strides)
-        return MemDesc.of(shape, dtype or (self.x_dtype if which == "x" else self.out), strides)
+    def md(self, which: str) -> MemDesc:
+        """The source's ("x") or destination's descriptor, in its planned layout and type."""
+        if which == "x":
+            return MemDesc.of(self.x_shape, self.x_dtype, self.x_strides)
+        return MemDesc.of(self.y_shape, self.out, self.y_strides)
 
 
 def qconv_plan(ctx, got) -> QConvPlan | Decline:

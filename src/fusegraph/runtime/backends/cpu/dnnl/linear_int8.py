@@ -14,8 +14,9 @@ with ``y_grid``: ``int8_support.grid_post_ops``), or (MatMulInteger's form) as t
 int32 sum. With ``mid_activation`` the result goes onto the ``mid`` grid and through the GELU
 in the epilogue before its quantisation (``int8_support.mid_post_ops``). Only on a CPU whose
 int8 kernels sum exactly (``int8_support.int8_exact``); elsewhere ``int8_float.py`` runs the
-node on float32 kernels, from the same checked plan (``qlinear_plan``). Products under ``SERIAL_MACS``
-multiply-adds with weights under ``PARALLEL_WEIGHTS`` elements are made for one thread.
+node on float32 kernels, from the same checked plan (``qlinear_plan``). Products under
+``SERIAL_MACS`` multiply-adds with weights under ``PARALLEL_WEIGHTS`` elements are made for one
+thread.
 """
 from __future__ import annotations
 
