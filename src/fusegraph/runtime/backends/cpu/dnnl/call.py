@@ -45,17 +45,12 @@ import torch
 from ...protocol import Direct
 from . import capi
 from .capi import ExecArg
+from .layouts import same_layout
 from .memory import Memory, MemDesc
 from .primitive import Primitive, Resources, thread_stream
 
 _get_ident = threading.get_ident
 _is_not = operator.is_not
-
-
-def _same_layout(t: torch.Tensor, shape: tuple, strides: tuple) -> bool:
-    if tuple(t.shape) != shape:
-        return False
-    return all(a == b for a, b, n in zip(t.stride(), strides, shape) if n != 1)
 
 
 def _convertible(t: torch.Tensor, slot: "Slot") -> bool:
@@ -150,7 +145,7 @@ class Slot:
         return fixed
 
     def fits(self, t: torch.Tensor) -> bool:
-        return t.dtype == self.dtype and t.device.type == "cpu" and _same_layout(t, self.shape, self.strides)
+        return t.dtype == self.dtype and t.device.type == "cpu" and same_layout(t, self.shape, self.strides)
 
 
 class DnnlKernel:

@@ -44,7 +44,7 @@ from . import capi
 from .capi import Dims, ExecArg
 from .conv_int8 import qconv_plan, quantised_node
 from .int8_support import EPILOGUE_LIMIT, QuantArgs, epilogue_bound, grid_post_ops
-from .layouts import contiguous
+from .layouts import contiguous, same_layout
 from .linear import matmul_primitive
 from .linear_runtime import RuntimeLinear, warm_sgemm
 from .linear_dynamic_int8 import dynamic_operands
@@ -331,13 +331,13 @@ class FloatForm:
 
     def __init__(self, resources, prim: Primitive, operands: list[Quantised], out: Output, constants: tuple,
                  keep: list = (), residual: Quantised | None = None):
-        self.resources, self.prim, self.out = resources, prim, out
+        self.resources, self.out = resources, out
         self.operands = operands + ([residual] if residual is not None else [])
         self.reads = tuple(q.index for q in self.operands)
         args, kept = constants
         self._keep = [*kept, *keep]
         self.calls: list[tuple[Primitive, list]] = []
-        temps = []                        # (memory, descriptor) of each float32 temporary
+        temps = []                        # the float32 temporaries' memories
         y_f = Memory(prim.md(capi.Q_DST_MD), 0)
         self.mems = []                    # the quantised operands' memories, pointed per call
         inputs = {}
@@ -370,6 +370,7 @@ class FloatForm:
         self._exec = capi.load().execute
         self._tid = None
         self._prepared = None
+        self._last: tuple | None = None   # (operands, out) of the last call, its memories pointed at them
 
     def _thread(self) -> None:
         """Point the temporaries at this thread's buffer and prepare the argument arrays."""
@@ -390,35 +391,40 @@ class FloatForm:
         if t.dtype != q.dtype or t.device.type != "cpu" or tuple(t.shape) != tuple(q.shape):
             raise TypeError(f"int8 node on float32 kernels: an operand is {t.dtype} {tuple(t.shape)} on {t.device}, "
                             f"expected a CPU {q.dtype} {tuple(q.shape)}")
-        if not _same_strides(t, q.strides):
+        if not same_layout(t, q.shape, q.strides):
             t = torch.empty_strided(tuple(q.shape), tuple(q.strides), dtype=q.dtype).copy_(t)
         return t
 
     def __call__(self, *ts, out=None):
         if self._tid != threading.get_ident():
             self._thread()
+        last = self._last
+        if last is not None and out is last[1] and len(ts) == len(last[0]) and all(a is b for a, b in zip(ts, last[0])):
+            self._execute()           # the same tensors as before (arena views): already pointed at
+            return out
+        self._last = None
         held = [self._operand(t, q) for t, q in zip(ts, self.operands)]      # alive through the calls
         for mem, t in zip(self.mems, held):
             mem.point(t.data_ptr())
         o = self.out
         target = out
-        if out is None or not (out.dtype == o.dtype and tuple(out.shape) == tuple(o.shape)
-                               and _same_strides(out, o.strides)):
+        if out is None or not (out.dtype == o.dtype and same_layout(out, o.shape, o.strides)):
             target = torch.empty_strided(tuple(o.shape), tuple(o.strides), dtype=o.dtype)
         (self.y_mem if self.y_mem is not None else self.y_f).point(target.data_ptr())
+        self._execute()
+        if out is not None and target is not out:
+            out.copy_(target)
+            return out
+        if out is not None and all(a is b for a, b in zip(ts, held)):
+            self._last = (ts, out)
+        return target
+
+    def _execute(self) -> None:
         for prim, args, n in self._prepared:
             status = self._exec(prim.handle, self._stream, n, args)
             if status:
                 raise capi.DnnlError(f"execute {prim.what}", status)
-        if out is not None and target is not out:
-            out.copy_(target)
-            return out
-        return target
 
 
 def _align(n: int) -> int:
     return (int(n) + 63) // 64 * 64
-
-
-def _same_strides(t: torch.Tensor, strides) -> bool:
-    return all(a == b for a, b, n in zip(t.stride(), strides, t.shape) if n != 1)

@@ -1,10 +1,13 @@
 """Strides of the tensors the oneDNN kernels read and write, from the IR's layout choice.
 
 ``strides_of(value)``: channels-last strides for a 4-D value the layout pass made ``nhwc``,
-row-major otherwise. A kernel's output slot uses its own value's layout (so the layout probe
+row-major otherwise; ``same_layout(t, shape, strides)``: whether a tensor has them (a stride
+of a dim of one element does not count). A kernel's output slot uses its own value's layout (so the layout probe
 finds those strides and the arena view is made with them); an input slot uses its producer's.
 """
 from __future__ import annotations
+
+import torch
 
 
 def contiguous(shape) -> tuple[int, ...]:
@@ -46,3 +49,10 @@ def strides_of(value) -> tuple[int, ...] | None:
     if value.layout == "nhwc" and len(shape) >= 3:
         return channels_last(shape)
     return contiguous(shape)
+
+
+def same_layout(t: torch.Tensor, shape: tuple, strides: tuple) -> bool:
+    """Whether ``t`` has ``shape`` and ``strides`` (those of dims of one element aside)."""
+    if tuple(t.shape) != tuple(shape):
+        return False
+    return all(a == b for a, b, n in zip(t.stride(), strides, shape) if n != 1)
